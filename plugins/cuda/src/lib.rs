@@ -1,0 +1,1 @@
+//! CUDA device-memory plugin, loaded at run time.

@@ -1,0 +1,1 @@
+//! HIP (ROCm) device-memory plugin, loaded at run time.

@@ -1,0 +1,1 @@
+//! UMBP: a tiered KV-cache store (DRAM, SSD) built on te-core.

@@ -1,0 +1,402 @@
+//! Completion tracking of a submitted batch: per-request status, a non-blocking poll, an async
+//! `wait` (no spinning), and defined cancellation and drop.
+//!
+//! Dropping a [`Batch`] does not stop transfers already handed to a transport: the shared
+//! [`BatchState`] (and the pins on the memory regions it involves, held in its keep-alive list)
+//! lives until the last request completes, so memory is never released under an in-flight
+//! transfer.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use event_listener::{Event, Listener};
+use parking_lot::Mutex;
+
+use crate::error::Error;
+
+/// The state of one request of a batch.
+#[derive(Debug, Clone)]
+pub enum RequestStatus {
+    /// Not yet completed.
+    Pending,
+    /// Completed; every byte is at the destination.
+    Done {
+        /// Bytes transferred.
+        bytes: u64,
+    },
+    /// Failed with this error.
+    Failed(Error),
+    /// Cancelled before it started.
+    Cancelled,
+}
+
+const PENDING: u8 = 0;
+const DONE: u8 = 1;
+const FAILED: u8 = 2;
+const CANCELLED: u8 = 3;
+
+/// Shared completion state of one batch. Transports complete requests by index.
+pub struct BatchState {
+    status: Box<[AtomicU8]>,
+    lens: Box<[u64]>,
+    remaining: AtomicUsize,
+    failed: AtomicUsize,
+    failures: Mutex<Vec<(usize, Error)>>,
+    cancel_requested: AtomicBool,
+    keep_alive: Mutex<Vec<Box<dyn Any + Send + Sync>>>,
+    done: Event,
+}
+
+impl std::fmt::Debug for BatchState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchState")
+            .field("requests", &self.lens.len())
+            .field("remaining", &self.remaining.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl BatchState {
+    /// A batch of requests with these lengths, all pending.
+    pub fn new(lens: Box<[u64]>) -> Arc<Self> {
+        let n = lens.len();
+        let status = (0..n).map(|_| AtomicU8::new(PENDING)).collect();
+        Arc::new(BatchState {
+            status,
+            lens,
+            remaining: AtomicUsize::new(n),
+            failed: AtomicUsize::new(0),
+            failures: Mutex::new(Vec::new()),
+            cancel_requested: AtomicBool::new(false),
+            keep_alive: Mutex::new(Vec::new()),
+            done: Event::new(),
+        })
+    }
+
+    /// Number of requests.
+    pub fn len(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// True for a batch of no requests.
+    pub fn is_empty(&self) -> bool {
+        self.lens.is_empty()
+    }
+
+    /// Length of request `index`.
+    pub fn request_len(&self, index: usize) -> u64 {
+        self.lens[index]
+    }
+
+    /// Keeps `value` alive until every request has completed (region pins, connections).
+    /// Dropped at once if the batch already completed.
+    pub fn keep_alive(&self, value: Box<dyn Any + Send + Sync>) {
+        let mut guard = self.keep_alive.lock();
+        if self.remaining.load(Ordering::Acquire) == 0 {
+            drop(guard);
+            drop(value);
+        } else {
+            guard.push(value);
+        }
+    }
+
+    /// True once the caller asked to cancel. Transports check it before starting queued work.
+    pub fn cancel_requested(&self) -> bool {
+        self.cancel_requested.load(Ordering::Relaxed)
+    }
+
+    fn settle(&self, index: usize, to: u8) -> bool {
+        match self.status.get(index) {
+            Some(s) => s
+                .compare_exchange(PENDING, to, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok(),
+            None => false,
+        }
+    }
+
+    fn finish(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        if self.remaining.fetch_sub(n, Ordering::AcqRel) == n {
+            let kept = std::mem::take(&mut *self.keep_alive.lock());
+            drop(kept);
+            self.done.notify(usize::MAX);
+        }
+    }
+
+    /// Marks request `index` done. Completing a request twice or out of range is ignored.
+    pub fn complete(&self, index: usize) {
+        if self.settle(index, DONE) {
+            self.finish(1);
+        }
+    }
+
+    /// Marks many requests done with one update of the completion counter.
+    pub fn complete_many(&self, indices: impl IntoIterator<Item = usize>) {
+        let n = indices.into_iter().filter(|&i| self.settle(i, DONE)).count();
+        self.finish(n);
+    }
+
+    /// Marks request `index` failed.
+    pub fn fail(&self, index: usize, error: Error) {
+        if self.settle(index, FAILED) {
+            self.failures.lock().push((index, error));
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            self.finish(1);
+        }
+    }
+
+    /// Marks many requests failed with the same error (one lock, one counter update).
+    pub fn fail_many(&self, indices: impl IntoIterator<Item = usize>, error: &Error) {
+        let mut failures = self.failures.lock();
+        let before = failures.len();
+        for i in indices {
+            if self.settle(i, FAILED) {
+                failures.push((i, error.clone()));
+            }
+        }
+        let n = failures.len() - before;
+        drop(failures);
+        self.failed.fetch_add(n, Ordering::Relaxed);
+        self.finish(n);
+    }
+
+    /// Marks request `index` cancelled (it never started).
+    pub fn cancel(&self, index: usize) {
+        if self.settle(index, CANCELLED) {
+            self.finish(1);
+        }
+    }
+
+    /// True when no request is pending.
+    pub fn is_complete(&self) -> bool {
+        self.remaining.load(Ordering::Acquire) == 0
+    }
+
+    /// The status of request `index`, or `None` when out of range.
+    pub fn status(&self, index: usize) -> Option<RequestStatus> {
+        let s = self.status.get(index)?.load(Ordering::Acquire);
+        Some(match s {
+            PENDING => RequestStatus::Pending,
+            DONE => RequestStatus::Done {
+                bytes: self.lens[index],
+            },
+            CANCELLED => RequestStatus::Cancelled,
+            _ => {
+                let err = self
+                    .failures
+                    .lock()
+                    .iter()
+                    .find(|(i, _)| *i == index)
+                    .map(|(_, e)| e.clone());
+                RequestStatus::Failed(err.unwrap_or(Error::Cancelled))
+            }
+        })
+    }
+
+    /// Counts of done / failed / cancelled / pending requests and bytes done.
+    pub fn progress(&self) -> BatchProgress {
+        let mut p = BatchProgress::default();
+        for (s, len) in self.status.iter().zip(self.lens.iter()) {
+            match s.load(Ordering::Acquire) {
+                PENDING => p.pending += 1,
+                DONE => {
+                    p.done += 1;
+                    p.bytes_done += len;
+                }
+                FAILED => p.failed += 1,
+                _ => p.cancelled += 1,
+            }
+        }
+        p
+    }
+
+    fn outcome(&self) -> Result<BatchReport, BatchError> {
+        let progress = self.progress();
+        if self.failed.load(Ordering::Acquire) == 0 && progress.cancelled == 0 {
+            return Ok(BatchReport {
+                requests: progress.done,
+                bytes: progress.bytes_done,
+            });
+        }
+        let mut failures = self.failures.lock().clone();
+        failures.sort_by_key(|(i, _)| *i);
+        Err(BatchError { progress, failures })
+    }
+}
+
+/// Counts of a batch's requests by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchProgress {
+    /// Completed successfully.
+    pub done: usize,
+    /// Failed.
+    pub failed: usize,
+    /// Cancelled before starting.
+    pub cancelled: usize,
+    /// Still pending.
+    pub pending: usize,
+    /// Bytes of the completed requests.
+    pub bytes_done: u64,
+}
+
+/// What a fully successful batch did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchReport {
+    /// Requests completed.
+    pub requests: usize,
+    /// Bytes moved.
+    pub bytes: u64,
+}
+
+/// A batch in which at least one request failed or was cancelled. The others' results stand.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{} of {} request(s) failed, {} cancelled; first: {}", progress.failed, progress.done + progress.failed + progress.cancelled + progress.pending, progress.cancelled, first_failure(failures))]
+pub struct BatchError {
+    /// Counts by state.
+    pub progress: BatchProgress,
+    /// Every failed request's index and error, in index order.
+    pub failures: Vec<(usize, Error)>,
+}
+
+fn first_failure(f: &[(usize, Error)]) -> String {
+    f.first()
+        .map(|(i, e)| format!("#{i}: {e}"))
+        .unwrap_or_else(|| "none".into())
+}
+
+/// The caller's handle on a submitted batch.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    state: Arc<BatchState>,
+}
+
+impl Batch {
+    /// Wraps shared state.
+    pub fn new(state: Arc<BatchState>) -> Self {
+        Batch { state }
+    }
+
+    /// The shared state (for transports and tests).
+    pub fn state(&self) -> &Arc<BatchState> {
+        &self.state
+    }
+
+    /// Non-blocking: counts by state.
+    pub fn poll(&self) -> BatchProgress {
+        self.state.progress()
+    }
+
+    /// True when every request has completed, failed or been cancelled.
+    pub fn is_complete(&self) -> bool {
+        self.state.is_complete()
+    }
+
+    /// Status of request `index`.
+    pub fn status(&self, index: usize) -> Option<RequestStatus> {
+        self.state.status(index)
+    }
+
+    /// Asks transports not to start requests that are still queued; they complete as
+    /// `Cancelled`. Requests already on the wire finish normally. Memory stays pinned until then.
+    pub fn cancel(&self) {
+        self.state.cancel_requested.store(true, Ordering::Relaxed);
+    }
+
+    /// Waits (asynchronously, without spinning) until every request has settled.
+    pub async fn wait(&self) -> Result<BatchReport, BatchError> {
+        loop {
+            if self.state.is_complete() {
+                return self.state.outcome();
+            }
+            let listener = self.state.done.listen();
+            if self.state.is_complete() {
+                return self.state.outcome();
+            }
+            listener.await;
+        }
+    }
+
+    /// Blocks the thread until every request has settled, or `timeout` passes (`None` then).
+    pub fn wait_blocking(&self, timeout: Option<Duration>) -> Option<Result<BatchReport, BatchError>> {
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            if self.state.is_complete() {
+                return Some(self.state.outcome());
+            }
+            let listener = self.state.done.listen();
+            if self.state.is_complete() {
+                return Some(self.state.outcome());
+            }
+            match deadline {
+                Some(d) => {
+                    listener.wait_deadline(d)?;
+                }
+                None => listener.wait(),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completes_and_reports() {
+        let s = BatchState::new(vec![10, 20, 30].into());
+        let b = Batch::new(s.clone());
+        assert_eq!(b.poll().pending, 3);
+        s.complete_many([0, 2]);
+        assert!(!b.is_complete());
+        s.complete(1);
+        s.complete(1); // twice: ignored
+        s.complete(99); // out of range: ignored
+        let r = b.wait_blocking(None).unwrap().unwrap();
+        assert_eq!(r, BatchReport { requests: 3, bytes: 60 });
+    }
+
+    #[test]
+    fn failures_are_reported_per_request() {
+        let s = BatchState::new(vec![1, 2, 3].into());
+        s.complete(0);
+        s.fail(2, Error::Cancelled);
+        s.cancel(1);
+        let e = Batch::new(s).wait_blocking(None).unwrap().unwrap_err();
+        assert_eq!(e.progress.done, 1);
+        assert_eq!(e.progress.failed, 1);
+        assert_eq!(e.progress.cancelled, 1);
+        assert_eq!(e.failures.len(), 1);
+        assert_eq!(e.failures[0].0, 2);
+    }
+
+    #[test]
+    fn keep_alive_is_released_on_completion() {
+        let s = BatchState::new(vec![1].into());
+        let token = Arc::new(());
+        s.keep_alive(Box::new(token.clone()));
+        assert_eq!(Arc::strong_count(&token), 2);
+        s.complete(0);
+        assert_eq!(Arc::strong_count(&token), 1);
+    }
+
+    #[test]
+    fn wait_times_out_then_completes_from_another_thread() {
+        let s = BatchState::new(vec![1].into());
+        let b = Batch::new(s.clone());
+        assert!(b.wait_blocking(Some(Duration::from_millis(5))).is_none());
+        let t = std::thread::spawn(move || s.complete(0));
+        assert!(b.wait_blocking(None).unwrap().is_ok());
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn empty_batch_is_complete() {
+        let b = Batch::new(BatchState::new(Vec::new().into()));
+        assert!(b.is_complete());
+        assert_eq!(b.wait_blocking(None).unwrap().unwrap().requests, 0);
+    }
+}

@@ -1,0 +1,176 @@
+//! Reading configuration from `TE_*` environment variables.
+//!
+//! Every reader is strict: a variable that is set but malformed (empty, non-numeric, negative,
+//! trailing garbage, out of range) is an [`Error::Config`] naming the variable and the value. Unset
+//! means "use the default"; nothing is ever silently defaulted. Readers take an [`Env`] so tests can
+//! pass a map instead of mutating the process environment.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+
+use crate::error::{Error, Result};
+
+/// A source of configuration variables.
+pub trait Env: Send + Sync {
+    /// The raw value of `var`, if set.
+    fn get(&self, var: &str) -> Option<String>;
+}
+
+/// The process environment.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn get(&self, var: &str) -> Option<String> {
+        std::env::var_os(var).map(|v| v.to_string_lossy().into_owned())
+    }
+}
+
+/// A fixed set of variables, for tests and for embedding.
+#[derive(Debug, Default, Clone)]
+pub struct MapEnv(pub HashMap<String, String>);
+
+impl MapEnv {
+    /// Builds a map from `(name, value)` pairs.
+    pub fn new<const N: usize>(pairs: [(&str, &str); N]) -> Self {
+        MapEnv(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+    }
+}
+
+impl Env for MapEnv {
+    fn get(&self, var: &str) -> Option<String> {
+        self.0.get(var).cloned()
+    }
+}
+
+/// Parses `var` with `FromStr`, rejecting empty values and surrounding whitespace.
+pub fn parse_var<T>(env: &dyn Env, var: &str) -> Result<Option<T>>
+where
+    T: FromStr,
+    T::Err: std::fmt::Display,
+{
+    let Some(raw) = env.get(var) else { return Ok(None) };
+    parse_value(var, &raw).map(Some)
+}
+
+/// Parses one raw value of `var`.
+pub fn parse_value<T>(var: &str, raw: &str) -> Result<T>
+where
+    T: FromStr,
+    T::Err: std::fmt::Display,
+{
+    if raw.is_empty() {
+        return Err(Error::config(var, raw, "empty value"));
+    }
+    if raw.trim() != raw {
+        return Err(Error::config(var, raw, "surrounding whitespace"));
+    }
+    raw.parse::<T>().map_err(|e| Error::config(var, raw, e.to_string()))
+}
+
+/// Reads a variable that has an alias (`TE_X` and Mooncake's `MC_X`). Both set to different values
+/// is an error naming both; both set to the same value is fine.
+pub fn parse_var_with_alias<T>(env: &dyn Env, var: &str, alias: &str) -> Result<Option<T>>
+where
+    T: FromStr + PartialEq,
+    T::Err: std::fmt::Display,
+{
+    let primary: Option<T> = parse_var(env, var)?;
+    let secondary: Option<T> = parse_var(env, alias)?;
+    match (primary, secondary) {
+        (Some(a), Some(b)) if a != b => Err(Error::config(
+            var,
+            env.get(var).unwrap_or_default(),
+            format!("conflicts with {alias}={:?}", env.get(alias).unwrap_or_default()),
+        )),
+        (Some(a), _) => Ok(Some(a)),
+        (None, b) => Ok(b),
+    }
+}
+
+/// A boolean switch: `1`, `true`, `on`, `yes` or `0`, `false`, `off`, `no`.
+pub fn parse_bool(env: &dyn Env, var: &str) -> Result<Option<bool>> {
+    let Some(raw) = env.get(var) else { return Ok(None) };
+    match raw.as_str() {
+        "1" | "true" | "on" | "yes" => Ok(Some(true)),
+        "0" | "false" | "off" | "no" => Ok(Some(false)),
+        _ => Err(Error::config(var, raw, "expected 1/0, true/false, on/off or yes/no")),
+    }
+}
+
+/// A byte count: a plain integer, optionally with a K/M/G/KiB/MiB/GiB suffix (powers of two).
+pub fn parse_bytes(env: &dyn Env, var: &str) -> Result<Option<u64>> {
+    let Some(raw) = env.get(var) else { return Ok(None) };
+    parse_byte_size(&raw)
+        .map(Some)
+        .map_err(|reason| Error::config(var, raw, reason))
+}
+
+/// Parses `"4096"`, `"2K"`, `"2KiB"`, `"1M"`, `"1G"`.
+pub fn parse_byte_size(raw: &str) -> std::result::Result<u64, String> {
+    if raw.is_empty() {
+        return Err("empty value".into());
+    }
+    let digits_end = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
+    let (digits, suffix) = raw.split_at(digits_end);
+    if digits.is_empty() {
+        return Err("expected a non-negative integer byte count".into());
+    }
+    let n: u64 = digits.parse().map_err(|e| format!("{e}"))?;
+    let mult: u64 = match suffix {
+        "" | "B" => 1,
+        "K" | "KiB" | "k" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        _ => return Err(format!("unknown size suffix {suffix:?}")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| "byte count overflows 64 bits".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_values_name_the_variable() {
+        for bad in ["", "abc", "-1", "12x", " 3"] {
+            let env = MapEnv::new([("TE_X", bad)]);
+            let err = parse_var::<u64>(&env, "TE_X").unwrap_err();
+            assert!(err.to_string().contains("TE_X"), "{err}");
+        }
+        let env = MapEnv::new([("TE_X", "17")]);
+        assert_eq!(parse_var::<u64>(&env, "TE_X").unwrap(), Some(17));
+        assert_eq!(parse_var::<u64>(&env, "TE_Y").unwrap(), None);
+    }
+
+    #[test]
+    fn alias_conflict_is_an_error() {
+        let env = MapEnv::new([("TE_A", "4"), ("MC_A", "8")]);
+        let err = parse_var_with_alias::<u64>(&env, "TE_A", "MC_A").unwrap_err();
+        assert!(err.to_string().contains("MC_A"));
+        let env = MapEnv::new([("MC_A", "8")]);
+        assert_eq!(parse_var_with_alias::<u64>(&env, "TE_A", "MC_A").unwrap(), Some(8));
+        let env = MapEnv::new([("TE_A", "8"), ("MC_A", "8")]);
+        assert_eq!(parse_var_with_alias::<u64>(&env, "TE_A", "MC_A").unwrap(), Some(8));
+    }
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_byte_size("2K"), Ok(2048));
+        assert_eq!(parse_byte_size("128KiB"), Ok(128 << 10));
+        assert_eq!(parse_byte_size("1G"), Ok(1 << 30));
+        assert!(parse_byte_size("1T").is_err());
+        assert!(parse_byte_size("").is_err());
+        assert!(parse_byte_size("K").is_err());
+        assert!(parse_byte_size("99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn bools() {
+        let env = MapEnv::new([("A", "1"), ("B", "off"), ("C", "maybe")]);
+        assert_eq!(parse_bool(&env, "A").unwrap(), Some(true));
+        assert_eq!(parse_bool(&env, "B").unwrap(), Some(false));
+        assert!(parse_bool(&env, "C").is_err());
+    }
+}

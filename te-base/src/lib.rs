@@ -1,0 +1,27 @@
+//! The lowest layer of the transfer engine.
+//!
+//! Everything a transport needs and nothing above it: the [`Transport`] trait, memory, segment and
+//! request types, the [`Error`] type, strict configuration readers, the registration pool,
+//! topology discovery, the device-plugin trait and the transport conformance suite. Users depend
+//! on `te-core`, which re-exports what they need.
+
+pub mod batch;
+pub mod config;
+pub mod error;
+pub mod host_buffer;
+pub mod memory;
+pub mod metadata;
+pub mod request;
+pub mod segment;
+pub mod timing;
+pub mod transport;
+
+pub use batch::{Batch, BatchError, BatchProgress, BatchReport, BatchState, RequestStatus};
+pub use error::{Error, RegistrationFailure, Result};
+pub use host_buffer::{HostBuffer, HostBufferOptions, HugePages};
+pub use memory::{MemoryKind, MemoryKinds, MemoryLocation, RegionId, RegionInfo};
+pub use metadata::MetadataStore;
+pub use request::{ResolvedRequest, SegmentId, TransferOp, TransferRequest};
+pub use segment::{ExportedBuffer, SegmentDescriptor, TransportEndpoint, DESCRIPTOR_VERSION};
+pub use timing::{Phase, PhaseReport, PhaseStats, PhaseTimer};
+pub use transport::{Capabilities, Peer, Transport};

@@ -1,0 +1,22 @@
+//! Where segment descriptors are published and found: in-process, peer-to-peer, etcd.
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::segment::SegmentDescriptor;
+
+/// A store of segment descriptors shared by the engines of a cluster.
+#[async_trait]
+pub trait MetadataStore: Send + Sync + 'static {
+    /// Backend name for reports (`in-process`, `p2p`, `etcd`).
+    fn name(&self) -> &'static str;
+
+    /// Publishes (or replaces) `descriptor` under its name.
+    async fn publish(&self, descriptor: &SegmentDescriptor) -> Result<()>;
+
+    /// Fetches and validates the descriptor of `name`. [`crate::Error::UnknownSegment`] if absent.
+    async fn fetch(&self, name: &str) -> Result<SegmentDescriptor>;
+
+    /// Removes the descriptor of `name` (no error if absent).
+    async fn remove(&self, name: &str) -> Result<()>;
+}

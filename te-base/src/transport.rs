@@ -1,0 +1,75 @@
+//! The `Transport` trait every backend implements, and the `Peer` a transport returns for each
+//! segment it connects to.
+//!
+//! Control plane (register, connect) is async; the data path (`Peer::submit`) is non-blocking and
+//! receives one whole resolved batch at a time, so a transport can plan and post it without any
+//! allocation, lock or clock read per fragment.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::batch::BatchState;
+use crate::error::Result;
+use crate::memory::{MemoryKinds, RegionInfo};
+use crate::request::ResolvedRequest;
+use crate::segment::SegmentDescriptor;
+use crate::timing::PhaseTimer;
+
+/// What memory a transport can move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Kinds of local (initiator-side) memory it can read from and write into.
+    pub local: MemoryKinds,
+    /// Kinds of remote (target-side) memory it can reach.
+    pub remote: MemoryKinds,
+}
+
+/// A transport backend (local copy, TCP, libfabric, verbs).
+#[async_trait]
+pub trait Transport: Send + Sync + 'static {
+    /// Short name used in descriptors and reports: `local`, `tcp`, `efa`, `rdma`.
+    fn name(&self) -> &'static str;
+
+    /// Memory kinds it serves.
+    fn capabilities(&self) -> Capabilities;
+
+    /// What peers need to reach this transport; goes into the segment descriptor.
+    fn endpoint(&self) -> serde_json::Value;
+
+    /// True if this transport can reach `peer` at all (the peer advertises it, same process for
+    /// the local copy, a compatible provider...). Cheap; no I/O.
+    fn can_reach(&self, peer: &SegmentDescriptor) -> bool;
+
+    /// Registers a batch of regions. Returns, in the same order, the keys a peer needs to access
+    /// each exported region (`Value::Null` where the transport needs none). On failure nothing of
+    /// the batch stays registered.
+    async fn register(&self, regions: &[RegionInfo]) -> Result<Vec<serde_json::Value>>;
+
+    /// Releases regions registered earlier. The engine only calls it when nothing is in flight.
+    async fn deregister(&self, regions: &[RegionInfo]) -> Result<()>;
+
+    /// Prepares to move data to and from `peer` (connections, address vectors, remote keys).
+    async fn connect(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Peer>>;
+
+    /// Stops background work. Outstanding requests fail with [`crate::Error::Closed`].
+    async fn shutdown(&self) {}
+}
+
+/// A connected peer segment, ready for the data path.
+pub trait Peer: Send + Sync + 'static {
+    /// The descriptor this connection was made from.
+    fn descriptor(&self) -> &SegmentDescriptor;
+
+    /// Starts every request of `requests`, all addressed to this peer and already validated
+    /// against both registrations. Must not block on the network; completes each request on
+    /// `batch` by its `index` (now or later, from any thread). An `Err` means nothing was started
+    /// and the engine fails the requests with it.
+    fn submit(&self, requests: Vec<ResolvedRequest>, batch: &Arc<BatchState>, timer: &PhaseTimer) -> Result<()>;
+
+    /// True while the connection is usable; false once the peer went away (the engine then
+    /// reconnects using a fresh descriptor).
+    fn is_healthy(&self) -> bool {
+        true
+    }
+}

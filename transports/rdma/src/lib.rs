@@ -1,0 +1,1 @@
+//! RDMA verbs transport (RoCE / InfiniBand).

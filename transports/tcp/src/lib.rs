@@ -1,0 +1,1 @@
+//! TCP transport: persistent lanes per peer, sliced transfers, bounds-checked serving side.
