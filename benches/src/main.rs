@@ -1,1 +1,50 @@
-fn main() {}
+//! `te-bench`: the benchmark CLI operators run. Every command has `--json` (one object per line)
+//! and, where bytes move, `--verify`.
+
+use clap::{Parser, Subcommand};
+
+mod info;
+mod local_copy;
+mod register;
+mod topology;
+mod transfer;
+mod umbp;
+
+#[derive(Parser)]
+#[command(name = "te-bench", version, about = "Transfer engine benchmarks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Transports and device plugins compiled in, and whether each is usable here.
+    Info(info::Args),
+    /// Scattered-fragment copies through the engine against memcpy baselines.
+    LocalCopy(local_copy::Args),
+    /// Replays a node's memory registration (multi-process, barrier-synchronised).
+    Register(register::Args),
+    /// Discovered devices, rail map and NIC policy.
+    Topology(topology::Args),
+    /// Network transfer bandwidth and latency between two processes or hosts.
+    Transfer(transfer::Args),
+    /// UMBP store: layer-wise ranged restore (TTFL) and offload.
+    Umbp(umbp::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info(a) => info::run(a),
+        Command::LocalCopy(a) => local_copy::run(a),
+        Command::Register(a) => register::run(a),
+        Command::Topology(a) => topology::run(a),
+        Command::Transfer(a) => transfer::run(a),
+        Command::Umbp(a) => umbp::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("te-bench: {e}");
+        std::process::exit(1);
+    }
+}

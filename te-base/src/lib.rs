@@ -24,4 +24,4 @@ pub use metadata::MetadataStore;
 pub use request::{ResolvedRequest, SegmentId, TransferOp, TransferRequest};
 pub use segment::{ExportedBuffer, SegmentDescriptor, TransportEndpoint, DESCRIPTOR_VERSION};
 pub use timing::{Phase, PhaseReport, PhaseStats, PhaseTimer};
-pub use transport::{Capabilities, Peer, Transport};
+pub use transport::{Capabilities, InstallContext, Peer, SubmitContext, Transport};

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::batch::BatchState;
+use crate::config::Env;
 use crate::error::Result;
 use crate::memory::{MemoryKinds, RegionInfo};
 use crate::request::ResolvedRequest;
@@ -65,11 +66,38 @@ pub trait Peer: Send + Sync + 'static {
     /// against both registrations. Must not block on the network; completes each request on
     /// `batch` by its `index` (now or later, from any thread). An `Err` means nothing was started
     /// and the engine fails the requests with it.
-    fn submit(&self, requests: Vec<ResolvedRequest>, batch: &Arc<BatchState>, timer: &PhaseTimer) -> Result<()>;
+    fn submit(&self, requests: Vec<ResolvedRequest>, batch: &Arc<BatchState>, ctx: &SubmitContext) -> Result<()>;
 
     /// True while the connection is usable; false once the peer went away (the engine then
     /// reconnects using a fresh descriptor).
     fn is_healthy(&self) -> bool {
         true
+    }
+}
+
+/// Per-call context of [`Peer::submit`].
+#[derive(Debug, Clone, Default)]
+pub struct SubmitContext {
+    /// Phase timer of the call (off unless `TE_PHASE_TIMING=1`).
+    pub timer: PhaseTimer,
+    /// The caller marked the submission as background work: nobody waits on it, so the transport
+    /// should not borrow helper threads for it (the local copy stays inline).
+    pub background: bool,
+}
+
+/// What the engine hands a transport crate's `install` function.
+#[derive(Clone)]
+pub struct InstallContext {
+    /// Where configuration variables come from.
+    pub env: Arc<dyn Env>,
+    /// The engine's segment name.
+    pub segment_name: String,
+}
+
+impl std::fmt::Debug for InstallContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InstallContext")
+            .field("segment_name", &self.segment_name)
+            .finish()
     }
 }
