@@ -7,6 +7,7 @@
 
 pub mod batch;
 pub mod config;
+pub mod device;
 pub mod error;
 pub mod host_buffer;
 pub mod memory;
