@@ -7,6 +7,8 @@
 
 pub mod batch;
 pub mod config;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod device;
 pub mod error;
 pub mod host_buffer;
