@@ -1,1 +1,37 @@
-//! te-core
+//! The transfer engine.
+//!
+//! Register memory, publish it as a segment, open other engines' segments and move bytes
+//! between them in batches. Transports are chosen with cargo features (`local`, `tcp`, `efa`,
+//! `rdma`); the engine installs every compiled-in transport that works on this host and reports
+//! the others with the reason.
+//!
+//! ```no_run
+//! use te_core::{HostBufferOptions, TransferEngine, TransferRequest};
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let engine = TransferEngine::builder().segment_name("node-a").build().await?;
+//! let local = engine.allocate(1 << 20, HostBufferOptions::default()).await?;
+//! let peer = engine.open_segment("node-a").await?; // any published segment name
+//! let remote = peer.buffers()[0].base;
+//! engine.transfer(&[TransferRequest::write(local.addr(), peer.id(), remote, 4096)]).await?;
+//! # Ok(()) }
+//! ```
+
+mod builder;
+mod engine;
+mod install;
+pub mod metadata;
+mod metrics;
+mod registration;
+mod registry;
+
+pub use builder::TransferEngineBuilder;
+pub use engine::{RawRegion, SegmentHandle, TransferEngine, TransferError, TransportStatus};
+pub use install::COMPILED_TRANSPORTS;
+pub use metrics::MetricsSnapshot;
+pub use registration::{RegisterOptions, Registration};
+
+pub use te_base::{
+    config, Batch, BatchError, BatchProgress, BatchReport, Error, ExportedBuffer, HostBuffer, HostBufferOptions,
+    HugePages, MemoryKind, MemoryLocation, MetadataStore, Phase, PhaseReport, RequestStatus, Result, SegmentDescriptor,
+    SegmentId, TransferOp, TransferRequest,
+};

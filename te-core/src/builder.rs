@@ -1,0 +1,144 @@
+//! Configuring and starting an engine.
+
+use std::sync::Arc;
+
+use te_base::config::{parse_bool, parse_var, Env, ProcessEnv};
+use te_base::{Error, InstallContext, MetadataStore, Result, Transport};
+
+use crate::engine::{TransferEngine, TransportStatus};
+use crate::metadata::InProcessStore;
+
+/// Builder for [`TransferEngine`]. Unset options come from `TE_*` variables, then defaults.
+pub struct TransferEngineBuilder {
+    name: Option<String>,
+    metadata: Option<Arc<dyn MetadataStore>>,
+    env: Arc<dyn Env>,
+    phase_timing: Option<bool>,
+    only: Option<Vec<String>>,
+}
+
+impl Default for TransferEngineBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TransferEngineBuilder {
+    /// Defaults: process environment, in-process metadata, every compiled-in transport.
+    pub fn new() -> Self {
+        TransferEngineBuilder {
+            name: None,
+            metadata: None,
+            env: Arc::new(ProcessEnv),
+            phase_timing: None,
+            only: None,
+        }
+    }
+
+    /// The segment name (default `TE_SEGMENT_NAME`, else `<hostname>-<pid>`).
+    pub fn segment_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Where descriptors are published (default: the process-wide in-process store).
+    pub fn metadata(mut self, store: Arc<dyn MetadataStore>) -> Self {
+        self.metadata = Some(store);
+        self
+    }
+
+    /// Where configuration variables are read from (default: the process environment).
+    pub fn env(mut self, env: Arc<dyn Env>) -> Self {
+        self.env = env;
+        self
+    }
+
+    /// Records per-phase timings (default `TE_PHASE_TIMING`, else off).
+    pub fn phase_timing(mut self, on: bool) -> Self {
+        self.phase_timing = Some(on);
+        self
+    }
+
+    /// Installs only the named transports (default: every compiled-in one; `TE_TRANSPORTS`
+    /// is a comma-separated list).
+    pub fn transports<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.only = Some(names.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Installs the transports and publishes the (empty) descriptor.
+    pub async fn build(self) -> Result<TransferEngine> {
+        let env = self.env;
+        let name = match self.name {
+            Some(n) => n,
+            None => match parse_var::<String>(&*env, "TE_SEGMENT_NAME")? {
+                Some(n) => n,
+                None => format!("{}-{}", hostname(), std::process::id()),
+            },
+        };
+        let phase_timing = match self.phase_timing {
+            Some(p) => p,
+            None => parse_bool(&*env, "TE_PHASE_TIMING")?.unwrap_or(false),
+        };
+        let only = match self.only {
+            Some(o) => Some(o),
+            None => parse_var::<String>(&*env, "TE_TRANSPORTS")?.map(|s| {
+                s.split(',')
+                    .map(|t| t.trim().to_string())
+                    .filter(|t| !t.is_empty())
+                    .collect()
+            }),
+        };
+        if let Some(only) = &only {
+            for n in only {
+                if !crate::install::COMPILED_TRANSPORTS.contains(&n.as_str()) {
+                    return Err(Error::config(
+                        "TE_TRANSPORTS",
+                        only.join(","),
+                        format!(
+                            "'{n}' is not compiled in (compiled: {:?})",
+                            crate::install::COMPILED_TRANSPORTS
+                        ),
+                    ));
+                }
+            }
+        }
+        let ctx = InstallContext {
+            env: env.clone(),
+            segment_name: name.clone(),
+        };
+        let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
+        let mut statuses = Vec::new();
+        for (tname, result) in crate::install::install_all(&ctx, only.as_deref()).await {
+            match result {
+                Ok(t) => {
+                    statuses.push(TransportStatus {
+                        name: tname.to_string(),
+                        unavailable: None,
+                    });
+                    transports.push(t);
+                }
+                Err(Error::NotAvailable { reason, .. }) => {
+                    tracing::info!("transport {tname}: not available: {reason}");
+                    statuses.push(TransportStatus {
+                        name: tname.to_string(),
+                        unavailable: Some(reason),
+                    });
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let metadata = self.metadata.unwrap_or_else(|| Arc::new(InProcessStore::global()));
+        TransferEngine::assemble(name, metadata, env, transports, statuses, phase_timing).await
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "host".into())
+}

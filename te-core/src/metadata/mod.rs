@@ -1,0 +1,8 @@
+//! Metadata backends: where engines publish their segment descriptors and find each other's.
+//!
+//! The trait is [`te_base::MetadataStore`]; [`InProcessStore`] is the embedded default.
+
+mod in_process;
+
+pub use in_process::InProcessStore;
+pub use te_base::MetadataStore;

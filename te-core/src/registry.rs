@@ -1,0 +1,191 @@
+//! The registration table: every region registered with the engine, sorted by base address and
+//! searched by binary search. A whole batch resolves under one shared lock.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use te_base::{Error, HostBuffer, RegionId, RegionInfo, Result};
+
+/// One registered region.
+#[derive(Debug)]
+pub(crate) struct Region {
+    pub info: RegionInfo,
+    /// Per-transport access keys returned by registration, by transport name.
+    pub keys: Vec<(&'static str, serde_json::Value)>,
+    /// Batches currently using the region.
+    pub in_flight: AtomicU64,
+    /// Dropped by its owner while in flight: removed when the last batch finishes.
+    pub dying: AtomicBool,
+    /// Engine-allocated memory, freed when the last reference goes.
+    pub _owned: Option<HostBuffer>,
+}
+
+/// Regions sorted by base address.
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    regions: RwLock<Vec<Arc<Region>>>,
+}
+
+/// The regions of one batch, pinned until its last request completes.
+pub(crate) struct Pins(Vec<Arc<Region>>);
+
+impl Pins {
+    /// True if an owner dropped one of the pinned regions while this batch ran.
+    pub fn any_dying(&self) -> bool {
+        self.0.iter().any(|r| r.dying.load(Ordering::Acquire))
+    }
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        for r in &self.0 {
+            r.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Registry {
+    /// Finds an overlap of `[addr, addr + len)` with any registered region.
+    pub fn overlap(&self, addr: u64, len: u64) -> Option<RegionInfo> {
+        let regions = self.regions.read();
+        let end = addr + len;
+        let idx = regions.partition_point(|r| r.info.base < end);
+        // Only the region starting last before `end` can overlap (regions never overlap).
+        idx.checked_sub(1)
+            .map(|i| &regions[i])
+            .filter(|r| r.info.end() > addr)
+            .map(|r| r.info.clone())
+    }
+
+    /// Inserts regions, keeping the table sorted. Fails (inserting nothing) on overlap.
+    pub fn insert(&self, new: Vec<Arc<Region>>) -> Result<()> {
+        let mut regions = self.regions.write();
+        for r in &new {
+            let end = r.info.end();
+            let idx = regions.partition_point(|x| x.info.base < end);
+            if let Some(prev) = idx.checked_sub(1).map(|i| &regions[i]) {
+                if prev.info.end() > r.info.base {
+                    return Err(Error::AlreadyRegistered {
+                        addr: r.info.base,
+                        len: r.info.len,
+                        region_base: prev.info.base,
+                        region_len: prev.info.len,
+                    });
+                }
+            }
+        }
+        regions.extend(new);
+        regions.sort_unstable_by_key(|r| r.info.base);
+        Ok(())
+    }
+
+    /// Removes a region if nothing is in flight on it; otherwise `Err(InFlight)`.
+    pub fn remove_idle(&self, id: RegionId, base: u64) -> Result<Option<Arc<Region>>> {
+        let mut regions = self.regions.write();
+        let idx = regions.partition_point(|r| r.info.base < base);
+        let Some(r) = regions.get(idx).filter(|r| r.info.id == id) else {
+            return Ok(None);
+        };
+        let in_flight = r.in_flight.load(Ordering::Acquire);
+        if in_flight > 0 {
+            return Err(Error::InFlight {
+                base: r.info.base,
+                len: r.info.len,
+                in_flight,
+            });
+        }
+        Ok(Some(regions.remove(idx)))
+    }
+
+    /// Marks a region as dying (owner dropped it while in flight) so no new batch may use it.
+    pub fn mark_dying(&self, id: RegionId, base: u64) {
+        let regions = self.regions.read();
+        let idx = regions.partition_point(|r| r.info.base < base);
+        if let Some(r) = regions.get(idx).filter(|r| r.info.id == id) {
+            r.dying.store(true, Ordering::Release);
+        }
+    }
+
+    /// Dying regions whose last batch has finished.
+    pub fn take_finished_dying(&self) -> Vec<Arc<Region>> {
+        let mut regions = self.regions.write();
+        let mut out = Vec::new();
+        regions.retain(|r| {
+            let done = r.dying.load(Ordering::Acquire) && r.in_flight.load(Ordering::Acquire) == 0;
+            if done {
+                out.push(r.clone());
+            }
+            !done
+        });
+        out
+    }
+
+    /// Snapshot of every region (for descriptors and reports).
+    pub fn snapshot(&self) -> Vec<Arc<Region>> {
+        self.regions.read().clone()
+    }
+
+    /// Resolves the local side of a batch under one shared lock: for each `(addr, len)` the
+    /// region holding it. Distinct regions are pinned (one counter update each) and returned
+    /// with the per-request region infos.
+    pub fn resolve_batch<'a>(
+        &self,
+        ranges: impl ExactSizeIterator<Item = (u64, u64)> + 'a,
+        mut each: impl FnMut(usize, &RegionInfo) -> Result<()>,
+    ) -> Result<Pins> {
+        let regions = self.regions.read();
+        let mut pinned: Vec<usize> = Vec::new();
+        let mut last: Option<usize> = None;
+        for (i, (addr, len)) in ranges.enumerate() {
+            let idx = match last {
+                Some(l) if regions[l].info.contains(addr, len) => l,
+                _ => {
+                    let idx = find(&regions, addr, len)?;
+                    if regions[idx].dying.load(Ordering::Acquire) {
+                        return Err(Error::Unregistered { addr, len });
+                    }
+                    if last != Some(idx) {
+                        pinned.push(idx);
+                    }
+                    last = Some(idx);
+                    idx
+                }
+            };
+            each(i, &regions[idx].info)?;
+        }
+        pinned.sort_unstable();
+        pinned.dedup();
+        let pins: Vec<Arc<Region>> = pinned.iter().map(|&i| regions[i].clone()).collect();
+        for r in &pins {
+            r.in_flight.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(Pins(pins))
+    }
+}
+
+fn find(regions: &[Arc<Region>], addr: u64, len: u64) -> Result<usize> {
+    if len == 0 {
+        return Err(Error::ZeroLength { index: 0 });
+    }
+    if addr.checked_add(len).is_none() {
+        return Err(Error::LengthOverflow { addr, len });
+    }
+    let idx = regions.partition_point(|r| r.info.base <= addr);
+    let Some(i) = idx.checked_sub(1) else {
+        return Err(Error::Unregistered { addr, len });
+    };
+    let r = &regions[i].info;
+    if r.contains(addr, len) {
+        Ok(i)
+    } else if addr < r.end() {
+        Err(Error::PartlyRegistered {
+            addr,
+            len,
+            region_base: r.base,
+            region_len: r.len,
+        })
+    } else {
+        Err(Error::Unregistered { addr, len })
+    }
+}
