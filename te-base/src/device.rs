@@ -204,7 +204,7 @@ impl fmt::Display for DeviceRuntimeInfo {
 ///
 /// Object safe: the engine keeps `Arc<dyn DevicePlugin>` values. Every method validates its input
 /// and maps driver failures to [`Error::Transport`] carrying the driver's own error text.
-pub trait DevicePlugin: Send + Sync + 'static {
+pub trait DevicePlugin: fmt::Debug + Send + Sync + 'static {
     /// Short name: `cuda` or `hip`.
     fn name(&self) -> &'static str;
 
