@@ -1,0 +1,129 @@
+//! Configuration of the local-copy transport, read strictly from `TE_*` variables.
+
+use te_base::config::{parse_bytes, parse_var, Env};
+use te_base::{Error, Result};
+
+/// Variable naming the number of copy workers, the submitting thread included.
+pub const COPY_THREADS_VAR: &str = "TE_COPY_THREADS";
+/// Variable naming the smallest copy that uses non-temporal stores.
+pub const NT_COPY_MIN_BYTES_VAR: &str = "TE_NT_COPY_MIN_BYTES";
+
+/// Default number of copy workers. Two was best on every shape the seed measured: past two, the
+/// local copies outrun everything else the node does and stop paying.
+pub const DEFAULT_COPY_THREADS: usize = 2;
+/// Default non-temporal threshold. A ranged copy overwrites its destination completely, so reading
+/// it for ownership first is wasted; 2 KiB is where streaming stores start to pay.
+pub const DEFAULT_NT_COPY_MIN_BYTES: u64 = 2 << 10;
+/// Default smallest batch that is split across helpers. Waking a parked helper costs a few
+/// microseconds, which is what one thread copies in about 32-64 KiB.
+pub const DEFAULT_FANOUT_MIN_BYTES: u64 = 64 << 10;
+/// Upper bound of `TE_COPY_THREADS`; more workers than this is a typo, not a plan.
+pub const MAX_COPY_THREADS: usize = 64;
+
+/// How the local-copy transport copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalConfig {
+    /// Copy workers including the submitting thread (`TE_COPY_THREADS`, default 2). 1 copies
+    /// inline on the submitting thread and starts no helper.
+    pub copy_threads: usize,
+    /// Copies of at least this many bytes use non-temporal stores (`TE_NT_COPY_MIN_BYTES`,
+    /// default 2 KiB). Set it above every fragment size to turn streaming stores off.
+    pub nt_copy_min_bytes: u64,
+    /// Batches smaller than this stay on the submitting thread even with helpers available.
+    pub fanout_min_bytes: u64,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        LocalConfig {
+            copy_threads: DEFAULT_COPY_THREADS,
+            nt_copy_min_bytes: DEFAULT_NT_COPY_MIN_BYTES,
+            fanout_min_bytes: DEFAULT_FANOUT_MIN_BYTES,
+        }
+    }
+}
+
+impl LocalConfig {
+    /// Reads `TE_COPY_THREADS` and `TE_NT_COPY_MIN_BYTES` from `env`; unset means the default,
+    /// anything malformed is an [`Error::Config`] naming the variable and the value.
+    ///
+    /// ```
+    /// use te_base::config::MapEnv;
+    /// use te_transport_local::LocalConfig;
+    ///
+    /// let cfg = LocalConfig::from_env(&MapEnv::new([("TE_COPY_THREADS", "1"), ("TE_NT_COPY_MIN_BYTES", "4K")])).unwrap();
+    /// assert_eq!((cfg.copy_threads, cfg.nt_copy_min_bytes), (1, 4096));
+    /// assert!(LocalConfig::from_env(&MapEnv::new([("TE_COPY_THREADS", "0")])).is_err());
+    /// ```
+    pub fn from_env(env: &dyn Env) -> Result<Self> {
+        let mut cfg = LocalConfig::default();
+        if let Some(threads) = parse_var::<usize>(env, COPY_THREADS_VAR)? {
+            cfg.copy_threads = threads;
+        }
+        if let Some(bytes) = parse_bytes(env, NT_COPY_MIN_BYTES_VAR)? {
+            cfg.nt_copy_min_bytes = bytes;
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks the values a caller set directly.
+    pub fn validate(&self) -> Result<()> {
+        if self.copy_threads == 0 {
+            return Err(Error::config(
+                COPY_THREADS_VAR,
+                "0",
+                "must be at least 1 (1 copies inline on the submitting thread)",
+            ));
+        }
+        if self.copy_threads > MAX_COPY_THREADS {
+            return Err(Error::config(
+                COPY_THREADS_VAR,
+                self.copy_threads.to_string(),
+                format!("at most {MAX_COPY_THREADS} copy workers"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use te_base::config::MapEnv;
+
+    #[test]
+    fn defaults_when_unset() {
+        let cfg = LocalConfig::from_env(&MapEnv::default()).unwrap();
+        assert_eq!(cfg, LocalConfig::default());
+        assert_eq!(cfg.copy_threads, 2);
+        assert_eq!(cfg.nt_copy_min_bytes, 2048);
+    }
+
+    #[test]
+    fn reads_both_variables() {
+        let env = MapEnv::new([("TE_COPY_THREADS", "4"), ("TE_NT_COPY_MIN_BYTES", "64KiB")]);
+        let cfg = LocalConfig::from_env(&env).unwrap();
+        assert_eq!(cfg.copy_threads, 4);
+        assert_eq!(cfg.nt_copy_min_bytes, 64 << 10);
+    }
+
+    #[test]
+    fn malformed_values_name_the_variable() {
+        for (var, bad) in [
+            ("TE_COPY_THREADS", "0"),
+            ("TE_COPY_THREADS", "-1"),
+            ("TE_COPY_THREADS", "two"),
+            ("TE_COPY_THREADS", ""),
+            ("TE_COPY_THREADS", " 2"),
+            ("TE_COPY_THREADS", "65"),
+            ("TE_NT_COPY_MIN_BYTES", "2X"),
+            ("TE_NT_COPY_MIN_BYTES", "-5"),
+            ("TE_NT_COPY_MIN_BYTES", ""),
+        ] {
+            let err = LocalConfig::from_env(&MapEnv::new([(var, bad)])).unwrap_err();
+            assert!(matches!(err, Error::Config { .. }), "{var}={bad:?}: {err}");
+            assert!(err.to_string().contains(var), "{var}={bad:?}: {err}");
+        }
+    }
+}

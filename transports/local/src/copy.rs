@@ -1,0 +1,322 @@
+//! Copy kernels: non-temporal (streaming) stores for copies that overwrite whole destination lines,
+//! ordinary `memcpy` below the threshold.
+//!
+//! A streaming store writes a full cache line without first reading it for ownership, so a copy
+//! into memory that is not in cache moves a third less traffic. The kernel is chosen once, at run
+//! time, from what the CPU supports (AVX-512, AVX2, SSE2 on x86-64; an ordinary copy elsewhere).
+//! Streaming stores are weakly ordered: after the last one a thread must call [`store_fence`]
+//! before it tells anyone the bytes are there.
+
+use std::ptr;
+
+/// Bytes in one cache line; streaming kernels align the destination to it.
+pub const CACHE_LINE: usize = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Sse2,
+    Portable,
+}
+
+/// A streaming-store copy kernel this CPU supports. Only [`NtKernel::detect`] and
+/// [`NtKernel::supported`] make one, so holding a value proves the CPU can run it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NtKernel(Kind);
+
+impl NtKernel {
+    /// The widest kernel this CPU supports.
+    pub fn detect() -> Self {
+        Self::supported()[0]
+    }
+
+    /// Every kernel this CPU supports, widest first (the portable one last).
+    pub fn supported() -> Vec<NtKernel> {
+        let mut kernels = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                kernels.push(NtKernel(Kind::Avx512));
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                kernels.push(NtKernel(Kind::Avx2));
+            }
+            kernels.push(NtKernel(Kind::Sse2));
+        }
+        kernels.push(NtKernel(Kind::Portable));
+        kernels
+    }
+
+    /// The portable kernel: an ordinary copy, no streaming stores.
+    pub fn portable() -> Self {
+        NtKernel(Kind::Portable)
+    }
+
+    /// Short name for reports: `avx512`, `avx2`, `sse2` or `portable`.
+    pub fn name(self) -> &'static str {
+        match self.0 {
+            #[cfg(target_arch = "x86_64")]
+            Kind::Avx512 => "avx512",
+            #[cfg(target_arch = "x86_64")]
+            Kind::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            Kind::Sse2 => "sse2",
+            Kind::Portable => "portable",
+        }
+    }
+
+    /// Copies `len` bytes from `src` to `dst` with streaming stores for every whole destination
+    /// cache line and ordinary stores for the unaligned head and tail. Does not fence.
+    ///
+    /// # Safety
+    /// `src` must be valid for `len` reads and `dst` for `len` writes, and the two ranges must not
+    /// overlap. Nothing else may access `dst` concurrently.
+    #[inline]
+    pub unsafe fn copy(self, dst: *mut u8, src: *const u8, len: usize) {
+        match self.0 {
+            // SAFETY: the caller upholds the range contract; the variant exists only when the CPU
+            // reported the feature (see `supported`).
+            #[cfg(target_arch = "x86_64")]
+            Kind::Avx512 => unsafe { x86::copy_avx512(dst, src, len) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Kind::Avx2 => unsafe { x86::copy_avx2(dst, src, len) },
+            // SAFETY: as above; SSE2 is part of x86-64.
+            #[cfg(target_arch = "x86_64")]
+            Kind::Sse2 => unsafe { x86::copy_sse2(dst, src, len) },
+            // SAFETY: the caller guarantees valid, non-overlapping ranges.
+            Kind::Portable => unsafe { ptr::copy_nonoverlapping(src, dst, len) },
+        }
+    }
+}
+
+/// Orders every streaming store of this thread before the stores that follow (an `sfence` on
+/// x86-64; nothing elsewhere, where no streaming stores are issued).
+#[inline]
+pub fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: sfence has no preconditions and SSE is part of x86-64.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    }
+}
+
+/// Copies with streaming stores when `len >= nt_min`, with an ordinary `memcpy` otherwise.
+///
+/// # Safety
+/// As [`NtKernel::copy`].
+#[inline]
+pub unsafe fn copy_with_threshold(kernel: NtKernel, nt_min: u64, dst: *mut u8, src: *const u8, len: usize) {
+    if len as u64 >= nt_min {
+        // SAFETY: forwarded caller contract.
+        unsafe { kernel.copy(dst, src, len) }
+    } else {
+        // SAFETY: forwarded caller contract.
+        unsafe { ptr::copy_nonoverlapping(src, dst, len) }
+    }
+}
+
+/// Bytes to copy ordinarily before `dst` reaches a cache-line boundary.
+#[inline]
+fn head_len(dst: *mut u8, len: usize) -> usize {
+    ((CACHE_LINE - (dst as usize & (CACHE_LINE - 1))) & (CACHE_LINE - 1)).min(len)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+    use std::ptr;
+
+    use super::{head_len, CACHE_LINE};
+
+    /// # Safety
+    /// Valid, non-overlapping ranges; the CPU supports AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn copy_avx512(dst: *mut u8, src: *const u8, len: usize) {
+        let head = head_len(dst, len);
+        // SAFETY: the head lies inside both ranges (head <= len).
+        unsafe { ptr::copy_nonoverlapping(src, dst, head) };
+        let mut n = len - head;
+        // SAFETY: offsets stay within the ranges because `n` counts what is left of them.
+        let (mut d, mut s) = unsafe { (dst.add(head), src.add(head)) };
+        while n >= 4 * CACHE_LINE {
+            // SAFETY: 256 bytes remain in both ranges; `d` is 64-byte aligned after the head, as
+            // the streaming store requires; loads are unaligned.
+            unsafe {
+                let a = _mm512_loadu_si512(s as *const _);
+                let b = _mm512_loadu_si512(s.add(64) as *const _);
+                let c = _mm512_loadu_si512(s.add(128) as *const _);
+                let e = _mm512_loadu_si512(s.add(192) as *const _);
+                _mm512_stream_si512(d as *mut _, a);
+                _mm512_stream_si512(d.add(64) as *mut _, b);
+                _mm512_stream_si512(d.add(128) as *mut _, c);
+                _mm512_stream_si512(d.add(192) as *mut _, e);
+                d = d.add(256);
+                s = s.add(256);
+            }
+            n -= 4 * CACHE_LINE;
+        }
+        while n >= CACHE_LINE {
+            // SAFETY: 64 bytes remain; `d` is 64-byte aligned.
+            unsafe {
+                _mm512_stream_si512(d as *mut _, _mm512_loadu_si512(s as *const _));
+                d = d.add(64);
+                s = s.add(64);
+            }
+            n -= CACHE_LINE;
+        }
+        // SAFETY: the tail is the rest of both ranges.
+        unsafe { ptr::copy_nonoverlapping(s, d, n) };
+    }
+
+    /// # Safety
+    /// Valid, non-overlapping ranges; the CPU supports AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn copy_avx2(dst: *mut u8, src: *const u8, len: usize) {
+        let head = head_len(dst, len);
+        // SAFETY: the head lies inside both ranges.
+        unsafe { ptr::copy_nonoverlapping(src, dst, head) };
+        let mut n = len - head;
+        // SAFETY: offsets stay within the ranges.
+        let (mut d, mut s) = unsafe { (dst.add(head), src.add(head)) };
+        while n >= 2 * CACHE_LINE {
+            // SAFETY: 128 bytes remain; `d` is 64-byte (so 32-byte) aligned; loads are unaligned.
+            unsafe {
+                let a = _mm256_loadu_si256(s as *const __m256i);
+                let b = _mm256_loadu_si256(s.add(32) as *const __m256i);
+                let c = _mm256_loadu_si256(s.add(64) as *const __m256i);
+                let e = _mm256_loadu_si256(s.add(96) as *const __m256i);
+                _mm256_stream_si256(d as *mut __m256i, a);
+                _mm256_stream_si256(d.add(32) as *mut __m256i, b);
+                _mm256_stream_si256(d.add(64) as *mut __m256i, c);
+                _mm256_stream_si256(d.add(96) as *mut __m256i, e);
+                d = d.add(128);
+                s = s.add(128);
+            }
+            n -= 2 * CACHE_LINE;
+        }
+        while n >= CACHE_LINE {
+            // SAFETY: 64 bytes remain; `d` is 32-byte aligned.
+            unsafe {
+                _mm256_stream_si256(d as *mut __m256i, _mm256_loadu_si256(s as *const __m256i));
+                _mm256_stream_si256(
+                    d.add(32) as *mut __m256i,
+                    _mm256_loadu_si256(s.add(32) as *const __m256i),
+                );
+                d = d.add(64);
+                s = s.add(64);
+            }
+            n -= CACHE_LINE;
+        }
+        // SAFETY: the tail is the rest of both ranges.
+        unsafe { ptr::copy_nonoverlapping(s, d, n) };
+    }
+
+    /// # Safety
+    /// Valid, non-overlapping ranges.
+    #[target_feature(enable = "sse2")]
+    pub(super) unsafe fn copy_sse2(dst: *mut u8, src: *const u8, len: usize) {
+        let head = head_len(dst, len);
+        // SAFETY: the head lies inside both ranges.
+        unsafe { ptr::copy_nonoverlapping(src, dst, head) };
+        let mut n = len - head;
+        // SAFETY: offsets stay within the ranges.
+        let (mut d, mut s) = unsafe { (dst.add(head), src.add(head)) };
+        while n >= CACHE_LINE {
+            // SAFETY: 64 bytes remain; `d` is 64-byte (so 16-byte) aligned; loads are unaligned.
+            unsafe {
+                let a = _mm_loadu_si128(s as *const __m128i);
+                let b = _mm_loadu_si128(s.add(16) as *const __m128i);
+                let c = _mm_loadu_si128(s.add(32) as *const __m128i);
+                let e = _mm_loadu_si128(s.add(48) as *const __m128i);
+                _mm_stream_si128(d as *mut __m128i, a);
+                _mm_stream_si128(d.add(16) as *mut __m128i, b);
+                _mm_stream_si128(d.add(32) as *mut __m128i, c);
+                _mm_stream_si128(d.add(48) as *mut __m128i, e);
+                d = d.add(64);
+                s = s.add(64);
+            }
+            n -= CACHE_LINE;
+        }
+        // SAFETY: the tail is the rest of both ranges.
+        unsafe { ptr::copy_nonoverlapping(s, d, n) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
+            .collect()
+    }
+
+    /// Copies `len` bytes at every source and destination misalignment within a cache line and
+    /// checks the destination byte for byte, including that nothing around it was touched.
+    fn check(kernel: NtKernel, nt_min: u64, len: usize) {
+        let src = pattern(len + 2 * CACHE_LINE, 7);
+        for src_off in [0, 1, 7, 16, 31, 33, 63] {
+            for dst_off in [0, 1, 5, 15, 32, 47, 63] {
+                let mut dst = vec![0xEEu8; len + 3 * CACHE_LINE];
+                // SAFETY: both offsets plus len stay inside the vectors, which are distinct.
+                unsafe {
+                    copy_with_threshold(
+                        kernel,
+                        nt_min,
+                        dst.as_mut_ptr().add(dst_off),
+                        src.as_ptr().add(src_off),
+                        len,
+                    )
+                };
+                store_fence();
+                assert_eq!(
+                    &dst[dst_off..dst_off + len],
+                    &src[src_off..src_off + len],
+                    "{} len {len} src+{src_off} dst+{dst_off}",
+                    kernel.name()
+                );
+                assert!(dst[..dst_off].iter().all(|&b| b == 0xEE), "wrote before the range");
+                assert!(dst[dst_off + len..].iter().all(|&b| b == 0xEE), "wrote past the range");
+            }
+        }
+    }
+
+    #[test]
+    fn every_kernel_copies_small_sizes_at_every_alignment() {
+        for kernel in NtKernel::supported() {
+            for len in 0..=1024 + 65 {
+                check(kernel, 0, len);
+            }
+        }
+    }
+
+    #[test]
+    fn every_kernel_copies_large_and_odd_sizes() {
+        for kernel in NtKernel::supported() {
+            for len in [1727, 1728, 2047, 2048, 2049, 4095, 4096, 8448, 37_440, 65_537, 1 << 20] {
+                check(kernel, 0, len);
+                check(kernel, 2048, len);
+            }
+        }
+    }
+
+    #[test]
+    fn threshold_above_every_size_is_an_ordinary_copy() {
+        for len in [0, 1, 100, 5000] {
+            check(NtKernel::detect(), u64::MAX, len);
+        }
+    }
+
+    #[test]
+    fn portable_kernel_is_always_supported_and_last() {
+        let kernels = NtKernel::supported();
+        assert_eq!(*kernels.last().unwrap(), NtKernel::portable());
+        assert_eq!(NtKernel::detect(), kernels[0]);
+    }
+}

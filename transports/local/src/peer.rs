@@ -1,0 +1,215 @@
+//! The data path: a connected same-process segment and [`Peer::submit`].
+//!
+//! One call handles the whole batch: resolve every request under one read lock of each table,
+//! plan (sort by destination, coalesce exactly adjacent fragments), copy — streaming stores at and
+//! above the threshold, fanned out over the persistent pool when the batch is large — and complete
+//! the batch once. Nothing is allocated per fragment: the planner's vectors are per-thread scratch
+//! that is reused from batch to batch.
+//!
+//! # Requests that touch the same memory
+//!
+//! Requests of one batch are unordered, as on any transport. When two requests write the same
+//! destination bytes, or one reads bytes another writes (a segment copying within its own memory),
+//! the batch is not coalesced or split: it runs on the submitting thread, request by request in
+//! ascending request index, each with `memmove` semantics, so a request may even copy onto an
+//! overlapping range of itself. The outcome is exactly that of the requests run one after another;
+//! there is never a data race. Such a batch uses no streaming stores.
+
+use std::cell::Cell;
+use std::sync::{Arc, Weak};
+
+use te_base::{BatchState, Error, Peer, Phase, ResolvedRequest, Result, SegmentDescriptor, SubmitContext};
+
+use crate::copy::{copy_with_threshold, store_fence};
+use crate::domain::Domain;
+use crate::parts::{run_range, split};
+use crate::plan::{coalesce, sources_meet_destinations, CopyOp, Fragment, Spans};
+use crate::table::RegionTable;
+use crate::transport::Shared;
+
+/// Smallest part a fanned-out batch is cut into.
+const MIN_PART_BYTES: u64 = 16 << 10;
+/// Parts per copy worker: more parts than workers lets the submitting thread take over the parts
+/// of a helper that is slow to wake.
+const PARTS_PER_WORKER: usize = 2;
+/// Scratch kept between batches is trimmed back to this many fragments.
+const MAX_KEPT_FRAGMENTS: usize = 1 << 20;
+
+/// Per-thread planning vectors, reused by every batch this thread submits.
+#[derive(Default)]
+struct Scratch {
+    frags: Vec<Fragment>,
+    ops: Vec<CopyOp>,
+    cuts: Vec<crate::parts::Cursor>,
+    pairs: Vec<(u64, u64)>,
+}
+
+impl Scratch {
+    fn trim(&mut self) {
+        if self.frags.capacity() > MAX_KEPT_FRAGMENTS {
+            *self = Scratch::default();
+        }
+    }
+}
+
+thread_local! {
+    static SCRATCH: Cell<Scratch> = Cell::new(Scratch::default());
+}
+
+/// A segment of this process, reached by copying.
+pub(crate) struct LocalPeer {
+    pub descriptor: SegmentDescriptor,
+    /// The initiating transport: its table, pool and configuration.
+    pub shared: Arc<Shared>,
+    /// The target's domain. Weak: a peer does not keep another engine's transport alive.
+    pub target: Weak<Domain>,
+}
+
+impl LocalPeer {
+    fn gone(&self) -> Error {
+        Error::PeerGone {
+            peer: self.descriptor.name.clone(),
+            reason: "its local transport was shut down or dropped".into(),
+        }
+    }
+
+    fn run(
+        &self,
+        requests: &[ResolvedRequest],
+        target: &Arc<Domain>,
+        batch: &BatchState,
+        ctx: &SubmitContext,
+        scratch: &mut Scratch,
+    ) {
+        let t0 = ctx.timer.start();
+        let local = &self.shared.domain;
+        // One read lock per table for the whole batch, held until the copies are done so no region
+        // is deregistered under them. Same-process domains are locked in id order, so two batches
+        // going opposite ways cannot deadlock behind a waiting writer.
+        let same = Arc::ptr_eq(local, target);
+        let local_first = local.id() <= target.id();
+        let (first, second) = if local_first { (local, target) } else { (target, local) };
+        let first_guard = first.table.read();
+        let second_guard = (!same).then(|| second.table.read());
+        let (a, b): (&RegionTable, &RegionTable) = match &second_guard {
+            None => (&first_guard, &first_guard),
+            Some(g) => (&first_guard, g),
+        };
+        let (local_table, remote_table) = if local_first { (a, b) } else { (b, a) };
+
+        let Scratch {
+            frags,
+            ops,
+            cuts,
+            pairs,
+        } = scratch;
+        frags.clear();
+        frags.reserve(requests.len());
+        let mut failures: Vec<(usize, Error)> = Vec::new();
+        let mut spans = Spans::default();
+        let mut resolver = crate::resolve::Resolver::new(local_table, remote_table, &self.descriptor.name);
+        for r in requests {
+            match resolver.resolve(r) {
+                Ok(f) => {
+                    spans.add(&f);
+                    frags.push(f);
+                }
+                Err(e) => failures.push((r.index as usize, e)),
+            }
+        }
+
+        let planned = coalesce(frags, ops);
+        let in_order = match planned {
+            Err(_) => true,
+            Ok(_) => spans.may_overlap() && sources_meet_destinations(frags, pairs),
+        };
+        let t1 = ctx.timer.lap(Phase::Plan, t0);
+
+        let config = &self.shared.config;
+        if in_order {
+            frags.sort_unstable_by_key(|f| f.index);
+            for f in frags.iter() {
+                // SAFETY: both ranges were checked to lie in live registered regions that stay
+                // registered while we hold the read locks; `copy` (memmove) allows overlap, and
+                // running one request at a time on this thread leaves no concurrent access of ours.
+                unsafe {
+                    std::ptr::copy(f.src as usize as *const u8, f.dst as usize as *mut u8, f.len as usize);
+                }
+            }
+        } else if let Ok(plan) = planned {
+            let workers = if ctx.background { 1 } else { config.copy_threads };
+            let total = plan.total_bytes;
+            let parts = if workers <= 1 || total < config.fanout_min_bytes {
+                1
+            } else {
+                ((workers * PARTS_PER_WORKER) as u64).min(total / MIN_PART_BYTES).max(2) as usize
+            };
+            let (kernel, nt_min) = (self.shared.kernel, config.nt_copy_min_bytes);
+            if parts == 1 {
+                for op in ops.iter() {
+                    // SAFETY: ranges checked against live regions held by the read locks; the
+                    // planner proved no destination overlaps another copy's source or destination.
+                    unsafe {
+                        copy_with_threshold(
+                            kernel,
+                            nt_min,
+                            op.dst as usize as *mut u8,
+                            op.src as usize as *const u8,
+                            op.len as usize,
+                        )
+                    };
+                }
+                store_fence();
+            } else {
+                split(ops, total, parts, cuts);
+                let (ops, cuts) = (&ops[..], &cuts[..]);
+                self.shared.pool.run(parts, &|k| {
+                    // SAFETY: as above; the parts are disjoint byte ranges of the plan, so no two
+                    // workers write the same bytes.
+                    unsafe { run_range(ops, cuts[k], cuts[k + 1], kernel, nt_min) }
+                });
+            }
+        }
+        ctx.timer.lap(Phase::Submit, t1);
+        drop(second_guard);
+        drop(first_guard);
+
+        for (index, error) in failures {
+            batch.fail(index, error);
+        }
+        // Failed requests are already settled and are skipped by this one counter update.
+        batch.complete_many(requests.iter().map(|r| r.index as usize));
+    }
+}
+
+impl Peer for LocalPeer {
+    fn descriptor(&self) -> &SegmentDescriptor {
+        &self.descriptor
+    }
+
+    fn submit(&self, requests: Vec<ResolvedRequest>, batch: &Arc<BatchState>, ctx: &SubmitContext) -> Result<()> {
+        if !self.shared.domain.is_open() {
+            return Err(Error::Closed(format!("{} transport", crate::NAME)));
+        }
+        let target = self
+            .target
+            .upgrade()
+            .filter(|d| d.is_open())
+            .ok_or_else(|| self.gone())?;
+        if batch.cancel_requested() {
+            for r in &requests {
+                batch.cancel(r.index as usize);
+            }
+            return Ok(());
+        }
+        let mut scratch = SCRATCH.take();
+        self.run(&requests, &target, batch, ctx, &mut scratch);
+        scratch.trim();
+        SCRATCH.set(scratch);
+        Ok(())
+    }
+
+    fn is_healthy(&self) -> bool {
+        self.shared.domain.is_open() && self.target.upgrade().is_some_and(|d| d.is_open())
+    }
+}

@@ -1,0 +1,263 @@
+//! A persistent pool of copy helpers.
+//!
+//! Threads are started once, with the transport; spawning per call maps and unmaps stacks, which
+//! serializes on the address space and cost more than not parallelizing at all (the seed measured
+//! it). A call posts its job, works on it itself, and claims parts until none is left, so it never
+//! waits for a helper to *start*, only for parts a helper already took. The job lives on the
+//! caller's stack: it is reachable by helpers only through the queue, and the caller removes it
+//! from the queue and waits until every helper that joined has left before returning.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle, Thread};
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use te_base::{Error, Result};
+
+/// Stack size of a helper: it only runs copy loops.
+const HELPER_STACK_BYTES: usize = 256 << 10;
+
+/// One call's work: `parts` pieces, run as `call(data, k)` for each `k`.
+struct Job {
+    data: *const (),
+    call: unsafe fn(*const (), usize),
+    parts: usize,
+    next: AtomicUsize,
+    participants: AtomicUsize,
+    waiter: Thread,
+}
+
+impl Job {
+    fn claim(&self) -> Option<usize> {
+        let k = self.next.fetch_add(1, Ordering::Relaxed);
+        (k < self.parts).then_some(k)
+    }
+
+    fn has_work(&self) -> bool {
+        self.next.load(Ordering::Relaxed) < self.parts
+    }
+
+    /// Runs part `k`.
+    fn run(&self, k: usize) {
+        // SAFETY: `data` and `call` were made together from one `&F` in `CopyPool::run`, which
+        // keeps that borrow alive until every participant has left the job.
+        unsafe { (self.call)(self.data, k) }
+    }
+}
+
+unsafe fn call_part<F: Fn(usize) + Sync>(data: *const (), k: usize) {
+    // SAFETY: `data` came from a `&F` that outlives the job (see `CopyPool::run`).
+    let work = unsafe { &*(data as *const F) };
+    work(k);
+}
+
+/// A pointer to a job in the queue.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct JobPtr(*const Job);
+
+// SAFETY: a job is only dereferenced while it is in the queue (under the queue lock) or by a
+// participant the owner waits for; its closure is `Sync`, and its counters are atomics.
+unsafe impl Send for JobPtr {}
+
+struct Queue {
+    jobs: Vec<JobPtr>,
+    shutdown: bool,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    work: Condvar,
+}
+
+/// Helper threads that share the copies of large batches with the submitting thread.
+pub struct CopyPool {
+    shared: Arc<Shared>,
+    helpers: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for CopyPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyPool")
+            .field("helpers", &self.helpers.len())
+            .finish()
+    }
+}
+
+impl CopyPool {
+    /// Starts `helpers` threads (0 for a pool that runs everything on the caller).
+    pub fn new(helpers: usize) -> Result<Self> {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                jobs: Vec::new(),
+                shutdown: false,
+            }),
+            work: Condvar::new(),
+        });
+        let mut pool = CopyPool {
+            shared,
+            helpers: Vec::with_capacity(helpers),
+        };
+        for i in 0..helpers {
+            let shared = pool.shared.clone();
+            let handle = thread::Builder::new()
+                .name(format!("te-local-copy-{i}"))
+                .stack_size(HELPER_STACK_BYTES)
+                .spawn(move || helper_loop(&shared))
+                .map_err(|e| Error::io("starting a local-copy helper thread", e))?;
+            pool.helpers.push(handle);
+        }
+        Ok(pool)
+    }
+
+    /// Number of helper threads (the caller of [`CopyPool::run`] works too).
+    pub fn helpers(&self) -> usize {
+        self.helpers.len()
+    }
+
+    /// Runs `work(k)` for every `k` in `0..parts`, on this thread and on helpers that are free,
+    /// and returns when all parts are done. Parts run in any order, concurrently.
+    pub fn run<F: Fn(usize) + Sync>(&self, parts: usize, work: &F) {
+        if parts <= 1 || self.helpers.is_empty() {
+            (0..parts).for_each(work);
+            return;
+        }
+        let job = Job {
+            data: work as *const F as *const (),
+            call: call_part::<F>,
+            parts,
+            next: AtomicUsize::new(0),
+            participants: AtomicUsize::new(0),
+            waiter: thread::current(),
+        };
+        self.shared.queue.lock().jobs.push(JobPtr(&job));
+        // The retire guard runs on every exit, unwinding included, so helpers never see a dead job.
+        let _retire = Retire {
+            shared: &self.shared,
+            job: &job,
+        };
+        for _ in 0..(parts - 1).min(self.helpers.len()) {
+            self.shared.work.notify_one();
+        }
+        while let Some(k) = job.claim() {
+            job.run(k);
+        }
+    }
+}
+
+/// Takes a job out of the queue and waits until every helper that joined it has left.
+struct Retire<'a> {
+    shared: &'a Shared,
+    job: &'a Job,
+}
+
+impl Drop for Retire<'_> {
+    fn drop(&mut self) {
+        let me = JobPtr(self.job);
+        {
+            let mut queue = self.shared.queue.lock();
+            if let Some(pos) = queue.jobs.iter().position(|j| *j == me) {
+                queue.jobs.swap_remove(pos);
+            }
+        }
+        // No helper can join any more; wait for those that did. Parking may wake spuriously or
+        // on a stale token, hence the loop.
+        while self.job.participants.load(Ordering::Acquire) != 0 {
+            thread::park();
+        }
+    }
+}
+
+/// Leaves a job: the last participant out wakes its owner. Runs on unwinding too.
+struct Leave<'a>(&'a Job);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        // Clone the owner's handle first: once the count reaches zero the job may be gone.
+        let waiter = self.0.waiter.clone();
+        if self.0.participants.fetch_sub(1, Ordering::AcqRel) == 1 {
+            waiter.unpark();
+        }
+    }
+}
+
+fn helper_loop(shared: &Shared) {
+    let mut queue: MutexGuard<'_, Queue> = shared.queue.lock();
+    loop {
+        if queue.shutdown {
+            return;
+        }
+        // SAFETY: a job in the queue is alive; its owner removes it under this lock before
+        // letting it go.
+        let found = queue.jobs.iter().copied().find(|j| unsafe { (*j.0).has_work() });
+        let Some(ptr) = found else {
+            shared.work.wait(&mut queue);
+            continue;
+        };
+        // SAFETY: as above; joining under the lock means the owner, which retires the job under
+        // the same lock, will wait for us.
+        let job = unsafe { &*ptr.0 };
+        job.participants.fetch_add(1, Ordering::Relaxed);
+        MutexGuard::unlocked(&mut queue, || {
+            let _leave = Leave(job);
+            while let Some(k) = job.claim() {
+                job.run(k);
+            }
+        });
+    }
+}
+
+impl Drop for CopyPool {
+    fn drop(&mut self) {
+        self.shared.queue.lock().shutdown = true;
+        self.shared.work.notify_all();
+        for handle in self.helpers.drain(..) {
+            let _ = handle.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn every_part_runs_once() {
+        let pool = CopyPool::new(3).unwrap();
+        for parts in [0, 1, 2, 7, 64] {
+            let hits: Vec<AtomicU64> = (0..parts).map(|_| AtomicU64::new(0)).collect();
+            pool.run(parts, &|k| {
+                hits[k].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1), "{parts} parts");
+        }
+    }
+
+    #[test]
+    fn concurrent_callers_share_the_helpers() {
+        let pool = Arc::new(CopyPool::new(1).unwrap());
+        let total = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (pool, total) = (pool.clone(), total.clone());
+                thread::spawn(move || {
+                    for _ in 0..200 {
+                        pool.run(5, &|k| {
+                            total.fetch_add(k as u64 + 1, Ordering::Relaxed);
+                        });
+                    }
+                })
+            })
+            .collect();
+        threads.into_iter().for_each(|t| t.join().unwrap());
+        assert_eq!(total.load(Ordering::Relaxed), 4 * 200 * 15);
+    }
+
+    #[test]
+    fn a_pool_without_helpers_runs_inline() {
+        let pool = CopyPool::new(0).unwrap();
+        let me = thread::current().id();
+        pool.run(3, &|_| assert_eq!(thread::current().id(), me));
+        assert_eq!(pool.helpers(), 0);
+    }
+}
