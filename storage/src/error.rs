@@ -1,0 +1,181 @@
+//! The store's error type. Call-level (shape) errors fail a whole call; data errors are reported
+//! per key and leave the other keys' results intact.
+
+use std::sync::Arc;
+
+/// Result alias of the store.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Which tier a data error came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// The DRAM arena.
+    Dram,
+    /// The SSD log.
+    Ssd,
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Tier::Dram => "dram",
+            Tier::Ssd => "ssd",
+        })
+    }
+}
+
+/// Everything the store can report.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// Shape: a range lies (partly) outside its object.
+    #[error(
+        "key #{key_index}: range #{range_index} [{offset}, +{len}) falls outside the object of {object_len} bytes"
+    )]
+    RangeOutsideObject {
+        /// Position of the key in the call.
+        key_index: usize,
+        /// Position of the range in that key's ranges.
+        range_index: usize,
+        /// Object offset of the range.
+        offset: u64,
+        /// Length of the range.
+        len: u64,
+        /// Size of the object.
+        object_len: u64,
+    },
+
+    /// Shape: two ranges of one key overlap in the object.
+    #[error("key #{key_index}: ranges #{first} and #{second} overlap in the object")]
+    RangesOverlap {
+        /// Position of the key in the call.
+        key_index: usize,
+        /// One of the overlapping ranges.
+        first: usize,
+        /// The other.
+        second: usize,
+    },
+
+    /// Shape: the ranges of a put do not cover the object exactly.
+    #[error("key #{key_index}: ranges do not tile the object of {object_len} bytes: [{gap_start}, {gap_end}) is not covered")]
+    RangesDoNotTile {
+        /// Position of the key in the call.
+        key_index: usize,
+        /// Size of the object.
+        object_len: u64,
+        /// First uncovered byte.
+        gap_start: u64,
+        /// One past the last uncovered byte.
+        gap_end: u64,
+    },
+
+    /// Shape: a range or object of zero bytes.
+    #[error("key #{key_index}: range #{range_index} has zero length")]
+    ZeroLength {
+        /// Position of the key in the call.
+        key_index: usize,
+        /// Position of the range (0 for a whole object).
+        range_index: usize,
+    },
+
+    /// Shape: a range's caller memory is not inside a buffer registered with the store.
+    #[error(
+        "key #{key_index}: range #{range_index} caller memory [{addr:#x}, +{len}) is not registered with the store"
+    )]
+    Unregistered {
+        /// Position of the key in the call.
+        key_index: usize,
+        /// Position of the range.
+        range_index: usize,
+        /// Caller address.
+        addr: u64,
+        /// Length.
+        len: u64,
+    },
+
+    /// Shape: an empty key, or one longer than the store accepts.
+    #[error("key #{key_index} has length {len} (must be 1..={max})")]
+    BadKey {
+        /// Position of the key in the call.
+        key_index: usize,
+        /// Its length.
+        len: usize,
+        /// The longest key accepted.
+        max: usize,
+    },
+
+    /// Shape: the same key appears twice in one put call.
+    #[error("key #{key_index} repeats key #{first_index} in the same put call")]
+    DuplicateKey {
+        /// The repeated position.
+        key_index: usize,
+        /// Where it first appeared.
+        first_index: usize,
+    },
+
+    /// Data: the key is in no tier.
+    #[error("key {key:?} not found")]
+    NotFound {
+        /// The key.
+        key: String,
+    },
+
+    /// Data: stored bytes failed their checksum; nothing of them was returned.
+    #[error("key {key:?}: corrupt record in the {tier} tier: {detail}")]
+    Corrupt {
+        /// The key.
+        key: String,
+        /// Where.
+        tier: Tier,
+        /// What failed.
+        detail: String,
+    },
+
+    /// Data: no tier has room for the object, even after eviction.
+    #[error("key {key:?}: no space for {len} bytes in any tier")]
+    NoSpace {
+        /// The key.
+        key: String,
+        /// Bytes needed.
+        len: u64,
+    },
+
+    /// An I/O error of the SSD tier, with what was being done.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+
+    /// An error of the transfer engine (registration, submission, configuration).
+    #[error(transparent)]
+    Engine(#[from] te_base::Error),
+
+    /// The store was closed.
+    #[error("the store is closed")]
+    Closed,
+}
+
+impl StoreError {
+    /// Wraps an I/O error with what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        StoreError::Io {
+            context: context.into(),
+            source: Arc::new(source),
+        }
+    }
+
+    /// True for errors that concern one key's data rather than the shape of the call.
+    pub fn is_data_error(&self) -> bool {
+        matches!(
+            self,
+            StoreError::NotFound { .. }
+                | StoreError::Corrupt { .. }
+                | StoreError::NoSpace { .. }
+                | StoreError::Io { .. }
+        )
+    }
+}
