@@ -1,0 +1,217 @@
+//! `TE_RDMA_*` configuration, read strictly: a malformed value is an `Error::Config` naming the
+//! variable, never a silent default. Mooncake's `MC_*` names are accepted as aliases where the
+//! meaning is the same.
+
+use std::net::SocketAddr;
+
+use te_base::config::{parse_bytes, parse_var, parse_var_with_alias, Env};
+use te_base::{Error, Result};
+
+use crate::protocol::qp_state::ConnectParams;
+use crate::verbs::Mtu;
+
+/// Every knob of the transport.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RdmaConfig {
+    /// Devices to use (`TE_RDMA_DEVICES=mlx5_0,mlx5_1`); `None` = every device with an active port.
+    pub devices: Option<Vec<String>>,
+    /// RC queue pairs per (local rail, remote rail) pair of a peer (`TE_RDMA_QPS_PER_PEER`).
+    pub qps_per_peer: u32,
+    /// Send queue depth per QP (`TE_RDMA_SEND_QUEUE_DEPTH`), capped by the device.
+    pub send_queue_depth: u32,
+    /// One signalled completion every this many work requests (`TE_RDMA_SIGNAL_EVERY`).
+    pub signal_every: u32,
+    /// Completion queue entries per rail (`TE_RDMA_CQ_DEPTH`), capped by the device.
+    pub cq_depth: u32,
+    /// Largest RDMA message (`TE_RDMA_SLICE_SIZE`); requests are cut into slices of this size,
+    /// striped over the rails and QPs.
+    pub slice_size: u64,
+    /// Lowers the registration split point below the device's max MR size (`TE_RDMA_MAX_MR_SIZE`).
+    pub max_mr_size: Option<u64>,
+    /// Forces the GID index (`TE_RDMA_GID_INDEX`); default: the first RoCE v2 IPv4 GID.
+    pub gid_index: Option<u8>,
+    /// Re-posts of a slice after a transient error before the request fails (`TE_RDMA_RETRY_LIMIT`).
+    pub retry_limit: u32,
+    /// First and largest wait before re-establishing a failed QP
+    /// (`TE_RDMA_RECONNECT_BACKOFF_MS`, `TE_RDMA_RECONNECT_BACKOFF_MAX_MS`).
+    pub backoff_ms: (u64, u64),
+    /// Address the handshake listener binds and advertises (`TE_RDMA_HANDSHAKE_ADDR`).
+    pub handshake_addr: Option<SocketAddr>,
+    /// QP attributes.
+    pub connect: ConnectParams,
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        RdmaConfig {
+            devices: None,
+            qps_per_peer: 2,
+            send_queue_depth: 256,
+            signal_every: 16,
+            cq_depth: 4096,
+            slice_size: 64 << 10,
+            max_mr_size: None,
+            gid_index: None,
+            retry_limit: 3,
+            backoff_ms: (10, 5000),
+            handshake_addr: None,
+            connect: ConnectParams::default(),
+        }
+    }
+}
+
+fn ranged<T: PartialOrd + std::fmt::Display + Copy>(var: &str, v: Option<T>, lo: T, hi: T) -> Result<Option<T>> {
+    match v {
+        Some(x) if x < lo || x > hi => Err(Error::config(var, x.to_string(), format!("must be in {lo}..={hi}"))),
+        other => Ok(other),
+    }
+}
+
+impl RdmaConfig {
+    /// Reads every `TE_RDMA_*` variable from `env`.
+    pub fn from_env(env: &dyn Env) -> Result<Self> {
+        let mut c = RdmaConfig::default();
+        if let Some(raw) = env.get("TE_RDMA_DEVICES") {
+            let names: Vec<String> = raw.split(',').map(|s| s.trim().to_string()).collect();
+            if names.iter().any(|n| n.is_empty()) {
+                return Err(Error::config("TE_RDMA_DEVICES", raw, "empty device name in the list"));
+            }
+            c.devices = Some(names);
+        }
+        let qps = parse_var_with_alias::<u32>(env, "TE_RDMA_QPS_PER_PEER", "MC_NUM_QP_PER_EP")?;
+        if let Some(v) = ranged("TE_RDMA_QPS_PER_PEER", qps, 1, 64)? {
+            c.qps_per_peer = v;
+        }
+        let depth = parse_var_with_alias::<u32>(env, "TE_RDMA_SEND_QUEUE_DEPTH", "MC_MAX_WR")?;
+        if let Some(v) = ranged("TE_RDMA_SEND_QUEUE_DEPTH", depth, 1, 1 << 16)? {
+            c.send_queue_depth = v;
+        }
+        if let Some(v) = parse_var::<u32>(env, "TE_RDMA_SIGNAL_EVERY")? {
+            if v == 0 || v > c.send_queue_depth {
+                return Err(Error::config(
+                    "TE_RDMA_SIGNAL_EVERY",
+                    v.to_string(),
+                    format!("must be in 1..={} (the send queue depth)", c.send_queue_depth),
+                ));
+            }
+            c.signal_every = v;
+        }
+        let cqe = parse_var_with_alias::<u32>(env, "TE_RDMA_CQ_DEPTH", "MC_MAX_CQE")?;
+        if let Some(v) = ranged("TE_RDMA_CQ_DEPTH", cqe, 16, 1 << 22)? {
+            c.cq_depth = v;
+        }
+        if let Some(v) = parse_bytes(env, "TE_RDMA_SLICE_SIZE")? {
+            if !(4096..=1 << 30).contains(&v) {
+                return Err(Error::config("TE_RDMA_SLICE_SIZE", v.to_string(), "must be in 4K..=1G"));
+            }
+            c.slice_size = v;
+        }
+        if let Some(v) = parse_bytes(env, "TE_RDMA_MAX_MR_SIZE")? {
+            if v < 1 << 20 || v % 4096 != 0 {
+                return Err(Error::config(
+                    "TE_RDMA_MAX_MR_SIZE",
+                    v.to_string(),
+                    "must be a multiple of 4K, at least 1M",
+                ));
+            }
+            c.max_mr_size = Some(v);
+        }
+        c.gid_index = parse_var_with_alias::<u8>(env, "TE_RDMA_GID_INDEX", "MC_GID_INDEX")?;
+        if let Some(v) = parse_var::<u32>(env, "TE_RDMA_RETRY_LIMIT")? {
+            c.retry_limit = v;
+        }
+        let lo = parse_var::<u64>(env, "TE_RDMA_RECONNECT_BACKOFF_MS")?.unwrap_or(c.backoff_ms.0);
+        let hi = parse_var::<u64>(env, "TE_RDMA_RECONNECT_BACKOFF_MAX_MS")?.unwrap_or(c.backoff_ms.1.max(lo));
+        if lo == 0 || hi < lo {
+            return Err(Error::config(
+                "TE_RDMA_RECONNECT_BACKOFF_MAX_MS",
+                hi.to_string(),
+                format!("must be at least TE_RDMA_RECONNECT_BACKOFF_MS ({lo}), which must be positive"),
+            ));
+        }
+        c.backoff_ms = (lo, hi);
+        c.handshake_addr = parse_var::<SocketAddr>(env, "TE_RDMA_HANDSHAKE_ADDR")?;
+
+        let p = &mut c.connect;
+        if let Some(mtu) = parse_var_with_alias::<u32>(env, "TE_RDMA_MTU", "MC_MTU")? {
+            p.mtu_cap = Some(Mtu::from_bytes(mtu).ok_or_else(|| {
+                Error::config("TE_RDMA_MTU", mtu.to_string(), "must be 256, 512, 1024, 2048 or 4096")
+            })?);
+        }
+        let tc = parse_var_with_alias::<u8>(env, "TE_RDMA_TRAFFIC_CLASS", "MC_IB_TC")?;
+        p.traffic_class = tc.unwrap_or(p.traffic_class);
+        let sl = parse_var_with_alias::<u8>(env, "TE_RDMA_SL", "MC_IB_SL")?;
+        p.sl = ranged("TE_RDMA_SL", sl, 0, 15)?.unwrap_or(p.sl);
+        let t = parse_var::<u8>(env, "TE_RDMA_TIMEOUT")?;
+        p.timeout = ranged("TE_RDMA_TIMEOUT", t, 0, 31)?.unwrap_or(p.timeout);
+        let r = parse_var::<u8>(env, "TE_RDMA_RETRY_CNT")?;
+        p.retry_cnt = ranged("TE_RDMA_RETRY_CNT", r, 0, 7)?.unwrap_or(p.retry_cnt);
+        let r = parse_var::<u8>(env, "TE_RDMA_RNR_RETRY")?;
+        p.rnr_retry = ranged("TE_RDMA_RNR_RETRY", r, 0, 7)?.unwrap_or(p.rnr_retry);
+        let a = parse_var::<u8>(env, "TE_RDMA_MAX_RD_ATOMIC")?;
+        p.max_rd_atomic = ranged("TE_RDMA_MAX_RD_ATOMIC", a, 1, 255)?.unwrap_or(p.max_rd_atomic);
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use te_base::config::MapEnv;
+
+    #[test]
+    fn defaults_when_unset() {
+        assert_eq!(RdmaConfig::from_env(&MapEnv::default()).unwrap(), RdmaConfig::default());
+    }
+
+    #[test]
+    fn reads_every_knob() {
+        let env = MapEnv::new([
+            ("TE_RDMA_DEVICES", "mlx5_0,mlx5_1"),
+            ("TE_RDMA_QPS_PER_PEER", "4"),
+            ("TE_RDMA_SEND_QUEUE_DEPTH", "128"),
+            ("TE_RDMA_SIGNAL_EVERY", "8"),
+            ("TE_RDMA_MTU", "1024"),
+            ("MC_GID_INDEX", "3"),
+            ("TE_RDMA_SLICE_SIZE", "128K"),
+            ("TE_RDMA_HANDSHAKE_ADDR", "10.0.0.1:7000"),
+        ]);
+        let c = RdmaConfig::from_env(&env).unwrap();
+        assert_eq!(
+            c.devices.as_deref(),
+            Some(&["mlx5_0".to_string(), "mlx5_1".to_string()][..])
+        );
+        assert_eq!((c.qps_per_peer, c.send_queue_depth, c.signal_every), (4, 128, 8));
+        assert_eq!(c.connect.mtu_cap, Some(Mtu::M1024));
+        assert_eq!(c.gid_index, Some(3));
+        assert_eq!(c.slice_size, 128 << 10);
+        assert_eq!(c.handshake_addr, Some("10.0.0.1:7000".parse().unwrap()));
+    }
+
+    #[test]
+    fn malformed_values_name_the_variable() {
+        for (var, bad) in [
+            ("TE_RDMA_QPS_PER_PEER", "0"),
+            ("TE_RDMA_QPS_PER_PEER", "two"),
+            ("TE_RDMA_DEVICES", "mlx5_0,,mlx5_1"),
+            ("TE_RDMA_SIGNAL_EVERY", "100000"),
+            ("TE_RDMA_MTU", "1500"),
+            ("TE_RDMA_SLICE_SIZE", "1"),
+            ("TE_RDMA_MAX_MR_SIZE", "1000"),
+            ("TE_RDMA_RETRY_CNT", "8"),
+            ("TE_RDMA_SL", "16"),
+            ("TE_RDMA_HANDSHAKE_ADDR", "nowhere"),
+            ("TE_RDMA_RECONNECT_BACKOFF_MS", "0"),
+        ] {
+            let err = RdmaConfig::from_env(&MapEnv::new([(var, bad)])).unwrap_err();
+            let text = err.to_string();
+            assert!(matches!(err, Error::Config { .. }), "{var}={bad}: {text}");
+            assert!(
+                text.contains(var) || var.starts_with("TE_RDMA_RECONNECT"),
+                "{var}={bad}: {text}"
+            );
+        }
+        let conflict = MapEnv::new([("TE_RDMA_QPS_PER_PEER", "2"), ("MC_NUM_QP_PER_EP", "4")]);
+        assert!(RdmaConfig::from_env(&conflict).is_err());
+    }
+}

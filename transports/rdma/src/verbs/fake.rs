@@ -1,0 +1,428 @@
+//! A recording fake of the verbs layer, for tests (never installed by `install()`).
+//!
+//! It records every call, checks what hardware checks (QP state transitions, send-queue
+//! overflow, lkey/rkey bounds and access rights), and executes RDMA READ/WRITE by copying bytes
+//! between registered ranges of this process, so the transport's logic can be tested end to end
+//! with byte verification. Faults are injected per QP: the next work request fails with a chosen
+//! status, the QP goes to ERROR and everything posted after it is flushed, as on hardware.
+
+use std::collections::{HashMap, VecDeque};
+
+use parking_lot::Mutex;
+use te_base::{Error, Result};
+
+use super::{
+    Access, Completion, DeviceAttrs, Gid, LinkLayer, MrKeys, Mtu, Opcode, PortAttrs, PostError, QpCaps, Verbs,
+    WcStatus, WorkRequest,
+};
+use crate::protocol::qp_state::{QpMachine, QpState, QpTransition};
+
+/// One recorded verbs call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Call {
+    /// `open_device(name)`.
+    OpenDevice(String),
+    /// `alloc_pd` on a device.
+    AllocPd,
+    /// `reg_mr(addr, len)`.
+    RegMr { addr: u64, len: u64 },
+    /// `dereg_mr(lkey)`.
+    DeregMr { lkey: u32 },
+    /// `create_cq(depth)`.
+    CreateCq { depth: u32 },
+    /// `create_qp` returning `qpn`.
+    CreateQp { qpn: u32, caps: QpCaps },
+    /// `modify_qp(qpn, transition)`.
+    ModifyQp { qpn: u32, transition: QpTransition },
+    /// `post_send(qpn, wrs)`: the work requests of one call.
+    PostSend { qpn: u32, wrs: Vec<WorkRequest> },
+    /// `destroy_qp(qpn)`.
+    DestroyQp { qpn: u32 },
+}
+
+/// A fake device's description.
+#[derive(Debug, Clone)]
+pub struct FakeDevice {
+    /// Device name (`mlx5_0`).
+    pub name: String,
+    /// Limits.
+    pub attrs: DeviceAttrs,
+    /// Port 1.
+    pub port: PortAttrs,
+    /// GID table of port 1.
+    pub gids: Vec<Gid>,
+}
+
+impl FakeDevice {
+    /// A RoCE device with an active 4096-byte MTU port and an IPv4-mapped GID at index 3.
+    pub fn roce(name: &str, ipv4: [u8; 4]) -> Self {
+        let mut v4 = [0u8; 16];
+        v4[10] = 0xff;
+        v4[11] = 0xff;
+        v4[12..].copy_from_slice(&ipv4);
+        let mut link_local = [0u8; 16];
+        link_local[0] = 0xfe;
+        link_local[1] = 0x80;
+        link_local[15] = 1;
+        FakeDevice {
+            name: name.into(),
+            attrs: DeviceAttrs {
+                max_mr_size: 1 << 40,
+                max_qp_wr: 8192,
+                max_cqe: 1 << 16,
+                max_qp_rd_atom: 16,
+                phys_port_cnt: 1,
+            },
+            port: PortAttrs {
+                active: true,
+                active_mtu: Mtu::M4096,
+                lid: 0,
+                link_layer: LinkLayer::Ethernet,
+                gid_table_len: 4,
+                max_msg_size: 1 << 30,
+            },
+            gids: vec![Gid(link_local), Gid(link_local), Gid(v4), Gid(v4)],
+        }
+    }
+}
+
+#[derive(Debug)]
+struct FakeMr {
+    addr: u64,
+    len: u64,
+    access: Access,
+}
+
+#[derive(Debug)]
+struct FakeQp {
+    cq: u32,
+    depth: u32,
+    /// Work requests posted and not yet retired by a signalled completion being polled.
+    outstanding: u32,
+    /// Unsignalled requests since the last signalled one (retired with it).
+    unsignalled: u32,
+    machine: QpMachine,
+    fail_next: Option<WcStatus>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    calls: Vec<Call>,
+    next_id: u32,
+    mrs: HashMap<u32, FakeMr>,
+    qps: HashMap<u32, FakeQp>,
+    cqs: HashMap<u32, VecDeque<(Completion, u32)>>,
+    fail_calls: HashMap<&'static str, i32>,
+}
+
+/// The recording fake. Handles are plain ids.
+#[derive(Debug)]
+pub struct RecordingVerbs {
+    devices: Vec<FakeDevice>,
+    state: Mutex<State>,
+}
+
+/// Handle of a fake object (its id; for a QP, its QP number; for an MR, its lkey).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct Handle(pub u32);
+
+impl RecordingVerbs {
+    /// A fake host with these devices.
+    pub fn new(devices: Vec<FakeDevice>) -> Self {
+        RecordingVerbs {
+            devices,
+            state: Mutex::new(State {
+                next_id: 0x100,
+                ..State::default()
+            }),
+        }
+    }
+
+    /// Every call so far.
+    pub fn calls(&self) -> Vec<Call> {
+        self.state.lock().calls.clone()
+    }
+
+    /// Forgets the recorded calls.
+    pub fn clear_calls(&self) {
+        self.state.lock().calls.clear();
+    }
+
+    /// The next work request posted to `qpn` completes with `status`, and the QP enters ERROR.
+    pub fn fail_next_wr(&self, qpn: u32, status: WcStatus) {
+        if let Some(qp) = self.state.lock().qps.get_mut(&qpn) {
+            qp.fail_next = Some(status);
+        }
+    }
+
+    /// The next call of verb `name` (`"reg_mr"`, `"create_qp"`, `"modify_qp"`...) fails with `errno`.
+    pub fn fail_next_call(&self, name: &'static str, errno: i32) {
+        self.state.lock().fail_calls.insert(name, errno);
+    }
+
+    /// The state of QP `qpn`, if it exists.
+    pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
+        self.state.lock().qps.get(&qpn).map(|q| q.machine.state())
+    }
+
+    /// Number of live memory registrations.
+    pub fn live_mrs(&self) -> usize {
+        self.state.lock().mrs.len()
+    }
+
+    fn device(&self, name_or_ctx: u32) -> Result<&FakeDevice> {
+        self.devices
+            .get(name_or_ctx as usize)
+            .ok_or_else(|| Error::transport("rdma", "fake: bad device handle"))
+    }
+}
+
+fn injected(state: &mut State, name: &'static str) -> Result<()> {
+    match state.fail_calls.remove(name) {
+        Some(errno) => Err(Error::transport(
+            "rdma",
+            format!("{name}: {}", std::io::Error::from_raw_os_error(errno)),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn covers(mr: &FakeMr, addr: u64, len: u64) -> bool {
+    addr >= mr.addr && len <= mr.len && addr - mr.addr <= mr.len - len
+}
+
+/// Executes one work request against the registrations; the status hardware would report.
+fn execute(state: &State, wr: &WorkRequest) -> WcStatus {
+    let len = u64::from(wr.len);
+    if !state.mrs.get(&wr.lkey).is_some_and(|m| covers(m, wr.local_addr, len)) {
+        return WcStatus::LOC_PROT_ERR;
+    }
+    let Some(remote) = state.mrs.get(&wr.rkey).filter(|m| covers(m, wr.remote_addr, len)) else {
+        return WcStatus::REM_ACCESS_ERR;
+    };
+    let (src, dst) = match wr.opcode {
+        Opcode::RdmaWrite if remote.access.remote_write => (wr.local_addr, wr.remote_addr),
+        Opcode::RdmaRead if remote.access.remote_read => (wr.remote_addr, wr.local_addr),
+        _ => return WcStatus::REM_ACCESS_ERR,
+    };
+    // SAFETY: both ranges lie inside live registrations, whose `reg_mr` contract guarantees mapped
+    // memory of this process; `copy` tolerates overlap.
+    unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, wr.len as usize) };
+    WcStatus::SUCCESS
+}
+
+impl Verbs for RecordingVerbs {
+    type Context = Handle;
+    type Pd = Handle;
+    type Mr = Handle;
+    type Cq = Handle;
+    type Qp = Handle;
+
+    fn device_names(&self) -> Result<Vec<String>> {
+        Ok(self.devices.iter().map(|d| d.name.clone()).collect())
+    }
+
+    fn open_device(&self, name: &str) -> Result<Handle> {
+        let mut s = self.state.lock();
+        s.calls.push(Call::OpenDevice(name.into()));
+        injected(&mut s, "open_device")?;
+        let idx = self
+            .devices
+            .iter()
+            .position(|d| d.name == name)
+            .ok_or_else(|| Error::not_available("rdma", format!("no RDMA device named {name:?}")))?;
+        Ok(Handle(idx as u32))
+    }
+
+    fn query_device(&self, ctx: &Handle) -> Result<DeviceAttrs> {
+        Ok(self.device(ctx.0)?.attrs)
+    }
+
+    fn query_port(&self, ctx: &Handle, port: u8) -> Result<PortAttrs> {
+        if port != 1 {
+            return Err(Error::transport("rdma", "ibv_query_port: Invalid argument"));
+        }
+        Ok(self.device(ctx.0)?.port)
+    }
+
+    fn query_gid(&self, ctx: &Handle, _port: u8, index: u32) -> Result<Gid> {
+        Ok(self
+            .device(ctx.0)?
+            .gids
+            .get(index as usize)
+            .copied()
+            .unwrap_or_default())
+    }
+
+    fn alloc_pd(&self, _ctx: &Handle) -> Result<Handle> {
+        let mut s = self.state.lock();
+        s.calls.push(Call::AllocPd);
+        injected(&mut s, "alloc_pd")?;
+        s.next_id += 1;
+        Ok(Handle(s.next_id))
+    }
+
+    unsafe fn reg_mr(&self, _pd: &Handle, addr: u64, len: u64, access: Access) -> Result<(Handle, MrKeys)> {
+        let mut s = self.state.lock();
+        s.calls.push(Call::RegMr { addr, len });
+        injected(&mut s, "reg_mr")?;
+        s.next_id += 1;
+        let key = s.next_id;
+        s.mrs.insert(key, FakeMr { addr, len, access });
+        Ok((Handle(key), MrKeys { lkey: key, rkey: key }))
+    }
+
+    fn dereg_mr(&self, mr: Handle) -> Result<()> {
+        let mut s = self.state.lock();
+        s.calls.push(Call::DeregMr { lkey: mr.0 });
+        s.mrs
+            .remove(&mr.0)
+            .map(|_| ())
+            .ok_or_else(|| Error::transport("rdma", "fake: dereg of an unknown MR"))
+    }
+
+    fn create_cq(&self, _ctx: &Handle, depth: u32) -> Result<Handle> {
+        let mut s = self.state.lock();
+        s.calls.push(Call::CreateCq { depth });
+        injected(&mut s, "create_cq")?;
+        s.next_id += 1;
+        let id = s.next_id;
+        s.cqs.insert(id, VecDeque::new());
+        Ok(Handle(id))
+    }
+
+    fn create_qp(&self, _pd: &Handle, cq: &Handle, caps: QpCaps) -> Result<(Handle, u32)> {
+        let mut s = self.state.lock();
+        injected(&mut s, "create_qp")?;
+        s.next_id += 1;
+        let qpn = s.next_id;
+        s.calls.push(Call::CreateQp { qpn, caps });
+        s.qps.insert(
+            qpn,
+            FakeQp {
+                cq: cq.0,
+                depth: caps.max_send_wr,
+                outstanding: 0,
+                unsignalled: 0,
+                machine: QpMachine::default(),
+                fail_next: None,
+            },
+        );
+        Ok((Handle(qpn), qpn))
+    }
+
+    fn modify_qp(&self, qp: &Handle, transition: &QpTransition) -> Result<()> {
+        let mut s = self.state.lock();
+        s.calls.push(Call::ModifyQp {
+            qpn: qp.0,
+            transition: *transition,
+        });
+        injected(&mut s, "modify_qp")?;
+        let q = s
+            .qps
+            .get_mut(&qp.0)
+            .ok_or_else(|| Error::transport("rdma", "fake: unknown QP"))?;
+        q.machine.apply(transition)?;
+        if transition.target() == QpState::Reset {
+            q.outstanding = 0;
+            q.unsignalled = 0;
+            q.fail_next = None;
+        }
+        Ok(())
+    }
+
+    fn post_send(&self, qp: &Handle, wrs: &[WorkRequest]) -> std::result::Result<(), PostError> {
+        let mut s = self.state.lock();
+        s.calls.push(Call::PostSend {
+            qpn: qp.0,
+            wrs: wrs.to_vec(),
+        });
+        let Some(q) = s.qps.get(&qp.0) else {
+            return Err(PostError {
+                posted: 0,
+                errno: libc::EINVAL,
+            });
+        };
+        let cq = q.cq;
+        for (i, wr) in wrs.iter().enumerate() {
+            let q = s.qps.get(&qp.0).expect("checked above");
+            if !matches!(q.machine.state(), QpState::Rts | QpState::Error) {
+                return Err(PostError {
+                    posted: i,
+                    errno: libc::EINVAL,
+                });
+            }
+            if q.outstanding >= q.depth {
+                return Err(PostError {
+                    posted: i,
+                    errno: libc::ENOMEM,
+                });
+            }
+            let status = if q.machine.state() == QpState::Error {
+                WcStatus::WR_FLUSH_ERR
+            } else if let Some(st) = q.fail_next {
+                st
+            } else {
+                execute(&s, wr)
+            };
+            let q = s.qps.get_mut(&qp.0).expect("checked above");
+            q.outstanding += 1;
+            let failed = status != WcStatus::SUCCESS;
+            if failed {
+                q.fail_next = None;
+                q.machine.mark_error();
+            }
+            // Errors complete every request (signalled or not), as flushed WRs do on hardware.
+            if wr.signaled || failed {
+                let retire = q.unsignalled + 1;
+                q.unsignalled = 0;
+                let c = Completion {
+                    wr_id: wr.wr_id,
+                    status,
+                    vendor_err: 0,
+                    qp_num: qp.0,
+                };
+                s.cqs.get_mut(&cq).expect("QP's CQ exists").push_back((c, retire));
+            } else {
+                q.unsignalled += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn poll_cq(&self, cq: &Handle, out: &mut [Completion]) -> Result<usize> {
+        let mut s = self.state.lock();
+        let mut n = 0;
+        while n < out.len() {
+            let Some((c, retire)) = s.cqs.get_mut(&cq.0).and_then(|q| q.pop_front()) else {
+                break;
+            };
+            if let Some(q) = s.qps.get_mut(&c.qp_num) {
+                q.outstanding = q.outstanding.saturating_sub(retire);
+            }
+            out[n] = c;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn destroy_qp(&self, qp: Handle) -> Result<()> {
+        let mut s = self.state.lock();
+        s.calls.push(Call::DestroyQp { qpn: qp.0 });
+        s.qps.remove(&qp.0);
+        Ok(())
+    }
+
+    fn destroy_cq(&self, cq: Handle) -> Result<()> {
+        self.state.lock().cqs.remove(&cq.0);
+        Ok(())
+    }
+
+    fn dealloc_pd(&self, _pd: Handle) -> Result<()> {
+        Ok(())
+    }
+
+    fn close_device(&self, _ctx: Handle) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,320 @@
+//! The thin verbs layer: every call into libibverbs goes through the [`Verbs`] trait, so the
+//! protocol logic above it runs against [`fake::RecordingVerbs`] in tests and against
+//! [`loaded::LoadedVerbs`] (libibverbs opened at run time) on RDMA hosts.
+//!
+//! The trait is deliberately small and mechanical: it converts between Rust values and the C
+//! structures and does nothing else. Decisions (which attributes, when to signal, what to retry)
+//! live in [`crate::protocol`].
+
+pub mod conv;
+#[cfg(any(test, feature = "fake-verbs"))]
+pub mod fake;
+pub mod ffi;
+pub mod loaded;
+
+use te_base::Result;
+
+use crate::protocol::qp_state::QpTransition;
+
+/// Path MTU of a queue pair (`enum ibv_mtu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(into = "u32", try_from = "u32")]
+pub enum Mtu {
+    /// 256 bytes.
+    M256 = 1,
+    /// 512 bytes.
+    M512 = 2,
+    /// 1024 bytes.
+    M1024 = 3,
+    /// 2048 bytes.
+    M2048 = 4,
+    /// 4096 bytes.
+    M4096 = 5,
+}
+
+impl Mtu {
+    /// The MTU in bytes.
+    pub fn bytes(self) -> u32 {
+        128 << (self as u32)
+    }
+
+    /// From a byte count (256, 512, 1024, 2048, 4096).
+    pub fn from_bytes(bytes: u32) -> Option<Mtu> {
+        Some(match bytes {
+            256 => Mtu::M256,
+            512 => Mtu::M512,
+            1024 => Mtu::M1024,
+            2048 => Mtu::M2048,
+            4096 => Mtu::M4096,
+            _ => return None,
+        })
+    }
+
+    /// From the `enum ibv_mtu` value a port reports.
+    pub fn from_ibv(value: i32) -> Option<Mtu> {
+        Self::from_bytes(128u32.checked_shl(u32::try_from(value).ok()?)?)
+    }
+}
+
+impl From<Mtu> for u32 {
+    fn from(m: Mtu) -> u32 {
+        m.bytes()
+    }
+}
+
+impl TryFrom<u32> for Mtu {
+    type Error = String;
+    fn try_from(bytes: u32) -> std::result::Result<Self, String> {
+        Mtu::from_bytes(bytes).ok_or_else(|| format!("MTU {bytes} is not one of 256, 512, 1024, 2048, 4096"))
+    }
+}
+
+/// Link layer of a port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkLayer {
+    /// InfiniBand: addressed by LID; GRH only across subnets.
+    Infiniband,
+    /// RoCE: addressed by GID; every packet carries a GRH.
+    Ethernet,
+}
+
+/// The device limits the transport plans with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceAttrs {
+    /// Largest single memory registration.
+    pub max_mr_size: u64,
+    /// Most outstanding work requests per queue.
+    pub max_qp_wr: u32,
+    /// Most completion queue entries.
+    pub max_cqe: u32,
+    /// Most outstanding RDMA READs a QP may initiate.
+    pub max_qp_rd_atom: u8,
+    /// Number of physical ports (numbered from 1).
+    pub phys_port_cnt: u8,
+}
+
+/// One port's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortAttrs {
+    /// True when the port is ACTIVE.
+    pub active: bool,
+    /// Active path MTU.
+    pub active_mtu: Mtu,
+    /// Local identifier (InfiniBand).
+    pub lid: u16,
+    /// InfiniBand or Ethernet (RoCE).
+    pub link_layer: LinkLayer,
+    /// Entries in the GID table.
+    pub gid_table_len: u32,
+    /// Largest message the port sends.
+    pub max_msg_size: u32,
+}
+
+/// A 128-bit global identifier.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Gid(pub [u8; 16]);
+
+impl Gid {
+    /// True for the all-zero (unset) GID.
+    pub fn is_zero(&self) -> bool {
+        self.0 == [0; 16]
+    }
+}
+
+/// Keys of a memory registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MrKeys {
+    /// Local key, for our own work requests.
+    pub lkey: u32,
+    /// Remote key, published for peers.
+    pub rkey: u32,
+}
+
+/// Send-queue limits of a new queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Scatter/gather entries per work request.
+    pub max_send_sge: u32,
+}
+
+/// RDMA operation of a work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opcode {
+    /// Local to remote.
+    RdmaWrite,
+    /// Remote to local.
+    RdmaRead,
+}
+
+/// One RDMA READ or WRITE with a single local scatter/gather entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkRequest {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// READ or WRITE.
+    pub opcode: Opcode,
+    /// Local address.
+    pub local_addr: u64,
+    /// Bytes (at most the port's `max_msg_size`).
+    pub len: u32,
+    /// Local key of the registration holding the local range.
+    pub lkey: u32,
+    /// Remote address.
+    pub remote_addr: u64,
+    /// Remote key of the peer's registration holding the remote range.
+    pub rkey: u32,
+    /// Generates a completion when it finishes.
+    pub signaled: bool,
+}
+
+/// `enum ibv_wc_status` value of a completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WcStatus(pub u32);
+
+impl WcStatus {
+    /// Success.
+    pub const SUCCESS: WcStatus = WcStatus(0);
+    /// Local protection error: the lkey does not cover the local range.
+    pub const LOC_PROT_ERR: WcStatus = WcStatus(4);
+    /// Flushed: the QP entered the error state before this request ran.
+    pub const WR_FLUSH_ERR: WcStatus = WcStatus(5);
+    /// The responder rejected the request as invalid.
+    pub const REM_INV_REQ_ERR: WcStatus = WcStatus(9);
+    /// The rkey does not cover the remote range or lacks the access right.
+    pub const REM_ACCESS_ERR: WcStatus = WcStatus(10);
+    /// The responder failed the operation.
+    pub const REM_OP_ERR: WcStatus = WcStatus(11);
+    /// Transport retries exhausted (no ACK: peer gone, link down, congestion).
+    pub const RETRY_EXC_ERR: WcStatus = WcStatus(12);
+    /// Receiver-not-ready retries exhausted.
+    pub const RNR_RETRY_EXC_ERR: WcStatus = WcStatus(13);
+    /// Fatal device error.
+    pub const FATAL_ERR: WcStatus = WcStatus(19);
+    /// Response timeout.
+    pub const RESP_TIMEOUT_ERR: WcStatus = WcStatus(20);
+    /// Unspecified error.
+    pub const GENERAL_ERR: WcStatus = WcStatus(21);
+}
+
+/// One work completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The `wr_id` of the work request.
+    pub wr_id: u64,
+    /// Outcome.
+    pub status: WcStatus,
+    /// Vendor-specific error syndrome.
+    pub vendor_err: u32,
+    /// The local QP number it completed on.
+    pub qp_num: u32,
+}
+
+impl Default for Completion {
+    fn default() -> Self {
+        Completion {
+            wr_id: 0,
+            status: WcStatus::SUCCESS,
+            vendor_err: 0,
+            qp_num: 0,
+        }
+    }
+}
+
+/// `ibv_post_send` failed: the first `posted` work requests were accepted, the rest were not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PostError {
+    /// Number of work requests accepted before the failing one.
+    pub posted: usize,
+    /// The error number the provider returned (ENOMEM: send queue full, EINVAL: bad request).
+    pub errno: i32,
+}
+
+/// Memory access rights of a registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    /// Peers may RDMA WRITE into it.
+    pub remote_write: bool,
+    /// Peers may RDMA READ from it.
+    pub remote_read: bool,
+}
+
+/// The verbs calls the transport makes. One implementation calls libibverbs; the recording fake
+/// records calls and completes work requests by copying bytes.
+///
+/// Handles are owned values: destroying one consumes it, so a handle cannot be used after its
+/// destruction.
+pub trait Verbs: Send + Sync + 'static {
+    /// An opened device (`ibv_context`).
+    type Context: Send + Sync;
+    /// A protection domain.
+    type Pd: Send + Sync;
+    /// A memory region.
+    type Mr: Send + Sync;
+    /// A completion queue.
+    type Cq: Send + Sync;
+    /// A queue pair.
+    type Qp: Send + Sync;
+
+    /// Names of the RDMA devices on this host. Empty when there are none (including when the
+    /// kernel has no RDMA support, `ENOSYS`).
+    fn device_names(&self) -> Result<Vec<String>>;
+    /// Opens a device by name.
+    fn open_device(&self, name: &str) -> Result<Self::Context>;
+    /// Device limits.
+    fn query_device(&self, ctx: &Self::Context) -> Result<DeviceAttrs>;
+    /// State of port `port` (from 1).
+    fn query_port(&self, ctx: &Self::Context, port: u8) -> Result<PortAttrs>;
+    /// Entry `index` of the port's GID table.
+    fn query_gid(&self, ctx: &Self::Context, port: u8, index: u32) -> Result<Gid>;
+    /// Allocates a protection domain.
+    fn alloc_pd(&self, ctx: &Self::Context) -> Result<Self::Pd>;
+    /// Registers `[addr, addr + len)`.
+    ///
+    /// # Safety
+    ///
+    /// The range must be memory of this process that stays mapped until [`Verbs::dereg_mr`]; with
+    /// remote write access, peers may change its bytes at any time while it is registered.
+    unsafe fn reg_mr(&self, pd: &Self::Pd, addr: u64, len: u64, access: Access) -> Result<(Self::Mr, MrKeys)>;
+    /// Releases a registration.
+    fn dereg_mr(&self, mr: Self::Mr) -> Result<()>;
+    /// Creates a completion queue of at least `depth` entries.
+    fn create_cq(&self, ctx: &Self::Context, depth: u32) -> Result<Self::Cq>;
+    /// Creates an RC queue pair (in RESET) whose send completions go to `cq`. Returns its number.
+    fn create_qp(&self, pd: &Self::Pd, cq: &Self::Cq, caps: QpCaps) -> Result<(Self::Qp, u32)>;
+    /// Moves a queue pair to another state with the transition's attributes.
+    fn modify_qp(&self, qp: &Self::Qp, transition: &QpTransition) -> Result<()>;
+    /// Posts work requests in order. On failure the first `posted` were accepted.
+    fn post_send(&self, qp: &Self::Qp, wrs: &[WorkRequest]) -> std::result::Result<(), PostError>;
+    /// Takes up to `out.len()` completions; returns how many.
+    fn poll_cq(&self, cq: &Self::Cq, out: &mut [Completion]) -> Result<usize>;
+    /// Destroys a queue pair.
+    fn destroy_qp(&self, qp: Self::Qp) -> Result<()>;
+    /// Destroys a completion queue.
+    fn destroy_cq(&self, cq: Self::Cq) -> Result<()>;
+    /// Frees a protection domain.
+    fn dealloc_pd(&self, pd: Self::Pd) -> Result<()>;
+    /// Closes a device.
+    fn close_device(&self, ctx: Self::Context) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtu_conversions() {
+        assert_eq!(Mtu::from_ibv(5), Some(Mtu::M4096));
+        assert_eq!(Mtu::from_ibv(1), Some(Mtu::M256));
+        assert_eq!(Mtu::from_ibv(0), None);
+        assert_eq!(Mtu::from_ibv(6), None);
+        assert_eq!(Mtu::from_ibv(-1), None);
+        assert_eq!(Mtu::from_ibv(99), None);
+        assert_eq!(Mtu::M1024.bytes(), 1024);
+        assert_eq!(Mtu::from_bytes(2048), Some(Mtu::M2048));
+        assert_eq!(Mtu::from_bytes(1500), None);
+        assert!(Mtu::M1024 < Mtu::M4096);
+    }
+}
