@@ -17,6 +17,7 @@ pub mod metadata;
 pub mod request;
 pub mod segment;
 pub mod timing;
+pub mod topology;
 pub mod transport;
 
 pub use batch::{Batch, BatchError, BatchProgress, BatchReport, BatchState, RequestStatus};
