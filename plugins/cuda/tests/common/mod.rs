@@ -1,0 +1,3 @@
+//! Helpers shared by the GPU tests.
+
+pub mod device_suite;
