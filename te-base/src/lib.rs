@@ -14,6 +14,7 @@ pub mod error;
 pub mod host_buffer;
 pub mod memory;
 pub mod metadata;
+pub mod registration;
 pub mod request;
 pub mod segment;
 pub mod timing;
