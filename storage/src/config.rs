@@ -1,0 +1,398 @@
+//! Configuration of the store: a builder whose unset options come from `UMBP_*` variables, then
+//! defaults. A variable that is set but malformed is an error naming it; nothing is silently
+//! defaulted.
+//!
+//! | variable | default | meaning |
+//! | --- | --- | --- |
+//! | `UMBP_DRAM_CAPACITY` | 1G | DRAM arena bytes (0: no DRAM tier) |
+//! | `UMBP_DRAM_PAGE_BYTES` | 4K | allocation unit of the arena (a multiple of 4 KiB) |
+//! | `UMBP_DRAM_HIGH_WATERMARK` | 0.95 | fraction of the arena at which eviction starts |
+//! | `UMBP_DRAM_LOW_WATERMARK` | 0.85 | fraction eviction brings the arena down to |
+//! | `UMBP_EVICTION` | prefix | `lru`, `prefix` or `prefix:N` (window of N candidates) |
+//! | `UMBP_SSD_DIRS` | unset | comma-separated directories, one per drive (unset: no SSD tier) |
+//! | `UMBP_SSD_CAPACITY` | 64G | SSD bytes over all directories |
+//! | `UMBP_SSD_SEGMENT_BYTES` | 256M | size of one log segment file |
+//! | `UMBP_SSD_DIRECT` | auto | O_DIRECT: `auto`, `on`, `off` |
+//! | `UMBP_SSD_IO` | auto | `auto`, `uring`, `psync` |
+//! | `UMBP_SSD_STAGING_BYTES` | 32M | one registered staging slot for SSD reads and writes |
+//! | `UMBP_SSD_STAGING_SLOTS` | 4 | staging slots (concurrent SSD calls) |
+//! | `UMBP_SSD_WRITE_THROUGH` | 0 | every put also goes to the SSD log before it returns |
+//! | `UMBP_PROMOTE_ON_READ` | 1 | whole-object SSD reads are copied into DRAM |
+//! | `UMBP_RANGED_CALL_DEBUG` | 0 | per-phase timings of ranged calls |
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use te_base::config::{parse_bool, parse_bytes, parse_var, Env, ProcessEnv};
+
+use crate::error::{Result, StoreError};
+use crate::eviction::EvictionPolicy;
+use crate::ssd::io::{DirectIo, IoBackend};
+use crate::ssd::log::SsdOptions;
+use crate::ssd::record::BLOCK;
+
+/// Resolved configuration of a store.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Segment name of the store's own engine (when the store builds one).
+    pub segment_name: Option<String>,
+    /// DRAM arena bytes; 0 means no DRAM tier.
+    pub dram_capacity: u64,
+    /// Allocation unit of the arena.
+    pub dram_page_bytes: u64,
+    /// Fraction of the arena at which eviction starts.
+    pub dram_high_watermark: f64,
+    /// Fraction eviction brings the arena down to.
+    pub dram_low_watermark: f64,
+    /// Eviction policy of the DRAM tier.
+    pub eviction: EvictionPolicy,
+    /// The SSD tier, if any.
+    pub ssd: Option<SsdOptions>,
+    /// Bytes of one staging slot.
+    pub ssd_staging_bytes: u64,
+    /// Number of staging slots.
+    pub ssd_staging_slots: usize,
+    /// Puts also go to the SSD log before returning.
+    pub write_through: bool,
+    /// Whole-object SSD reads are copied into DRAM.
+    pub promote_on_read: bool,
+    /// Per-phase timings of ranged calls.
+    pub ranged_call_debug: bool,
+}
+
+/// Builds a [`StoreConfig`]: explicit settings, then `UMBP_*` variables, then defaults.
+#[derive(Clone)]
+pub struct StoreBuilder {
+    env: Arc<dyn Env>,
+    segment_name: Option<String>,
+    dram_capacity: Option<u64>,
+    dram_page_bytes: Option<u64>,
+    high: Option<f64>,
+    low: Option<f64>,
+    eviction: Option<EvictionPolicy>,
+    ssd_dirs: Option<Vec<PathBuf>>,
+    ssd_capacity: Option<u64>,
+    ssd_segment_bytes: Option<u64>,
+    ssd_direct: Option<DirectIo>,
+    ssd_io: Option<IoBackend>,
+    staging_bytes: Option<u64>,
+    staging_slots: Option<usize>,
+    write_through: Option<bool>,
+    promote_on_read: Option<bool>,
+    ranged_call_debug: Option<bool>,
+}
+
+impl Default for StoreBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+macro_rules! setter {
+    ($(#[$doc:meta])* $name:ident, $field:ident, $ty:ty) => {
+        $(#[$doc])*
+        pub fn $name(mut self, v: $ty) -> Self {
+            self.$field = Some(v);
+            self
+        }
+    };
+}
+
+impl StoreBuilder {
+    /// Every option unset; variables are read from the process environment.
+    pub fn new() -> Self {
+        StoreBuilder {
+            env: Arc::new(ProcessEnv),
+            segment_name: None,
+            dram_capacity: None,
+            dram_page_bytes: None,
+            high: None,
+            low: None,
+            eviction: None,
+            ssd_dirs: None,
+            ssd_capacity: None,
+            ssd_segment_bytes: None,
+            ssd_direct: None,
+            ssd_io: None,
+            staging_bytes: None,
+            staging_slots: None,
+            write_through: None,
+            promote_on_read: None,
+            ranged_call_debug: None,
+        }
+    }
+
+    /// Reads variables from `env` instead of the process environment.
+    pub fn env(mut self, env: Arc<dyn Env>) -> Self {
+        self.env = env;
+        self
+    }
+
+    setter!(
+        /// Segment name of the store's own engine.
+        segment_name, segment_name, String);
+    setter!(
+        /// DRAM arena bytes (0: no DRAM tier).
+        dram_capacity, dram_capacity, u64);
+    setter!(
+        /// Allocation unit of the arena (a multiple of 4 KiB).
+        dram_page_bytes, dram_page_bytes, u64);
+    setter!(
+        /// Fraction of the arena at which eviction starts.
+        high_watermark, high, f64);
+    setter!(
+        /// Fraction eviction brings the arena down to.
+        low_watermark, low, f64);
+    setter!(
+        /// Eviction policy.
+        eviction, eviction, EvictionPolicy);
+    setter!(
+        /// SSD directories, one per drive (empty: no SSD tier).
+        ssd_dirs, ssd_dirs, Vec<PathBuf>);
+    setter!(
+        /// SSD bytes over all directories.
+        ssd_capacity, ssd_capacity, u64);
+    setter!(
+        /// Size of one log segment.
+        ssd_segment_bytes, ssd_segment_bytes, u64);
+    setter!(
+        /// O_DIRECT mode.
+        ssd_direct, ssd_direct, DirectIo);
+    setter!(
+        /// I/O engine of the SSD tier.
+        ssd_io, ssd_io, IoBackend);
+    setter!(
+        /// Bytes of one staging slot.
+        staging_bytes, staging_bytes, u64);
+    setter!(
+        /// Number of staging slots.
+        staging_slots, staging_slots, usize);
+    setter!(
+        /// Puts also go to the SSD log before returning.
+        write_through, write_through, bool);
+    setter!(
+        /// Whole-object SSD reads are copied into DRAM.
+        promote_on_read, promote_on_read, bool);
+    setter!(
+        /// Per-phase timings of ranged calls.
+        ranged_call_debug, ranged_call_debug, bool);
+
+    /// Resolves and validates the configuration.
+    pub fn config(&self) -> Result<StoreConfig> {
+        let env = &*self.env;
+        let bytes = |explicit: Option<u64>, var: &str, default: u64| -> Result<u64> {
+            Ok(match explicit {
+                Some(v) => v,
+                None => parse_bytes(env, var)?.unwrap_or(default),
+            })
+        };
+        let flag = |explicit: Option<bool>, var: &str, default: bool| -> Result<bool> {
+            Ok(match explicit {
+                Some(v) => v,
+                None => parse_bool(env, var)?.unwrap_or(default),
+            })
+        };
+        let bad =
+            |var: &str, value: String, reason: &str| StoreError::Engine(te_base::Error::config(var, value, reason));
+
+        let dram_capacity = bytes(self.dram_capacity, "UMBP_DRAM_CAPACITY", 1 << 30)?;
+        let dram_page_bytes = bytes(self.dram_page_bytes, "UMBP_DRAM_PAGE_BYTES", 4096)?;
+        if dram_page_bytes == 0 || dram_page_bytes % BLOCK != 0 {
+            return Err(bad(
+                "UMBP_DRAM_PAGE_BYTES",
+                dram_page_bytes.to_string(),
+                "must be a non-zero multiple of 4096",
+            ));
+        }
+        if dram_capacity / dram_page_bytes > u32::MAX as u64 {
+            return Err(bad(
+                "UMBP_DRAM_CAPACITY",
+                dram_capacity.to_string(),
+                "more than 2^32 pages; raise UMBP_DRAM_PAGE_BYTES",
+            ));
+        }
+        let fraction = |explicit: Option<f64>, var: &str, default: f64| -> Result<f64> {
+            let v = match explicit {
+                Some(v) => v,
+                None => parse_var::<f64>(env, var)?.unwrap_or(default),
+            };
+            if !(v > 0.0 && v <= 1.0) {
+                return Err(bad(var, v.to_string(), "must be a fraction in (0, 1]"));
+            }
+            Ok(v)
+        };
+        let high = fraction(self.high, "UMBP_DRAM_HIGH_WATERMARK", 0.95)?;
+        let low = fraction(self.low, "UMBP_DRAM_LOW_WATERMARK", 0.85)?;
+        if low > high {
+            return Err(bad(
+                "UMBP_DRAM_LOW_WATERMARK",
+                low.to_string(),
+                "must not exceed UMBP_DRAM_HIGH_WATERMARK",
+            ));
+        }
+        let eviction = match self.eviction {
+            Some(e) => e,
+            None => parse_var::<EvictionPolicy>(env, "UMBP_EVICTION")?.unwrap_or_default(),
+        };
+        let dirs = match &self.ssd_dirs {
+            Some(d) => d.clone(),
+            None => match env.get("UMBP_SSD_DIRS") {
+                None => Vec::new(),
+                Some(raw) => {
+                    let dirs: Vec<PathBuf> = raw.split(',').map(PathBuf::from).collect();
+                    if raw.is_empty() || dirs.iter().any(|d| d.as_os_str().is_empty()) {
+                        return Err(bad(
+                            "UMBP_SSD_DIRS",
+                            raw,
+                            "expected comma-separated non-empty directories",
+                        ));
+                    }
+                    dirs
+                }
+            },
+        };
+        let ssd = if dirs.is_empty() {
+            None
+        } else {
+            let capacity = bytes(self.ssd_capacity, "UMBP_SSD_CAPACITY", 64 << 30)?;
+            let segment_bytes = bytes(self.ssd_segment_bytes, "UMBP_SSD_SEGMENT_BYTES", 256 << 20)?;
+            if segment_bytes < 16 * BLOCK || segment_bytes % BLOCK != 0 {
+                return Err(bad(
+                    "UMBP_SSD_SEGMENT_BYTES",
+                    segment_bytes.to_string(),
+                    "must be a multiple of 4096 of at least 64 KiB",
+                ));
+            }
+            if capacity < segment_bytes {
+                return Err(bad(
+                    "UMBP_SSD_CAPACITY",
+                    capacity.to_string(),
+                    "must hold at least one segment",
+                ));
+            }
+            let direct = match self.ssd_direct {
+                Some(d) => d,
+                None => parse_var::<DirectIo>(env, "UMBP_SSD_DIRECT")?.unwrap_or_default(),
+            };
+            let io = match self.ssd_io {
+                Some(d) => d,
+                None => parse_var::<IoBackend>(env, "UMBP_SSD_IO")?.unwrap_or_default(),
+            };
+            Some(SsdOptions {
+                dirs,
+                capacity,
+                segment_bytes,
+                direct,
+                io,
+            })
+        };
+        let ssd_staging_bytes = bytes(self.staging_bytes, "UMBP_SSD_STAGING_BYTES", 32 << 20)?;
+        if ssd_staging_bytes < 2 * BLOCK || ssd_staging_bytes % BLOCK != 0 {
+            return Err(bad(
+                "UMBP_SSD_STAGING_BYTES",
+                ssd_staging_bytes.to_string(),
+                "must be a multiple of 4096 of at least 8 KiB",
+            ));
+        }
+        let ssd_staging_slots = match self.staging_slots {
+            Some(n) => n,
+            None => parse_var::<usize>(env, "UMBP_SSD_STAGING_SLOTS")?.unwrap_or(4),
+        };
+        if ssd_staging_slots == 0 || ssd_staging_slots > 256 {
+            return Err(bad(
+                "UMBP_SSD_STAGING_SLOTS",
+                ssd_staging_slots.to_string(),
+                "must be 1..=256",
+            ));
+        }
+        let write_through = flag(self.write_through, "UMBP_SSD_WRITE_THROUGH", false)?;
+        if dram_capacity == 0 && ssd.is_none() {
+            return Err(bad(
+                "UMBP_DRAM_CAPACITY",
+                "0".into(),
+                "no tier left: set UMBP_SSD_DIRS or a DRAM capacity",
+            ));
+        }
+        Ok(StoreConfig {
+            segment_name: self.segment_name.clone(),
+            dram_capacity,
+            dram_page_bytes,
+            dram_high_watermark: high,
+            dram_low_watermark: low,
+            eviction,
+            ssd,
+            ssd_staging_bytes,
+            ssd_staging_slots,
+            write_through,
+            promote_on_read: flag(self.promote_on_read, "UMBP_PROMOTE_ON_READ", true)?,
+            ranged_call_debug: flag(self.ranged_call_debug, "UMBP_RANGED_CALL_DEBUG", false)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use te_base::config::MapEnv;
+
+    fn with(pairs: &[(&str, &str)]) -> StoreBuilder {
+        let map = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        StoreBuilder::new().env(Arc::new(MapEnv(map)))
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c = with(&[]).config().unwrap();
+        assert_eq!(c.dram_capacity, 1 << 30);
+        assert!(c.ssd.is_none());
+        let c = with(&[
+            ("UMBP_DRAM_CAPACITY", "64M"),
+            ("UMBP_SSD_DIRS", "/tmp/a,/tmp/b"),
+            ("UMBP_EVICTION", "lru"),
+        ])
+        .config()
+        .unwrap();
+        assert_eq!(c.dram_capacity, 64 << 20);
+        assert_eq!(c.ssd.unwrap().dirs.len(), 2);
+        assert_eq!(c.eviction, EvictionPolicy::Lru);
+        // Explicit settings win over the environment.
+        let c = with(&[("UMBP_DRAM_CAPACITY", "64M")])
+            .dram_capacity(8 << 20)
+            .config()
+            .unwrap();
+        assert_eq!(c.dram_capacity, 8 << 20);
+    }
+
+    #[test]
+    fn malformed_values_are_rejected_by_name() {
+        for (var, value) in [
+            ("UMBP_DRAM_CAPACITY", "lots"),
+            ("UMBP_DRAM_PAGE_BYTES", "1000"),
+            ("UMBP_DRAM_HIGH_WATERMARK", "1.5"),
+            ("UMBP_DRAM_LOW_WATERMARK", "0"),
+            ("UMBP_DRAM_LOW_WATERMARK", "0.99"),
+            ("UMBP_EVICTION", "random"),
+            ("UMBP_SSD_DIRS", ""),
+            ("UMBP_SSD_DIRS", "/tmp/a,,/tmp/b"),
+            ("UMBP_SSD_STAGING_SLOTS", "0"),
+            ("UMBP_SSD_STAGING_BYTES", "12345"),
+            ("UMBP_SSD_WRITE_THROUGH", "maybe"),
+            ("UMBP_RANGED_CALL_DEBUG", "2"),
+            ("UMBP_PROMOTE_ON_READ", " 1"),
+        ] {
+            let err = with(&[(var, value)]).config().unwrap_err();
+            assert!(err.to_string().contains(var), "{var}={value:?}: {err}");
+        }
+        for (var, value) in [
+            ("UMBP_SSD_SEGMENT_BYTES", "100"),
+            ("UMBP_SSD_DIRECT", "sometimes"),
+            ("UMBP_SSD_IO", "aio"),
+            ("UMBP_SSD_CAPACITY", "1K"),
+        ] {
+            let err = with(&[("UMBP_SSD_DIRS", "/tmp/x"), (var, value)]).config().unwrap_err();
+            assert!(err.to_string().contains(var), "{var}={value:?}: {err}");
+        }
+        let err = with(&[("UMBP_DRAM_CAPACITY", "0")]).config().unwrap_err();
+        assert!(err.to_string().contains("UMBP_DRAM_CAPACITY"));
+    }
+}
