@@ -107,7 +107,12 @@ impl LocalPeer {
         frags.reserve(requests.len());
         let mut failures: Vec<(usize, Error)> = Vec::new();
         let mut spans = Spans::default();
-        let mut resolver = crate::resolve::Resolver::new(local_table, remote_table, &self.descriptor.name);
+        let mut resolver = crate::resolve::Resolver::new(
+            local_table,
+            remote_table,
+            &self.descriptor.name,
+            &self.descriptor.buffers,
+        );
         for r in requests {
             match resolver.resolve(r) {
                 Ok(f) => {

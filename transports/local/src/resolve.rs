@@ -6,7 +6,7 @@
 //! Consecutive requests usually fall in the region the previous one used, so each side remembers
 //! its last region and only searches when the request leaves it.
 
-use te_base::{Error, ResolvedRequest, TransferOp};
+use te_base::{Error, ExportedBuffer, ResolvedRequest, TransferOp};
 
 use crate::plan::Fragment;
 use crate::table::{Entry, RegionTable};
@@ -17,17 +17,25 @@ pub(crate) struct Resolver<'a> {
     local: &'a RegionTable,
     remote: &'a RegionTable,
     segment: &'a str,
+    exported: &'a [ExportedBuffer],
     last_local: usize,
     last_remote: usize,
 }
 
 impl<'a> Resolver<'a> {
-    /// A resolver for requests from `local` to segment `segment`, whose live table is `remote`.
-    pub fn new(local: &'a RegionTable, remote: &'a RegionTable, segment: &'a str) -> Self {
+    /// A resolver for requests from `local` to segment `segment`, whose live table is `remote` and
+    /// whose descriptor lists `exported`.
+    pub fn new(
+        local: &'a RegionTable,
+        remote: &'a RegionTable,
+        segment: &'a str,
+        exported: &'a [ExportedBuffer],
+    ) -> Self {
         Resolver {
             local,
             remote,
             segment,
+            exported,
             last_local: usize::MAX,
             last_remote: usize::MAX,
         }
@@ -48,6 +56,15 @@ impl<'a> Resolver<'a> {
             .is_some_and(|e| e.id == r.local_region && e.contains(r.local_addr, r.len));
         if !local_hit {
             self.last_local = self.find_local(r)?;
+        }
+        // The buffer the request names must hold the range (a consistency check of the request);
+        // the live table below is what grants access.
+        let named = self
+            .exported
+            .get(r.remote_buffer as usize)
+            .is_some_and(|b| b.contains(r.remote_addr, r.len));
+        if !named {
+            return Err(self.out_of_bounds(r));
         }
         let remote_hit = self
             .remote
@@ -98,25 +115,34 @@ impl<'a> Resolver<'a> {
 
     fn find_remote(&self, r: &ResolvedRequest) -> Result<usize, Error> {
         let (addr, len) = (r.remote_addr, r.len);
-        if addr.checked_add(len).is_none() {
-            return Err(Error::LengthOverflow { addr, len });
-        }
         // Unexported and unregistered memory read the same to a peer: out of bounds.
         let found = self
             .remote
             .find(addr)
             .filter(|&i| self.remote.get(i).is_some_and(|e| e.exported && e.contains(addr, len)));
         let Some(i) = found else {
-            return Err(Error::OutOfBounds {
-                segment: self.segment.to_owned(),
-                addr,
-                len,
-            });
+            return Err(self.out_of_bounds(r));
         };
         if let Some(e) = self.remote.get(i) {
             check_host(e, "remote")?;
         }
         Ok(i)
+    }
+}
+
+impl Resolver<'_> {
+    fn out_of_bounds(&self, r: &ResolvedRequest) -> Error {
+        if r.remote_addr.checked_add(r.len).is_none() {
+            return Error::LengthOverflow {
+                addr: r.remote_addr,
+                len: r.len,
+            };
+        }
+        Error::OutOfBounds {
+            segment: self.segment.to_owned(),
+            addr: r.remote_addr,
+            len: r.len,
+        }
     }
 }
 
