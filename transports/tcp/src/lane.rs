@@ -1,0 +1,372 @@
+//! One persistent connection to a peer (a lane): a sending task, a receiving task and a watchdog.
+//!
+//! Jobs (a lane's share of one batch) are queued once per batch under one lock. The sending task
+//! moves a job to the in-flight queue and streams its slices; the receiving task walks the same
+//! slices in the same order (TCP keeps replies in order) and completes them. Writes complete on
+//! the target's acknowledgement, which it sends only after the bytes are in its memory; read
+//! payloads are received straight into the local registered memory.
+//!
+//! When the connection breaks, the peer refuses the instance, or the watchdog sees no progress for
+//! the timeout while work is outstanding, the lane dies: every outstanding request it carries
+//! fails with `PeerGone` naming the peer, and the peer reports itself unhealthy.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use te_base::{Error, TransferOp};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+
+use crate::frame_io::{write_all_raw, FrameReader, RawPart};
+use crate::plan::{LaneCursor, Plan};
+use crate::wire::{Header, Opcode, RefusalCode, HEADER_LEN};
+
+/// Most slices sent with one vectored write.
+const SEND_GROUP: usize = 32;
+/// Most payload bytes sent with one vectored write.
+const SEND_GROUP_BYTES: u64 = 8 << 20;
+
+/// A lane's share of one batch.
+#[derive(Clone)]
+pub(crate) struct LaneJob {
+    pub plan: Arc<Plan>,
+    /// Number of slices this lane carries.
+    pub slices: u64,
+}
+
+#[derive(Default)]
+struct Queues {
+    queued: VecDeque<LaneJob>,
+    in_flight: VecDeque<LaneJob>,
+    dead: Option<Error>,
+}
+
+/// One connection to a peer.
+pub(crate) struct Lane {
+    index: u64,
+    peer: String,
+    token: u64,
+    queues: Mutex<Queues>,
+    wake: Notify,
+    progress: AtomicU64,
+    alive: AtomicBool,
+    closing: AtomicBool,
+    tasks: Mutex<Vec<AbortHandle>>,
+}
+
+impl Lane {
+    /// Starts the lane's tasks on the current runtime over an established, greeted connection.
+    pub fn start(index: u64, peer: String, token: u64, stream: TcpStream, timeout: Duration) -> Arc<Lane> {
+        let lane = Arc::new(Lane {
+            index,
+            peer,
+            token,
+            queues: Mutex::new(Queues::default()),
+            wake: Notify::new(),
+            progress: AtomicU64::new(0),
+            alive: AtomicBool::new(true),
+            closing: AtomicBool::new(false),
+            tasks: Mutex::new(Vec::new()),
+        });
+        let (r, w) = stream.into_split();
+        let sender = tokio::spawn(send_loop(lane.clone(), w));
+        let receiver = tokio::spawn(receive_loop(lane.clone(), r));
+        let watchdog = tokio::spawn(watchdog(Arc::downgrade(&lane), timeout));
+        lane.tasks
+            .lock()
+            .extend([sender.abort_handle(), receiver.abort_handle(), watchdog.abort_handle()]);
+        lane
+    }
+
+    /// True until the lane died.
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// Asks the lane to close its connection once it has no work left (its peer was dropped).
+    pub fn close_when_idle(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    /// Queues a job. If the lane is dead the job's requests fail at once.
+    pub fn push(&self, job: LaneJob) {
+        let mut q = self.queues.lock();
+        if let Some(err) = q.dead.clone() {
+            drop(q);
+            self.fail_job(&job, &err);
+            return;
+        }
+        q.queued.push_back(job);
+        drop(q);
+        self.wake.notify_one();
+    }
+
+    /// Kills the lane: stops its tasks and fails every outstanding request it carries.
+    pub fn kill(&self, err: Error) {
+        let jobs: Vec<LaneJob> = {
+            let mut q = self.queues.lock();
+            if q.dead.is_some() {
+                return;
+            }
+            q.dead = Some(err.clone());
+            self.alive.store(false, Ordering::Release);
+            let q = &mut *q;
+            q.in_flight.drain(..).chain(q.queued.drain(..)).collect()
+        };
+        for t in self.tasks.lock().drain(..) {
+            t.abort();
+        }
+        for job in &jobs {
+            self.fail_job(job, &err);
+        }
+    }
+
+    fn fail_job(&self, job: &LaneJob, err: &Error) {
+        let plan = &job.plan;
+        let mut cursor = LaneCursor::new(self.index);
+        let indices = std::iter::from_fn(|| cursor.next(&plan.requests, plan.slice, plan.lanes))
+            .map(|s| plan.requests[s.pos].index as usize);
+        plan.batch.fail_many(indices, err);
+    }
+
+    fn gone(&self, reason: impl Into<String>) -> Error {
+        Error::PeerGone {
+            peer: self.peer.clone(),
+            reason: reason.into(),
+        }
+    }
+
+    fn has_outstanding(&self) -> bool {
+        let q = self.queues.lock();
+        !q.queued.is_empty() || !q.in_flight.is_empty()
+    }
+}
+
+/// Waits for the next queued job and moves it to the in-flight queue.
+async fn next_job(lane: &Lane) -> Option<LaneJob> {
+    loop {
+        {
+            let mut q = lane.queues.lock();
+            if q.dead.is_some() {
+                return None;
+            }
+            while let Some(job) = q.queued.pop_front() {
+                if job.plan.batch.cancel_requested() {
+                    let plan = &job.plan;
+                    let mut cursor = LaneCursor::new(lane.index);
+                    while let Some(s) = cursor.next(&plan.requests, plan.slice, plan.lanes) {
+                        plan.batch.cancel(plan.requests[s.pos].index as usize);
+                    }
+                    continue;
+                }
+                q.in_flight.push_back(job.clone());
+                return Some(job);
+            }
+            if lane.closing.load(Ordering::Acquire) {
+                return None;
+            }
+        }
+        lane.wake.notified().await;
+    }
+}
+
+async fn send_loop(lane: Arc<Lane>, mut w: OwnedWriteHalf) {
+    let mut headers: Vec<[u8; HEADER_LEN]> = Vec::with_capacity(SEND_GROUP);
+    let mut parts: Vec<RawPart> = Vec::with_capacity(2 * SEND_GROUP);
+    let mut request_id = 0u64;
+    while let Some(job) = next_job(&lane).await {
+        let plan = &job.plan;
+        let mut cursor = LaneCursor::new(lane.index);
+        let mut done = false;
+        while !done {
+            headers.clear();
+            parts.clear();
+            let mut payload_bytes = 0u64;
+            // Headers first, so their addresses are stable before parts point at them.
+            let mut payloads: [RawPart; SEND_GROUP] = [RawPart { addr: 0, len: 0 }; SEND_GROUP];
+            while headers.len() < SEND_GROUP && payload_bytes < SEND_GROUP_BYTES {
+                let Some(s) = cursor.next(&plan.requests, plan.slice, plan.lanes) else {
+                    done = true;
+                    break;
+                };
+                let req = &plan.requests[s.pos];
+                let opcode = match req.op {
+                    TransferOp::Write => Opcode::Write,
+                    TransferOp::Read => Opcode::Read,
+                };
+                let h = Header {
+                    request_id,
+                    token: lane.token,
+                    addr: req.remote_addr + s.offset,
+                    len: s.len,
+                    ..Header::new(opcode)
+                };
+                request_id += 1;
+                if req.op == TransferOp::Write {
+                    payloads[headers.len()] = RawPart {
+                        addr: (req.local_addr + s.offset) as usize,
+                        len: s.len as usize,
+                    };
+                    payload_bytes += s.len;
+                }
+                headers.push(h.to_bytes());
+            }
+            for (h, p) in headers.iter().zip(payloads.iter()) {
+                parts.push(RawPart::of(h));
+                if p.len > 0 {
+                    parts.push(*p);
+                }
+            }
+            if parts.is_empty() {
+                continue;
+            }
+            // SAFETY: headers live in `headers` (not modified until the write completes); write
+            // payloads lie in local memory the engine keeps registered and pinned until the batch
+            // completes, which cannot happen before these bytes are acknowledged.
+            if let Err(e) = unsafe { write_all_raw(&mut w, &parts).await } {
+                lane.kill(lane.gone(format!("send failed: {e}")));
+                return;
+            }
+            lane.progress.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+async fn receive_loop(lane: Arc<Lane>, r: OwnedReadHalf) {
+    let mut reader = FrameReader::new(r);
+    let reason = match receive_frames(&lane, &mut reader).await {
+        Ok(()) => "connection closed by the peer".to_string(),
+        Err(e) => e.to_string(),
+    };
+    lane.kill(lane.gone(reason));
+}
+
+struct Current {
+    job: LaneJob,
+    cursor: LaneCursor,
+    left: u64,
+}
+
+async fn receive_frames(lane: &Lane, reader: &mut FrameReader<OwnedReadHalf>) -> io::Result<()> {
+    let protocol = |msg: String| io::Error::new(io::ErrorKind::InvalidData, msg);
+    let mut expected_id = 0u64;
+    let mut current: Option<Current> = None;
+    let mut message = [0u8; crate::wire::MAX_ERROR_LEN as usize];
+    loop {
+        let h = match reader.header().await? {
+            None => return Ok(()),
+            Some(Ok(h)) => h,
+            Some(Err(e)) => return Err(protocol(format!("bad frame from the peer: {e}"))),
+        };
+        if current.is_none() {
+            let front = lane.queues.lock().in_flight.front().cloned();
+            let Some(job) = front else {
+                return Err(protocol(format!("unsolicited {:?} frame", h.opcode)));
+            };
+            current = Some(Current {
+                cursor: LaneCursor::new(lane.index),
+                left: job.slices,
+                job,
+            });
+        }
+        let Some(cur) = current.as_mut() else {
+            return Err(protocol("no job to match the reply against".into()));
+        };
+        if h.request_id != expected_id {
+            return Err(protocol(format!(
+                "reply for request {} while {} was expected",
+                h.request_id, expected_id
+            )));
+        }
+        expected_id += 1;
+        let plan = &cur.job.plan;
+        let Some(slice) = cur.cursor.next(&plan.requests, plan.slice, plan.lanes) else {
+            return Err(protocol("reply beyond the lane's slices".into()));
+        };
+        let req = &plan.requests[slice.pos];
+        match (h.opcode, req.op) {
+            (Opcode::WriteAck, TransferOp::Write) if h.len == slice.len => plan.slice_done(slice.pos),
+            (Opcode::ReadData, TransferOp::Read) if h.len == slice.len => {
+                // SAFETY: the local range lies in memory the engine registered and keeps pinned
+                // until this request completes, which happens only below.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        (req.local_addr + slice.offset) as usize as *mut u8,
+                        slice.len as usize,
+                    )
+                };
+                reader.payload_into(dst).await?;
+                plan.slice_done(slice.pos);
+            }
+            (Opcode::Error, _) => {
+                let n = h.len as usize;
+                reader.payload_into(&mut message[..n]).await?;
+                let text = String::from_utf8_lossy(&message[..n]).into_owned();
+                match RefusalCode::from_u16(h.code) {
+                    RefusalCode::OutOfBounds | RefusalCode::ZeroLength => plan.batch.fail(
+                        req.index as usize,
+                        Error::Refused {
+                            peer: lane.peer.clone(),
+                            reason: text,
+                        },
+                    ),
+                    RefusalCode::WrongInstance => return Err(protocol(format!("the peer restarted: {text}"))),
+                    RefusalCode::Protocol => {
+                        return Err(protocol(format!("the peer reports a protocol error: {text}")))
+                    }
+                }
+            }
+            (op, _) => {
+                return Err(protocol(format!(
+                    "{op:?} frame of {} bytes answers a {} slice of {} bytes",
+                    h.len, req.op, slice.len
+                )))
+            }
+        }
+        lane.progress.fetch_add(1, Ordering::Relaxed);
+        cur.left -= 1;
+        if cur.left == 0 {
+            lane.queues.lock().in_flight.pop_front();
+            current = None;
+        }
+    }
+}
+
+/// Kills the lane when work is outstanding and nothing moved for `timeout`.
+async fn watchdog(lane: std::sync::Weak<Lane>, timeout: Duration) {
+    let tick = (timeout / 4).max(Duration::from_millis(1));
+    let mut last = u64::MAX;
+    let mut stalled = Duration::ZERO;
+    loop {
+        tokio::time::sleep(tick).await;
+        let Some(lane) = lane.upgrade() else { return };
+        let now = lane.progress.load(Ordering::Relaxed);
+        if now != last || !lane.has_outstanding() {
+            last = now;
+            stalled = Duration::ZERO;
+            continue;
+        }
+        stalled += tick;
+        if stalled >= timeout {
+            let ms = timeout.as_millis() as u64;
+            lane.kill(lane.gone(format!("no progress for {ms} ms with requests outstanding")));
+            return;
+        }
+    }
+}
+
+/// Drops the lane's tasks when the last handle goes.
+impl Drop for Lane {
+    fn drop(&mut self) {
+        for t in self.tasks.get_mut().drain(..) {
+            t.abort();
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! A connected peer: its lanes, and the per-batch planning that spreads slices over them.
+
+use std::sync::Arc;
+
+use te_base::{BatchState, Error, Peer, ResolvedRequest, Result, SegmentDescriptor, SubmitContext};
+
+use crate::lane::{Lane, LaneJob};
+use crate::plan::{lane_share, Plan};
+
+/// A peer segment reached over TCP.
+pub(crate) struct TcpPeer {
+    pub descriptor: SegmentDescriptor,
+    pub lanes: Vec<Arc<Lane>>,
+    pub slice: u64,
+}
+
+impl TcpPeer {
+    /// Fails everything outstanding and stops the lanes.
+    pub fn kill(&self, err: Error) {
+        for lane in &self.lanes {
+            lane.kill(err.clone());
+        }
+    }
+}
+
+impl Peer for TcpPeer {
+    fn descriptor(&self) -> &SegmentDescriptor {
+        &self.descriptor
+    }
+
+    fn submit(&self, requests: Vec<ResolvedRequest>, batch: &Arc<BatchState>, _ctx: &SubmitContext) -> Result<()> {
+        if requests.is_empty() {
+            return Ok(());
+        }
+        if !self.is_healthy() {
+            return Err(Error::PeerGone {
+                peer: self.descriptor.name.clone(),
+                reason: "its connection was lost; reconnect to its current instance".into(),
+            });
+        }
+        let lanes = self.lanes.len() as u64;
+        let (plan, total) = Plan::new(requests, batch.clone(), self.slice, lanes);
+        for (i, lane) in self.lanes.iter().enumerate() {
+            let slices = lane_share(total, i as u64, lanes);
+            if slices > 0 {
+                lane.push(LaneJob {
+                    plan: plan.clone(),
+                    slices,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn is_healthy(&self) -> bool {
+        self.lanes.iter().all(|l| l.is_alive())
+    }
+}
+
+impl Drop for TcpPeer {
+    fn drop(&mut self) {
+        // Lanes finish what they carry, then close their connections.
+        for lane in &self.lanes {
+            lane.close_when_idle();
+        }
+    }
+}

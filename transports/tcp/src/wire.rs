@@ -1,0 +1,344 @@
+//! The wire format: a fixed 40-byte little-endian frame header, optionally followed by a payload.
+//!
+//! Pure encoding and decoding, no I/O, so the codec is tested (and fuzzed) without sockets.
+//!
+//! ```text
+//! offset  size  field
+//!      0     4  magic "TEtc"
+//!      4     1  version (1)
+//!      5     1  opcode
+//!      6     2  code: error code on ERROR frames, 0 otherwise
+//!      8     8  request id (per connection sequence number, echoed in the reply)
+//!     16     8  token: the target's instance token (a restarted target has a new one)
+//!     24     8  address in the target's exported memory
+//!     32     8  length in bytes (payload length for WRITE, READ_DATA and ERROR)
+//! ```
+
+use std::fmt;
+
+/// Frame magic.
+pub const MAGIC: [u8; 4] = *b"TEtc";
+/// Wire version this build speaks.
+pub const VERSION: u8 = 1;
+/// Size of every frame header.
+pub const HEADER_LEN: usize = 40;
+/// Largest data payload one frame may carry (slices are at most this long).
+pub const MAX_DATA_LEN: u64 = 1 << 30;
+/// Largest error message one frame may carry.
+pub const MAX_ERROR_LEN: u64 = 4096;
+
+/// What a frame asks or answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Opcode {
+    /// Initiator -> target, first frame on a connection: `token` is the instance it expects.
+    Hello = 1,
+    /// Target -> initiator: the hello was accepted.
+    HelloAck = 2,
+    /// Initiator -> target: `len` payload bytes to store at `addr`.
+    Write = 3,
+    /// Target -> initiator: the write's bytes are in the target's memory.
+    WriteAck = 4,
+    /// Initiator -> target: send `len` bytes from `addr`.
+    Read = 5,
+    /// Target -> initiator: `len` payload bytes answering a read.
+    ReadData = 6,
+    /// Target -> initiator: the request was refused; payload is a UTF-8 reason, `code` says why.
+    Error = 7,
+}
+
+impl Opcode {
+    fn from_u8(v: u8) -> Option<Opcode> {
+        Some(match v {
+            1 => Opcode::Hello,
+            2 => Opcode::HelloAck,
+            3 => Opcode::Write,
+            4 => Opcode::WriteAck,
+            5 => Opcode::Read,
+            6 => Opcode::ReadData,
+            7 => Opcode::Error,
+            _ => return None,
+        })
+    }
+
+    /// True if `len` counts payload bytes following the header.
+    pub fn has_payload(self) -> bool {
+        matches!(self, Opcode::Write | Opcode::ReadData | Opcode::Error)
+    }
+
+    fn max_len(self) -> u64 {
+        match self {
+            Opcode::Hello | Opcode::HelloAck => 0,
+            Opcode::Error => MAX_ERROR_LEN,
+            Opcode::Write | Opcode::WriteAck | Opcode::Read | Opcode::ReadData => MAX_DATA_LEN,
+        }
+    }
+}
+
+/// Why a target refused a request (the `code` of an ERROR frame).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum RefusalCode {
+    /// The range is not inside one registered, exported region (or it overflows).
+    OutOfBounds = 1,
+    /// The request names another instance of the target (it restarted).
+    WrongInstance = 2,
+    /// The frame broke the protocol; the target closes the connection after this frame.
+    Protocol = 3,
+    /// Zero-length request.
+    ZeroLength = 4,
+}
+
+impl RefusalCode {
+    /// Decodes a code; unknown codes from a newer peer map to `Protocol`.
+    pub fn from_u16(v: u16) -> RefusalCode {
+        match v {
+            1 => RefusalCode::OutOfBounds,
+            2 => RefusalCode::WrongInstance,
+            4 => RefusalCode::ZeroLength,
+            _ => RefusalCode::Protocol,
+        }
+    }
+}
+
+/// A decoded frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// What the frame is.
+    pub opcode: Opcode,
+    /// Error code (ERROR frames only; 0 otherwise).
+    pub code: u16,
+    /// Request id, echoed in the reply.
+    pub request_id: u64,
+    /// The target's instance token.
+    pub token: u64,
+    /// Address in the target's memory.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// A header that cannot be accepted. Any of these ends the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WireError {
+    /// The first four bytes are not the magic: not our protocol, or the stream lost sync.
+    BadMagic([u8; 4]),
+    /// A version this build does not speak.
+    BadVersion(u8),
+    /// An unknown opcode.
+    BadOpcode(u8),
+    /// A non-zero code on a frame other than ERROR.
+    StrayCode { opcode: Opcode, code: u16 },
+    /// A length above the limit of the opcode.
+    Oversized { opcode: Opcode, len: u64, max: u64 },
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireError::BadMagic(m) => write!(f, "bad frame magic {m:02x?}"),
+            WireError::BadVersion(v) => write!(f, "unsupported wire version {v} (this build speaks {VERSION})"),
+            WireError::BadOpcode(o) => write!(f, "unknown opcode {o}"),
+            WireError::StrayCode { opcode, code } => write!(f, "{opcode:?} frame carries error code {code}"),
+            WireError::Oversized { opcode, len, max } => {
+                write!(f, "{opcode:?} frame length {len} exceeds the limit {max}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
+
+impl Header {
+    /// A header with every numeric field zero.
+    pub fn new(opcode: Opcode) -> Header {
+        Header {
+            opcode,
+            code: 0,
+            request_id: 0,
+            token: 0,
+            addr: 0,
+            len: 0,
+        }
+    }
+
+    /// Number of payload bytes that follow this header.
+    pub fn payload_len(&self) -> u64 {
+        if self.opcode.has_payload() {
+            self.len
+        } else {
+            0
+        }
+    }
+
+    /// Encodes into `out`.
+    pub fn encode(&self, out: &mut [u8; HEADER_LEN]) {
+        out[0..4].copy_from_slice(&MAGIC);
+        out[4] = VERSION;
+        out[5] = self.opcode as u8;
+        out[6..8].copy_from_slice(&self.code.to_le_bytes());
+        out[8..16].copy_from_slice(&self.request_id.to_le_bytes());
+        out[16..24].copy_from_slice(&self.token.to_le_bytes());
+        out[24..32].copy_from_slice(&self.addr.to_le_bytes());
+        out[32..40].copy_from_slice(&self.len.to_le_bytes());
+    }
+
+    /// Encodes into a new array.
+    pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
+        let mut out = [0u8; HEADER_LEN];
+        self.encode(&mut out);
+        out
+    }
+
+    /// Decodes and validates a header.
+    pub fn decode(bytes: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
+        let u64_at = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&bytes[at..at + 8]);
+            u64::from_le_bytes(b)
+        };
+        let magic = [bytes[0], bytes[1], bytes[2], bytes[3]];
+        if magic != MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        if bytes[4] != VERSION {
+            return Err(WireError::BadVersion(bytes[4]));
+        }
+        let opcode = Opcode::from_u8(bytes[5]).ok_or(WireError::BadOpcode(bytes[5]))?;
+        let code = u16::from_le_bytes([bytes[6], bytes[7]]);
+        if code != 0 && opcode != Opcode::Error {
+            return Err(WireError::StrayCode { opcode, code });
+        }
+        let len = u64_at(32);
+        let max = opcode.max_len();
+        if len > max {
+            return Err(WireError::Oversized { opcode, len, max });
+        }
+        Ok(Header {
+            opcode,
+            code,
+            request_id: u64_at(8),
+            token: u64_at(16),
+            addr: u64_at(24),
+            len,
+        })
+    }
+
+    /// Decodes the header at the start of `buf`: `Ok(None)` when fewer than [`HEADER_LEN`] bytes
+    /// are there yet (a truncated frame is not an error until the stream ends).
+    pub fn decode_prefix(buf: &[u8]) -> Result<Option<Header>, WireError> {
+        match buf.get(..HEADER_LEN) {
+            Some(h) => {
+                let mut arr = [0u8; HEADER_LEN];
+                arr.copy_from_slice(h);
+                Header::decode(&arr).map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn opcode() -> impl Strategy<Value = Opcode> {
+        prop_oneof![
+            Just(Opcode::Hello),
+            Just(Opcode::HelloAck),
+            Just(Opcode::Write),
+            Just(Opcode::WriteAck),
+            Just(Opcode::Read),
+            Just(Opcode::ReadData),
+            Just(Opcode::Error),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn valid_headers_round_trip(op in opcode(), id: u64, token: u64, addr: u64, len: u64, code: u16) {
+            let h = Header {
+                opcode: op,
+                code: if op == Opcode::Error { code } else { 0 },
+                request_id: id,
+                token,
+                addr,
+                len: len % (op.max_len() + 1),
+            };
+            prop_assert_eq!(Header::decode(&h.to_bytes()), Ok(h));
+            prop_assert_eq!(Header::decode_prefix(&h.to_bytes()), Ok(Some(h)));
+        }
+
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..100)) {
+            // Whatever comes back, decoding must not panic, and an accepted header re-encodes
+            // to exactly the bytes it came from.
+            if let Ok(Some(h)) = Header::decode_prefix(&bytes) {
+                prop_assert_eq!(&h.to_bytes()[..], &bytes[..HEADER_LEN]);
+                prop_assert!(h.len <= h.opcode.max_len());
+            }
+        }
+
+        #[test]
+        fn truncated_headers_are_incomplete(op in opcode(), cut in 0usize..HEADER_LEN) {
+            let h = Header::new(op).to_bytes();
+            prop_assert_eq!(Header::decode_prefix(&h[..cut]), Ok(None));
+        }
+    }
+
+    #[test]
+    fn hostile_headers_are_rejected() {
+        let good = Header {
+            len: 8,
+            ..Header::new(Opcode::Write)
+        }
+        .to_bytes();
+
+        let mut b = good;
+        b[0] = b'X';
+        assert!(matches!(Header::decode(&b), Err(WireError::BadMagic(_))));
+
+        let mut b = good;
+        b[4] = 2;
+        assert_eq!(Header::decode(&b), Err(WireError::BadVersion(2)));
+
+        for op in [0u8, 8, 200, 255] {
+            let mut b = good;
+            b[5] = op;
+            assert_eq!(Header::decode(&b), Err(WireError::BadOpcode(op)));
+        }
+
+        let mut b = good;
+        b[32..40].copy_from_slice(&(MAX_DATA_LEN + 1).to_le_bytes());
+        assert!(matches!(Header::decode(&b), Err(WireError::Oversized { .. })));
+        b[32..40].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(Header::decode(&b), Err(WireError::Oversized { .. })));
+
+        let mut b = Header::new(Opcode::Error).to_bytes();
+        b[32..40].copy_from_slice(&(MAX_ERROR_LEN + 1).to_le_bytes());
+        assert!(matches!(Header::decode(&b), Err(WireError::Oversized { .. })));
+
+        let mut b = Header::new(Opcode::Hello).to_bytes();
+        b[32] = 1;
+        assert!(matches!(Header::decode(&b), Err(WireError::Oversized { .. })));
+
+        let mut b = good;
+        b[6] = 1;
+        assert!(matches!(Header::decode(&b), Err(WireError::StrayCode { .. })));
+    }
+
+    #[test]
+    fn payload_len_only_for_payload_opcodes() {
+        let h = Header {
+            len: 10,
+            ..Header::new(Opcode::Read)
+        };
+        assert_eq!(h.payload_len(), 0);
+        let h = Header {
+            len: 10,
+            ..Header::new(Opcode::Write)
+        };
+        assert_eq!(h.payload_len(), 10);
+    }
+}

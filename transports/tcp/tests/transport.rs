@@ -1,0 +1,305 @@
+//! The TCP transport driven directly through the `Transport` and `Peer` traits: two transports in
+//! one process (each with its own runtime and listener), real loopback sockets.
+
+use std::sync::Arc;
+
+use te_base::config::MapEnv;
+use te_base::{
+    Batch, BatchState, Error, ExportedBuffer, InstallContext, MemoryLocation, Peer, RegionId, RegionInfo,
+    ResolvedRequest, SegmentDescriptor, SubmitContext, TransferOp, Transport, TransportEndpoint,
+};
+use te_transport_tcp::{TcpConfig, TcpTransport};
+
+/// A heap buffer registered with a transport.
+struct Buf {
+    data: Box<[u8]>,
+    id: RegionId,
+}
+
+impl Buf {
+    fn new(id: u64, len: usize, seed: u8) -> Buf {
+        let data = (0..len)
+            .map(|i| pattern(i, seed))
+            .collect::<Vec<u8>>()
+            .into_boxed_slice();
+        Buf { data, id: RegionId(id) }
+    }
+    fn addr(&self) -> u64 {
+        self.data.as_ptr() as u64
+    }
+    fn info(&self) -> RegionInfo {
+        RegionInfo {
+            id: self.id,
+            base: self.addr(),
+            len: self.data.len() as u64,
+            location: MemoryLocation::HOST,
+            exported: true,
+        }
+    }
+}
+
+fn pattern(i: usize, seed: u8) -> u8 {
+    (i.wrapping_mul(131) >> 3) as u8 ^ seed
+}
+
+async fn transport(extra: &[(&str, &str)]) -> Arc<TcpTransport> {
+    let mut env = MapEnv::new([("TE_TCP_LISTEN", "127.0.0.1:0"), ("TE_TCP_TIMEOUT_MS", "2000")]);
+    for (k, v) in extra {
+        env.0.insert(k.to_string(), v.to_string());
+    }
+    Arc::new(TcpTransport::start(TcpConfig::from_env(&env).unwrap()).await.unwrap())
+}
+
+fn descriptor(name: &str, t: &TcpTransport, bufs: &[&Buf]) -> SegmentDescriptor {
+    let mut d = SegmentDescriptor::new(name, 1);
+    d.transports.push(TransportEndpoint {
+        transport: "tcp".into(),
+        info: t.endpoint(),
+    });
+    let mut sorted: Vec<&&Buf> = bufs.iter().collect();
+    sorted.sort_by_key(|b| b.addr());
+    for b in sorted {
+        d.buffers.push(ExportedBuffer {
+            base: b.addr(),
+            len: b.data.len() as u64,
+            location: MemoryLocation::HOST,
+            keys: Default::default(),
+        });
+    }
+    d.validate().unwrap();
+    d
+}
+
+fn req(index: u32, op: TransferOp, local: &Buf, local_off: u64, remote_addr: u64, len: u64) -> ResolvedRequest {
+    ResolvedRequest {
+        index,
+        op,
+        len,
+        local_addr: local.addr() + local_off,
+        local_region: local.id,
+        remote_addr,
+        remote_buffer: 0,
+    }
+}
+
+async fn run(
+    peer: &Arc<dyn Peer>,
+    requests: Vec<ResolvedRequest>,
+) -> Result<te_base::BatchReport, te_base::BatchError> {
+    let lens: Vec<u64> = requests.iter().map(|r| r.len).collect();
+    let state = BatchState::new(lens.into());
+    let batch = Batch::new(state.clone());
+    if let Err(e) = peer.submit(requests, &state, &SubmitContext::default()) {
+        let all: Vec<usize> = (0..state.len()).collect();
+        state.fail_many(all, &e);
+    }
+    batch.wait().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_and_reads_every_size_across_lanes_and_slices() {
+    for lanes in ["1", "3"] {
+        let a = transport(&[("TE_TCP_LANES", lanes), ("TE_TCP_SLICE_BYTES", "64K")]).await;
+        let b = transport(&[]).await;
+        let len = 4 << 20;
+        let src = Buf::new(1, len, 0x11);
+        let dst = Buf::new(2, len, 0x22);
+        let back = Buf::new(3, len, 0);
+        a.register(&[src.info(), back.info()]).await.unwrap();
+        b.register(&[dst.info()]).await.unwrap();
+        let peer = a.connect(&descriptor("b", &b, &[&dst])).await.unwrap();
+
+        // Sizes from 1 byte to the whole buffer, at odd offsets, in one batch, non-overlapping.
+        let mut reqs = Vec::new();
+        let mut off = 0u64;
+        for (i, size) in [1u64, 7, 4095, 4096, 65_537, 300_001, 1 << 20].into_iter().enumerate() {
+            reqs.push(req(
+                i as u32,
+                TransferOp::Write,
+                &src,
+                off + 3,
+                dst.addr() + off + 5,
+                size,
+            ));
+            off += size + 11;
+        }
+        let report = run(&peer, reqs.clone()).await.unwrap();
+        assert_eq!(report.requests, reqs.len());
+        for r in &reqs {
+            let l = (r.local_addr - src.addr()) as usize;
+            let d = (r.remote_addr - dst.addr()) as usize;
+            assert_eq!(&src.data[l..l + r.len as usize], &dst.data[d..d + r.len as usize]);
+        }
+
+        // Read the whole target buffer back and compare byte for byte.
+        let whole = vec![req(0, TransferOp::Read, &back, 0, dst.addr(), len as u64)];
+        run(&peer, whole).await.unwrap();
+        assert!(back.data == dst.data, "lanes={lanes}: read-back differs");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_small_requests_in_one_batch() {
+    let a = transport(&[("TE_TCP_LANES", "2")]).await;
+    let b = transport(&[]).await;
+    let src = Buf::new(1, 10_000 * 64, 0x5a);
+    let dst = Buf::new(2, 10_000 * 64, 0);
+    b.register(&[dst.info()]).await.unwrap();
+    let peer = a.connect(&descriptor("b", &b, &[&dst])).await.unwrap();
+    let reqs: Vec<_> = (0..10_000u64)
+        .map(|i| req(i as u32, TransferOp::Write, &src, i * 64, dst.addr() + i * 64, 64))
+        .collect();
+    assert_eq!(run(&peer, reqs).await.unwrap().requests, 10_000);
+    assert!(src.data == dst.data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_refuses_what_it_did_not_export_and_keeps_serving() {
+    let a = transport(&[]).await;
+    let b = transport(&[]).await;
+    let src = Buf::new(1, 8192, 0x33);
+    let exported = Buf::new(2, 4096, 0);
+    let private = Buf::new(3, 4096, 0x44);
+    b.register(&[exported.info()]).await.unwrap();
+    b.register(&[RegionInfo {
+        exported: false,
+        ..private.info()
+    }])
+    .await
+    .unwrap();
+    // A descriptor that lies: it claims the private buffer is exported, as a hostile or stale
+    // peer could. The target must still refuse.
+    let lie = descriptor("b", &b, &[&exported, &private]);
+    let peer = a.connect(&lie).await.unwrap();
+    let reqs = vec![
+        req(0, TransferOp::Write, &src, 0, private.addr(), 16),
+        req(1, TransferOp::Read, &src, 0, private.addr(), 16),
+        req(2, TransferOp::Write, &src, 0, exported.addr() + 4000, 200), // runs past the end
+        req(3, TransferOp::Write, &src, 0, exported.addr(), 4096),       // fine
+    ];
+    let err = run(&peer, reqs).await.unwrap_err();
+    assert_eq!(err.progress.done, 1);
+    assert_eq!(err.failures.len(), 3);
+    for (_, e) in &err.failures {
+        assert!(matches!(e, Error::Refused { peer, .. } if peer == "b"), "{e}");
+    }
+    assert!(
+        private.data == Buf::new(9, 4096, 0x44).data,
+        "refused write touched private memory"
+    );
+    assert_eq!(&exported.data[..], &src.data[..4096]);
+    // The connection survived the refusals.
+    assert!(peer.is_healthy());
+    run(&peer, vec![req(0, TransferOp::Read, &src, 4096, exported.addr(), 4096)])
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deregistered_memory_is_no_longer_served() {
+    let a = transport(&[]).await;
+    let b = transport(&[]).await;
+    let src = Buf::new(1, 4096, 1);
+    let dst = Buf::new(2, 4096, 0);
+    b.register(&[dst.info()]).await.unwrap();
+    let peer = a.connect(&descriptor("b", &b, &[&dst])).await.unwrap();
+    run(&peer, vec![req(0, TransferOp::Write, &src, 0, dst.addr(), 4096)])
+        .await
+        .unwrap();
+    b.deregister(&[dst.info()]).await.unwrap();
+    let err = run(&peer, vec![req(0, TransferOp::Write, &src, 0, dst.addr(), 1)])
+        .await
+        .unwrap_err();
+    assert!(matches!(err.failures[0].1, Error::Refused { .. }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_peer_fails_old_requests_and_is_reachable_again() {
+    let a = transport(&[]).await;
+    let src = Buf::new(1, 1 << 20, 7);
+    let dst = Buf::new(2, 1 << 20, 0);
+    let b1 = transport(&[]).await;
+    let port = b1.local_addr().port().to_string();
+    b1.register(&[dst.info()]).await.unwrap();
+    let old = descriptor("b", &b1, &[&dst]);
+    let peer = a.connect(&old).await.unwrap();
+    run(&peer, vec![req(0, TransferOp::Write, &src, 0, dst.addr(), 1 << 20)])
+        .await
+        .unwrap();
+
+    // B goes away. The next batch fails with PeerGone naming it, and the peer turns unhealthy.
+    b1.shutdown().await;
+    drop(b1);
+    let err = run(&peer, vec![req(0, TransferOp::Write, &src, 0, dst.addr(), 1 << 20)])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err.failures[0].1, Error::PeerGone { peer, .. } if peer == "b"),
+        "{err}"
+    );
+    assert!(!peer.is_healthy());
+
+    // B restarts on the same port with a new instance token.
+    let listen = format!("127.0.0.1:{port}");
+    let b2 = transport(&[("TE_TCP_LISTEN", listen.as_str())]).await;
+    b2.register(&[dst.info()]).await.unwrap();
+    // The stale descriptor names the old instance: refused as a restart.
+    let stale = a.connect(&old).await.err().expect("stale instance must be refused");
+    assert!(matches!(stale, Error::PeerGone { .. }), "{stale}");
+    let fresh = a.connect(&descriptor("b", &b2, &[&dst])).await.unwrap();
+    let src2 = Buf::new(3, 1 << 20, 9);
+    a.register(&[src2.info()]).await.unwrap();
+    run(&fresh, vec![req(0, TransferOp::Write, &src2, 0, dst.addr(), 1 << 20)])
+        .await
+        .unwrap();
+    assert!(src2.data == dst.data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_twice_reuses_the_lanes() {
+    let a = transport(&[]).await;
+    let b = transport(&[]).await;
+    let dst = Buf::new(2, 4096, 0);
+    b.register(&[dst.info()]).await.unwrap();
+    let d = descriptor("b", &b, &[&dst]);
+    let p1 = a.connect(&d).await.unwrap();
+    let p2 = a.connect(&d).await.unwrap();
+    assert!(Arc::ptr_eq(&p1, &p2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_peer_is_peer_gone() {
+    let a = transport(&[("TE_TCP_TIMEOUT_MS", "500")]).await;
+    // A port nobody listens on: bind then drop to find one.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut d = SegmentDescriptor::new("nobody", 1);
+    d.transports.push(TransportEndpoint {
+        transport: "tcp".into(),
+        info: serde_json::json!({"addrs": [format!("127.0.0.1:{port}")], "token": 5}),
+    });
+    let err = a.connect(&d).await.err().unwrap();
+    assert!(
+        matches!(&err, Error::PeerGone { peer, .. } if peer == "nobody"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn install_reads_the_environment() {
+    let ctx = InstallContext {
+        env: Arc::new(MapEnv::new([("TE_TCP_LANES", "0")])),
+        segment_name: "x".into(),
+    };
+    let err = te_transport_tcp::install(&ctx).await.err().unwrap();
+    assert!(err.to_string().contains("TE_TCP_LANES"));
+    let ctx = InstallContext {
+        env: Arc::new(MapEnv::new([("TE_TCP_LISTEN", "127.0.0.1:0")])),
+        segment_name: "x".into(),
+    };
+    let t = te_transport_tcp::install(&ctx).await.unwrap();
+    assert_eq!(t.name(), "tcp");
+}
