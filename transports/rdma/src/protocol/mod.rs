@@ -2,4 +2,11 @@
 //! (device limits, peer info, completions, the current time) and returns what to do, so unit tests
 //! drive it directly and against the recording fake.
 
+pub mod completion;
+pub mod handshake;
+pub mod mr_split;
 pub mod qp_state;
+pub mod recovery;
+pub mod remote_keys;
+pub mod send_queue;
+pub mod slicing;

@@ -1,0 +1,256 @@
+//! One QP's send queue as the transport sees it: items waiting for a slot, items in flight in
+//! posting order, which ones to signal, and what a completion retires.
+//!
+//! Rules it enforces:
+//! - at most `depth` work requests are outstanding (posting more fails with ENOMEM on hardware);
+//! - one in every `signal_every` requests is signalled, and so is the last request of every post,
+//!   so a completion always arrives for everything posted and slots come back;
+//! - a signalled success completion retires every request up to and including it (RC completes in
+//!   order; unsignalled requests before it are done);
+//! - an error completion fails its own request and hands every other outstanding request back
+//!   for retry; the queue is then broken until [`SendQueue::reset`] starts a new epoch, and stale
+//!   completions of the old epoch are ignored.
+
+use std::collections::VecDeque;
+
+/// What to post: an item's sequence number (its `wr_id`) and whether it is signalled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PostSlot {
+    /// Sequence number, used as the work request id.
+    pub seq: u64,
+    /// Generate a completion.
+    pub signaled: bool,
+}
+
+/// What an error completion did to the queue.
+#[derive(Debug)]
+pub struct ErrorSplit<T> {
+    /// The item the error completion names.
+    pub failed: Option<T>,
+    /// Items retired as done: posted before the failed one (RC completes in order).
+    pub done: Vec<T>,
+    /// Everything else that was in flight or waiting: to be retried elsewhere or after recovery.
+    pub requeue: Vec<T>,
+}
+
+/// A QP's send queue.
+#[derive(Debug)]
+pub struct SendQueue<T> {
+    depth: usize,
+    signal_every: u32,
+    pending: VecDeque<T>,
+    in_flight: VecDeque<(u64, T)>,
+    next_seq: u64,
+    since_signal: u32,
+    epoch_start: u64,
+    broken: bool,
+}
+
+impl<T> SendQueue<T> {
+    /// A queue of `depth` slots signalling every `signal_every` requests.
+    pub fn new(depth: u32, signal_every: u32) -> Self {
+        let depth = depth.max(1) as usize;
+        SendQueue {
+            depth,
+            signal_every: signal_every.clamp(1, depth as u32),
+            pending: VecDeque::new(),
+            in_flight: VecDeque::with_capacity(depth),
+            next_seq: 1,
+            since_signal: 0,
+            epoch_start: 1,
+            broken: false,
+        }
+    }
+
+    /// Queues an item for posting.
+    pub fn push(&mut self, item: T) {
+        self.pending.push_back(item);
+    }
+
+    /// Items waiting for a slot.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Items posted and not yet retired.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// True after an error completion, until [`SendQueue::reset`].
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// Moves as many waiting items into flight as slots allow, calling `emit` for each in order.
+    /// Returns how many. Nothing moves while broken.
+    pub fn post_ready(&mut self, mut emit: impl FnMut(PostSlot, &T)) -> usize {
+        if self.broken {
+            return 0;
+        }
+        let n = self.pending.len().min(self.depth - self.in_flight.len());
+        for i in 0..n {
+            let item = self.pending.pop_front().expect("counted above");
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            self.since_signal += 1;
+            let signaled = self.since_signal >= self.signal_every || i + 1 == n;
+            if signaled {
+                self.since_signal = 0;
+            }
+            emit(PostSlot { seq, signaled }, &item);
+            self.in_flight.push_back((seq, item));
+        }
+        n
+    }
+
+    /// `ibv_post_send` accepted only the first `accepted` of the last `posted` items: the rest go
+    /// back to the front of the queue, in order, to be posted again.
+    pub fn unpost(&mut self, posted: usize, accepted: usize) {
+        for _ in accepted..posted {
+            if let Some((_, item)) = self.in_flight.pop_back() {
+                self.pending.push_front(item);
+                self.next_seq -= 1;
+            }
+        }
+        // The last accepted request may not be signalled; make sure a later post signals.
+        self.since_signal = self.signal_every;
+    }
+
+    /// A success completion for `wr_id`: retires it and everything posted before it.
+    pub fn on_success(&mut self, wr_id: u64, mut retire: impl FnMut(T)) -> usize {
+        if wr_id < self.epoch_start {
+            return 0;
+        }
+        let mut n = 0;
+        while self.in_flight.front().is_some_and(|(s, _)| *s <= wr_id) {
+            let (_, item) = self.in_flight.pop_front().expect("checked");
+            retire(item);
+            n += 1;
+        }
+        n
+    }
+
+    /// An error completion for `wr_id`. `None` if it belongs to an old epoch or the queue already
+    /// handed everything back (later flush completions of the same failure).
+    pub fn on_error(&mut self, wr_id: u64) -> Option<ErrorSplit<T>> {
+        if wr_id < self.epoch_start || self.broken {
+            return None;
+        }
+        self.broken = true;
+        let mut done = Vec::new();
+        let mut failed = None;
+        let mut requeue = Vec::with_capacity(self.in_flight.len() + self.pending.len());
+        for (seq, item) in self.in_flight.drain(..) {
+            match seq.cmp(&wr_id) {
+                std::cmp::Ordering::Less => done.push(item),
+                std::cmp::Ordering::Equal => failed = Some(item),
+                std::cmp::Ordering::Greater => requeue.push(item),
+            }
+        }
+        requeue.extend(self.pending.drain(..));
+        Some(ErrorSplit { failed, done, requeue })
+    }
+
+    /// Takes every waiting and in-flight item out (the QP is being torn down).
+    pub fn drain_all(&mut self) -> Vec<T> {
+        let mut out: Vec<T> = self.in_flight.drain(..).map(|(_, t)| t).collect();
+        out.extend(self.pending.drain(..));
+        out
+    }
+
+    /// The QP was reset and reconnected: a new epoch starts; completions of older work
+    /// requests are ignored from now on.
+    pub fn reset(&mut self) {
+        self.in_flight.clear();
+        self.epoch_start = self.next_seq;
+        self.since_signal = 0;
+        self.broken = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn post_all(q: &mut SendQueue<u32>) -> Vec<(PostSlot, u32)> {
+        let mut v = Vec::new();
+        q.post_ready(|s, &t| v.push((s, t)));
+        v
+    }
+
+    #[test]
+    fn respects_depth_and_signals_every_n_and_the_last() {
+        let mut q = SendQueue::new(8, 3);
+        for i in 0..20 {
+            q.push(i);
+        }
+        let posted = post_all(&mut q);
+        assert_eq!(posted.len(), 8, "depth");
+        assert_eq!(q.pending(), 12);
+        let signaled: Vec<u32> = posted.iter().filter(|(s, _)| s.signaled).map(|(_, t)| *t).collect();
+        assert_eq!(signaled, vec![2, 5, 7], "every 3rd and the last of the post");
+        // Nothing more fits until a completion retires something.
+        assert!(post_all(&mut q).is_empty());
+        let mut retired = Vec::new();
+        q.on_success(posted[5].0.seq, |t| retired.push(t));
+        assert_eq!(
+            retired,
+            vec![0, 1, 2, 3, 4, 5],
+            "unsignalled ones retire with the signalled one"
+        );
+        assert_eq!(post_all(&mut q).len(), 6);
+        assert_eq!(q.in_flight(), 8);
+    }
+
+    #[test]
+    fn a_failed_post_returns_the_rejected_items_in_order() {
+        let mut q = SendQueue::new(16, 4);
+        for i in 0..6 {
+            q.push(i);
+        }
+        let posted = post_all(&mut q);
+        q.unpost(posted.len(), 2);
+        assert_eq!(q.in_flight(), 2);
+        let again = post_all(&mut q);
+        assert_eq!(again.iter().map(|(_, t)| *t).collect::<Vec<_>>(), vec![2, 3, 4, 5]);
+        assert_eq!(again[0].0.seq, posted[2].0.seq, "sequence numbers are reused");
+        assert!(again.last().unwrap().0.signaled);
+    }
+
+    #[test]
+    fn error_completion_splits_done_failed_and_requeued() {
+        let mut q = SendQueue::new(8, 8);
+        for i in 0..10 {
+            q.push(i);
+        }
+        let posted = post_all(&mut q);
+        let split = q.on_error(posted[3].0.seq).unwrap();
+        assert_eq!(split.done, vec![0, 1, 2]);
+        assert_eq!(split.failed, Some(3));
+        assert_eq!(split.requeue, vec![4, 5, 6, 7, 8, 9]);
+        assert!(q.is_broken());
+        assert!(post_all(&mut q).is_empty(), "nothing posts on a broken QP");
+        // Flush completions of the same failure are ignored.
+        assert!(q.on_error(posted[5].0.seq).is_none());
+        assert_eq!(q.on_success(posted[7].0.seq, |_| panic!("nothing to retire")), 0);
+    }
+
+    #[test]
+    fn reset_starts_an_epoch_and_ignores_stale_completions() {
+        let mut q = SendQueue::new(4, 1);
+        q.push(1);
+        let old = post_all(&mut q);
+        q.on_error(old[0].0.seq).unwrap();
+        q.reset();
+        assert!(!q.is_broken());
+        q.push(2);
+        let new = post_all(&mut q);
+        assert!(new[0].0.seq > old[0].0.seq);
+        assert!(q.on_error(old[0].0.seq).is_none(), "stale error of the old epoch");
+        assert_eq!(q.on_success(old[0].0.seq, |_| panic!("stale")), 0);
+        let mut got = vec![];
+        q.on_success(new[0].0.seq, |t| got.push(t));
+        assert_eq!(got, vec![2]);
+    }
+}
