@@ -6,10 +6,13 @@ use te_base::{BatchState, Error, Peer, ResolvedRequest, Result, SegmentDescripto
 
 use crate::lane::{Lane, LaneJob};
 use crate::plan::{lane_share, Plan};
+use crate::regions::RegionTable;
 
 /// A peer segment reached over TCP.
 pub(crate) struct TcpPeer {
     pub descriptor: SegmentDescriptor,
+    /// The initiator's registered regions, to check each request's local side.
+    pub local: Arc<RegionTable>,
     pub lanes: Vec<Arc<Lane>>,
     pub slice: u64,
 }
@@ -28,7 +31,44 @@ impl Peer for TcpPeer {
         &self.descriptor
     }
 
-    fn submit(&self, requests: Vec<ResolvedRequest>, batch: &Arc<BatchState>, _ctx: &SubmitContext) -> Result<()> {
+    fn submit(&self, mut requests: Vec<ResolvedRequest>, batch: &Arc<BatchState>, _ctx: &SubmitContext) -> Result<()> {
+        // The engine resolved both sides already; this re-check (one lock-free table view per
+        // batch, a binary search per request) keeps a forged request from sending or receiving a
+        // single byte outside registered local memory or the peer's exported buffer.
+        let local = self.local.view();
+        let buffers = &self.descriptor.buffers;
+        requests.retain(|r| {
+            let remote_ok = buffers
+                .get(r.remote_buffer as usize)
+                .is_some_and(|b| b.contains(r.remote_addr, r.len));
+            let local_ok = local.holds(r.local_region, r.local_addr, r.len);
+            if !remote_ok {
+                batch.fail(
+                    r.index as usize,
+                    Error::OutOfBounds {
+                        segment: self.descriptor.name.clone(),
+                        addr: r.remote_addr,
+                        len: r.len,
+                    },
+                );
+            } else if r.len == 0 {
+                batch.fail(
+                    r.index as usize,
+                    Error::ZeroLength {
+                        index: r.index as usize,
+                    },
+                );
+            } else if !local_ok {
+                batch.fail(
+                    r.index as usize,
+                    Error::Unregistered {
+                        addr: r.local_addr,
+                        len: r.len,
+                    },
+                );
+            }
+            remote_ok && local_ok && r.len > 0
+        });
         if requests.is_empty() {
             return Ok(());
         }

@@ -52,14 +52,40 @@ pub(crate) enum LookupError {
     Outside,
 }
 
-/// Exported regions, sorted by base.
+/// Regions sorted by base: the exported ones (serving side) or all of them (initiator side).
 #[derive(Default)]
 pub(crate) struct RegionTable {
     snapshot: ArcSwap<Vec<Arc<ServedRegion>>>,
     writer: Mutex<()>,
+    include_private: bool,
+}
+
+/// A lock-free view of a table, taken once per batch.
+pub(crate) struct TableView(arc_swap::Guard<Arc<Vec<Arc<ServedRegion>>>>);
+
+impl TableView {
+    /// True if `[addr, addr + len)` lies in the region `id`.
+    pub fn holds(&self, id: RegionId, addr: u64, len: u64) -> bool {
+        let idx = self.0.partition_point(|r| r.base <= addr);
+        matches!(idx.checked_sub(1).map(|i| &self.0[i]), Some(r) if r.id == id && r.contains(addr, len))
+    }
 }
 
 impl RegionTable {
+    /// A table of every registered region (exported or not): the initiator's view of its own
+    /// memory.
+    pub fn with_private() -> Self {
+        RegionTable {
+            include_private: true,
+            ..RegionTable::default()
+        }
+    }
+
+    /// The current regions, without locking.
+    pub fn view(&self) -> TableView {
+        TableView(self.snapshot.load())
+    }
+
     /// Pins the region holding all of `[addr, addr + len)`.
     pub fn acquire(&self, addr: u64, len: u64) -> std::result::Result<RegionGuard, LookupError> {
         if len == 0 {
@@ -88,7 +114,7 @@ impl RegionTable {
     pub fn add(&self, regions: &[RegionInfo]) -> Result<()> {
         let _w = self.writer.lock();
         let mut next: Vec<Arc<ServedRegion>> = self.snapshot.load().as_ref().clone();
-        for r in regions.iter().filter(|r| r.exported) {
+        for r in regions.iter().filter(|r| r.exported || self.include_private) {
             next.push(Arc::new(ServedRegion {
                 id: r.id,
                 base: r.base,

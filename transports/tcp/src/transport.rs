@@ -32,6 +32,7 @@ pub struct TcpTransport {
     endpoint: TcpEndpoint,
     local_addr: SocketAddr,
     server: Arc<Server>,
+    local: Arc<RegionTable>,
     listener: Mutex<Option<JoinHandle<()>>>,
     connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
     peers: Mutex<HashMap<(String, u64), Weak<TcpPeer>>>,
@@ -91,6 +92,7 @@ impl TcpTransport {
             endpoint,
             local_addr,
             server,
+            local: Arc::new(RegionTable::with_private()),
             listener: Mutex::new(Some(listener)),
             connections,
             peers: Mutex::new(HashMap::new()),
@@ -225,12 +227,17 @@ impl Transport for TcpTransport {
 
     async fn register(&self, regions: &[RegionInfo]) -> Result<Vec<serde_json::Value>> {
         let host: Vec<RegionInfo> = regions.iter().filter(|r| r.location.is_host()).cloned().collect();
-        self.server.regions.add(&host)?;
+        self.local.add(&host)?;
+        if let Err(e) = self.server.regions.add(&host) {
+            self.local.remove(&host).await;
+            return Err(e);
+        }
         Ok(vec![serde_json::Value::Null; regions.len()])
     }
 
     async fn deregister(&self, regions: &[RegionInfo]) -> Result<()> {
         self.server.regions.remove(regions).await;
+        self.local.remove(regions).await;
         Ok(())
     }
 
@@ -259,6 +266,7 @@ impl Transport for TcpTransport {
             .map_err(|e| Error::transport("tcp", format!("connect task failed: {e}")))??;
         let connected = Arc::new(TcpPeer {
             descriptor: peer.clone(),
+            local: self.local.clone(),
             lanes,
             slice: self.config.slice_bytes,
         });

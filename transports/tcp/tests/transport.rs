@@ -144,6 +144,7 @@ async fn ten_thousand_small_requests_in_one_batch() {
     let b = transport(&[]).await;
     let src = Buf::new(1, 10_000 * 64, 0x5a);
     let dst = Buf::new(2, 10_000 * 64, 0);
+    a.register(&[src.info()]).await.unwrap();
     b.register(&[dst.info()]).await.unwrap();
     let peer = a.connect(&descriptor("b", &b, &[&dst])).await.unwrap();
     let reqs: Vec<_> = (0..10_000u64)
@@ -160,6 +161,7 @@ async fn target_refuses_what_it_did_not_export_and_keeps_serving() {
     let src = Buf::new(1, 8192, 0x33);
     let exported = Buf::new(2, 4096, 0);
     let private = Buf::new(3, 4096, 0x44);
+    a.register(&[src.info()]).await.unwrap();
     b.register(&[exported.info()]).await.unwrap();
     b.register(&[RegionInfo {
         exported: false,
@@ -176,13 +178,26 @@ async fn target_refuses_what_it_did_not_export_and_keeps_serving() {
         req(1, TransferOp::Read, &src, 0, private.addr(), 16),
         req(2, TransferOp::Write, &src, 0, exported.addr() + 4000, 200), // runs past the end
         req(3, TransferOp::Write, &src, 0, exported.addr(), 4096),       // fine
-    ];
+    ]
+    .into_iter()
+    .map(|mut r| {
+        r.remote_buffer = lie.find_buffer(r.remote_addr, 1).unwrap() as u32;
+        r
+    })
+    .collect();
     let err = run(&peer, reqs).await.unwrap_err();
     assert_eq!(err.progress.done, 1);
     assert_eq!(err.failures.len(), 3);
-    for (_, e) in &err.failures {
-        assert!(matches!(e, Error::Refused { peer, .. } if peer == "b"), "{e}");
+    // The target refuses what it did not export; the initiator itself stops the request that
+    // runs past the end of what the descriptor lists.
+    for (i, e) in &err.failures[..2] {
+        assert!(matches!(e, Error::Refused { peer, .. } if peer == "b"), "#{i}: {e}");
     }
+    assert!(
+        matches!(&err.failures[2].1, Error::OutOfBounds { .. }),
+        "{}",
+        err.failures[2].1
+    );
     assert!(
         private.data == Buf::new(9, 4096, 0x44).data,
         "refused write touched private memory"
@@ -201,6 +216,7 @@ async fn deregistered_memory_is_no_longer_served() {
     let b = transport(&[]).await;
     let src = Buf::new(1, 4096, 1);
     let dst = Buf::new(2, 4096, 0);
+    a.register(&[src.info()]).await.unwrap();
     b.register(&[dst.info()]).await.unwrap();
     let peer = a.connect(&descriptor("b", &b, &[&dst])).await.unwrap();
     run(&peer, vec![req(0, TransferOp::Write, &src, 0, dst.addr(), 4096)])
@@ -218,6 +234,7 @@ async fn restarted_peer_fails_old_requests_and_is_reachable_again() {
     let a = transport(&[]).await;
     let src = Buf::new(1, 1 << 20, 7);
     let dst = Buf::new(2, 1 << 20, 0);
+    a.register(&[src.info()]).await.unwrap();
     let b1 = transport(&[]).await;
     let port = b1.local_addr().port().to_string();
     b1.register(&[dst.info()]).await.unwrap();
