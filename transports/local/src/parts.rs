@@ -39,7 +39,7 @@ pub fn split(ops: &[CopyOp], total: u64, parts: usize, cuts: &mut Vec<Cursor>) {
             let aligned = (dst + off) & !(CACHE_LINE as u64 - 1);
             Cursor {
                 op,
-                off: if aligned > dst { aligned - dst } else { 0 },
+                off: aligned.saturating_sub(dst),
             }
         };
         let prev = *cuts.last().expect("cuts starts non-empty");
