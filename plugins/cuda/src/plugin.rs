@@ -98,6 +98,34 @@ impl CudaPlugin {
         Ok(())
     }
 
+    /// Baseline for measurements: one plain `cuMemcpy{HtoD,DtoH,DtoD}` call, what `cudaMemcpy`
+    /// does, on the legacy default stream. Device-to-device (and host-to-device from pageable
+    /// memory) may return before the bytes land: call [`CudaPlugin::synchronize`] before reading.
+    ///
+    /// # Safety
+    /// As for [`DevicePlugin::copy`].
+    pub unsafe fn plain_memcpy(&self, device: u32, direction: CopyDirection, fragment: CopyFragment) -> Result<()> {
+        fragment.validate(0)?;
+        self.context(device)?.make_current()?;
+        let (dst, src, len) = (fragment.dst, fragment.src, fragment.len as usize);
+        // SAFETY: the caller guarantees both ranges for the kinds `direction` names.
+        let result = unsafe {
+            match direction {
+                CopyDirection::HostToDevice => sys::cuMemcpyHtoD_v2(dst, src as *const c_void, len),
+                CopyDirection::DeviceToHost => sys::cuMemcpyDtoH_v2(dst as *mut c_void, src, len),
+                CopyDirection::DeviceToDevice => sys::cuMemcpyDtoD_v2(dst, src, len),
+            }
+        };
+        check(result, "cuMemcpy")
+    }
+
+    /// Waits for all work of the device's context (`cuCtxSynchronize`), for baselines.
+    pub fn synchronize(&self, device: u32) -> Result<()> {
+        self.context(device)?.make_current()?;
+        // SAFETY: the context is current; the call only waits.
+        check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
+    }
+
     /// The device's context and stream, created on first use. A failure is remembered.
     fn context(&self, device: u32) -> Result<&DeviceContext> {
         check_device(NAME, device, self.devices.len() as u32)?;

@@ -44,6 +44,36 @@ fn kv_fragment_batches_are_byte_exact_with_and_without_the_batch_call() {
 }
 
 #[test]
+fn plain_memcpy_baseline_is_byte_exact() {
+    use te_base::device::{CopyDirection, CopyFragment, DeviceBuffer};
+    let Some((plugin, cuda)) = gpu() else { return };
+    let len = 37_440;
+    let src = suite::pattern(9, len);
+    let mut back = vec![0u8; len];
+    let a = DeviceBuffer::allocate(&cuda, 0, len as u64).unwrap();
+    let b = DeviceBuffer::allocate(&cuda, 0, len as u64).unwrap();
+    let f = |dst, src| CopyFragment {
+        dst,
+        src,
+        len: len as u64,
+    };
+    // SAFETY: all four buffers are live and `len` bytes long; synchronize() runs before reading.
+    unsafe {
+        plugin
+            .plain_memcpy(0, CopyDirection::HostToDevice, f(a.addr(), src.as_ptr() as u64))
+            .unwrap();
+        plugin
+            .plain_memcpy(0, CopyDirection::DeviceToDevice, f(b.addr(), a.addr()))
+            .unwrap();
+        plugin
+            .plain_memcpy(0, CopyDirection::DeviceToHost, f(back.as_mut_ptr() as u64, b.addr()))
+            .unwrap();
+    }
+    plugin.synchronize(0).unwrap();
+    assert!(back == src);
+}
+
+#[test]
 fn concurrent_batches_on_the_shared_stream_stay_separate() {
     let Some((_, cuda)) = gpu() else { return };
     suite::concurrent_batches_stay_separate(&cuda);
