@@ -103,8 +103,10 @@ pub struct Gpu {
     /// Vendor.
     pub vendor: GpuVendor,
     /// PCI device id (`0x2330` is an H100 SXM5).
+    #[serde(serialize_with = "hex4")]
     pub device_id: u16,
     /// PCI class code (`0x030200` 3D controller, `0x030000` VGA, `0x038000` display controller).
+    #[serde(serialize_with = "hex6")]
     pub class: u32,
     /// Where the GPU sits in the PCI tree.
     pub pci: PciPath,
@@ -447,6 +449,16 @@ fn read_hex(path: &Path) -> Result<Option<u32>> {
     u32::from_str_radix(digits, 16)
         .map(Some)
         .map_err(|_| invalid(path, format!("not a hex number: {text:?}")))
+}
+
+/// Device ids print as sysfs shows them, `0x2330`.
+fn hex4<S: serde::Serializer>(v: &u16, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_str(&format_args!("{v:#06x}"))
+}
+
+/// Class codes print as sysfs shows them, `0x030200`.
+fn hex6<S: serde::Serializer>(v: &u32, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_str(&format_args!("{v:#08x}"))
 }
 
 fn invalid(path: &Path, reason: impl Into<String>) -> Error {
