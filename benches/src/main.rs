@@ -9,6 +9,7 @@ mod register;
 mod topology;
 mod transfer;
 mod umbp;
+mod util;
 
 #[derive(Parser)]
 #[command(name = "te-bench", version, about = "Transfer engine benchmarks")]

@@ -15,6 +15,7 @@ pub struct TransferEngineBuilder {
     env: Arc<dyn Env>,
     phase_timing: Option<bool>,
     only: Option<Vec<String>>,
+    custom: Vec<Arc<dyn Transport>>,
 }
 
 impl Default for TransferEngineBuilder {
@@ -32,6 +33,7 @@ impl TransferEngineBuilder {
             env: Arc::new(ProcessEnv),
             phase_timing: None,
             only: None,
+            custom: Vec::new(),
         }
     }
 
@@ -67,6 +69,13 @@ impl TransferEngineBuilder {
         S: Into<String>,
     {
         self.only = Some(names.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Adds a transport built outside the engine (an out-of-tree backend, or a test double). It
+    /// is preferred over the compiled-in ones.
+    pub fn with_transport(mut self, transport: Arc<dyn Transport>) -> Self {
+        self.custom.push(transport);
         self
     }
 
@@ -111,8 +120,15 @@ impl TransferEngineBuilder {
             env: env.clone(),
             segment_name: name.clone(),
         };
-        let mut transports: Vec<Arc<dyn Transport>> = Vec::new();
-        let mut statuses = Vec::new();
+        let mut statuses: Vec<TransportStatus> = self
+            .custom
+            .iter()
+            .map(|t| TransportStatus {
+                name: t.name().to_string(),
+                unavailable: None,
+            })
+            .collect();
+        let mut transports: Vec<Arc<dyn Transport>> = self.custom;
         for (tname, result) in crate::install::install_all(&ctx, only.as_deref()).await {
             match result {
                 Ok(t) => {

@@ -26,7 +26,7 @@ mod registry;
 
 pub use builder::TransferEngineBuilder;
 pub use engine::{RawRegion, SegmentHandle, TransferEngine, TransferError, TransportStatus};
-pub use install::COMPILED_TRANSPORTS;
+pub use install::{device_plugins, PluginStatus, COMPILED_TRANSPORTS};
 pub use metrics::MetricsSnapshot;
 pub use registration::{RegisterOptions, Registration};
 

@@ -1,0 +1,436 @@
+//! Metadata in etcd (cargo feature `etcd`).
+//!
+//! - Descriptors live under `<prefix>/segments/<name>`; the prefix (`TE_ETCD_PREFIX`, default
+//!   `/transfer-engine/default`) separates clusters sharing one etcd.
+//! - Every key this store writes is attached to its lease (`TE_ETCD_LEASE_TTL_S`, default 10 s),
+//!   kept alive from a background task: when the engine dies, its segments disappear once the
+//!   lease runs out. A lease that expired anyway (etcd unreachable for longer than the TTL) is
+//!   granted anew and the descriptors are written again.
+//! - A watch on the prefix keeps a cache of every descriptor current, so a restarted peer's new
+//!   descriptor (new `instance`) is picked up without polling; [`EtcdStore::subscribe`] reports
+//!   each change. Fetches are served from the cache while the watch is live, from etcd otherwise.
+//!
+//! Every descriptor read from etcd is validated; a malformed one is an error for that segment only.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
+use parking_lot::RwLock;
+use te_base::config::{parse_var, Env};
+use te_base::{Error, MetadataStore, Result, SegmentDescriptor};
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+
+/// Default key prefix.
+pub const DEFAULT_PREFIX: &str = "/transfer-engine/default";
+/// Default lease time-to-live in seconds.
+pub const DEFAULT_LEASE_TTL_S: i64 = 10;
+/// Default timeout of one etcd call.
+pub const DEFAULT_TIMEOUT_MS: u64 = 5000;
+
+/// Settings of the etcd store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdConfig {
+    /// `TE_ETCD_ENDPOINTS`: comma-separated `host:port` or `http://host:port` endpoints.
+    pub endpoints: Vec<String>,
+    /// `TE_ETCD_PREFIX`: key prefix (cluster id); no trailing slash.
+    pub prefix: String,
+    /// `TE_ETCD_LEASE_TTL_S`: lease time-to-live in seconds (2..=3600).
+    pub lease_ttl_s: i64,
+    /// `TE_ETCD_TIMEOUT_MS`: timeout of one etcd call.
+    pub timeout: Duration,
+}
+
+impl EtcdConfig {
+    /// Settings for `endpoints` with default prefix, TTL and timeout.
+    pub fn new(endpoints: Vec<String>) -> Self {
+        EtcdConfig {
+            endpoints,
+            prefix: DEFAULT_PREFIX.into(),
+            lease_ttl_s: DEFAULT_LEASE_TTL_S,
+            timeout: Duration::from_millis(DEFAULT_TIMEOUT_MS),
+        }
+    }
+
+    /// Reads `TE_ETCD_*`. `TE_ETCD_ENDPOINTS` is required.
+    pub fn from_env(env: &dyn Env) -> Result<Self> {
+        let raw = env
+            .get("TE_ETCD_ENDPOINTS")
+            .ok_or_else(|| Error::config("TE_ETCD_ENDPOINTS", "", "not set (expected host:port[,host:port...])"))?;
+        let endpoints: Vec<String> = raw.split(',').map(str::to_string).collect();
+        if endpoints.iter().any(|e| e.is_empty() || e.trim() != e) {
+            return Err(Error::config("TE_ETCD_ENDPOINTS", raw, "empty or padded endpoint in the list"));
+        }
+        let mut c = EtcdConfig::new(endpoints);
+        if let Some(prefix) = parse_var::<String>(env, "TE_ETCD_PREFIX")? {
+            if !prefix.starts_with('/') || prefix.ends_with('/') {
+                return Err(Error::config(
+                    "TE_ETCD_PREFIX",
+                    prefix,
+                    "must start with '/' and not end with '/'",
+                ));
+            }
+            c.prefix = prefix;
+        }
+        if let Some(ttl) = parse_var::<i64>(env, "TE_ETCD_LEASE_TTL_S")? {
+            if !(2..=3600).contains(&ttl) {
+                return Err(Error::config("TE_ETCD_LEASE_TTL_S", ttl.to_string(), "must be 2..=3600"));
+            }
+            c.lease_ttl_s = ttl;
+        }
+        if let Some(ms) = parse_var::<u64>(env, "TE_ETCD_TIMEOUT_MS")? {
+            if ms == 0 {
+                return Err(Error::config("TE_ETCD_TIMEOUT_MS", "0", "must be at least 1"));
+            }
+            c.timeout = Duration::from_millis(ms);
+        }
+        Ok(c)
+    }
+}
+
+/// A change seen by the watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SegmentEvent {
+    /// A descriptor was published or replaced (the instance it now has).
+    Published {
+        /// Segment name.
+        name: String,
+        /// The new descriptor's instance.
+        instance: u64,
+    },
+    /// A descriptor was removed or its owner's lease expired.
+    Removed {
+        /// Segment name.
+        name: String,
+    },
+}
+
+struct Shared {
+    client: Client,
+    config: EtcdConfig,
+    lease: AtomicI64,
+    /// Descriptors this store published, rewritten if the lease had to be renewed.
+    own: RwLock<HashMap<String, String>>,
+    cache: RwLock<HashMap<String, SegmentDescriptor>>,
+    watch_live: AtomicBool,
+    events: broadcast::Sender<SegmentEvent>,
+}
+
+/// The etcd metadata store of one engine.
+pub struct EtcdStore {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("config", &self.shared.config)
+            .field("lease", &self.shared.lease.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+fn etcd_err(what: &str, e: etcd_client::Error) -> Error {
+    Error::Metadata(format!("etcd: {what}: {e}"))
+}
+
+impl Shared {
+    fn key(&self, name: &str) -> String {
+        format!("{}/segments/{name}", self.config.prefix)
+    }
+
+    fn segments_prefix(&self) -> String {
+        format!("{}/segments/", self.config.prefix)
+    }
+
+    async fn timed<T>(
+        &self,
+        what: &str,
+        f: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.config.timeout, f).await {
+            Ok(r) => r.map_err(|e| etcd_err(what, e)),
+            Err(_) => Err(Error::Timeout {
+                what: format!("etcd: {what}"),
+                after_ms: self.config.timeout.as_millis() as u64,
+            }),
+        }
+    }
+
+    async fn put(&self, name: &str, json: &str) -> Result<()> {
+        let opts = PutOptions::new().with_lease(self.lease.load(Ordering::Acquire));
+        let mut c = self.client.clone();
+        self.timed(&format!("put {name}"), c.put(self.key(name), json, Some(opts)))
+            .await
+            .map(|_| ())
+    }
+
+    /// Applies one watched or listed key-value to the cache.
+    fn apply(&self, key: &[u8], value: Option<&[u8]>) {
+        let prefix = self.segments_prefix();
+        let Some(name) = std::str::from_utf8(key).ok().and_then(|k| k.strip_prefix(&prefix)) else {
+            return;
+        };
+        let event = match value.map(SegmentDescriptor::from_json) {
+            Some(Ok(d)) if d.name == name => {
+                let instance = d.instance;
+                self.cache.write().insert(name.to_string(), d);
+                SegmentEvent::Published {
+                    name: name.to_string(),
+                    instance,
+                }
+            }
+            Some(Ok(_)) | Some(Err(_)) => {
+                // Malformed or misfiled: forget it; a fetch reports why.
+                tracing::warn!("etcd: ignoring an invalid descriptor under {name}");
+                self.cache.write().remove(name);
+                return;
+            }
+            None => {
+                self.cache.write().remove(name);
+                SegmentEvent::Removed { name: name.to_string() }
+            }
+        };
+        let _ = self.events.send(event);
+    }
+}
+
+impl EtcdStore {
+    /// Connects, takes a lease and starts the keep-alive and watch tasks on the current runtime.
+    pub async fn connect(config: EtcdConfig) -> Result<EtcdStore> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(config.timeout)
+            .with_timeout(config.timeout);
+        let endpoints = config.endpoints.clone();
+        let client = match tokio::time::timeout(config.timeout, Client::connect(&endpoints, Some(opts))).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(etcd_err(&format!("connecting to {endpoints:?}"), e)),
+            Err(_) => {
+                return Err(Error::Timeout {
+                    what: format!("etcd: connecting to {endpoints:?}"),
+                    after_ms: config.timeout.as_millis() as u64,
+                })
+            }
+        };
+        let (events, _) = broadcast::channel(1024);
+        let shared = Arc::new(Shared {
+            client,
+            config,
+            lease: AtomicI64::new(0),
+            own: RwLock::new(HashMap::new()),
+            cache: RwLock::new(HashMap::new()),
+            watch_live: AtomicBool::new(false),
+            events,
+        });
+        let mut c = shared.client.clone();
+        let lease = shared
+            .timed("granting a lease", c.lease_grant(shared.config.lease_ttl_s, None))
+            .await?;
+        shared.lease.store(lease.id(), Ordering::Release);
+        // Fill the cache and start watching from the listing's revision, so no change is missed.
+        let revision = list_into_cache(&shared).await?;
+        let watch = tokio::spawn(watch_loop(shared.clone(), revision));
+        let keep = tokio::spawn(keep_alive_loop(shared.clone()));
+        Ok(EtcdStore {
+            shared,
+            tasks: vec![watch, keep],
+        })
+    }
+
+    /// Connects with settings from `TE_ETCD_*`.
+    pub async fn from_env(env: &dyn Env) -> Result<EtcdStore> {
+        EtcdStore::connect(EtcdConfig::from_env(env)?).await
+    }
+
+    /// Changes to descriptors under the prefix, as the watch sees them.
+    pub fn subscribe(&self) -> broadcast::Receiver<SegmentEvent> {
+        self.shared.events.subscribe()
+    }
+
+    /// The lease this store's keys are attached to.
+    pub fn lease_id(&self) -> i64 {
+        self.shared.lease.load(Ordering::Acquire)
+    }
+
+    /// Stops the background tasks and revokes the lease: this store's segments disappear now
+    /// rather than when the lease runs out.
+    pub async fn close(mut self) -> Result<()> {
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+        let id = self.lease_id();
+        let mut c = self.shared.client.clone();
+        self.shared.timed("revoking the lease", c.lease_revoke(id)).await.map(|_| ())
+    }
+}
+
+impl Drop for EtcdStore {
+    /// Stops keeping the lease alive; the segments disappear when it runs out (as if the
+    /// process died). Use [`EtcdStore::close`] to remove them at once.
+    fn drop(&mut self) {
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+async fn list_into_cache(shared: &Shared) -> Result<i64> {
+    let mut c = shared.client.clone();
+    let resp = shared
+        .timed(
+            "listing segments",
+            c.get(shared.segments_prefix(), Some(GetOptions::new().with_prefix())),
+        )
+        .await?;
+    shared.cache.write().clear();
+    for kv in resp.kvs() {
+        shared.apply(kv.key(), Some(kv.value()));
+    }
+    Ok(resp.header().map(|h| h.revision()).unwrap_or(0))
+}
+
+async fn watch_loop(shared: Arc<Shared>, mut revision: i64) {
+    loop {
+        let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
+        let mut c = shared.client.clone();
+        match c.watch(shared.segments_prefix(), Some(opts)).await {
+            Ok(mut stream) => {
+                shared.watch_live.store(true, Ordering::Release);
+                while let Ok(Some(resp)) = stream.message().await {
+                    if resp.canceled() {
+                        break;
+                    }
+                    for ev in resp.events() {
+                        let Some(kv) = ev.kv() else { continue };
+                        revision = revision.max(kv.mod_revision());
+                        match ev.event_type() {
+                            EventType::Put => shared.apply(kv.key(), Some(kv.value())),
+                            EventType::Delete => shared.apply(kv.key(), None),
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("etcd: watch failed: {e}"),
+        }
+        // The watch broke (etcd restarted, compaction...): serve fetches from etcd until it is
+        // re-established, and re-list so the cache holds no stale entry.
+        shared.watch_live.store(false, Ordering::Release);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if let Ok(r) = list_into_cache(&shared).await {
+            revision = r;
+        }
+    }
+}
+
+async fn keep_alive_loop(shared: Arc<Shared>) {
+    let period = Duration::from_millis((shared.config.lease_ttl_s as u64 * 1000) / 3);
+    loop {
+        let id = shared.lease.load(Ordering::Acquire);
+        let mut c = shared.client.clone();
+        let alive = match c.lease_keep_alive(id).await {
+            Ok((mut keeper, mut stream)) => loop {
+                if keeper.keep_alive().await.is_err() {
+                    break true;
+                }
+                match stream.message().await {
+                    Ok(Some(r)) if r.ttl() > 0 => tokio::time::sleep(period).await,
+                    Ok(Some(_)) => break false,
+                    _ => break true,
+                }
+            },
+            Err(_) => true,
+        };
+        if !alive {
+            // The lease expired (etcd was out of reach too long): take a new one and write our
+            // descriptors again.
+            if let Ok(l) = shared.timed("granting a lease", c.lease_grant(shared.config.lease_ttl_s, None)).await {
+                shared.lease.store(l.id(), Ordering::Release);
+                let own: Vec<(String, String)> =
+                    shared.own.read().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                for (name, json) in own {
+                    let _ = shared.put(&name, &json).await;
+                }
+            }
+        }
+        tokio::time::sleep(period.min(Duration::from_secs(1))).await;
+    }
+}
+
+#[async_trait]
+impl MetadataStore for EtcdStore {
+    fn name(&self) -> &'static str {
+        "etcd"
+    }
+
+    async fn publish(&self, descriptor: &SegmentDescriptor) -> Result<()> {
+        descriptor.validate()?;
+        let json = descriptor.to_json();
+        self.shared.put(&descriptor.name, &json).await?;
+        self.shared.own.write().insert(descriptor.name.clone(), json);
+        Ok(())
+    }
+
+    async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
+        if self.shared.watch_live.load(Ordering::Acquire) {
+            if let Some(d) = self.shared.cache.read().get(name) {
+                return Ok(d.clone());
+            }
+        }
+        let mut c = self.shared.client.clone();
+        let resp = self
+            .shared
+            .timed(&format!("get {name}"), c.get(self.shared.key(name), None))
+            .await?;
+        let kv = resp.kvs().first().ok_or_else(|| Error::UnknownSegment(name.to_string()))?;
+        let d = SegmentDescriptor::from_json(kv.value())?;
+        if d.name != name {
+            return Err(Error::InvalidDescriptor(format!(
+                "etcd key of '{name}' holds segment '{}'",
+                d.name
+            )));
+        }
+        Ok(d)
+    }
+
+    async fn remove(&self, name: &str) -> Result<()> {
+        self.shared.own.write().remove(name);
+        let mut c = self.shared.client.clone();
+        self.shared
+            .timed(&format!("delete {name}"), c.delete(self.shared.key(name), None))
+            .await
+            .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use te_base::config::MapEnv;
+
+    #[test]
+    fn config_is_strict() {
+        let c = EtcdConfig::from_env(&MapEnv::new([("TE_ETCD_ENDPOINTS", "127.0.0.1:2379,10.0.0.1:2379")])).unwrap();
+        assert_eq!(c.endpoints.len(), 2);
+        assert_eq!(c.prefix, DEFAULT_PREFIX);
+        assert!(EtcdConfig::from_env(&MapEnv::default())
+            .unwrap_err()
+            .to_string()
+            .contains("TE_ETCD_ENDPOINTS"));
+        for (var, bad) in [
+            ("TE_ETCD_PREFIX", "no-slash"),
+            ("TE_ETCD_PREFIX", "/trailing/"),
+            ("TE_ETCD_LEASE_TTL_S", "1"),
+            ("TE_ETCD_TIMEOUT_MS", "0"),
+        ] {
+            let env = MapEnv::new([("TE_ETCD_ENDPOINTS", "127.0.0.1:2379"), (var, bad)]);
+            assert!(EtcdConfig::from_env(&env).unwrap_err().to_string().contains(var), "{var}={bad}");
+        }
+        let env = MapEnv::new([("TE_ETCD_ENDPOINTS", "a:1,,b:2")]);
+        assert!(EtcdConfig::from_env(&env).is_err());
+    }
+}

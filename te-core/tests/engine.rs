@@ -1,0 +1,300 @@
+//! Engine behaviour through the public API: moving bytes, and every bad input of DESIGN.md
+//! section 7 answered with a typed error that names it.
+
+use std::sync::Arc;
+
+use te_core::config::MapEnv;
+use te_core::{
+    Error, HostBufferOptions, MemoryLocation, RegisterOptions, RequestStatus, TransferEngine, TransferError,
+    TransferRequest,
+};
+
+mod common;
+use common::ManualTransport;
+
+async fn engine(name: &str) -> TransferEngine {
+    TransferEngine::builder()
+        .segment_name(name)
+        .transports(["local"])
+        .build()
+        .await
+        .expect("engine")
+}
+
+fn opts() -> HostBufferOptions {
+    HostBufferOptions::default()
+}
+
+#[tokio::test]
+async fn moves_bytes_between_two_engines() {
+    let a = engine("mv-a").await;
+    let b = engine("mv-b").await;
+    let src = a.allocate(1 << 20, opts()).await.unwrap();
+    let back = a.allocate(1 << 20, opts()).await.unwrap();
+    let dst = b.allocate(1 << 20, opts()).await.unwrap();
+    let data: Vec<u8> = (0..1 << 20).map(|i| (i * 7 % 251) as u8).collect();
+    src.write_at(0, &data).unwrap();
+    let seg = a.open_segment("mv-b").await.unwrap();
+    assert_eq!(seg.buffers().len(), 1);
+    let reqs: Vec<TransferRequest> = (0..256u64)
+        .map(|i| TransferRequest::write(src.addr() + i * 4096, seg.id(), dst.addr() + i * 4096, 4096))
+        .collect();
+    let report = a.transfer(&reqs).await.unwrap();
+    assert_eq!(report.bytes, 1 << 20);
+    let reads: Vec<TransferRequest> = (0..16u64)
+        .map(|i| TransferRequest::read(back.addr() + i * 65536, seg.id(), dst.addr() + i * 65536, 65536))
+        .collect();
+    a.transfer(&reads).await.unwrap();
+    let mut out = vec![0u8; 1 << 20];
+    back.read_at(0, &mut out).unwrap();
+    assert_eq!(out, data);
+    let m = a.metrics();
+    assert_eq!((m.batches, m.requests, m.bytes), (2, 272, 2 << 20));
+}
+
+#[tokio::test]
+async fn malformed_requests_are_refused_with_what_was_wrong() {
+    let a = engine("bad-a").await;
+    let b = engine("bad-b").await;
+    let src = a.allocate(8192, opts()).await.unwrap();
+    let dst = b.allocate(8192, opts()).await.unwrap();
+    let seg = a.open_segment("bad-b").await.unwrap();
+    let id = seg.id();
+    let ok = TransferRequest::write(src.addr(), id, dst.addr(), 16);
+    let check = |reqs: &[TransferRequest]| a.submit(reqs).map(|_| ()).unwrap_err();
+
+    assert!(matches!(
+        check(&[ok, TransferRequest { len: 0, ..ok }]),
+        Error::ZeroLength { index: 1 }
+    ));
+    assert!(matches!(
+        check(&[TransferRequest { local_addr: 0x10, ..ok }]),
+        Error::Unregistered { .. }
+    ));
+    assert!(matches!(
+        check(&[TransferRequest { len: 8193, ..ok }]),
+        Error::PartlyRegistered { .. }
+    ));
+    assert!(matches!(
+        check(&[TransferRequest {
+            remote_addr: dst.addr() + 8190,
+            ..ok
+        }]),
+        Error::OutOfBounds { .. }
+    ));
+    assert!(matches!(
+        check(&[TransferRequest {
+            remote_addr: dst.addr() + 8192,
+            ..ok
+        }]),
+        Error::OutOfBounds { .. }
+    ));
+    assert!(matches!(
+        check(&[TransferRequest {
+            remote_addr: u64::MAX - 4,
+            ..ok
+        }]),
+        Error::LengthOverflow { .. }
+    ));
+    assert!(matches!(
+        check(&[TransferRequest {
+            local_addr: u64::MAX - 4,
+            ..ok
+        }]),
+        Error::LengthOverflow { .. }
+    ));
+    assert!(matches!(
+        check(&[TransferRequest {
+            segment: te_core::SegmentId(99),
+            ..ok
+        }]),
+        Error::UnknownSegment(_)
+    ));
+    // Nothing of a refused batch started.
+    let mut probe = [0u8; 16];
+    dst.read_at(0, &mut probe).unwrap();
+    assert_eq!(probe, [0u8; 16]);
+    assert!(matches!(
+        a.open_segment("no-such-segment").await,
+        Err(Error::UnknownSegment(_))
+    ));
+}
+
+#[tokio::test]
+async fn unexported_memory_is_not_in_the_descriptor_and_cannot_be_targeted() {
+    let a = engine("unexp-a").await;
+    let b = engine("unexp-b").await;
+    let src = a.allocate(4096, opts()).await.unwrap();
+    let hidden = b
+        .allocate_with(4096, opts(), RegisterOptions::local_only())
+        .await
+        .unwrap();
+    let seg = a.open_segment("unexp-b").await.unwrap();
+    assert!(seg.buffers().is_empty());
+    let err = a
+        .submit(&[TransferRequest::write(src.addr(), seg.id(), hidden.addr(), 16)])
+        .unwrap_err();
+    assert!(matches!(err, Error::OutOfBounds { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn overlapping_and_empty_registrations_are_refused() {
+    let a = engine("ovl").await;
+    let r = a.allocate(8192, opts()).await.unwrap();
+    // SAFETY: the range lies inside `r`, which outlives the attempt; it is refused anyway.
+    let err = unsafe { a.register_raw(r.addr() + 4096, 8192, MemoryLocation::HOST, RegisterOptions::default()) }
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::AlreadyRegistered { .. }), "{err}");
+    // SAFETY: zero-length registration is refused before the memory is looked at.
+    let err = unsafe { a.register_raw(r.addr(), 0, MemoryLocation::HOST, RegisterOptions::default()) }
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::ZeroLength { .. }));
+    // SAFETY: the null address is refused before use.
+    let err = unsafe { a.register_raw(0, 16, MemoryLocation::HOST, RegisterOptions::default()) }
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NullAddress));
+}
+
+#[tokio::test]
+async fn device_memory_without_a_plugin_is_a_typed_error() {
+    let a = engine("dev").await;
+    // SAFETY: the address is never dereferenced: no transport serves CUDA memory in this build.
+    let err = unsafe {
+        a.register_raw(
+            0x7000_0000,
+            4096,
+            MemoryLocation::Cuda { device: 0 },
+            RegisterOptions::default(),
+        )
+    }
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::NoTransport { .. }), "{err}");
+    assert!(err.to_string().contains("cuda:0"), "{err}");
+}
+
+#[tokio::test]
+async fn malformed_configuration_names_the_variable() {
+    for (var, value) in [
+        ("TE_PHASE_TIMING", "maybe"),
+        ("TE_TRANSPORTS", "warp-drive"),
+        ("TE_COPY_THREADS", "0"),
+        ("TE_COPY_THREADS", "2x"),
+    ] {
+        let env = MapEnv::new([(var, value)]);
+        let err = TransferEngine::builder()
+            .segment_name("cfg")
+            .env(Arc::new(env))
+            .build()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Config { .. }), "{var}={value}: {err}");
+        assert!(err.to_string().contains(var), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn phase_timing_is_off_by_default_and_counts_calls_when_on() {
+    let off = engine("pt-off").await;
+    assert!(off.phase_report().is_none());
+    let on = TransferEngine::builder()
+        .segment_name("pt-on")
+        .phase_timing(true)
+        .build()
+        .await
+        .unwrap();
+    let s = on.allocate(8192, opts()).await.unwrap();
+    let d = on.allocate(8192, opts()).await.unwrap();
+    let me = on.open_segment("pt-on").await.unwrap();
+    on.transfer(&[TransferRequest::write(s.addr(), me.id(), d.addr(), 4096)])
+        .await
+        .unwrap();
+    let r = on.phase_report().unwrap();
+    assert_eq!((r.calls, r.items), (1, 1));
+}
+
+#[tokio::test]
+async fn deregistration_is_refused_while_in_flight_and_drop_defers_it() {
+    let manual = ManualTransport::new();
+    let a = TransferEngine::builder()
+        .segment_name("inflight")
+        .transports(Vec::<String>::new())
+        .with_transport(manual.clone())
+        .build()
+        .await
+        .unwrap();
+    let src = a.allocate(4096, opts()).await.unwrap();
+    let dst = a.allocate(4096, opts()).await.unwrap();
+    src.write_at(0, &[7u8; 64]).unwrap();
+    let me = a.open_segment("inflight").await.unwrap();
+    let batch = a
+        .submit(&[TransferRequest::write(src.addr(), me.id(), dst.addr(), 64)])
+        .unwrap();
+    assert!(!batch.is_complete());
+    assert!(matches!(src.deregister().await, Err(Error::InFlight { .. })));
+    // Dropping the source while in flight: new transfers using it are refused at once and it
+    // leaves the descriptor, but it stays registered (and its memory valid) until the batch
+    // completes.
+    let src_addr = src.addr();
+    drop(src);
+    let err = a
+        .submit(&[TransferRequest::write(src_addr, me.id(), dst.addr(), 64)])
+        .unwrap_err();
+    assert!(matches!(err, Error::Unregistered { .. }), "{err}");
+    assert!(!a.descriptor().buffers.iter().any(|b| b.base == src_addr));
+    assert!(
+        manual.registered().contains(&src_addr),
+        "deregistered from the transport while in flight"
+    );
+    manual.complete_all();
+    batch.wait().await.unwrap();
+    assert!(matches!(batch.status(0), Some(RequestStatus::Done { bytes: 64 })));
+    let mut out = [0u8; 64];
+    dst.read_at(0, &mut out).unwrap();
+    assert_eq!(out, [7u8; 64], "the in-flight copy read valid memory");
+    assert!(
+        !manual.registered().contains(&src_addr),
+        "dropped region still registered after completion"
+    );
+    dst.deregister().await.unwrap();
+    assert!(!manual.registered().contains(&dst.addr()));
+}
+
+#[tokio::test]
+async fn failed_requests_do_not_disturb_the_others() {
+    let manual = ManualTransport::new();
+    let a = TransferEngine::builder()
+        .segment_name("partial")
+        .transports(Vec::<String>::new())
+        .with_transport(manual.clone())
+        .build()
+        .await
+        .unwrap();
+    let src = a.allocate(8192, opts()).await.unwrap();
+    let dst = a.allocate(8192, opts()).await.unwrap();
+    src.write_at(0, &[5u8; 8192]).unwrap();
+    let me = a.open_segment("partial").await.unwrap();
+    let reqs: Vec<TransferRequest> = (0..4u64)
+        .map(|i| TransferRequest::write(src.addr() + i * 1024, me.id(), dst.addr() + i * 1024, 1024))
+        .collect();
+    let batch = a.submit(&reqs).unwrap();
+    manual.fail_index(2);
+    manual.complete_all();
+    let err = batch.wait().await.unwrap_err();
+    assert_eq!(err.progress.done, 3);
+    assert_eq!(err.failures.len(), 1);
+    assert_eq!(err.failures[0].0, 2);
+    let mut out = vec![0u8; 4096];
+    dst.read_at(0, &mut out).unwrap();
+    assert!(
+        out[..2048].iter().all(|&b| b == 5)
+            && out[2048..3072].iter().all(|&b| b == 0)
+            && out[3072..].iter().all(|&b| b == 5)
+    );
+    let e = a.transfer(&reqs[..1]);
+    manual.complete_all_later();
+    assert!(!matches!(e.await, Err(TransferError::Refused(_))));
+}
