@@ -140,6 +140,35 @@ pub enum StoreError {
         len: u64,
     },
 
+    /// Data: the caller's buffer is shorter than the object.
+    #[error("key {key:?}: object of {need} bytes does not fit the {have}-byte buffer")]
+    BufferTooSmall {
+        /// The key.
+        key: String,
+        /// Object length.
+        need: u64,
+        /// Buffer length.
+        have: u64,
+    },
+
+    /// Data: another put of the same key is still copying in.
+    #[error("key {key:?}: another put of this key is in progress")]
+    WriteConflict {
+        /// The key.
+        key: String,
+    },
+
+    /// Data: the object needs more staging memory than one slot has (`UMBP_SSD_STAGING_BYTES`).
+    #[error("key {key:?}: {need} bytes of SSD staging needed, one slot holds {limit} (raise UMBP_SSD_STAGING_BYTES)")]
+    TooLarge {
+        /// The key.
+        key: String,
+        /// Staging bytes needed.
+        need: u64,
+        /// Bytes of one slot.
+        limit: u64,
+    },
+
     /// An I/O error of the SSD tier, with what was being done.
     #[error("{context}: {source}")]
     Io {

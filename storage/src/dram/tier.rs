@@ -29,6 +29,9 @@ pub struct DramEntry {
     pub ready: bool,
     /// Identifies the put that created it.
     pub generation: u64,
+    /// True when the SSD tier holds this same version (written through, or promoted from it):
+    /// demoting it needs no write.
+    pub on_ssd: bool,
 }
 
 /// Why a reservation failed.
@@ -135,6 +138,7 @@ impl DramState {
             last_access: AtomicU64::new(0),
             ready: false,
             generation,
+            on_ssd: false,
         };
         self.runs = runs;
         if let Some(old) = self.map.insert(Arc::from(key), entry) {
@@ -143,14 +147,16 @@ impl DramState {
         Ok(generation)
     }
 
-    /// Publishes (`ok`) or drops the entry reserved for `key` by `generation`.
-    pub fn commit(&mut self, key: &str, generation: u64, ok: bool, now: u64) {
+    /// Publishes (`ok`) or drops the entry reserved for `key` by `generation`; `on_ssd` says the
+    /// SSD tier holds the same bytes.
+    pub fn commit(&mut self, key: &str, generation: u64, ok: bool, now: u64, on_ssd: bool) {
         let Some(e) = self.map.get_mut(key) else { return };
         if e.generation != generation {
             return;
         }
         if ok {
             e.ready = true;
+            e.on_ssd = on_ssd;
             e.last_access.store(now, Ordering::Relaxed);
         } else if let Some(old) = self.map.remove(key) {
             self.free_runs(&old);
@@ -221,7 +227,7 @@ mod tests {
 
     fn put(s: &mut DramState, key: &str, len: u64, depth: u32, now: u64) {
         let g = s.reserve(key, len, depth).unwrap();
-        s.commit(key, g, true, now);
+        s.commit(key, g, true, now, false);
     }
 
     #[test]
@@ -234,7 +240,7 @@ mod tests {
         let mut v = Vec::new();
         s.victims(EvictionPolicy::Lru, u64::MAX, &mut v);
         assert!(v.is_empty(), "a pending entry is never a victim");
-        s.commit("a", g, true, 1);
+        s.commit("a", g, true, 1, false);
         let e = s.get("a").unwrap();
         assert_eq!(e.extents.iter().map(|x| x.len).sum::<u64>(), 5000);
         assert_eq!(s.used(), 8192);
@@ -246,7 +252,7 @@ mod tests {
     fn failed_commit_frees_and_replacement_reuses() {
         let mut s = state();
         let g = s.reserve("a", 4096, 0).unwrap();
-        s.commit("a", g, false, 1);
+        s.commit("a", g, false, 1, false);
         assert!(s.is_empty());
         assert_eq!(s.used(), 0);
         put(&mut s, "a", 4096, 0, 1);

@@ -26,6 +26,7 @@ use super::record::{
     HeaderFields, BLOCK, FLAG_DEAD,
 };
 use crate::error::{Result, StoreError, Tier};
+use crate::range_map::Extent;
 
 /// Settings of the SSD tier.
 #[derive(Debug, Clone)]
@@ -118,8 +119,7 @@ impl std::fmt::Debug for SsdLog {
     }
 }
 
-/// One object to append: its key, size and depth hint. Its payload must be in staging at
-/// [`AppendPlan::payload_offset`] before [`SsdLog::commit_append`].
+/// One object to append: its key, size and depth hint.
 #[derive(Debug, Clone, Copy)]
 pub struct AppendItem<'a> {
     /// Key.
@@ -128,24 +128,6 @@ pub struct AppendItem<'a> {
     pub len: u64,
     /// Depth hint.
     pub depth: u32,
-}
-
-/// Where each appended record sits in staging, grouped by directory.
-#[derive(Debug, Default)]
-pub struct AppendPlan {
-    /// Per item: (directory, record offset in staging).
-    slots: Vec<(u16, u64)>,
-    /// Per directory: item indices in staging order.
-    by_dir: Vec<Vec<usize>>,
-    /// Staging bytes needed.
-    pub staging_len: u64,
-}
-
-impl AppendPlan {
-    /// Staging offset where item `i`'s payload goes.
-    pub fn payload_offset(&self, items: &[AppendItem<'_>], i: usize) -> u64 {
-        self.slots[i].1 + header_len(items[i].key.len(), items[i].len)
-    }
 }
 
 /// A span of payload blocks of one record to read into staging.
@@ -383,55 +365,44 @@ impl SsdLog {
         self.index.read().contains_key(key)
     }
 
-    /// Lays out `items` in staging, grouped by directory (chosen by key hash).
-    pub fn plan_append(&self, items: &[AppendItem<'_>]) -> AppendPlan {
-        let mut plan = AppendPlan {
-            slots: Vec::with_capacity(items.len()),
-            by_dir: vec![Vec::new(); self.dirs.len()],
-            staging_len: 0,
-        };
-        for (i, it) in items.iter().enumerate() {
-            let d = (crc32c::crc32c(it.key.as_bytes()) as usize % self.dirs.len()) as u16;
-            plan.by_dir[d as usize].push(i);
-            plan.slots.push((d, 0));
-        }
-        let mut at = 0u64;
-        for list in &plan.by_dir {
-            for &i in list {
-                plan.slots[i].1 = at;
-                at += record_len(items[i].key.len(), items[i].len);
-            }
-        }
-        plan.staging_len = at;
-        plan
+    /// The directory a key's records go to.
+    fn dir_of(&self, key: &str) -> usize {
+        crc32c::crc32c(key.as_bytes()) as usize % self.dirs.len()
     }
 
-    /// Writes the records planned by `plan` (payloads already in `staging`): pads, checksums,
-    /// writes each directory's records with one write per segment touched, then publishes them
-    /// in the index and marks the records they replace dead. Per-item results.
+    /// Appends one record per item, its payload taken from memory `payloads[i]` (extents in
+    /// object order). Checksums every block, writes each directory's records while holding that
+    /// directory's lock (one lock each, in order), then publishes them in the index and marks the
+    /// records they replace dead. Per-item results.
     ///
     /// # Safety
     ///
-    /// `staging` must be valid for reads and writes of `plan.staging_len` bytes, 4 KiB-aligned, and
-    /// not used by anyone else until this returns.
-    pub unsafe fn commit_append(
-        &self,
-        items: &[AppendItem<'_>],
-        plan: &AppendPlan,
-        staging: *mut u8,
-    ) -> Vec<Result<()>> {
+    /// Every payload extent must be 4 KiB-aligned and readable, rounded up to whole 4 KiB blocks
+    /// (the bytes past the object are written as padding), and unchanged until this returns.
+    pub unsafe fn append(&self, items: &[AppendItem<'_>], payloads: &[&[Extent]]) -> Vec<Result<()>> {
         let mut results: Vec<Result<()>> = (0..items.len()).map(|_| Ok(())).collect();
-        // SAFETY: the caller guarantees `staging` covers `plan.staging_len` bytes exclusively.
-        let stage = unsafe { std::slice::from_raw_parts_mut(staging, plan.staging_len as usize) };
-        let mut crcs = Vec::new();
+        // Headers of the whole call in one aligned buffer.
+        let mut header_at = Vec::with_capacity(items.len());
+        let mut total = 0u64;
+        for it in items {
+            header_at.push(total);
+            total += header_len(it.key.len(), it.len);
+        }
+        let mut headers = AlignedBuf::new(total as usize);
         let mut seqs = Vec::with_capacity(items.len());
+        let mut all_crcs: Vec<Arc<[u32]>> = Vec::with_capacity(items.len());
+        let mut crcs = Vec::new();
         for (i, it) in items.iter().enumerate() {
-            let rec = plan.slots[i].1 as usize;
-            let hl = header_len(it.key.len(), it.len) as usize;
-            let padded = align_up(it.len) as usize;
-            let payload = &mut stage[rec + hl..rec + hl + padded];
-            payload[it.len as usize..].fill(0);
-            block_crcs(payload, &mut crcs);
+            crcs.clear();
+            let mut left = align_up(it.len);
+            for e in payloads[i] {
+                let n = align_up(e.len).min(left);
+                // SAFETY: per the contract the extent is readable rounded up to whole blocks.
+                let bytes = unsafe { std::slice::from_raw_parts(e.addr as *const u8, n as usize) };
+                crcs.extend(bytes.chunks(BLOCK as usize).map(crc32c::crc32c));
+                left -= n;
+            }
+            debug_assert_eq!(left, 0);
             let seq = self.seq.fetch_add(1, Ordering::Relaxed);
             seqs.push(seq);
             let f = HeaderFields {
@@ -442,114 +413,120 @@ impl SsdLog {
                 key: it.key,
                 block_crcs: &crcs,
             };
-            encode_header(&f, &mut stage[rec..rec + hl]);
+            let h = header_at[i] as usize;
+            encode_header(
+                &f,
+                &mut headers.as_mut_slice()[h..h + header_len(it.key.len(), it.len) as usize],
+            );
+            all_crcs.push(crcs.as_slice().into());
         }
-        // Lock the directories involved, in order, and place each record.
-        let mut guards: Vec<(usize, parking_lot::MutexGuard<'_, DirState>)> = plan
-            .by_dir
+        let mut by_dir: Vec<Vec<usize>> = vec![Vec::new(); self.dirs.len()];
+        for (i, it) in items.iter().enumerate() {
+            by_dir[self.dir_of(it.key)].push(i);
+        }
+        let mut guards: Vec<(usize, parking_lot::MutexGuard<'_, DirState>)> = by_dir
             .iter()
             .enumerate()
             .filter(|(_, l)| !l.is_empty())
             .map(|(d, _)| (d, self.dirs[d].lock()))
             .collect();
         let mut ops: Vec<IoOp> = Vec::new();
-        let mut op_items: Vec<(usize, usize, usize)> = Vec::new(); // (dir guard, first item pos, end pos)
+        let mut op_item: Vec<usize> = Vec::new();
         let mut placement: Vec<Option<(Arc<SegmentFile>, u64)>> = vec![None; items.len()];
         let mut evicted: Vec<Segment> = Vec::new();
-        for (g, (d, state)) in guards.iter_mut().enumerate() {
-            let list = &plan.by_dir[*d];
-            let mut pos = 0;
-            while pos < list.len() {
-                let first = list[pos];
-                let run_start_staging = plan.slots[first].1;
-                // Grow the run while it fits in the active segment (or the segment is empty).
-                let active = match self.active_segment(state, *d as u16) {
-                    Ok(a) => a,
-                    Err(e) => {
-                        for &i in &list[pos..] {
-                            results[i] = Err(e.clone());
-                        }
-                        break;
+        let hbase = headers.as_mut_ptr();
+        for (d, state) in guards.iter_mut() {
+            for &i in &by_dir[*d] {
+                let it = &items[i];
+                let rl = record_len(it.key.len(), it.len);
+                let placed = self.active_segment(state, *d as u16).and_then(|_| {
+                    let len = state.segments.back().map_or(0, |s| s.len);
+                    if len > 0 && len + rl > self.opts.segment_bytes {
+                        self.rotate(state, *d as u16)?;
                     }
-                };
-                let seg_len = state.segments[active].len;
-                let mut end = pos;
-                let mut run_len = 0u64;
-                while end < list.len() {
-                    let rl = record_len(items[list[end]].key.len(), items[list[end]].len);
-                    if seg_len + run_len + rl > self.opts.segment_bytes && (seg_len + run_len) > 0 {
-                        break;
-                    }
-                    run_len += rl;
-                    end += 1;
-                }
-                if end == pos {
-                    // The active segment is full: start a new one and retry.
-                    if let Err(e) = self.rotate(state, *d as u16) {
-                        for &i in &list[pos..] {
-                            results[i] = Err(e.clone());
-                        }
-                        break;
-                    }
+                    Ok(())
+                });
+                if let Err(e) = placed {
+                    results[i] = Err(e);
                     continue;
                 }
-                self.make_room(state, run_len, &mut evicted);
-                let seg = &mut state.segments.back_mut().expect("active segment");
-                let mut at = seg.len;
-                for &i in &list[pos..end] {
-                    placement[i] = Some((seg.file.clone(), at));
-                    at += record_len(items[i].key.len(), items[i].len);
-                }
+                self.make_room(state, rl, &mut evicted);
+                let st: &mut DirState = state;
+                let seg = st.segments.back_mut().expect("active segment");
+                let at = seg.len;
+                let hl = header_len(it.key.len(), it.len);
                 ops.push(IoOp {
                     fd: fd(&seg.file.file),
-                    offset: seg.len,
-                    // SAFETY: the run lies inside staging (planned offsets), valid per the contract.
-                    buf: unsafe { staging.add(run_start_staging as usize) },
-                    len: run_len as usize,
+                    offset: at,
+                    // SAFETY: inside the headers buffer, which lives until the end of this call.
+                    buf: unsafe { hbase.add(header_at[i] as usize) },
+                    len: hl as usize,
                     write: true,
                 });
-                op_items.push((g, pos, end));
-                pos = end;
+                op_item.push(i);
+                let mut off = at + hl;
+                let mut left = align_up(it.len);
+                for e in payloads[i] {
+                    let n = align_up(e.len).min(left);
+                    ops.push(IoOp {
+                        fd: fd(&seg.file.file),
+                        offset: off,
+                        buf: e.addr as *mut u8,
+                        len: n as usize,
+                        write: true,
+                    });
+                    op_item.push(i);
+                    off += n;
+                    left -= n;
+                }
+                // The segment grows now so the next record goes after this one; a failed write
+                // rolls it back below.
+                seg.len += rl;
+                st.bytes += rl;
+                seg.keys.push(Arc::from(it.key));
+                placement[i] = Some((seg.file.clone(), at));
             }
         }
         let outcome = self.io.run(&ops);
-        let mut written = 0u64;
-        for (k, op) in ops.iter().enumerate() {
-            let (g, pos, end) = op_items[k];
-            let (d, state) = &mut guards[g];
-            let list = &plan.by_dir[*d];
-            let failed = match &outcome {
-                Err((first_bad, e)) if k >= *first_bad => Some(StoreError::io("write to the SSD log", clone_io(e))),
-                _ => None,
-            };
-            if let Some(e) = failed {
-                // Later runs of the same segment must not follow a hole: fail them too, and leave
-                // the segment's length where it was so the next write overwrites the tail.
-                for &i in &list[pos..end] {
-                    results[i] = Err(e.clone());
-                    placement[i] = None;
+        if let Err((bad, e)) = &outcome {
+            // Everything from the first failed write on is treated as not written: each directory
+            // that has a failed record is cut back to before it, so no segment holds a hole.
+            let err = StoreError::io("write to the SSD log", clone_io(e));
+            for &i in op_item.iter().skip(*bad) {
+                if results[i].is_ok() {
+                    results[i] = Err(err.clone());
                 }
-                continue;
             }
-            let Some(seg) = state.segments.iter_mut().rev().find(|s| fd(&s.file.file) == op.fd) else {
-                // The segment was dropped for room by a later run of this call: the records are gone.
-                for &i in &list[pos..end] {
-                    results[i] = Err(StoreError::NoSpace {
-                        key: items[i].key.to_owned(),
-                        len: items[i].len,
-                    });
-                    placement[i] = None;
+            for (d, state) in guards.iter_mut() {
+                let Some(first_bad) = by_dir[*d]
+                    .iter()
+                    .copied()
+                    .filter(|&i| results[i].is_err())
+                    .filter_map(|i| placement[i].as_ref().map(|p| (i, p.1)))
+                    .min_by_key(|&(_, at)| at)
+                else {
+                    continue;
+                };
+                let file = placement[first_bad.0].as_ref().expect("placed").0.clone();
+                for &i in &by_dir[*d] {
+                    let later = placement[i]
+                        .as_ref()
+                        .is_some_and(|(f, at)| Arc::ptr_eq(f, &file) && *at >= first_bad.1);
+                    if later {
+                        if results[i].is_ok() {
+                            results[i] = Err(err.clone());
+                        }
+                        placement[i] = None;
+                    }
                 }
-                continue;
-            };
-            written += op.len as u64;
-            seg.len += op.len as u64;
-            for &i in &list[pos..end] {
-                seg.keys.push(Arc::from(items[i].key));
+                let st: &mut DirState = state;
+                if let Some(seg) = st.segments.iter_mut().find(|s| Arc::ptr_eq(&s.file, &file)) {
+                    st.bytes -= seg.len - first_bad.1;
+                    seg.len = first_bad.1;
+                }
             }
-            state.bytes += op.len as u64;
         }
-        // Publish, and collect the records replaced (marked dead below, outside the index lock).
+        let mut written = 0u64;
         let mut replaced: Vec<SsdEntry> = Vec::new();
         {
             let mut index = self.index.write();
@@ -564,9 +541,16 @@ impl SsdLog {
                 let Some((file, offset)) = placement[i].take() else {
                     continue;
                 };
-                if results[i].is_err() {
+                if results[i].is_err() || evicted.iter().any(|s| Arc::ptr_eq(&s.file, &file)) {
+                    if results[i].is_ok() {
+                        results[i] = Err(StoreError::NoSpace {
+                            key: it.key.to_owned(),
+                            len: it.len,
+                        });
+                    }
                     continue;
                 }
+                written += record_len(it.key.len(), it.len);
                 let entry = SsdEntry {
                     file,
                     offset,
@@ -574,7 +558,7 @@ impl SsdLog {
                     seq: seqs[i],
                     payload_len: it.len,
                     depth: it.depth,
-                    crcs: self.entry_crcs(stage, plan.slots[i].1, it),
+                    crcs: all_crcs[i].clone(),
                 };
                 if let Some(old) = index.insert(Arc::from(it.key), entry) {
                     replaced.push(old);
@@ -591,12 +575,6 @@ impl SsdLog {
         written += self.mark_dead(&replaced);
         self.counters.bytes_written.fetch_add(written, Ordering::Relaxed);
         results
-    }
-
-    fn entry_crcs(&self, stage: &[u8], rec: u64, it: &AppendItem<'_>) -> Arc<[u32]> {
-        let hl = header_len(it.key.len(), it.len) as usize;
-        let h = decode_header(&stage[rec as usize..rec as usize + hl]).expect("header just encoded");
-        h.block_crcs.into()
     }
 
     /// The index of the active (last) segment of a directory, creating the first one.

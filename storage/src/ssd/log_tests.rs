@@ -32,14 +32,28 @@ fn put(log: &SsdLog, objs: &[(&str, Vec<u8>)]) -> Vec<Result<()>> {
             depth: 0,
         })
         .collect();
-    let plan = log.plan_append(&items);
-    let mut stage = AlignedBuf::new(plan.staging_len as usize);
-    for (i, (_, v)) in objs.iter().enumerate() {
-        let at = plan.payload_offset(&items, i) as usize;
-        stage.as_mut_slice()[at..at + v.len()].copy_from_slice(v);
+    // Each payload in its own aligned buffer, split in two extents when it spans several blocks.
+    let mut bufs: Vec<AlignedBuf> = objs.iter().map(|(_, v)| AlignedBuf::new(v.len())).collect();
+    let mut extents: Vec<Vec<Extent>> = Vec::new();
+    for (b, (_, v)) in bufs.iter_mut().zip(objs) {
+        b.as_mut_slice()[..v.len()].copy_from_slice(v);
+        let base = b.as_mut_ptr() as u64;
+        let len = v.len() as u64;
+        if len > BLOCK {
+            extents.push(vec![
+                Extent { addr: base, len: BLOCK },
+                Extent {
+                    addr: base + BLOCK,
+                    len: len - BLOCK,
+                },
+            ]);
+        } else {
+            extents.push(vec![Extent { addr: base, len }]);
+        }
     }
-    // SAFETY: stage is aligned, large enough and exclusively ours.
-    unsafe { log.commit_append(&items, &plan, stage.as_mut_ptr()) }
+    let refs: Vec<&[Extent]> = extents.iter().map(|e| e.as_slice()).collect();
+    // SAFETY: every buffer is aligned, block-rounded, and alive until after the call.
+    unsafe { log.append(&items, &refs) }
 }
 
 /// Reads ranges of one key; `None` when absent, `Some(Err)` for a data error.

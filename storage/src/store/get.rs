@@ -1,0 +1,241 @@
+//! The ranged read path.
+//!
+//! One call: describe every range's caller memory by its registration (one shared lock), resolve
+//! every key per tier (one shared lock per tier) and check its ranges against the object, then
+//! build one engine batch for the DRAM-resident keys (remote side: the store's arena) and submit
+//! it while the arena's shared lock keeps the objects in place. Keys only on SSD are read block
+//! span by block span into staging, verified, and copied out with a second batch. Bytes are
+//! counted once per call.
+
+use std::sync::atomic::Ordering;
+
+use te_base::Phase;
+use te_core::TransferRequest;
+
+use super::{RangedGet, Store};
+use crate::error::{Result, StoreError};
+use crate::range_map::{check_get_ranges, map_range};
+use crate::ssd::log::{ReadSpan, SsdEntry, SsdLog};
+
+/// Where a key of a read was found.
+enum Found {
+    Missing,
+    Dram,
+    Ssd(SsdEntry),
+}
+
+impl Store {
+    /// Reads ranges of many objects into registered caller buffers. Shape errors (a range that
+    /// overlaps another of its key, falls outside its object, or points into unregistered memory;
+    /// a bad key) fail the whole call before any byte moves. Per key: the bytes delivered, or its
+    /// data error (missing, corrupt, I/O).
+    pub fn batch_get_ranges(&self, items: &[RangedGet<'_>]) -> Result<Vec<Result<u64>>> {
+        self.check_open()?;
+        let timer = self.inner.timer.clone();
+        let t0 = timer.start();
+        Self::check_keys(items.iter().map(|i| i.key))?;
+        {
+            let callers = self.inner.callers.read();
+            for (k, it) in items.iter().enumerate() {
+                callers.check(k, it.ranges)?;
+            }
+        }
+        let t1 = timer.lap(Phase::Classify, t0);
+
+        let now = self.now();
+        let mut found: Vec<Found> = Vec::with_capacity(items.len());
+        let mut scratch = Vec::new();
+        let dram_guard = self.inner.dram.as_ref().map(|d| d.state.read());
+        {
+            let ssd_index = self.inner.ssd.as_ref().map(|s| s.log.index());
+            for (k, it) in items.iter().enumerate() {
+                if let Some(e) = dram_guard.as_ref().and_then(|d| d.get(it.key)) {
+                    check_get_ranges(k, e.len, it.ranges, &mut scratch)?;
+                    e.last_access.store(now, Ordering::Relaxed);
+                    found.push(Found::Dram);
+                } else if let Some(e) = ssd_index.as_ref().and_then(|s| s.get(it.key)) {
+                    check_get_ranges(k, e.payload_len, it.ranges, &mut scratch)?;
+                    found.push(Found::Ssd(e.clone()));
+                } else {
+                    check_get_ranges(k, u64::MAX, it.ranges, &mut scratch)?;
+                    found.push(Found::Missing);
+                }
+            }
+        }
+        let t2 = timer.lap(Phase::Resolve, t1);
+
+        let mut errors: Vec<Option<StoreError>> = (0..items.len()).map(|_| None).collect();
+        let mut dram_bytes = 0u64;
+        if let Some(guard) = dram_guard {
+            let n: usize = items
+                .iter()
+                .zip(&found)
+                .filter(|(_, f)| matches!(f, Found::Dram))
+                .map(|(it, _)| it.ranges.len())
+                .sum();
+            let mut requests: Vec<TransferRequest> = Vec::with_capacity(n);
+            let mut owner: Vec<u32> = Vec::with_capacity(n);
+            let own = self.inner.own;
+            for (k, (it, f)) in items.iter().zip(&found).enumerate() {
+                if !matches!(f, Found::Dram) {
+                    continue;
+                }
+                let e = guard.get(it.key).expect("resolved under this guard");
+                for r in it.ranges {
+                    map_range(&e.extents, r, |arena, caller, len| {
+                        requests.push(TransferRequest::read(caller, own, arena, len));
+                        owner.push(k as u32);
+                    });
+                    dram_bytes += r.len;
+                }
+            }
+            timer.lap(Phase::Build, t2);
+            // The shared lock stays held until the copies are done: nothing is evicted under them.
+            self.run_batch(&requests, &owner, &mut errors)?;
+            drop(guard);
+        }
+
+        let ssd_bytes = self.read_from_ssd(items, &found, &mut errors)?;
+        let t3 = timer.start();
+        let mut results = Vec::with_capacity(items.len());
+        for (k, (it, f)) in items.iter().zip(found).enumerate() {
+            results.push(match (errors[k].take(), f) {
+                (Some(e), _) => Err(e),
+                (None, Found::Missing) => Err(StoreError::NotFound { key: it.key.to_owned() }),
+                (None, _) => Ok(it.ranges.iter().map(|r| r.len).sum()),
+            });
+        }
+        let c = &self.inner.counters;
+        c.dram_read_bytes.fetch_add(dram_bytes, Ordering::Relaxed);
+        c.ssd_delivered_bytes.fetch_add(ssd_bytes, Ordering::Relaxed);
+        timer.lap(Phase::Other, t3);
+        timer.count_call(items.iter().map(|i| i.ranges.len()).sum());
+        Ok(results)
+    }
+
+    /// Reads the SSD-resident keys of a call, a staging slot at a time. Returns bytes delivered.
+    fn read_from_ssd(
+        &self,
+        items: &[RangedGet<'_>],
+        found: &[Found],
+        errors: &mut [Option<StoreError>],
+    ) -> Result<u64> {
+        let Some(ssd) = &self.inner.ssd else { return Ok(0) };
+        let keys: Vec<usize> = (0..items.len())
+            .filter(|&k| matches!(found[k], Found::Ssd(_)))
+            .collect();
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let timer = &self.inner.timer;
+        let slot = ssd.staging.acquire();
+        let own = self.inner.own;
+        let mut delivered = 0u64;
+        let promote_enabled = self.inner.cfg.promote_on_read && self.inner.dram.is_some();
+        let mut next = 0usize;
+        while next < keys.len() {
+            let t0 = timer.start();
+            // Plan as many keys as fit in the slot.
+            let mut spans: Vec<ReadSpan> = Vec::new();
+            let mut range_at: Vec<u64> = Vec::new();
+            let mut entries: Vec<&SsdEntry> = Vec::new();
+            let mut names: Vec<&str> = Vec::new();
+            let mut chunk_keys: Vec<usize> = Vec::new();
+            let mut key_spans: Vec<(usize, usize)> = Vec::new();
+            let mut cursor = 0u64;
+            while next < keys.len() {
+                let k = keys[next];
+                let Found::Ssd(e) = &found[k] else { unreachable!() };
+                let (s0, r0, c0) = (spans.len(), range_at.len(), cursor);
+                SsdLog::plan_ranges(
+                    entries.len(),
+                    items[k].ranges.iter().map(|r| (r.offset, r.len)),
+                    &mut spans,
+                    &mut cursor,
+                    &mut range_at,
+                );
+                if cursor > slot.len() {
+                    spans.truncate(s0);
+                    range_at.truncate(r0);
+                    let need = cursor - c0;
+                    cursor = c0;
+                    if need > slot.len() {
+                        errors[k] = Some(StoreError::TooLarge {
+                            key: items[k].key.to_owned(),
+                            need,
+                            limit: slot.len(),
+                        });
+                        next += 1;
+                        continue;
+                    }
+                    break;
+                }
+                key_spans.push((s0, spans.len()));
+                entries.push(e);
+                names.push(items[k].key);
+                chunk_keys.push(k);
+                next += 1;
+            }
+            if chunk_keys.is_empty() {
+                continue;
+            }
+            let t1 = timer.lap(Phase::Plan, t0);
+            let mut span_results = Vec::with_capacity(spans.len());
+            // SAFETY: the slot is ours until dropped, 4 KiB-aligned, and every span was planned
+            // inside it (cursor <= slot length).
+            unsafe {
+                ssd.log
+                    .read_spans(&names, &entries, &spans, slot.ptr(), &mut span_results)
+            };
+            let t2 = timer.lap(Phase::Wait, t1);
+            for (s, r) in spans.iter().zip(span_results) {
+                if let Err(e) = r {
+                    let k = chunk_keys[s.entry];
+                    if errors[k].is_none() {
+                        errors[k] = Some(e);
+                    }
+                }
+            }
+            let n: usize = chunk_keys.iter().map(|&k| items[k].ranges.len()).sum();
+            let mut requests: Vec<TransferRequest> = Vec::with_capacity(n);
+            let mut owner: Vec<u32> = Vec::with_capacity(n);
+            let mut at = range_at.iter();
+            for &k in &chunk_keys {
+                let ok = errors[k].is_none();
+                for r in items[k].ranges {
+                    let staging = slot.addr() + at.next().expect("one offset per range");
+                    if ok {
+                        requests.push(TransferRequest::read(r.addr, own, staging, r.len));
+                        owner.push(k as u32);
+                    }
+                }
+            }
+            timer.lap(Phase::Build, t2);
+            self.run_batch(&requests, &owner, errors)?;
+            // Whole objects read as one span from block 0 are promoted from staging into DRAM.
+            let mut promote: Vec<(&str, u64, u64, u32)> = Vec::new();
+            for (c, &k) in chunk_keys.iter().enumerate() {
+                if errors[k].is_some() {
+                    continue;
+                }
+                let Found::Ssd(e) = &found[k] else { unreachable!() };
+                let bytes: u64 = items[k].ranges.iter().map(|r| r.len).sum();
+                delivered += bytes;
+                let (s0, s1) = key_spans[c];
+                if bytes == e.payload_len && s1 - s0 == 1 && spans[s0].first_block == 0 && promote_enabled {
+                    promote.push((
+                        items[k].key,
+                        slot.addr() + spans[s0].staging_offset,
+                        e.payload_len,
+                        e.depth,
+                    ));
+                }
+            }
+            if !promote.is_empty() {
+                let promoted = self.promote(&promote);
+                self.inner.counters.promoted.fetch_add(promoted, Ordering::Relaxed);
+            }
+        }
+        Ok(delivered)
+    }
+}

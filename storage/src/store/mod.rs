@@ -1,0 +1,550 @@
+//! The store: DRAM and SSD tiers behind one API, moving bytes through the transfer engine.
+//!
+//! The store registers its DRAM arena and its SSD staging memory with a te-core engine, opens its
+//! own segment, and serves every read and write as a batch of engine requests whose remote side is
+//! that segment, so the local-copy transport plans them (adjacent fragments coalesce) and copies
+//! them. Caller memory is registered through [`Store::register_buffer`] and described by that
+//! registration.
+
+mod callers;
+mod get;
+mod put;
+mod staging;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use te_base::{PhaseReport, PhaseStats, PhaseTimer, SegmentId};
+use te_core::{
+    BatchError, HostBufferOptions, HugePages, MemoryLocation, RegisterOptions, TransferEngine, TransferRequest,
+};
+
+use crate::config::{StoreBuilder, StoreConfig};
+use crate::dram::tier::{DramState, ReserveError};
+use crate::error::{Result, StoreError};
+use crate::eviction::EvictionPolicy;
+use crate::range_map::Range;
+use crate::ssd::log::SsdLog;
+use crate::ssd::record::MAX_KEY_LEN;
+use callers::{CallerRegion, CallerTable};
+use staging::Staging;
+
+/// One key of [`Store::batch_get_ranges`]: the object ranges to read and where each lands.
+#[derive(Debug, Clone, Copy)]
+pub struct RangedGet<'a> {
+    /// The key.
+    pub key: &'a str,
+    /// Ranges of the object; each `addr` inside a registered caller buffer.
+    pub ranges: &'a [Range],
+}
+
+/// One key of [`Store::batch_put_ranges`]: an object of `object_len` bytes given as ranges that
+/// tile it exactly.
+#[derive(Debug, Clone, Copy)]
+pub struct RangedPut<'a> {
+    /// The key.
+    pub key: &'a str,
+    /// Size of the object.
+    pub object_len: u64,
+    /// Ranges covering `[0, object_len)` exactly; each `addr` inside a registered caller buffer.
+    pub ranges: &'a [Range],
+    /// Depth hint: the page's position in its prefix (deeper pages are evicted first by the
+    /// prefix-aware policy).
+    pub depth: u32,
+}
+
+/// Counters of the store since open (tier byte counters are updated once per call).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Objects in DRAM.
+    pub dram_objects: u64,
+    /// Bytes of DRAM allocated.
+    pub dram_used_bytes: u64,
+    /// Bytes the DRAM arena holds.
+    pub dram_capacity_bytes: u64,
+    /// Bytes delivered to callers from DRAM.
+    pub dram_read_bytes: u64,
+    /// Objects in the SSD log.
+    pub ssd_objects: u64,
+    /// Bytes read from SSD files (whole blocks).
+    pub ssd_read_bytes: u64,
+    /// Bytes written to SSD files.
+    pub ssd_written_bytes: u64,
+    /// Bytes delivered to callers from SSD.
+    pub ssd_delivered_bytes: u64,
+    /// Objects demoted from DRAM to SSD.
+    pub demoted: u64,
+    /// Objects evicted from DRAM without an SSD copy.
+    pub dropped: u64,
+    /// Objects promoted from SSD to DRAM.
+    pub promoted: u64,
+    /// Keys put successfully.
+    pub puts_ok: u64,
+    /// Keys whose put failed.
+    pub puts_failed: u64,
+    /// Records dropped at open as torn or corrupt.
+    pub ssd_torn_dropped: u64,
+    /// The SSD I/O engine (`uring`, `psync`), empty without SSD.
+    pub ssd_io_engine: String,
+    /// True when the SSD files use O_DIRECT.
+    pub ssd_direct_io: bool,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    dram_read_bytes: AtomicU64,
+    ssd_delivered_bytes: AtomicU64,
+    demoted: AtomicU64,
+    dropped: AtomicU64,
+    promoted: AtomicU64,
+    puts_ok: AtomicU64,
+    puts_failed: AtomicU64,
+}
+
+pub(crate) struct Dram {
+    /// Keeps the arena registered (and exported to the store's own segment) for the store's life.
+    _arena: te_core::Registration,
+    pub(crate) state: RwLock<DramState>,
+    pub(crate) high: u64,
+    pub(crate) low: u64,
+    pub(crate) policy: EvictionPolicy,
+}
+
+pub(crate) struct Ssd {
+    pub(crate) log: SsdLog,
+    pub(crate) staging: Staging,
+}
+
+pub(crate) struct Inner {
+    pub(crate) engine: TransferEngine,
+    owns_engine: bool,
+    pub(crate) own: SegmentId,
+    pub(crate) cfg: StoreConfig,
+    pub(crate) dram: Option<Dram>,
+    pub(crate) ssd: Option<Ssd>,
+    callers: RwLock<CallerTable>,
+    clock: AtomicU64,
+    pub(crate) timer: PhaseTimer,
+    stats: Option<Arc<PhaseStats>>,
+    counters: Counters,
+    closed: AtomicBool,
+}
+
+/// The UMBP store. Cheap to clone; clones share one store. Data calls are blocking and may run
+/// on many threads at once; registration and opening are async.
+#[derive(Clone)]
+pub struct Store {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("config", &self.inner.cfg).finish()
+    }
+}
+
+static STORE_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl StoreBuilder {
+    /// Opens a store with its own engine (segment name from the builder, else
+    /// `umbp-<pid>-<n>`). Must run inside a tokio runtime (the engine's requirement).
+    pub async fn open(self) -> Result<Store> {
+        let cfg = self.config()?;
+        let name = cfg.segment_name.clone().unwrap_or_else(|| {
+            format!(
+                "umbp-{}-{}",
+                std::process::id(),
+                STORE_COUNTER.fetch_add(1, Ordering::Relaxed)
+            )
+        });
+        let engine = TransferEngine::builder().segment_name(name).build().await?;
+        Store::open_with(cfg, engine, true).await
+    }
+
+    /// Opens a store on an existing engine (the store registers its memory there and opens the
+    /// engine's own segment).
+    pub async fn open_on(self, engine: TransferEngine) -> Result<Store> {
+        let cfg = self.config()?;
+        Store::open_with(cfg, engine, false).await
+    }
+}
+
+impl Store {
+    /// A builder; unset options come from `UMBP_*` variables.
+    pub fn builder() -> StoreBuilder {
+        StoreBuilder::new()
+    }
+
+    async fn open_with(cfg: StoreConfig, engine: TransferEngine, owns_engine: bool) -> Result<Store> {
+        let dram = if cfg.dram_capacity > 0 {
+            let opts = HostBufferOptions {
+                huge_pages: HugePages::Transparent,
+                ..Default::default()
+            };
+            let arena = engine.allocate(cfg.dram_capacity as usize, opts).await?;
+            let state = DramState::new(arena.addr(), cfg.dram_capacity, cfg.dram_page_bytes);
+            let cap = state.capacity();
+            Some(Dram {
+                _arena: arena,
+                state: RwLock::new(state),
+                high: (cap as f64 * cfg.dram_high_watermark) as u64,
+                low: (cap as f64 * cfg.dram_low_watermark) as u64,
+                policy: cfg.eviction,
+            })
+        } else {
+            None
+        };
+        let ssd = match &cfg.ssd {
+            None => None,
+            Some(opts) => {
+                let log = SsdLog::open(opts.clone())?;
+                let total = cfg.ssd_staging_bytes * cfg.ssd_staging_slots as u64;
+                let region = engine.allocate(total as usize, HostBufferOptions::default()).await?;
+                Some(Ssd {
+                    log,
+                    staging: Staging::new(region, cfg.ssd_staging_bytes, cfg.ssd_staging_slots),
+                })
+            }
+        };
+        let own = engine.open_segment(engine.segment_name()).await?.id();
+        let stats = cfg.ranged_call_debug.then(|| Arc::new(PhaseStats::default()));
+        let timer = stats.clone().map(PhaseTimer::on).unwrap_or_default();
+        Ok(Store {
+            inner: Arc::new(Inner {
+                engine,
+                owns_engine,
+                own,
+                cfg,
+                dram,
+                ssd,
+                callers: RwLock::new(CallerTable::default()),
+                clock: AtomicU64::new(1),
+                timer,
+                stats,
+                counters: Counters::default(),
+                closed: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// The engine the store moves bytes with.
+    pub fn engine(&self) -> &TransferEngine {
+        &self.inner.engine
+    }
+
+    /// The resolved configuration.
+    pub fn config(&self) -> &StoreConfig {
+        &self.inner.cfg
+    }
+
+    /// Registers caller host memory through the engine, so ranged calls can read into and write
+    /// from it (described by this registration, never by asking what a pointer is).
+    ///
+    /// # Safety
+    ///
+    /// `[addr, addr + len)` must be host memory that stays valid until
+    /// [`Store::deregister_buffer`] or [`Store::close`], and the caller must not read bytes a
+    /// running get writes into, nor change bytes a running put reads.
+    pub async unsafe fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
+        self.check_open()?;
+        // SAFETY: forwarded contract: the caller keeps the memory valid while registered.
+        let registration = unsafe {
+            self.inner
+                .engine
+                .register_raw(addr, len, MemoryLocation::HOST, RegisterOptions::local_only())
+        }
+        .await?;
+        self.inner.callers.write().insert(CallerRegion {
+            base: addr,
+            len,
+            registration,
+        });
+        Ok(())
+    }
+
+    /// Deregisters the caller buffer that starts at `addr`. False if none does.
+    pub async fn deregister_buffer(&self, addr: u64) -> Result<bool> {
+        let Some(region) = self.inner.callers.write().remove(addr) else {
+            return Ok(false);
+        };
+        region.registration.deregister().await?;
+        Ok(true)
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Closed);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        self.inner.clock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// True if `key` is in any tier.
+    pub fn exists(&self, key: &str) -> bool {
+        if let Some(d) = &self.inner.dram {
+            if d.state.read().get(key).is_some() {
+                return true;
+            }
+        }
+        self.inner.ssd.as_ref().is_some_and(|s| s.log.contains(key))
+    }
+
+    /// How many of `keys`, from the first, are stored: stops at the first miss (prefix matching).
+    /// Resolves under one shared lock per tier.
+    pub fn batch_exists_consecutive<K: AsRef<str>>(&self, keys: &[K]) -> usize {
+        let dram = self.inner.dram.as_ref().map(|d| d.state.read());
+        let ssd = self.inner.ssd.as_ref().map(|s| s.log.index());
+        keys.iter()
+            .take_while(|k| {
+                let k = k.as_ref();
+                dram.as_ref().is_some_and(|d| d.get(k).is_some()) || ssd.as_ref().is_some_and(|s| s.contains_key(k))
+            })
+            .count()
+    }
+
+    /// Removes `key` from every tier. False if it was in none.
+    pub fn remove(&self, key: &str) -> Result<bool> {
+        self.check_open()?;
+        let mut found = false;
+        if let Some(d) = &self.inner.dram {
+            match d.state.write().remove(key) {
+                Ok(f) => found |= f,
+                Err(ReserveError::Conflict) => return Err(StoreError::WriteConflict { key: key.to_owned() }),
+                Err(ReserveError::NoSpace) => {}
+            }
+        }
+        if let Some(s) = &self.inner.ssd {
+            found |= s.log.remove(key)?;
+        }
+        Ok(found)
+    }
+
+    /// Puts whole objects from registered caller memory: `(key, addr, len, depth)` each.
+    pub fn batch_put(&self, items: &[(&str, u64, u64, u32)]) -> Result<Vec<Result<()>>> {
+        let ranges: Vec<[Range; 1]> = items.iter().map(|&(_, a, l, _)| [Range::new(0, l, a)]).collect();
+        let puts: Vec<RangedPut<'_>> = items
+            .iter()
+            .zip(&ranges)
+            .map(|(&(key, _, len, depth), r)| RangedPut {
+                key,
+                object_len: len,
+                ranges: r,
+                depth,
+            })
+            .collect();
+        self.batch_put_ranges(&puts)
+    }
+
+    /// Gets whole objects into registered caller buffers: `(key, addr, capacity)` each. Per key:
+    /// the object's length, or its data error (`BufferTooSmall` when it does not fit).
+    pub fn batch_get(&self, items: &[(&str, u64, u64)]) -> Result<Vec<Result<u64>>> {
+        let sizes = self.object_lens(items.iter().map(|i| i.0));
+        let mut ranges: Vec<[Range; 1]> = Vec::with_capacity(items.len());
+        let mut results: Vec<Option<Result<u64>>> = Vec::with_capacity(items.len());
+        for (&(key, addr, cap), size) in items.iter().zip(&sizes) {
+            match size {
+                None => {
+                    results.push(Some(Err(StoreError::NotFound { key: key.to_owned() })));
+                    ranges.push([Range::new(0, 1, addr)]);
+                }
+                Some(n) if *n > cap => {
+                    results.push(Some(Err(StoreError::BufferTooSmall {
+                        key: key.to_owned(),
+                        need: *n,
+                        have: cap,
+                    })));
+                    ranges.push([Range::new(0, 1, addr)]);
+                }
+                Some(n) => {
+                    results.push(None);
+                    ranges.push([Range::new(0, *n, addr)]);
+                }
+            }
+        }
+        let gets: Vec<RangedGet<'_>> = items
+            .iter()
+            .zip(&ranges)
+            .zip(&results)
+            .filter(|(_, r)| r.is_none())
+            .map(|((&(key, _, _), ranges), _)| RangedGet { key, ranges })
+            .collect();
+        let mut got = self.batch_get_ranges(&gets)?.into_iter();
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| got.next().expect("one result per get")))
+            .collect())
+    }
+
+    /// The object lengths of `keys` (None where absent), under one shared lock per tier.
+    pub fn object_lens<'a>(&self, keys: impl Iterator<Item = &'a str>) -> Vec<Option<u64>> {
+        let dram = self.inner.dram.as_ref().map(|d| d.state.read());
+        let ssd = self.inner.ssd.as_ref().map(|s| s.log.index());
+        keys.map(|k| {
+            dram.as_ref()
+                .and_then(|d| d.get(k).map(|e| e.len))
+                .or_else(|| ssd.as_ref().and_then(|s| s.get(k).map(|e| e.payload_len)))
+        })
+        .collect()
+    }
+
+    /// Puts one object from any memory (registered for the call if it is not already).
+    pub async fn put(&self, key: &str, data: &[u8], depth: u32) -> Result<()> {
+        let addr = data.as_ptr() as u64;
+        let len = data.len() as u64;
+        if len == 0 {
+            return Err(StoreError::ZeroLength {
+                key_index: 0,
+                range_index: 0,
+            });
+        }
+        let temp = self.temp_register(addr, len).await?;
+        let out = self.batch_put(&[(key, addr, len, depth)]);
+        self.temp_release(temp).await?;
+        out?.remove(0)
+    }
+
+    /// Gets one whole object into a new vector.
+    pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
+        let Some(len) = self.object_lens(std::iter::once(key))[0] else {
+            return Err(StoreError::NotFound { key: key.to_owned() });
+        };
+        let mut out = vec![0u8; len as usize];
+        let addr = out.as_mut_ptr() as u64;
+        let temp = self.temp_register(addr, len).await?;
+        let got = self.batch_get(&[(key, addr, len)]);
+        self.temp_release(temp).await?;
+        let n = got?.remove(0)?;
+        out.truncate(n as usize);
+        Ok(out)
+    }
+
+    async fn temp_register(&self, addr: u64, len: u64) -> Result<Option<u64>> {
+        if self.inner.callers.read().covers(addr, len) {
+            return Ok(None);
+        }
+        // SAFETY: the memory is a live slice borrowed by the caller for the whole call, and the
+        // registration is released before the call returns.
+        unsafe { self.register_buffer(addr, len) }.await?;
+        Ok(Some(addr))
+    }
+
+    async fn temp_release(&self, temp: Option<u64>) -> Result<()> {
+        if let Some(addr) = temp {
+            self.deregister_buffer(addr).await?;
+        }
+        Ok(())
+    }
+
+    /// Makes every SSD write durable (fsync).
+    pub fn flush(&self) -> Result<()> {
+        if let Some(s) = &self.inner.ssd {
+            s.log.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Flushes, releases caller registrations, and shuts the store's own engine down. Calls
+    /// after this fail with [`StoreError::Closed`].
+    pub async fn close(&self) -> Result<()> {
+        if self.inner.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.flush()?;
+        let regions = self.inner.callers.write().drain();
+        for r in regions {
+            r.registration.deregister().await?;
+        }
+        if self.inner.owns_engine {
+            self.inner.engine.shutdown().await?;
+        }
+        Ok(())
+    }
+
+    /// Counters since open.
+    pub fn stats(&self) -> StoreStats {
+        let c = &self.inner.counters;
+        let mut s = StoreStats {
+            dram_read_bytes: c.dram_read_bytes.load(Ordering::Relaxed),
+            ssd_delivered_bytes: c.ssd_delivered_bytes.load(Ordering::Relaxed),
+            demoted: c.demoted.load(Ordering::Relaxed),
+            dropped: c.dropped.load(Ordering::Relaxed),
+            promoted: c.promoted.load(Ordering::Relaxed),
+            puts_ok: c.puts_ok.load(Ordering::Relaxed),
+            puts_failed: c.puts_failed.load(Ordering::Relaxed),
+            ..Default::default()
+        };
+        if let Some(d) = &self.inner.dram {
+            let st = d.state.read();
+            s.dram_objects = st.len() as u64;
+            s.dram_used_bytes = st.used();
+            s.dram_capacity_bytes = st.capacity();
+        }
+        if let Some(ssd) = &self.inner.ssd {
+            let k = ssd.log.counters();
+            s.ssd_objects = ssd.log.len() as u64;
+            s.ssd_read_bytes = k.bytes_read.load(Ordering::Relaxed);
+            s.ssd_written_bytes = k.bytes_written.load(Ordering::Relaxed);
+            s.ssd_torn_dropped = k.torn_dropped.load(Ordering::Relaxed);
+            s.ssd_io_engine = ssd.log.io_engine().to_owned();
+            s.ssd_direct_io = ssd.log.direct_io();
+        }
+        s
+    }
+
+    /// Per-phase timings of ranged calls (`None` unless `UMBP_RANGED_CALL_DEBUG=1`).
+    pub fn phase_report(&self) -> Option<PhaseReport> {
+        self.inner.stats.as_ref().map(|s| s.report())
+    }
+
+    /// Clears the phase timings.
+    pub fn reset_phase_report(&self) {
+        if let Some(s) = &self.inner.stats {
+            s.reset();
+        }
+    }
+
+    /// Submits `requests` and waits; on failure maps each failed request to its key through
+    /// `owner` (the key index of each request) and records the first error of each key.
+    pub(crate) fn run_batch(
+        &self,
+        requests: &[TransferRequest],
+        owner: &[u32],
+        errors: &mut [Option<StoreError>],
+    ) -> Result<()> {
+        if requests.is_empty() {
+            return Ok(());
+        }
+        let timer = &self.inner.timer;
+        let t0 = timer.start();
+        let batch = self.inner.engine.submit(requests)?;
+        let t1 = timer.lap(te_base::Phase::Submit, t0);
+        let outcome = batch.wait_blocking(None).expect("no timeout");
+        timer.lap(te_base::Phase::Wait, t1);
+        if let Err(BatchError { failures, .. }) = outcome {
+            for (i, e) in failures {
+                let k = owner[i] as usize;
+                if errors[k].is_none() {
+                    errors[k] = Some(StoreError::Engine(e));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_keys<'a>(keys: impl Iterator<Item = &'a str>) -> Result<()> {
+        for (i, k) in keys.enumerate() {
+            if k.is_empty() || k.len() > MAX_KEY_LEN {
+                return Err(StoreError::BadKey {
+                    key_index: i,
+                    len: k.len(),
+                    max: MAX_KEY_LEN,
+                });
+            }
+        }
+        Ok(())
+    }
+}
