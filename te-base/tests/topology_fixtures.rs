@@ -268,3 +268,103 @@ fn visible_devices_pick_the_gpu_of_an_ordinal() {
         .unwrap();
     assert_eq!(rails(&placement, 0).rails, [28, 29, 30, 31]);
 }
+
+/// A device plugin that only knows bus ids, as the CUDA plugin reports them.
+#[derive(Debug)]
+struct BusIdsOnly(Vec<&'static str>);
+
+impl te_base::device::DevicePlugin for BusIdsOnly {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+    fn memory_kind(&self) -> te_base::MemoryKind {
+        te_base::MemoryKind::Cuda
+    }
+    fn info(&self) -> te_base::device::DeviceRuntimeInfo {
+        te_base::device::DeviceRuntimeInfo {
+            name: "cuda",
+            library: "none".into(),
+            driver_version: None,
+            runtime_version: None,
+            devices: self.0.len() as u32,
+        }
+    }
+    fn device_count(&self) -> u32 {
+        self.0.len() as u32
+    }
+    fn pci_bus_id(&self, device: u32) -> te_base::Result<String> {
+        Ok(self.0[device as usize].to_string())
+    }
+    fn classify(&self, _addr: u64) -> te_base::Result<te_base::device::PointerKind> {
+        Err(te_base::Error::not_available("classify", "test plugin"))
+    }
+    fn allocate(&self, _device: u32, _len: u64) -> te_base::Result<u64> {
+        Err(te_base::Error::not_available("allocate", "test plugin"))
+    }
+    unsafe fn free(&self, _device: u32, _addr: u64) -> te_base::Result<()> {
+        Err(te_base::Error::not_available("free", "test plugin"))
+    }
+    unsafe fn copy(
+        &self,
+        _device: u32,
+        _direction: te_base::device::CopyDirection,
+        _fragment: te_base::device::CopyFragment,
+    ) -> te_base::Result<()> {
+        Err(te_base::Error::not_available("copy", "test plugin"))
+    }
+    unsafe fn copy_async(
+        &self,
+        _device: u32,
+        _direction: te_base::device::CopyDirection,
+        _fragments: &[te_base::device::CopyFragment],
+    ) -> te_base::Result<Box<dyn te_base::device::PendingCopy>> {
+        Err(te_base::Error::not_available("copy_async", "test plugin"))
+    }
+    fn export_dmabuf(&self, _device: u32, _addr: u64, _len: u64) -> te_base::Result<te_base::device::DmaBufExport> {
+        Err(te_base::Error::not_available("export_dmabuf", "test plugin"))
+    }
+}
+
+#[test]
+fn device_plugin_supplies_the_ordinal_map() {
+    let t = discover(&spec("p5.48xlarge"));
+    let mut placement = NicPlacement::new(t, NicPolicy::default()).unwrap();
+    // CUDA_VISIBLE_DEVICES=7,3 as the runtime would report it.
+    placement
+        .use_device_plugin(&BusIdsOnly(vec!["0000:c0:00.0", "0000:80:00.0"]))
+        .unwrap();
+    let rails = |d: u32| {
+        placement
+            .rails_for(MemoryLocation::Cuda { device: d }, None)
+            .unwrap()
+            .rails
+    };
+    assert_eq!(rails(0), [28, 29, 30, 31]);
+    assert_eq!(rails(1), [12, 13, 14, 15]);
+    assert!(placement.cuda_ordinals().len() == 2);
+    let err = placement.use_device_plugin(&BusIdsOnly(vec!["GPU-1"])).unwrap_err();
+    assert!(
+        err.to_string().contains("cuda") && err.to_string().contains("GPU-1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn malformed_sysfs_files_are_errors_naming_the_file() {
+    let dir = spec("p4d.24xlarge").materialize_temp().unwrap();
+    let file = dir.path().join("devices/pci0000:10/0000:10:1c.0/numa_node");
+    std::fs::write(&file, "zero\n").unwrap();
+    let err = Topology::discover_at(dir.path()).unwrap_err();
+    assert!(err.to_string().contains("0000:10:1c.0/numa_node"), "{err}");
+    let err = Topology::discover_from("/nonexistent/sysfs").unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/sysfs"), "{err}");
+    let bad_spec = std::env::temp_dir().join(format!("te-bad-spec-{}.json", std::process::id()));
+    std::fs::write(
+        &bad_spec,
+        r#"{"name": "x", "numa_nodes": [], "devices": [{"kind": "gpu", "path": "pci0000:00/0000:00:01.0"}]}"#,
+    )
+    .unwrap();
+    let err = Topology::discover_from(&bad_spec).unwrap_err();
+    let _ = std::fs::remove_file(&bad_spec);
+    assert!(err.to_string().contains("unknown kind"), "{err}");
+}

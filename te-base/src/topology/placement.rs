@@ -11,6 +11,7 @@ use super::priority_matrix::{MatrixEntry, MatrixKey, PriorityMatrix};
 use super::rail_map::{RailMap, RailSource};
 use super::striping::RailRate;
 use crate::config::Env;
+use crate::device::DevicePlugin;
 use crate::error::{Error, Result};
 use crate::memory::{MemoryKind, MemoryLocation};
 
@@ -122,6 +123,20 @@ impl NicPlacement {
             }
         }
         Ok(())
+    }
+
+    /// Takes the ordinal -> bus id mapping from a loaded device plugin (CUDA or HIP): ordinal `i` is
+    /// the runtime's device `i`, after its visible-devices filtering. A bus id the plugin reports
+    /// malformed is an [`Error::Transport`] naming the plugin.
+    pub fn use_device_plugin(&mut self, plugin: &dyn DevicePlugin) -> Result<()> {
+        let bus_ids = (0..plugin.device_count())
+            .map(|device| {
+                let raw = plugin.pci_bus_id(device)?;
+                raw.parse::<PciAddress>()
+                    .map_err(|e| Error::transport(plugin.name(), format!("device {device}: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.set_gpu_ordinals(plugin.memory_kind(), bus_ids)
     }
 
     /// The rails a buffer at `location` is registered on. For host memory with no NUMA node in the
