@@ -83,7 +83,7 @@ fn spin_for(ns: u64) {
     let start = thread_cpu_ns();
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     while thread_cpu_ns().saturating_sub(start) < ns {
-        for _ in 0..64 {
+        for _ in 0..1024 {
             x = black_box(x.rotate_left(5) ^ x.wrapping_mul(0x2545_f491_4f6c_dd1d));
         }
     }
