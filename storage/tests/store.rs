@@ -355,15 +355,32 @@ async fn concurrent_readers_and_writers_on_overlapping_keys() {
                 for round in 0..60u32 {
                     let key = format!("shared-{}", round % 6);
                     if t % 2 == 0 {
-                        // Every version of a key has the same bytes, so any reader sees a whole
-                        // valid object or a miss, never a mix.
-                        match put_layers(&store, &mut buf, &key, 0, 8, layer, round % 3) {
+                        // Each round writes a new version: a reader must see one whole version.
+                        match put_layers(&store, &mut buf, &key, round, 8, layer, round % 3) {
                             Ok(()) | Err(StoreError::WriteConflict { .. }) => {}
                             Err(e) => panic!("put {key}: {e}"),
                         }
                     } else {
-                        match get_layers(&store, &mut buf, &key, 0, (round % 4) as u64, 4, layer) {
-                            Ok(n) => assert_eq!(n, 4 * layer),
+                        let ranges: Vec<Range> = (0..8)
+                            .map(|l| Range::new(l * layer, layer, buf.addr() + l * layer))
+                            .collect();
+                        let got = store
+                            .batch_get_ranges(&[RangedGet {
+                                key: &key,
+                                ranges: &ranges,
+                            }])
+                            .unwrap();
+                        match &got[0] {
+                            Ok(n) => {
+                                assert_eq!(*n, 8 * layer);
+                                let v = (0..60u32)
+                                    .find(|&v| (0..64).all(|o| buf.data[o as usize] == byte(&key, v, o)))
+                                    .unwrap_or_else(|| panic!("{key}: no version matches"));
+                                assert!(
+                                    buf.data[..(8 * layer) as usize] == object(&key, v, 8 * layer)[..],
+                                    "{key}: torn read"
+                                );
+                            }
                             Err(StoreError::NotFound { .. }) => {}
                             Err(e) => panic!("get {key}: {e}"),
                         }
