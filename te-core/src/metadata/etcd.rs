@@ -7,8 +7,10 @@
 //!   lease runs out. A lease that expired anyway (etcd unreachable for longer than the TTL) is
 //!   granted anew and the descriptors are written again.
 //! - A watch on the prefix keeps a cache of every descriptor current, so a restarted peer's new
-//!   descriptor (new `instance`) is picked up without polling; [`EtcdStore::subscribe`] reports
-//!   each change. Fetches are served from the cache while the watch is live, from etcd otherwise.
+//!   descriptor (new `instance`) is picked up without polling: [`EtcdStore::subscribe`] reports
+//!   each change and [`EtcdStore::cached`] answers from memory. [`MetadataStore::fetch`] always
+//!   reads etcd (a linearizable get), so it never returns what another engine already replaced
+//!   or removed.
 //!
 //! Every descriptor read from etcd is validated; a malformed one is an error for that segment only.
 
@@ -63,7 +65,11 @@ impl EtcdConfig {
             .ok_or_else(|| Error::config("TE_ETCD_ENDPOINTS", "", "not set (expected host:port[,host:port...])"))?;
         let endpoints: Vec<String> = raw.split(',').map(str::to_string).collect();
         if endpoints.iter().any(|e| e.is_empty() || e.trim() != e) {
-            return Err(Error::config("TE_ETCD_ENDPOINTS", raw, "empty or padded endpoint in the list"));
+            return Err(Error::config(
+                "TE_ETCD_ENDPOINTS",
+                raw,
+                "empty or padded endpoint in the list",
+            ));
         }
         let mut c = EtcdConfig::new(endpoints);
         if let Some(prefix) = parse_var::<String>(env, "TE_ETCD_PREFIX")? {
@@ -78,7 +84,11 @@ impl EtcdConfig {
         }
         if let Some(ttl) = parse_var::<i64>(env, "TE_ETCD_LEASE_TTL_S")? {
             if !(2..=3600).contains(&ttl) {
-                return Err(Error::config("TE_ETCD_LEASE_TTL_S", ttl.to_string(), "must be 2..=3600"));
+                return Err(Error::config(
+                    "TE_ETCD_LEASE_TTL_S",
+                    ttl.to_string(),
+                    "must be 2..=3600",
+                ));
             }
             c.lease_ttl_s = ttl;
         }
@@ -252,6 +262,15 @@ impl EtcdStore {
         self.shared.events.subscribe()
     }
 
+    /// The descriptor of `name` as the watch last saw it, without asking etcd; `None` when the
+    /// watch is down or the segment is unknown.
+    pub fn cached(&self, name: &str) -> Option<SegmentDescriptor> {
+        if !self.shared.watch_live.load(Ordering::Acquire) {
+            return None;
+        }
+        self.shared.cache.read().get(name).cloned()
+    }
+
     /// The lease this store's keys are attached to.
     pub fn lease_id(&self) -> i64 {
         self.shared.lease.load(Ordering::Acquire)
@@ -265,7 +284,10 @@ impl EtcdStore {
         }
         let id = self.lease_id();
         let mut c = self.shared.client.clone();
-        self.shared.timed("revoking the lease", c.lease_revoke(id)).await.map(|_| ())
+        self.shared
+            .timed("revoking the lease", c.lease_revoke(id))
+            .await
+            .map(|_| ())
     }
 }
 
@@ -348,7 +370,10 @@ async fn keep_alive_loop(shared: Arc<Shared>) {
         if !alive {
             // The lease expired (etcd was out of reach too long): take a new one and write our
             // descriptors again.
-            if let Ok(l) = shared.timed("granting a lease", c.lease_grant(shared.config.lease_ttl_s, None)).await {
+            if let Ok(l) = shared
+                .timed("granting a lease", c.lease_grant(shared.config.lease_ttl_s, None))
+                .await
+            {
                 shared.lease.store(l.id(), Ordering::Release);
                 let own: Vec<(String, String)> =
                     shared.own.read().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -376,17 +401,15 @@ impl MetadataStore for EtcdStore {
     }
 
     async fn fetch(&self, name: &str) -> Result<SegmentDescriptor> {
-        if self.shared.watch_live.load(Ordering::Acquire) {
-            if let Some(d) = self.shared.cache.read().get(name) {
-                return Ok(d.clone());
-            }
-        }
         let mut c = self.shared.client.clone();
         let resp = self
             .shared
             .timed(&format!("get {name}"), c.get(self.shared.key(name), None))
             .await?;
-        let kv = resp.kvs().first().ok_or_else(|| Error::UnknownSegment(name.to_string()))?;
+        let kv = resp
+            .kvs()
+            .first()
+            .ok_or_else(|| Error::UnknownSegment(name.to_string()))?;
         let d = SegmentDescriptor::from_json(kv.value())?;
         if d.name != name {
             return Err(Error::InvalidDescriptor(format!(
@@ -428,7 +451,10 @@ mod tests {
             ("TE_ETCD_TIMEOUT_MS", "0"),
         ] {
             let env = MapEnv::new([("TE_ETCD_ENDPOINTS", "127.0.0.1:2379"), (var, bad)]);
-            assert!(EtcdConfig::from_env(&env).unwrap_err().to_string().contains(var), "{var}={bad}");
+            assert!(
+                EtcdConfig::from_env(&env).unwrap_err().to_string().contains(var),
+                "{var}={bad}"
+            );
         }
         let env = MapEnv::new([("TE_ETCD_ENDPOINTS", "a:1,,b:2")]);
         assert!(EtcdConfig::from_env(&env).is_err());

@@ -58,7 +58,9 @@ pub struct P2pStore {
 
 impl std::fmt::Debug for P2pStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("P2pStore").field("local_addr", &self.local_addr).finish()
+        f.debug_struct("P2pStore")
+            .field("local_addr", &self.local_addr)
+            .finish()
     }
 }
 
@@ -146,7 +148,10 @@ fn remote_name(name: &str) -> Option<(&str, &str)> {
 async fn get(addr: &str, segment: &str) -> Result<Vec<u8>> {
     let io = |e: std::io::Error| Error::Metadata(format!("p2p: {addr}: {e}"));
     if segment.len() > u16::MAX as usize {
-        return Err(Error::Metadata(format!("p2p: segment name of {} bytes is too long", segment.len())));
+        return Err(Error::Metadata(format!(
+            "p2p: segment name of {} bytes is too long",
+            segment.len()
+        )));
     }
     let mut stream = TcpStream::connect(addr).await.map_err(io)?;
     let mut req = Vec::with_capacity(8 + segment.len());
@@ -159,11 +164,15 @@ async fn get(addr: &str, segment: &str) -> Result<Vec<u8>> {
     let mut head = [0u8; 10];
     stream.read_exact(&mut head).await.map_err(io)?;
     if head[..4] != MAGIC || head[4] != VERSION {
-        return Err(Error::Metadata(format!("p2p: {addr} does not speak the p2p metadata protocol")));
+        return Err(Error::Metadata(format!(
+            "p2p: {addr} does not speak the p2p metadata protocol"
+        )));
     }
     let len = u32::from_le_bytes([head[6], head[7], head[8], head[9]]);
     if len > MAX_PAYLOAD {
-        return Err(Error::Metadata(format!("p2p: {addr} announced a {len}-byte answer (max {MAX_PAYLOAD})")));
+        return Err(Error::Metadata(format!(
+            "p2p: {addr} announced a {len}-byte answer (max {MAX_PAYLOAD})"
+        )));
     }
     let mut payload = vec![0u8; len as usize];
     stream.read_exact(&mut payload).await.map_err(io)?;
@@ -208,7 +217,11 @@ async fn answer(mut stream: TcpStream, published: &RwLock<Published>) -> std::io
             Err(_) => (STATUS_REFUSED, "segment name is not UTF-8".into()),
             Ok(name) => {
                 let p = published.read();
-                let key = if name.is_empty() { p.primary.as_deref() } else { Some(name) };
+                let key = if name.is_empty() {
+                    p.primary.as_deref()
+                } else {
+                    Some(name)
+                };
                 match key.and_then(|k| p.by_name.get(k)) {
                     Some(json) => (STATUS_OK, json.clone()),
                     None => (STATUS_UNKNOWN, "".into()),
