@@ -202,6 +202,21 @@ fn gpu_without_local_nic_falls_back_to_its_numa_node_then_to_all() {
 }
 
 #[test]
+fn host_memory_on_a_node_without_nics_uses_all_nics() {
+    // p4d with the two NICs of NUMA node 1 removed.
+    let mut s = spec("p4d.24xlarge");
+    s.devices.retain(|d| !(d.kind == "efa" && d.numa == 1));
+    let t = discover(&s);
+    let map = RailMap::build(&t);
+    assert_eq!(map.node(0).unwrap().rails, [0, 1]);
+    assert_eq!(map.node(0).unwrap().source, RailSource::SameNuma { node: 0 });
+    assert_eq!(map.node(1).unwrap().rails, [0, 1]);
+    assert!(matches!(map.node(1).unwrap().source, RailSource::All { .. }));
+    // GPUs 4-7 lost their switch's NIC and have none on their node either.
+    assert!(map.gpus[4..].iter().all(|g| matches!(g.source, RailSource::All { .. }) && g.rails == [0, 1]));
+}
+
+#[test]
 fn gpus_without_any_nic_get_no_rails() {
     let mut s = spec("p5.48xlarge");
     s.devices.retain(|d| d.kind != "efa");

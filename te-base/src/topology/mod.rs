@@ -17,8 +17,10 @@
 //!   looking up the NUMA node of host memory with the kernel ([`numa_node_of`]).
 //! - [`StripePlanner`] splits a large transfer across the rails both sides registered on, by link
 //!   rate.
+//! - [`BufferRails`] is the validated rail list a segment descriptor carries for each buffer.
 //! - [`FixtureSpec`] generates sysfs trees of real instance types for tests and `te-bench`.
 
+mod buffer_rails;
 mod cpulist;
 mod discovery;
 mod fixture;
@@ -31,6 +33,7 @@ mod priority_matrix;
 mod rail_map;
 mod striping;
 
+pub use buffer_rails::{BufferRails, MAX_RAILS_PER_BUFFER};
 pub use cpulist::CpuList;
 pub use discovery::{
     Gpu, GpuVendor, NetInterface, NicKind, NumaNode, RdmaNic, RdmaPort, Topology, VENDOR_AMD, VENDOR_NVIDIA,
