@@ -43,6 +43,8 @@ impl Env for OverlayEnv {
     }
 }
 
+/// Runs `te-bench topology`: discovers, applies the policy from the environment and the flags,
+/// and prints the result.
 pub fn run(args: Args) -> Result<(), String> {
     let topology = match &args.sysfs {
         Some(path) => Topology::discover_from(path),
