@@ -38,11 +38,13 @@ step "host"
 } 2>&1 | tee "$out/host.txt"
 
 step "CUDA plugin tests (TE_REQUIRE=cuda)"
+# One log for all of them: the device tool brings back at most 8 files from $OUT.
+: >"$out/plugin-tests.log"
 for bin in "$here"/bin/te-plugin-cuda-*; do
     [ -x "$bin" ] || continue
     name=$(basename "$bin")
-    echo "-- $name"
-    TE_REQUIRE=cuda timeout 300 "$bin" --test-threads=1 --nocapture 2>&1 | tee "$out/$name.log"
+    echo "-- $name" | tee -a "$out/plugin-tests.log"
+    TE_REQUIRE=cuda timeout 300 "$bin" --test-threads=1 --nocapture 2>&1 | tee -a "$out/plugin-tests.log"
     record "$name" "${PIPESTATUS[0]}"
 done
 if ! ls "$here"/bin/te-plugin-cuda-* >/dev/null 2>&1; then

@@ -306,6 +306,12 @@ impl DevicePlugin for CudaPlugin {
         // SAFETY: the driver writes one int (the fd) and only looks the range up in its tables.
         let result =
             unsafe { sys::cuMemGetHandleForAddressRange(fd_out, start, (end - start) as usize, handle_type, 0) };
+        if result == CUresult::CUDA_ERROR_NOT_SUPPORTED {
+            return Err(Error::not_available(
+                "cuda dma-buf",
+                format!("cuMemGetHandleForAddressRange: {}", driver::describe(result)),
+            ));
+        }
         check(result, "cuMemGetHandleForAddressRange")?;
         if fd < 0 {
             return Err(Error::transport(

@@ -18,6 +18,7 @@ pub(crate) type Handle = *mut c_void;
 pub(crate) const HIP_SUCCESS: HipError = 0;
 pub(crate) const HIP_ERROR_INVALID_VALUE: HipError = 1;
 pub(crate) const HIP_ERROR_NOT_READY: HipError = 600;
+pub(crate) const HIP_ERROR_NOT_SUPPORTED: HipError = 801;
 
 /// `hipMemcpyKind`.
 pub(crate) const MEMCPY_HOST_TO_DEVICE: c_int = 1;

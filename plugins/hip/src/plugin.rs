@@ -11,9 +11,9 @@ use te_base::device::{
 use te_base::{Error, MemoryKind, Result};
 
 use crate::api::{
-    version_text, Handle, HipApi, PointerAttributes, HIP_ERROR_INVALID_VALUE, HIP_SUCCESS, LIBRARY_CANDIDATES,
-    MEMCPY_DEVICE_TO_DEVICE, MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, NAME,
-    STREAM_NON_BLOCKING,
+    version_text, Handle, HipApi, PointerAttributes, HIP_ERROR_INVALID_VALUE, HIP_ERROR_NOT_SUPPORTED, HIP_SUCCESS,
+    LIBRARY_CANDIDATES, MEMCPY_DEVICE_TO_DEVICE, MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE,
+    MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, NAME, STREAM_NON_BLOCKING,
 };
 use crate::memory_type::pointer_kind;
 use crate::pending::HipPendingCopy;
@@ -283,6 +283,12 @@ impl DevicePlugin for HipPlugin {
                 0,
             )
         };
+        if r == HIP_ERROR_NOT_SUPPORTED {
+            return Err(Error::not_available(
+                "hip dma-buf",
+                format!("hipMemGetHandleForAddressRange: {}", self.api.describe(r)),
+            ));
+        }
         self.api.check(r, "hipMemGetHandleForAddressRange")?;
         if fd < 0 {
             return Err(Error::transport(
