@@ -1,8 +1,746 @@
-//! Placeholder until this command lands.
+//! `te-bench umbp`: a layer-wise prefix restore from the UMBP store, the way a KV-cache connector
+//! does it, with a plain memcpy loop over the same fragments timed in the same run.
+//!
+//! Each rank (a thread) owns `--pages` pages. A page is one object per pool holding that pool's
+//! layers back to back. The rank's KV buffers are one registered buffer per pool, laid out
+//! `[pool layer][page]`. A restore walks the logical layers in groups of `--layer-group`; for each
+//! group and each pool with layers in it, one `batch_get_ranges` call asks, for every page, the
+//! ranges of that pool's layers in the group. TTFL is the time to the first group; compute is
+//! simulated after each group by spinning `--compute-us-per-layer` per logical layer.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use umbp::{Range, RangedGet, RangedPut, Store};
+
+use crate::util::{median, parse_list, print_json, runtime};
+
+const DEEPSEEK_V4_PRO: &str = "c4:30:37440:2/2;c4_indexer:30:8448:2/2;c128:31:1728:0,1,3,5,7,9,11,13,15,17,19,21,23,25,27,29,31,33,35,37,39,41,43,45,47,49,51,53,55,57,59";
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Pools: `name:count:layer_bytes[:first/stride | :l1,l2,...]`, `;`-separated. The optional
+    /// part gives each pool layer's logical layer number (default 0..count-1).
+    #[arg(long, default_value = DEEPSEEK_V4_PRO)]
+    pools: String,
+    /// Logical layers per layer group.
+    #[arg(long, default_value_t = 8)]
+    layer_group: u32,
+    /// Pages per rank (one object per page and pool).
+    #[arg(long, default_value_t = 32)]
+    pages: usize,
+    /// Timed restores per rank count; medians and p95 are reported.
+    #[arg(long, default_value_t = 9)]
+    requests: usize,
+    /// Rank counts to run (concurrent readers, one thread each), comma-separated.
+    #[arg(long, default_value = "1,2")]
+    ranks: String,
+    /// Simulated forward compute per logical layer, in microseconds.
+    #[arg(long, default_value_t = 150)]
+    compute_us_per_layer: u64,
+    /// Tier the pages are stored in: dram or ssd.
+    #[arg(long, default_value = "dram")]
+    tier: String,
+    /// SSD directory for `--tier ssd` (default: a fresh directory under /tmp, removed after).
+    #[arg(long)]
+    ssd_dir: Option<PathBuf>,
+    /// Record per-phase timings of the store's ranged calls (as UMBP_RANGED_CALL_DEBUG=1).
+    #[arg(long)]
+    phases: bool,
+    /// Recompute every restored byte from its position-dependent seed.
+    #[arg(long)]
+    verify: bool,
+    /// One JSON object per rank count.
+    #[arg(long)]
+    json: bool,
+}
 
-pub fn run(_args: Args) -> Result<(), String> {
-    Err("this command is not built yet".into())
+#[derive(Debug, Clone)]
+struct Pool {
+    name: String,
+    layer_bytes: u64,
+    /// Logical layer number of each pool layer.
+    layers: Vec<u32>,
+}
+
+impl Pool {
+    fn object_bytes(&self) -> u64 {
+        self.layers.len() as u64 * self.layer_bytes
+    }
+}
+
+fn parse_pools(spec: &str) -> Result<Vec<Pool>, String> {
+    let mut pools = Vec::new();
+    for part in spec.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        let fields: Vec<&str> = part.splitn(4, ':').collect();
+        if fields.len() < 3 {
+            return Err(format!("pool {part:?}: expected name:count:layer_bytes[:layers]"));
+        }
+        let count: usize = fields[1]
+            .parse()
+            .map_err(|_| format!("pool {part:?}: bad layer count {:?}", fields[1]))?;
+        let layer_bytes: u64 = fields[2]
+            .parse()
+            .map_err(|_| format!("pool {part:?}: bad layer bytes {:?}", fields[2]))?;
+        if count == 0 || layer_bytes == 0 {
+            return Err(format!("pool {part:?}: count and layer bytes must be positive"));
+        }
+        let layers: Vec<u32> = match fields.get(3) {
+            None => (0..count as u32).collect(),
+            Some(l) if l.contains('/') => {
+                let (first, stride) = l.split_once('/').expect("checked");
+                let first: u32 = first
+                    .parse()
+                    .map_err(|_| format!("pool {part:?}: bad first {first:?}"))?;
+                let stride: u32 = stride
+                    .parse()
+                    .map_err(|_| format!("pool {part:?}: bad stride {stride:?}"))?;
+                if stride == 0 {
+                    return Err(format!("pool {part:?}: stride must be positive"));
+                }
+                (0..count as u32).map(|i| first + i * stride).collect()
+            }
+            Some(l) => {
+                let v: Vec<u32> = parse_list(l).map_err(|e| format!("pool {part:?}: {e}"))?;
+                if v.len() != count {
+                    return Err(format!("pool {part:?}: {} layer numbers for {count} layers", v.len()));
+                }
+                v
+            }
+        };
+        pools.push(Pool {
+            name: fields[0].to_string(),
+            layer_bytes,
+            layers,
+        });
+    }
+    if pools.is_empty() {
+        return Err("no pools given".into());
+    }
+    Ok(pools)
+}
+
+/// One (layer group, pool) call: pool-layer indices in the group.
+struct GroupCall {
+    pool: usize,
+    pool_layers: Vec<usize>,
+}
+
+fn groups(pools: &[Pool], layer_group: u32) -> Vec<(u32, Vec<GroupCall>)> {
+    let max = pools.iter().flat_map(|p| p.layers.iter()).copied().max().unwrap_or(0);
+    let mut out = Vec::new();
+    let mut g0 = 0;
+    while g0 <= max {
+        let g1 = g0 + layer_group;
+        let calls: Vec<GroupCall> = pools
+            .iter()
+            .enumerate()
+            .filter_map(|(pi, p)| {
+                let pool_layers: Vec<usize> = (0..p.layers.len())
+                    .filter(|&i| p.layers[i] >= g0 && p.layers[i] < g1)
+                    .collect();
+                (!pool_layers.is_empty()).then_some(GroupCall { pool: pi, pool_layers })
+            })
+            .collect();
+        out.push((g1.min(max + 1) - g0, calls));
+        g0 = g1;
+    }
+    out
+}
+
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The position-dependent content of one layer of one page: every byte depends on where it is.
+fn fill(seed: u64, out: &mut [u8]) {
+    for (w, chunk) in out.chunks_mut(8).enumerate() {
+        let v = mix(seed ^ (w as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).to_le_bytes();
+        chunk.copy_from_slice(&v[..chunk.len()]);
+    }
+}
+
+fn seed(rank: usize, pool: usize, page: usize, layer: usize) -> u64 {
+    mix(((rank as u64) << 48) ^ ((pool as u64) << 40) ^ ((page as u64) << 20) ^ layer as u64)
+}
+
+/// Memory the store writes into behind Rust's back (it is registered): only ever accessed through
+/// its raw pointer, by one rank at a time.
+struct RawBuf {
+    ptr: *mut u8,
+    len: usize,
+    _owner: Vec<u8>,
+}
+
+// SAFETY: the pointer is owned by `_owner`, which is never touched again; each rank's buffers are
+// used by that rank's thread only, one phase (restore, verify, memcpy) at a time.
+unsafe impl Send for RawBuf {}
+// SAFETY: as above.
+unsafe impl Sync for RawBuf {}
+
+impl RawBuf {
+    fn new(mut v: Vec<u8>) -> Self {
+        RawBuf {
+            ptr: v.as_mut_ptr(),
+            len: v.len(),
+            _owner: v,
+        }
+    }
+
+    fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+
+    /// The bytes. Only while no store call writes into them.
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: ptr/len describe the live allocation owned by `_owner`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    fn zero(&self) {
+        // SAFETY: as above; no call is running on this rank's buffers between restores.
+        unsafe { std::ptr::write_bytes(self.ptr, 0, self.len) };
+    }
+}
+
+/// A rank's memory: per pool, the registered KV buffer `[pool layer][page]` and a mirror laid
+/// out like the store's objects (page-major) for the memcpy baseline.
+struct RankMem {
+    kv: Vec<RawBuf>,
+    mirror: Vec<Vec<u8>>,
+}
+
+fn key(rank: usize, page: usize, pool: &Pool) -> String {
+    format!("r{rank}/p{page}/{}", pool.name)
+}
+
+struct Sample {
+    restore: Duration,
+    ttfl: Duration,
+    load: Duration,
+    memcpy: Duration,
+    smallest_load: Duration,
+    smallest_memcpy: Duration,
+    mismatched: u64,
+}
+
+pub fn run(args: Args) -> Result<(), String> {
+    let pools = parse_pools(&args.pools)?;
+    let ranks_list: Vec<usize> = parse_list(&args.ranks)?;
+    if ranks_list.iter().any(|&r| r == 0) || args.pages == 0 || args.requests == 0 || args.layer_group == 0 {
+        return Err("--ranks, --pages, --requests and --layer-group must be positive".into());
+    }
+    let ssd = match args.tier.as_str() {
+        "dram" => false,
+        "ssd" => true,
+        t => return Err(format!("--tier {t:?}: expected dram or ssd")),
+    };
+    let max_ranks = *ranks_list.iter().max().expect("non-empty");
+    let page_bytes: u64 = pools.iter().map(Pool::object_bytes).sum();
+    let data_bytes = page_bytes * args.pages as u64 * max_ranks as u64;
+    let rt = runtime()?;
+    let temp_dir;
+    let mut builder = Store::builder()
+        .ranged_call_debug(args.phases || std::env::var_os("UMBP_RANGED_CALL_DEBUG").is_some_and(|v| v == "1"));
+    let largest_call: u64 = pools
+        .iter()
+        .map(|p| p.layer_bytes * args.layer_group as u64 * args.pages as u64 + 2 * 4096 * args.pages as u64)
+        .max()
+        .unwrap_or(0);
+    if ssd {
+        let dir = match &args.ssd_dir {
+            Some(d) => d.clone(),
+            None => {
+                temp_dir = std::env::temp_dir().join(format!("umbp-bench-{}", std::process::id()));
+                temp_dir.clone()
+            }
+        };
+        let staging = (largest_call.max(page_bytes) + (1 << 20)).next_multiple_of(4096);
+        builder = builder
+            .dram_capacity(0)
+            .ssd_dirs(vec![dir])
+            .ssd_capacity((data_bytes * 2).max(1 << 30))
+            .staging_bytes(staging)
+            .staging_slots(max_ranks + 1);
+    } else {
+        builder = builder
+            .dram_capacity((data_bytes + data_bytes / 4 + (64 << 20)).next_multiple_of(4096))
+            .ssd_dirs(vec![]);
+    }
+    let store = rt.block_on(builder.open()).map_err(|e| format!("open store: {e}"))?;
+
+    // Memory per rank: KV buffers registered with the store, mirrors for the baseline.
+    let mut mems: Vec<RankMem> = Vec::new();
+    for r in 0..max_ranks {
+        let mut kv = Vec::new();
+        let mut mirror = Vec::new();
+        for (pi, p) in pools.iter().enumerate() {
+            let len = (p.object_bytes() * args.pages as u64) as usize;
+            let mut buf = vec![0u8; len];
+            let mut m = vec![0u8; len];
+            for page in 0..args.pages {
+                for l in 0..p.layers.len() {
+                    let lb = p.layer_bytes as usize;
+                    let at_kv = (l * args.pages + page) * lb;
+                    fill(seed(r, pi, page, l), &mut buf[at_kv..at_kv + lb]);
+                    let at_obj = page * p.object_bytes() as usize + l * lb;
+                    m[at_obj..at_obj + lb].copy_from_slice(&buf[at_kv..at_kv + lb]);
+                }
+            }
+            // SAFETY: the vectors are never reallocated and outlive the store (closed below).
+            let buf = RawBuf::new(buf);
+            rt.block_on(unsafe { store.register_buffer(buf.addr(), len as u64) })
+                .map_err(|e| format!("register: {e}"))?;
+            kv.push(buf);
+            mirror.push(m);
+        }
+        mems.push(RankMem { kv, mirror });
+    }
+
+    // Offload: one ranged put per rank and pool, every page, ranges tiling each object.
+    let t0 = Instant::now();
+    let mut put_failures = 0u64;
+    let mut first_failure = None;
+    let mut put_bytes = 0u64;
+    for (r, mem) in mems.iter().enumerate() {
+        for (pi, p) in pools.iter().enumerate() {
+            let base = mem.kv[pi].addr();
+            let keys: Vec<String> = (0..args.pages).map(|page| key(r, page, p)).collect();
+            let ranges: Vec<Vec<Range>> = (0..args.pages)
+                .map(|page| {
+                    (0..p.layers.len())
+                        .map(|l| {
+                            let lb = p.layer_bytes;
+                            Range::new(l as u64 * lb, lb, base + (l * args.pages + page) as u64 * lb)
+                        })
+                        .collect()
+                })
+                .collect();
+            let puts: Vec<RangedPut<'_>> = keys
+                .iter()
+                .zip(&ranges)
+                .enumerate()
+                .map(|(page, (k, rs))| RangedPut {
+                    key: k,
+                    object_len: p.object_bytes(),
+                    ranges: rs,
+                    depth: page as u32,
+                })
+                .collect();
+            let results = store.batch_put_ranges(&puts).map_err(|e| format!("put: {e}"))?;
+            for res in results {
+                match res {
+                    Ok(()) => put_bytes += p.object_bytes(),
+                    Err(e) => {
+                        put_failures += 1;
+                        first_failure.get_or_insert(e.to_string());
+                    }
+                }
+            }
+        }
+    }
+    let put_time = t0.elapsed();
+    let put_gbps = put_bytes as f64 / put_time.as_secs_f64() / 1e9;
+    if !args.json {
+        println!(
+            "umbp tier={} pools={} pages/rank={} layer-group={} page={} B; put {:.2} GB/s ({} B ok, {} failed)",
+            args.tier,
+            pools.len(),
+            args.pages,
+            args.layer_group,
+            page_bytes,
+            put_gbps,
+            put_bytes,
+            put_failures
+        );
+    }
+    if let Some(e) = first_failure {
+        return Err(format!("{put_failures} put(s) failed; first: {e}"));
+    }
+
+    // The SSD target: one logical layer of one page read alone, against that layer's bytes.
+    let layer_read_ratio = if ssd {
+        Some(ssd_layer_ratio(&store, &pools, &mems[0], args.pages, 30)?)
+    } else {
+        None
+    };
+
+    let groups = groups(&pools, args.layer_group);
+    let smallest = (0..pools.len()).min_by_key(|&i| pools[i].layer_bytes).expect("pools");
+    let fragments: u64 = pools.iter().map(|p| p.layers.len() as u64).sum::<u64>() * args.pages as u64;
+    let smallest_fragments = pools[smallest].layers.len() as u64 * args.pages as u64;
+    let compute_layers: u32 = groups.iter().map(|g| g.0).sum();
+
+    for &ranks in &ranks_list {
+        store.reset_phase_report();
+        let stats0 = store.stats();
+        let barrier = Arc::new(Barrier::new(ranks));
+        let samples: Vec<Vec<Sample>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..ranks)
+                .map(|r| {
+                    let (store, barrier, mem, pools, groups) = (&store, barrier.clone(), &mems[r], &pools, &groups);
+                    let args = &args;
+                    s.spawn(move || rank_loop(store, &barrier, r, mem, pools, groups, smallest, args))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rank thread"))
+                .collect::<Result<_, String>>()
+        })?;
+        let stats1 = store.stats();
+        let all: Vec<&Sample> = samples.iter().flatten().collect();
+        let pick = |f: &dyn Fn(&Sample) -> Duration, q: f64| {
+            let mut v: Vec<Duration> = all.iter().map(|s| f(s)).collect();
+            v.sort_unstable();
+            v[((v.len() - 1) as f64 * q).round() as usize]
+        };
+        let restore = pick(&|s| s.restore, 0.5);
+        let restore95 = pick(&|s| s.restore, 0.95);
+        let ttfl = pick(&|s| s.ttfl, 0.5);
+        let ttfl95 = pick(&|s| s.ttfl, 0.95);
+        let load = pick(&|s| s.load, 0.5);
+        let memcpy = pick(&|s| s.memcpy, 0.5);
+        let mut small_over: Vec<Duration> = all
+            .iter()
+            .map(|s| s.smallest_load.saturating_sub(s.smallest_memcpy))
+            .collect();
+        let small_over = median(&mut small_over);
+        let mut over: Vec<Duration> = all.iter().map(|s| s.load.saturating_sub(s.memcpy)).collect();
+        let over = median(&mut over);
+        let mismatched: u64 = all.iter().map(|s| s.mismatched).sum();
+        let bytes_per_restore = page_bytes * args.pages as u64;
+        let gbps = bytes_per_restore as f64 / load.as_secs_f64() / 1e9;
+        let ns_per_fragment = over.as_nanos() as f64 / fragments as f64;
+        let ns_per_fragment_smallest = small_over.as_nanos() as f64 / smallest_fragments as f64;
+        let ssd_read = stats1.ssd_read_bytes - stats0.ssd_read_bytes;
+        let delivered = (stats1.ssd_delivered_bytes - stats0.ssd_delivered_bytes).max(1);
+        let phases = store.phase_report().map(|p| {
+            let mut m = serde_json::Map::new();
+            for ph in te_base::Phase::ALL {
+                m.insert(ph.name().into(), serde_json::json!(p.us_per_call(ph)));
+            }
+            m.insert("calls".into(), serde_json::json!(p.calls));
+            m.insert(
+                "items_per_call".into(),
+                serde_json::json!(p.items as f64 / p.calls.max(1) as f64),
+            );
+            serde_json::Value::Object(m)
+        });
+        if args.json {
+            print_json(&serde_json::json!({
+                "bench": "umbp",
+                "tier": args.tier,
+                "ranks": ranks,
+                "pages": args.pages,
+                "layer_group": args.layer_group,
+                "requests": args.requests,
+                "compute_ms": compute_layers as f64 * args.compute_us_per_layer as f64 / 1e3,
+                "restore_ms_p50": ms(restore),
+                "restore_ms_p95": ms(restore95),
+                "ttfl_us_p50": us(ttfl),
+                "ttfl_us_p95": us(ttfl95),
+                "load_ms_p50": ms(load),
+                "load_gbps": gbps,
+                "memcpy_loop_ms": ms(memcpy),
+                "load_over_memcpy": load.as_secs_f64() / memcpy.as_secs_f64(),
+                "fragments": fragments,
+                "bytes": bytes_per_restore,
+                "ns_per_fragment": ns_per_fragment,
+                "smallest_pool": pools[smallest].name,
+                "smallest_layer_bytes": pools[smallest].layer_bytes,
+                "ns_per_fragment_smallest": ns_per_fragment_smallest,
+                "mismatched_bytes": mismatched,
+                "verified": args.verify,
+                "put_gbps": put_gbps,
+                "put_failures": put_failures,
+                "ssd_read_bytes": ssd_read,
+                "ssd_read_over_delivered": if ssd { Some(ssd_read as f64 / delivered as f64) } else { None },
+                "ssd_layer_read_ratio": layer_read_ratio,
+                "phases_us_per_call": phases,
+            }));
+        } else {
+            println!(
+                "ranks={ranks}: restore {:.2} ms (p95 {:.2}), TTFL {:.0} us (p95 {:.0}), load {:.2} ms = {:.2} GB/s, memcpy loop {:.2} ms (load/memcpy {:.2}x), overhead {:.0} ns/fragment ({:.0} ns at {} B), mismatched {}{}",
+                ms(restore),
+                ms(restore95),
+                us(ttfl),
+                us(ttfl95),
+                ms(load),
+                gbps,
+                ms(memcpy),
+                load.as_secs_f64() / memcpy.as_secs_f64(),
+                ns_per_fragment,
+                ns_per_fragment_smallest,
+                pools[smallest].layer_bytes,
+                if args.verify { mismatched.to_string() } else { "(not verified)".into() },
+                if ssd {
+                    format!(
+                        ", SSD read {:.2}x delivered, one layer alone {:.2}x its bytes",
+                        ssd_read as f64 / delivered as f64,
+                        layer_read_ratio.unwrap_or(0.0)
+                    )
+                } else {
+                    String::new()
+                }
+            );
+            if let Some(p) = store.phase_report() {
+                let parts: Vec<String> = te_base::Phase::ALL
+                    .iter()
+                    .map(|&ph| format!("{} {:.1}", ph.name(), p.us_per_call(ph)))
+                    .collect();
+                println!(
+                    "  phases (us/call over {} calls, {:.0} ranges/call): {}",
+                    p.calls,
+                    p.items as f64 / p.calls.max(1) as f64,
+                    parts.join(", ")
+                );
+            }
+        }
+    }
+    rt.block_on(store.close()).map_err(|e| format!("close: {e}"))?;
+    drop(mems);
+    if ssd && args.ssd_dir.is_none() {
+        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("umbp-bench-{}", std::process::id())));
+    }
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn spin(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+/// Reads logical layer `layer` of page 0 alone (every pool holding it) and returns the SSD bytes
+/// read over the layer's bytes.
+fn ssd_layer_ratio(store: &Store, pools: &[Pool], mem: &RankMem, pages: usize, layer: u32) -> Result<f64, String> {
+    let keys: Vec<String> = pools.iter().map(|p| key(0, 0, p)).collect();
+    let mut ranges: Vec<Vec<Range>> = Vec::new();
+    let mut bytes = 0;
+    for (pi, p) in pools.iter().enumerate() {
+        let base = mem.kv[pi].addr();
+        let r: Vec<Range> = (0..p.layers.len())
+            .filter(|&l| p.layers[l] == layer)
+            .map(|l| {
+                Range::new(
+                    l as u64 * p.layer_bytes,
+                    p.layer_bytes,
+                    base + (l * pages) as u64 * p.layer_bytes,
+                )
+            })
+            .collect();
+        bytes += r.iter().map(|x| x.len).sum::<u64>();
+        ranges.push(r);
+    }
+    let gets: Vec<RangedGet<'_>> = keys
+        .iter()
+        .zip(&ranges)
+        .filter(|(_, r)| !r.is_empty())
+        .map(|(k, r)| RangedGet { key: k, ranges: r })
+        .collect();
+    if bytes == 0 {
+        return Err(format!("no pool holds logical layer {layer}"));
+    }
+    let before = store.stats().ssd_read_bytes;
+    for r in store.batch_get_ranges(&gets).map_err(|e| e.to_string())? {
+        r.map_err(|e| e.to_string())?;
+    }
+    Ok((store.stats().ssd_read_bytes - before) as f64 / bytes as f64)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rank_loop(
+    store: &Store,
+    barrier: &Barrier,
+    rank: usize,
+    mem: &RankMem,
+    pools: &[Pool],
+    groups: &[(u32, Vec<GroupCall>)],
+    smallest: usize,
+    args: &Args,
+) -> Result<Vec<Sample>, String> {
+    let pages = args.pages;
+    // Every call of a restore, prepared once: (pool, keys, ranges per key).
+    let keys: Vec<Vec<String>> = pools
+        .iter()
+        .map(|p| (0..pages).map(|pg| key(rank, pg, p)).collect())
+        .collect();
+    let calls: Vec<Vec<(usize, Vec<Vec<Range>>)>> = groups
+        .iter()
+        .map(|(_, gc)| {
+            gc.iter()
+                .map(|c| {
+                    let p = &pools[c.pool];
+                    let base = mem.kv[c.pool].addr();
+                    let per_key = (0..pages)
+                        .map(|pg| {
+                            c.pool_layers
+                                .iter()
+                                .map(|&l| {
+                                    Range::new(
+                                        l as u64 * p.layer_bytes,
+                                        p.layer_bytes,
+                                        base + (l * pages + pg) as u64 * p.layer_bytes,
+                                    )
+                                })
+                                .collect()
+                        })
+                        .collect();
+                    (c.pool, per_key)
+                })
+                .collect()
+        })
+        .collect();
+    let gets: Vec<Vec<(usize, Vec<RangedGet<'_>>)>> = calls
+        .iter()
+        .map(|g| {
+            g.iter()
+                .map(|(pool, per_key)| {
+                    let v = keys[*pool]
+                        .iter()
+                        .zip(per_key)
+                        .map(|(k, r)| RangedGet { key: k, ranges: r })
+                        .collect();
+                    (*pool, v)
+                })
+                .collect()
+        })
+        .collect();
+    let mut out = Vec::with_capacity(args.requests);
+    for _ in 0..args.requests + 1 {
+        if args.verify {
+            for b in &mem.kv {
+                b.zero();
+            }
+        }
+        barrier.wait();
+        let t0 = Instant::now();
+        let mut load = Duration::ZERO;
+        let mut smallest_load = Duration::ZERO;
+        let mut ttfl = Duration::ZERO;
+        for (g, (group_layers, _)) in groups.iter().enumerate() {
+            let tg = Instant::now();
+            for (pool, call) in &gets[g] {
+                let tc = Instant::now();
+                for r in store.batch_get_ranges(call).map_err(|e| format!("get: {e}"))? {
+                    r.map_err(|e| format!("get: {e}"))?;
+                }
+                if *pool == smallest {
+                    smallest_load += tc.elapsed();
+                }
+            }
+            let lg = tg.elapsed();
+            load += lg;
+            if g == 0 {
+                ttfl = t0.elapsed();
+            }
+            spin(Duration::from_micros(args.compute_us_per_layer * *group_layers as u64));
+        }
+        let restore = t0.elapsed();
+        let mismatched = if args.verify {
+            verify(rank, mem, pools, pages)
+        } else {
+            0
+        };
+        // The same fragments, same order, copied by a plain loop from object-shaped memory.
+        barrier.wait();
+        let tm = Instant::now();
+        let mut smallest_memcpy = Duration::ZERO;
+        for (g, _) in groups.iter().enumerate() {
+            for (pool, per_key) in &calls[g] {
+                let tc = Instant::now();
+                let p = &pools[*pool];
+                let src = mem.mirror[*pool].as_ptr();
+                for (pg, ranges) in per_key.iter().enumerate() {
+                    for r in ranges {
+                        // SAFETY: the source lies inside the mirror (page pg's object) and the
+                        // destination inside this rank's KV buffer, as built above.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                src.add(pg * p.object_bytes() as usize + r.offset as usize),
+                                r.addr as *mut u8,
+                                r.len as usize,
+                            )
+                        };
+                    }
+                }
+                if *pool == smallest {
+                    smallest_memcpy += tc.elapsed();
+                }
+            }
+        }
+        let memcpy = tm.elapsed();
+        out.push(Sample {
+            restore,
+            ttfl,
+            load,
+            memcpy,
+            smallest_load,
+            smallest_memcpy,
+            mismatched,
+        });
+    }
+    // The first request warms caches and page tables; it is not reported.
+    out.remove(0);
+    Ok(out)
+}
+
+/// Counts bytes of the rank's KV buffers that differ from the pattern.
+fn verify(rank: usize, mem: &RankMem, pools: &[Pool], pages: usize) -> u64 {
+    let mut bad = 0u64;
+    let mut want = Vec::new();
+    for (pi, p) in pools.iter().enumerate() {
+        let lb = p.layer_bytes as usize;
+        want.resize(lb, 0);
+        for l in 0..p.layers.len() {
+            for pg in 0..pages {
+                fill(seed(rank, pi, pg, l), &mut want);
+                let at = (l * pages + pg) * lb;
+                bad += mem.kv[pi].bytes()[at..at + lb]
+                    .iter()
+                    .zip(&want)
+                    .filter(|(a, b)| a != b)
+                    .count() as u64;
+            }
+        }
+    }
+    bad
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_deepseek_geometry() {
+        let p = parse_pools(DEEPSEEK_V4_PRO).unwrap();
+        assert_eq!(p.len(), 3);
+        assert_eq!(p[0].layers[..3], [2, 4, 6]);
+        assert_eq!(p[2].layers[..3], [0, 1, 3]);
+        assert_eq!(*p[2].layers.last().unwrap(), 59);
+        let g = groups(&p, 8);
+        assert_eq!(g.len(), 8);
+        assert_eq!(g.iter().map(|x| x.0).sum::<u32>(), 61);
+        // Group 0 (layers 0..8): c4 holds 2,4,6; c128 holds 0,1,3,5,7.
+        assert_eq!(
+            g[0].1.iter().map(|c| c.pool_layers.len()).collect::<Vec<_>>(),
+            [3, 3, 5]
+        );
+        for bad in ["", "x:0:10", "x:2:10:1,2,3", "x:2:10:1/0", "x:a:10"] {
+            assert!(parse_pools(bad).is_err(), "{bad}");
+        }
+    }
 }
