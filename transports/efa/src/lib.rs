@@ -1,1 +1,58 @@
-//! libfabric transport (EFA on AWS; tcp;ofi_rxm and shm providers elsewhere).
+//! libfabric transport: EFA on AWS, and the same code on libfabric's software providers
+//! (`tcp;ofi_rxm`, `shm`, `sockets`) everywhere else.
+//!
+//! Shape:
+//! - [`ffi`] binds a small C shim (`csrc/fi_shim.c`) over libfabric's inline functions; `fabric`
+//!   wraps it safely (provider discovery, rails, memory regions).
+//! - One rail per NIC (provider domain): fabric, domain, RDM endpoint, address vector and
+//!   completion queue, driven by one owner thread (`worker`) that posts and polls, so a full
+//!   transmit queue can never deadlock against its own completions.
+//! - Writes use `FI_DELIVERY_COMPLETE`: a request completes only when its bytes are in the target's
+//!   memory (tcp;ofi_rxm otherwise reports completion before the data lands).
+//! - Large requests are striped across rails and split at the provider's maximum message size.
+//! - Only exported regions get remote access; the provider checks keys and bounds.
+//!
+//! Configuration: `TE_FABRIC_PROVIDER` (default `efa`), `TE_FABRIC_DOMAINS`, `TE_FABRIC_MAX_RAILS`,
+//! `TE_FABRIC_TIMEOUT_MS`, `TE_FABRIC_MAX_FRAGMENT_BYTES`, `TE_FABRIC_STRIPE_BYTES` (see [`config`]).
+//!
+//! ```no_run
+//! # async fn demo() -> te_base::Result<()> {
+//! use std::sync::Arc;
+//! use te_base::config::MapEnv;
+//! let ctx = te_base::InstallContext {
+//!     env: Arc::new(MapEnv::new([("TE_FABRIC_PROVIDER", "tcp;ofi_rxm")])),
+//!     segment_name: "node-a".into(),
+//! };
+//! let transport = te_transport_efa::install(&ctx).await?;
+//! assert_eq!(transport.name(), "efa");
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+
+use te_base::{InstallContext, Result, Transport};
+
+pub mod config;
+mod fabric;
+pub mod ffi;
+mod peer;
+mod registry;
+mod transport;
+pub mod wire;
+mod worker;
+
+pub use fabric::libfabric_versions;
+pub use transport::FabricTransport;
+
+/// Installs the `efa` transport: opens one rail per NIC of the provider named by
+/// `TE_FABRIC_PROVIDER` (default `efa`). [`te_base::Error::NotAvailable`] when the provider is not
+/// present here; the message lists the providers that are.
+pub async fn install(ctx: &InstallContext) -> Result<Arc<dyn Transport>> {
+    Ok(Arc::new(transport::install_from(ctx)?))
+}
+
+/// Names of the libfabric providers offering RDM endpoints with RMA on this host
+/// (`tcp;ofi_rxm`, `shm`...). Empty when none (or libfabric finds nothing).
+pub fn available_providers() -> Vec<String> {
+    fabric::providers_found()
+}

@@ -1,0 +1,317 @@
+/*
+ * Thin C shim over libfabric for te-transport-efa.
+ *
+ * libfabric's data-path and object calls (fi_domain, fi_mr_regattr, fi_writemsg, fi_cq_read...) are
+ * `static inline` functions in the public headers that jump through provider ops tables, so there is
+ * no symbol in libfabric.so to link against. This file instantiates the few we use as real functions,
+ * compiled against whatever headers the build machine has (1.17 on Debian 12, 2.x from the EFA
+ * installer), and translates header constants into a small stable encoding so the Rust side never
+ * depends on a header version. Policy (which provider, which rails, what to do on errors) lives in
+ * Rust; this file only forwards.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+_Static_assert(FI_EAGAIN == 11, "FI_EAGAIN differs from the value the Rust side expects");
+_Static_assert(FI_EAVAIL == 259, "FI_EAVAIL differs from the value the Rust side expects");
+_Static_assert(sizeof(struct fi_cq_entry) == sizeof(void *), "fi_cq_entry is not one context pointer");
+
+/* Our stable encoding of the mr_mode bits (mirrored in src/ffi.rs). */
+#define TE_MR_LOCAL 1u
+#define TE_MR_VIRT_ADDR 2u
+#define TE_MR_PROV_KEY 4u
+#define TE_MR_ENDPOINT 8u
+#define TE_MR_ALLOCATED 16u
+#define TE_MR_HMEM 32u
+
+/* Step names reported when opening a rail fails (mirrored in src/ffi.rs). */
+#define TE_STEP_FABRIC 1
+#define TE_STEP_DOMAIN 2
+#define TE_STEP_AV 3
+#define TE_STEP_CQ 4
+#define TE_STEP_EP 5
+#define TE_STEP_BIND_AV 6
+#define TE_STEP_BIND_CQ 7
+#define TE_STEP_ENABLE 8
+
+/* libfabric 2.x drops FI_CONTEXT; accept whichever context modes the headers still define. */
+#if defined(FI_CONTEXT) && defined(FI_CONTEXT2)
+#define CONTEXT_MODES (FI_CONTEXT | FI_CONTEXT2)
+#elif defined(FI_CONTEXT2)
+#define CONTEXT_MODES (FI_CONTEXT2)
+#else
+#define CONTEXT_MODES (FI_CONTEXT)
+#endif
+
+static int to_fi_mr_mode(uint32_t te) {
+    int m = 0;
+    if (te & TE_MR_LOCAL) m |= FI_MR_LOCAL;
+    if (te & TE_MR_VIRT_ADDR) m |= FI_MR_VIRT_ADDR;
+    if (te & TE_MR_PROV_KEY) m |= FI_MR_PROV_KEY;
+    if (te & TE_MR_ENDPOINT) m |= FI_MR_ENDPOINT;
+    if (te & TE_MR_ALLOCATED) m |= FI_MR_ALLOCATED;
+    if (te & TE_MR_HMEM) m |= FI_MR_HMEM;
+    return m;
+}
+
+static uint32_t from_fi_mr_mode(int m) {
+    uint32_t te = 0;
+    if (m & FI_MR_LOCAL) te |= TE_MR_LOCAL;
+    if (m & FI_MR_VIRT_ADDR) te |= TE_MR_VIRT_ADDR;
+    if (m & FI_MR_PROV_KEY) te |= TE_MR_PROV_KEY;
+    if (m & FI_MR_ENDPOINT) te |= TE_MR_ENDPOINT;
+    if (m & FI_MR_ALLOCATED) te |= TE_MR_ALLOCATED;
+    if (m & FI_MR_HMEM) te |= TE_MR_HMEM;
+    return te;
+}
+
+uint32_t te_fi_runtime_version(void) { return fi_version(); }
+uint32_t te_fi_header_version(void) { return FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION); }
+const char *te_fi_strerror(int err) { return fi_strerror(err); }
+
+/*
+ * fi_getinfo for RDM endpoints with RMA. `prov` may be NULL (any provider). `mr_mode` is in our
+ * encoding and lists every mode bit we can follow; the provider answers with the ones it needs.
+ * `delivery_complete` asks for providers that honour FI_DELIVERY_COMPLETE on transmits.
+ */
+int te_fi_getinfo(const char *prov, uint32_t mr_mode, int delivery_complete, int hmem, struct fi_info **out) {
+    struct fi_info *hints = fi_allocinfo();
+    if (!hints) return -FI_ENOMEM;
+    hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    if (hmem) hints->caps |= FI_HMEM;
+    /* We hand every operation a 64-byte scratch area as its context, so both context modes are fine. */
+    hints->mode = CONTEXT_MODES;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->domain_attr->mr_mode = to_fi_mr_mode(mr_mode);
+    /* Registration and address insertion run on control threads while the owner thread posts. */
+    hints->domain_attr->threading = FI_THREAD_SAFE;
+    hints->domain_attr->resource_mgmt = FI_RM_ENABLED;
+    hints->domain_attr->av_type = FI_AV_TABLE;
+    if (delivery_complete) hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+    if (prov) {
+        hints->fabric_attr->prov_name = strdup(prov);
+        if (!hints->fabric_attr->prov_name) {
+            fi_freeinfo(hints);
+            return -FI_ENOMEM;
+        }
+    }
+    int rc = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), NULL, NULL, 0, hints, out);
+    fi_freeinfo(hints);
+    return rc;
+}
+
+void te_fi_freeinfo(struct fi_info *info) { fi_freeinfo(info); }
+struct fi_info *te_fi_info_next(const struct fi_info *info) { return info->next; }
+const char *te_fi_info_provider(const struct fi_info *info) { return info->fabric_attr->prov_name; }
+const char *te_fi_info_fabric(const struct fi_info *info) { return info->fabric_attr->name; }
+const char *te_fi_info_domain(const struct fi_info *info) { return info->domain_attr->name; }
+uint32_t te_fi_info_mr_mode(const struct fi_info *info) { return from_fi_mr_mode(info->domain_attr->mr_mode); }
+size_t te_fi_info_mr_key_size(const struct fi_info *info) { return info->domain_attr->mr_key_size; }
+size_t te_fi_info_max_msg_size(const struct fi_info *info) { return info->ep_attr->max_msg_size; }
+size_t te_fi_info_tx_size(const struct fi_info *info) { return info->tx_attr->size; }
+int te_fi_info_is_ipv4(const struct fi_info *info) { return info->addr_format == FI_SOCKADDR_IN; }
+int te_fi_info_needs_context(const struct fi_info *info) { return (info->mode & CONTEXT_MODES) != 0; }
+/* 1 when the provider returned FI_HMEM in the granted caps. */
+int te_fi_info_hmem(const struct fi_info *info) { return (info->caps & FI_HMEM) != 0; }
+
+/* The objects of one rail: one NIC (domain) with one endpoint, address vector and CQ. */
+struct te_fi_rail {
+    struct fid_fabric *fabric;
+    struct fid_domain *domain;
+    struct fid_av *av;
+    struct fid_cq *cq;
+    struct fid_ep *ep;
+    int cq_can_wait; /* the CQ has a wait object: fi_cq_sread and fi_cq_signal work */
+};
+
+static void close_fid(struct fid *f) {
+    if (f) fi_close(f);
+}
+
+void te_fi_rail_close(struct te_fi_rail *r) {
+    close_fid(r->ep ? &r->ep->fid : NULL);
+    close_fid(r->av ? &r->av->fid : NULL);
+    close_fid(r->cq ? &r->cq->fid : NULL);
+    close_fid(r->domain ? &r->domain->fid : NULL);
+    close_fid(r->fabric ? &r->fabric->fid : NULL);
+    memset(r, 0, sizeof(*r));
+}
+
+/* Opens fabric, domain, AV, CQ and endpoint for `info`. On failure returns the negative fi error,
+ * stores the failed step in *step and closes what was opened. */
+int te_fi_rail_open(struct fi_info *info, size_t cq_size, struct te_fi_rail *r, int *step) {
+    memset(r, 0, sizeof(*r));
+    int rc;
+    *step = TE_STEP_FABRIC;
+    if ((rc = fi_fabric(info->fabric_attr, &r->fabric, NULL))) goto fail;
+    *step = TE_STEP_DOMAIN;
+    if ((rc = fi_domain(r->fabric, info, &r->domain, NULL))) goto fail;
+
+    struct fi_av_attr av_attr;
+    memset(&av_attr, 0, sizeof(av_attr));
+    av_attr.type = FI_AV_TABLE;
+    *step = TE_STEP_AV;
+    if ((rc = fi_av_open(r->domain, &av_attr, &r->av, NULL))) goto fail;
+
+    struct fi_cq_attr cq_attr;
+    memset(&cq_attr, 0, sizeof(cq_attr));
+    cq_attr.format = FI_CQ_FORMAT_CONTEXT;
+    cq_attr.size = cq_size;
+    cq_attr.wait_obj = FI_WAIT_UNSPEC;
+    *step = TE_STEP_CQ;
+    rc = fi_cq_open(r->domain, &cq_attr, &r->cq, NULL);
+    if (rc == 0) {
+        r->cq_can_wait = 1;
+    } else {
+        /* Providers without wait objects: the owner thread polls instead. */
+        cq_attr.wait_obj = FI_WAIT_NONE;
+        if ((rc = fi_cq_open(r->domain, &cq_attr, &r->cq, NULL))) goto fail;
+    }
+
+    *step = TE_STEP_EP;
+    if ((rc = fi_endpoint(r->domain, info, &r->ep, NULL))) goto fail;
+    *step = TE_STEP_BIND_AV;
+    if ((rc = fi_ep_bind(r->ep, &r->av->fid, 0))) goto fail;
+    *step = TE_STEP_BIND_CQ;
+    if ((rc = fi_ep_bind(r->ep, &r->cq->fid, FI_TRANSMIT | FI_RECV))) goto fail;
+    *step = TE_STEP_ENABLE;
+    if ((rc = fi_enable(r->ep))) goto fail;
+    return 0;
+fail:
+    te_fi_rail_close(r);
+    return rc;
+}
+
+int te_fi_getname(struct te_fi_rail *r, void *buf, size_t *len) { return fi_getname(&r->ep->fid, buf, len); }
+
+/* Inserts one address; returns 0 and the fi_addr_t, or a negative fi error. */
+int te_fi_av_insert(struct te_fi_rail *r, const void *addr, uint64_t *fi_addr) {
+    fi_addr_t out = FI_ADDR_NOTAVAIL;
+    int n = fi_av_insert(r->av, addr, 1, &out, 0, NULL);
+    if (n == 1 && out != FI_ADDR_NOTAVAIL) {
+        *fi_addr = out;
+        return 0;
+    }
+    return n < 0 ? n : -FI_EINVAL;
+}
+
+int te_fi_av_remove(struct te_fi_rail *r, uint64_t fi_addr) {
+    fi_addr_t a = fi_addr;
+    return fi_av_remove(r->av, &a, 1, 0);
+}
+
+/*
+ * Registers [buf, buf+len) on the rail's domain. `remote` grants peers read/write access; without it
+ * the region is only usable as the local side of our own operations. `hmem_iface`/`hmem_device` are
+ * 0/0 for host memory (FI_HMEM_SYSTEM). Binds to the endpoint when the provider granted
+ * FI_MR_ENDPOINT. Returns the MR, its key (FI_KEY_NOTAVAIL becomes an error) and its descriptor.
+ */
+int te_fi_mr_reg(struct te_fi_rail *r, void *buf, size_t len, int remote, uint64_t requested_key, int bind_ep,
+                 int hmem_iface, int hmem_device, struct fid_mr **mr_out, uint64_t *key, void **desc) {
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    struct fi_mr_attr attr;
+    memset(&attr, 0, sizeof(attr));
+    attr.mr_iov = &iov;
+    attr.iov_count = 1;
+    attr.access = FI_READ | FI_WRITE;
+    if (remote) attr.access |= FI_REMOTE_READ | FI_REMOTE_WRITE;
+    attr.requested_key = requested_key;
+    attr.iface = (enum fi_hmem_iface)hmem_iface;
+    attr.device.reserved = 0;
+    if (hmem_iface == FI_HMEM_CUDA) attr.device.cuda = hmem_device;
+    struct fid_mr *mr = NULL;
+    int rc = fi_mr_regattr(r->domain, &attr, 0, &mr);
+    if (rc) return rc;
+    if (bind_ep) {
+        if ((rc = fi_mr_bind(mr, &r->ep->fid, 0)) || (rc = fi_mr_enable(mr))) {
+            fi_close(&mr->fid);
+            return rc;
+        }
+    }
+    uint64_t k = fi_mr_key(mr);
+    if (k == FI_KEY_NOTAVAIL) {
+        fi_close(&mr->fid);
+        return -FI_ENOKEY;
+    }
+    *mr_out = mr;
+    *key = k;
+    *desc = fi_mr_desc(mr);
+    return 0;
+}
+
+int te_fi_mr_close(struct fid_mr *mr) { return fi_close(&mr->fid); }
+
+/* One RMA write with delivery-complete semantics: the completion means the bytes are in the
+ * target's memory, not merely handed to the network. */
+ssize_t te_fi_write(struct te_fi_rail *r, const void *buf, size_t len, void *desc, uint64_t dest, uint64_t raddr,
+                    uint64_t rkey, void *ctx) {
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+    struct fi_rma_iov rma = {.addr = raddr, .len = len, .key = rkey};
+    struct fi_msg_rma msg = {
+        .msg_iov = &iov,
+        .desc = &desc,
+        .iov_count = 1,
+        .addr = dest,
+        .rma_iov = &rma,
+        .rma_iov_count = 1,
+        .context = ctx,
+        .data = 0,
+    };
+    return fi_writemsg(r->ep, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE);
+}
+
+/* One RMA read; its completion always means the bytes are in local memory. */
+ssize_t te_fi_read(struct te_fi_rail *r, void *buf, size_t len, void *desc, uint64_t dest, uint64_t raddr,
+                   uint64_t rkey, void *ctx) {
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    struct fi_rma_iov rma = {.addr = raddr, .len = len, .key = rkey};
+    struct fi_msg_rma msg = {
+        .msg_iov = &iov,
+        .desc = &desc,
+        .iov_count = 1,
+        .addr = dest,
+        .rma_iov = &rma,
+        .rma_iov_count = 1,
+        .context = ctx,
+        .data = 0,
+    };
+    return fi_readmsg(r->ep, &msg, FI_COMPLETION);
+}
+
+/* Reads up to `count` completions as bare context pointers (FI_CQ_FORMAT_CONTEXT). */
+ssize_t te_fi_cq_read(struct te_fi_rail *r, void **ctxs, size_t count) { return fi_cq_read(r->cq, ctxs, count); }
+
+/* Blocking read; only valid when the CQ has a wait object. */
+ssize_t te_fi_cq_sread(struct te_fi_rail *r, void **ctxs, size_t count, int timeout_ms) {
+    return fi_cq_sread(r->cq, ctxs, count, NULL, timeout_ms);
+}
+
+int te_fi_cq_signal(struct te_fi_rail *r) { return fi_cq_signal(r->cq); }
+
+/*
+ * Reads one error completion. Fills the failed operation's context, the fi error, and the provider's
+ * own text (fi_cq_strerror) into msg.
+ */
+ssize_t te_fi_cq_readerr(struct te_fi_rail *r, void **ctx, int *err, char *msg, size_t msg_len) {
+    struct fi_cq_err_entry e;
+    memset(&e, 0, sizeof(e));
+    ssize_t rc = fi_cq_readerr(r->cq, &e, 0);
+    if (rc < 0) return rc;
+    *ctx = e.op_context;
+    *err = e.err;
+    const char *text = fi_cq_strerror(r->cq, e.prov_errno, e.err_data, NULL, 0);
+    snprintf(msg, msg_len, "%s (fi error %d: %s; provider errno %d)", text ? text : "unknown", e.err,
+             fi_strerror(e.err), e.prov_errno);
+    return rc;
+}

@@ -1,0 +1,94 @@
+//! A target process: exports one pattern-filled buffer over the efa transport and answers
+//! verification commands on stdin until stdin closes.
+//!
+//! Protocol (one line each):
+//! - out, first: the segment descriptor as JSON;
+//! - in `check <offset> <len> <seed>` -> out `mismatched <n>`;
+//! - in `fill <seed>` -> out `ok`;
+//! - in `exit` (or EOF): the process exits.
+
+use std::io::{BufRead, Write};
+use std::sync::Arc;
+
+use te_base::config::ProcessEnv;
+use te_base::{
+    ExportedBuffer, HostBuffer, HostBufferOptions, InstallContext, MemoryLocation, RegionId, RegionInfo,
+    SegmentDescriptor, TransportEndpoint,
+};
+
+use crate::pattern;
+
+/// Runs the target until stdin closes.
+pub fn serve(bytes: usize, seed: u64) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let name = format!("efa-peer-{}", std::process::id());
+    let ctx = InstallContext {
+        env: Arc::new(ProcessEnv),
+        segment_name: name.clone(),
+    };
+    let transport = rt.block_on(te_transport_efa::install(&ctx)).map_err(|e| e.to_string())?;
+    let buf = HostBuffer::allocate(bytes, HostBufferOptions { prefault: true, ..Default::default() })
+        .map_err(|e| e.to_string())?;
+    // SAFETY: the buffer is live, `bytes` long, and nothing else touches it yet.
+    let slice = unsafe { std::slice::from_raw_parts_mut(buf.as_ptr(), bytes) };
+    pattern::fill(slice, seed, 0);
+    let region = RegionInfo {
+        id: RegionId(1),
+        base: buf.addr(),
+        len: bytes as u64,
+        location: MemoryLocation::HOST,
+        exported: true,
+    };
+    let keys = rt
+        .block_on(transport.register(std::slice::from_ref(&region)))
+        .map_err(|e| e.to_string())?;
+    let mut desc = SegmentDescriptor::new(name, u64::from(std::process::id()));
+    desc.transports.push(TransportEndpoint {
+        transport: transport.name().into(),
+        info: transport.endpoint(),
+    });
+    desc.buffers.push(ExportedBuffer {
+        base: buf.addr(),
+        len: bytes as u64,
+        location: MemoryLocation::HOST,
+        keys: [(transport.name().to_string(), keys[0].clone())].into_iter().collect(),
+    });
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", desc.to_json()).map_err(|e| e.to_string())?;
+    out.flush().map_err(|e| e.to_string())?;
+    for line in std::io::stdin().lock().lines() {
+        let line = line.map_err(|e| e.to_string())?;
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let reply = match words.as_slice() {
+            ["check", off, len, seed] => {
+                let (off, len, seed) = (parse(off)?, parse(len)?, parse(seed)?);
+                if off.checked_add(len).is_none_or(|end| end > bytes as u64) {
+                    format!("error range {off}+{len} outside {bytes}")
+                } else {
+                    // SAFETY: in bounds (checked above); peers' writes have completed (the client
+                    // asks only after its batch finished with delivery-complete semantics).
+                    let s = unsafe { std::slice::from_raw_parts(buf.as_ptr().add(off as usize), len as usize) };
+                    format!("mismatched {}", pattern::mismatches(s, seed, off))
+                }
+            }
+            ["fill", seed] => {
+                // SAFETY: the buffer is live; the client does not transfer while it asks to refill.
+                let s = unsafe { std::slice::from_raw_parts_mut(buf.as_ptr(), bytes) };
+                pattern::fill(s, parse(seed)?, 0);
+                "ok".to_string()
+            }
+            ["exit"] => break,
+            _ => format!("error unknown command {line:?}"),
+        };
+        writeln!(out, "{reply}").map_err(|e| e.to_string())?;
+        out.flush().map_err(|e| e.to_string())?;
+    }
+    rt.block_on(transport.shutdown());
+    Ok(())
+}
+
+fn parse(word: &str) -> Result<u64, String> {
+    word.parse().map_err(|_| format!("bad number {word:?}"))
+}

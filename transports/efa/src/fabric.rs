@@ -1,0 +1,430 @@
+//! Safe wrappers over the shim: provider discovery (`fi_getinfo`), one rail's libfabric objects,
+//! memory regions and the raw data-path calls the owner thread makes.
+
+use std::collections::BTreeSet;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use te_base::{Error, Result};
+
+use crate::ffi::{self, mr, FiInfo, FidMr, RawRail};
+
+/// Name used in errors.
+pub(crate) const TRANSPORT: &str = "efa";
+
+/// Every mr_mode bit we know how to follow; the provider keeps the ones it needs.
+const MR_MODES_WE_FOLLOW: u32 = mr::LOCAL | mr::VIRT_ADDR | mr::PROV_KEY | mr::ENDPOINT | mr::ALLOCATED;
+
+fn cstr(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: libfabric strings in fi_info are NUL-terminated and live as long as the info list,
+    // which outlives this call; we copy at once.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// The list `fi_getinfo` returned; freed on drop.
+pub(crate) struct InfoList {
+    head: *mut FiInfo,
+}
+
+// SAFETY: the list is immutable after fi_getinfo and only read (or handed to fi_fabric/fi_domain,
+// which copy what they need); nothing in it is tied to a thread.
+unsafe impl Send for InfoList {}
+// SAFETY: as above, shared access only reads.
+unsafe impl Sync for InfoList {}
+
+impl InfoList {
+    /// RDM + RMA providers matching `provider` (any provider when `None`). `Ok(None)` when nothing
+    /// matches.
+    pub(crate) fn query(provider: Option<&str>) -> Result<Option<InfoList>> {
+        let prov = provider
+            .map(CString::new)
+            .transpose()
+            .map_err(|_| Error::config("TE_FABRIC_PROVIDER", provider.unwrap_or(""), "contains a NUL byte"))?;
+        let mut head = std::ptr::null_mut();
+        // SAFETY: prov is a valid C string or null; head receives a list we own and free in Drop.
+        let rc = unsafe {
+            ffi::te_fi_getinfo(
+                prov.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()),
+                MR_MODES_WE_FOLLOW,
+                1,
+                0,
+                &mut head,
+            )
+        };
+        if rc == -ffi::FI_ENODATA || (rc == 0 && head.is_null()) {
+            return Ok(None);
+        }
+        if rc != 0 {
+            return Err(Error::transport(
+                TRANSPORT,
+                format!("fi_getinfo: {}", ffi::strerror(rc as i64)),
+            ));
+        }
+        Ok(Some(InfoList { head }))
+    }
+
+    /// The entries in provider order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Info<'_>> {
+        let mut cur = self.head;
+        std::iter::from_fn(move || {
+            if cur.is_null() {
+                return None;
+            }
+            let info = Info { ptr: cur, _list: self };
+            // SAFETY: cur is a live node of our list.
+            cur = unsafe { ffi::te_fi_info_next(cur) };
+            Some(info)
+        })
+    }
+}
+
+impl Drop for InfoList {
+    fn drop(&mut self) {
+        // SAFETY: head came from fi_getinfo and is freed exactly once.
+        unsafe { ffi::te_fi_freeinfo(self.head) };
+    }
+}
+
+/// The names of every provider offering RDM endpoints with RMA here, for error messages.
+pub(crate) fn providers_found() -> Vec<String> {
+    let Ok(Some(list)) = InfoList::query(None) else {
+        return vec![];
+    };
+    let set: BTreeSet<String> = list.iter().map(|i| i.provider()).collect();
+    set.into_iter().collect()
+}
+
+/// One entry of an [`InfoList`].
+#[derive(Clone, Copy)]
+pub(crate) struct Info<'a> {
+    ptr: *mut FiInfo,
+    _list: &'a InfoList,
+}
+
+impl Info<'_> {
+    pub(crate) fn provider(&self) -> String {
+        // SAFETY: ptr is a live node of the borrowed list.
+        cstr(unsafe { ffi::te_fi_info_provider(self.ptr) })
+    }
+    pub(crate) fn fabric(&self) -> String {
+        // SAFETY: as above.
+        cstr(unsafe { ffi::te_fi_info_fabric(self.ptr) })
+    }
+    pub(crate) fn domain(&self) -> String {
+        // SAFETY: as above.
+        cstr(unsafe { ffi::te_fi_info_domain(self.ptr) })
+    }
+    pub(crate) fn is_ipv4(&self) -> bool {
+        // SAFETY: as above.
+        unsafe { ffi::te_fi_info_is_ipv4(self.ptr) != 0 }
+    }
+}
+
+/// What the provider granted for one rail.
+#[derive(Debug, Clone)]
+pub(crate) struct RailAttrs {
+    pub provider: String,
+    pub fabric: String,
+    pub domain: String,
+    /// Granted mr_mode bits ([`mr`] encoding).
+    pub mr_mode: u32,
+    pub mr_key_size: usize,
+    pub max_msg_size: u64,
+    pub tx_size: usize,
+}
+
+impl RailAttrs {
+    pub(crate) fn virt_addr(&self) -> bool {
+        self.mr_mode & mr::VIRT_ADDR != 0
+    }
+    pub(crate) fn local_desc(&self) -> bool {
+        self.mr_mode & mr::LOCAL != 0
+    }
+    pub(crate) fn prov_key(&self) -> bool {
+        self.mr_mode & mr::PROV_KEY != 0
+    }
+    pub(crate) fn bind_ep(&self) -> bool {
+        self.mr_mode & mr::ENDPOINT != 0
+    }
+}
+
+/// One NIC: fabric, domain, endpoint, address vector and completion queue.
+pub(crate) struct Rail {
+    raw: Box<RawRail>,
+    pub attrs: RailAttrs,
+    /// This endpoint's address (fi_getname), what peers insert into their AV.
+    pub address: Vec<u8>,
+    /// The CQ has a wait object (blocking reads and fi_cq_signal work).
+    pub cq_can_wait: bool,
+    /// Next application-chosen MR key (when the provider does not pick keys).
+    next_key: AtomicU64,
+}
+
+// SAFETY: the domain is opened FI_THREAD_SAFE, so libfabric serialises concurrent calls on these
+// objects; the raw pointers are only handed to libfabric.
+unsafe impl Send for Rail {}
+// SAFETY: as above.
+unsafe impl Sync for Rail {}
+
+impl Rail {
+    /// Opens the objects of one rail from a getinfo entry.
+    pub(crate) fn open(info: Info<'_>) -> Result<Rail> {
+        // SAFETY (all reads below): info.ptr is a live node of the borrowed list.
+        let attrs = unsafe {
+            RailAttrs {
+                provider: info.provider(),
+                fabric: info.fabric(),
+                domain: info.domain(),
+                mr_mode: ffi::te_fi_info_mr_mode(info.ptr),
+                mr_key_size: ffi::te_fi_info_mr_key_size(info.ptr),
+                max_msg_size: ffi::te_fi_info_max_msg_size(info.ptr) as u64,
+                tx_size: ffi::te_fi_info_tx_size(info.ptr),
+            }
+        };
+        let cq_size = attrs.tx_size.clamp(64, 1 << 16) * 2;
+        let mut raw = Box::new(RawRail::empty());
+        let mut step: c_int = 0;
+        // SAFETY: info.ptr is live; raw is a valid out-struct that stays at a fixed address (boxed).
+        let rc = unsafe { ffi::te_fi_rail_open(info.ptr, cq_size, &mut *raw, &mut step) };
+        if rc != 0 {
+            return Err(Error::transport(
+                TRANSPORT,
+                format!(
+                    "opening rail on {} domain '{}': {} failed: {}",
+                    attrs.provider,
+                    attrs.domain,
+                    ffi::rail_step_name(step),
+                    ffi::strerror(rc as i64)
+                ),
+            ));
+        }
+        let cq_can_wait = raw.cq_can_wait != 0;
+        let mut rail = Rail {
+            raw,
+            attrs,
+            address: Vec::new(),
+            cq_can_wait,
+            next_key: AtomicU64::new(1),
+        };
+        rail.address = rail.getname()?;
+        Ok(rail)
+    }
+
+    fn raw(&self) -> *mut RawRail {
+        (&*self.raw as *const RawRail).cast_mut()
+    }
+
+    fn getname(&self) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; 256];
+        let mut len = buf.len();
+        // SAFETY: buf has len bytes; fi_getname writes at most len and updates it.
+        let mut rc = unsafe { ffi::te_fi_getname(self.raw(), buf.as_mut_ptr().cast(), &mut len) };
+        if rc != 0 && len > buf.len() {
+            buf.resize(len, 0);
+            // SAFETY: as above with the size the provider asked for.
+            rc = unsafe { ffi::te_fi_getname(self.raw(), buf.as_mut_ptr().cast(), &mut len) };
+        }
+        if rc != 0 {
+            return Err(self.error("fi_getname", rc as i64));
+        }
+        buf.truncate(len);
+        Ok(buf)
+    }
+
+    pub(crate) fn error(&self, call: &str, rc: i64) -> Error {
+        Error::transport(
+            TRANSPORT,
+            format!(
+                "{call} on {} domain '{}': {}",
+                self.attrs.provider,
+                self.attrs.domain,
+                ffi::strerror(rc)
+            ),
+        )
+    }
+
+    /// Inserts a peer endpoint address into the AV.
+    pub(crate) fn av_insert(&self, addr: &[u8]) -> Result<u64> {
+        let mut out = 0u64;
+        // SAFETY: addr points at a full endpoint name of this provider (validated length by the
+        // caller against our own name length); out receives the fi_addr_t.
+        let rc = unsafe { ffi::te_fi_av_insert(self.raw(), addr.as_ptr().cast(), &mut out) };
+        if rc != 0 {
+            return Err(self.error("fi_av_insert", rc as i64));
+        }
+        Ok(out)
+    }
+
+    /// Removes a peer from the AV (closes its connection on connection-based providers).
+    pub(crate) fn av_remove(&self, fi_addr: u64) {
+        // SAFETY: fi_addr came from av_insert on this AV; a stale one only yields an error code.
+        let rc = unsafe { ffi::te_fi_av_remove(self.raw(), fi_addr) };
+        if rc != 0 {
+            tracing::debug!(rc, domain = %self.attrs.domain, "fi_av_remove failed");
+        }
+    }
+
+    /// Registers `[base, base + len)` on this rail's domain. `remote` grants peers access.
+    pub(crate) fn register(self: &Arc<Self>, base: u64, len: u64, remote: bool) -> Result<MemoryRegion> {
+        let requested_key = if self.attrs.prov_key() {
+            0
+        } else {
+            self.next_key.fetch_add(1, Ordering::Relaxed)
+        };
+        let mut mr: *mut FidMr = std::ptr::null_mut();
+        let mut key = 0u64;
+        let mut desc: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the caller guarantees [base, base+len) is mapped memory that stays valid until the
+        // returned MemoryRegion is dropped (the engine's registration contract); out-params are valid.
+        let rc = unsafe {
+            ffi::te_fi_mr_reg(
+                self.raw(),
+                base as *mut c_void,
+                len as usize,
+                c_int::from(remote),
+                requested_key,
+                c_int::from(self.attrs.bind_ep()),
+                0,
+                0,
+                &mut mr,
+                &mut key,
+                &mut desc,
+            )
+        };
+        if rc != 0 {
+            return Err(self.error(&format!("fi_mr_regattr([{base:#x}, +{len}))"), rc as i64));
+        }
+        Ok(MemoryRegion {
+            mr,
+            key,
+            desc,
+            _rail: self.clone(),
+        })
+    }
+
+    /// Posts one RMA write (delivery complete). Returns 0, `-FI_EAGAIN` or another negative error.
+    ///
+    /// # Safety
+    /// `buf..buf+len` must be registered local memory valid until the completion for `ctx` is read,
+    /// `ctx` must point to a 64-byte scratch area valid until then, `desc` must be this rail's
+    /// descriptor for the buffer (or null) and `dest` an address from this rail's AV.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn post_write(
+        &self,
+        buf: u64,
+        len: u64,
+        desc: *mut c_void,
+        dest: u64,
+        raddr: u64,
+        rkey: u64,
+        ctx: *mut c_void,
+    ) -> isize {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { ffi::te_fi_write(self.raw(), buf as *const c_void, len as usize, desc, dest, raddr, rkey, ctx) }
+    }
+
+    /// Posts one RMA read.
+    ///
+    /// # Safety
+    /// As [`Rail::post_write`]; the local buffer is written by the provider.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn post_read(
+        &self,
+        buf: u64,
+        len: u64,
+        desc: *mut c_void,
+        dest: u64,
+        raddr: u64,
+        rkey: u64,
+        ctx: *mut c_void,
+    ) -> isize {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { ffi::te_fi_read(self.raw(), buf as *mut c_void, len as usize, desc, dest, raddr, rkey, ctx) }
+    }
+
+    /// Reads completions into `out` (non-blocking). Returns the count, 0, `-FI_EAVAIL` or an error.
+    pub(crate) fn cq_read(&self, out: &mut [*mut c_void]) -> isize {
+        // SAFETY: out has out.len() writable pointer slots (FI_CQ_FORMAT_CONTEXT entries).
+        let rc = unsafe { ffi::te_fi_cq_read(self.raw(), out.as_mut_ptr(), out.len()) };
+        if rc == -ffi::FI_EAGAIN {
+            0
+        } else {
+            rc
+        }
+    }
+
+    /// Blocking read with a timeout; only when [`Rail::cq_can_wait`].
+    pub(crate) fn cq_sread(&self, out: &mut [*mut c_void], timeout_ms: i32) -> isize {
+        // SAFETY: as cq_read; the CQ has a wait object (checked by the caller).
+        let rc = unsafe { ffi::te_fi_cq_sread(self.raw(), out.as_mut_ptr(), out.len(), timeout_ms) };
+        if rc == -ffi::FI_EAGAIN || rc == -(libc::ETIMEDOUT as isize) || rc == -(libc::EINTR as isize) {
+            0
+        } else {
+            rc
+        }
+    }
+
+    /// Wakes a thread blocked in [`Rail::cq_sread`].
+    pub(crate) fn cq_signal(&self) {
+        if self.cq_can_wait {
+            // SAFETY: the CQ is live and has a wait object.
+            unsafe { ffi::te_fi_cq_signal(self.raw()) };
+        }
+    }
+
+    /// Reads one error completion: the failed operation's context and the provider's text.
+    pub(crate) fn cq_readerr(&self) -> Option<(*mut c_void, i32, String)> {
+        let mut ctx: *mut c_void = std::ptr::null_mut();
+        let mut err: c_int = 0;
+        let mut msg = [0 as c_char; 512];
+        // SAFETY: out-params valid; msg has msg.len() bytes and the shim NUL-terminates.
+        let rc = unsafe { ffi::te_fi_cq_readerr(self.raw(), &mut ctx, &mut err, msg.as_mut_ptr(), msg.len()) };
+        if rc < 0 {
+            return None;
+        }
+        Some((ctx, err, cstr(msg.as_ptr())))
+    }
+}
+
+impl Drop for Rail {
+    fn drop(&mut self) {
+        // SAFETY: the last reference is gone: no worker thread, memory region or peer uses it.
+        unsafe { ffi::te_fi_rail_close(&mut *self.raw) };
+    }
+}
+
+/// One registration on one rail. Closed on drop; keeps the rail alive until then.
+pub(crate) struct MemoryRegion {
+    mr: *mut FidMr,
+    /// Remote key peers use.
+    pub key: u64,
+    /// Local descriptor (null when the provider needs none).
+    pub desc: *mut c_void,
+    _rail: Arc<Rail>,
+}
+
+// SAFETY: the MR handle and descriptor are opaque tokens for a FI_THREAD_SAFE domain.
+unsafe impl Send for MemoryRegion {}
+// SAFETY: as above; shared access only reads key and desc.
+unsafe impl Sync for MemoryRegion {}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        // SAFETY: mr came from fi_mr_regattr and is closed exactly once, before its rail (we hold it).
+        let rc = unsafe { ffi::te_fi_mr_close(self.mr) };
+        if rc != 0 {
+            tracing::warn!(rc, "fi_close(mr) failed");
+        }
+    }
+}
+
+/// Versions of libfabric: the headers we were built against and the library loaded now.
+pub fn libfabric_versions() -> ((u32, u32), (u32, u32)) {
+    // SAFETY: plain value-returning calls.
+    let (h, r) = unsafe { (ffi::te_fi_header_version(), ffi::te_fi_runtime_version()) };
+    ((h >> 16, h & 0xffff), (r >> 16, r & 0xffff))
+}

@@ -1,0 +1,362 @@
+//! A connected peer segment: its addresses in each rail's AV, its buffers' keys, and the planner
+//! that turns one submitted batch into one job per rail.
+//!
+//! Planning is per batch: one read lock of the region table, one allocation per rail for the
+//! fragments, one per batch for the per-request fragment counters; nothing per fragment.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use te_base::{BatchState, Error, Peer, ResolvedRequest, Result, SegmentDescriptor, SubmitContext};
+
+use crate::fabric::{Rail, TRANSPORT};
+use crate::registry::LocalRegion;
+use crate::transport::Inner;
+use crate::wire::{BufferKeys, EndpointInfo};
+use crate::worker::{BatchPlan, Fragment, RailJob};
+
+/// Requests striped across rails are cut at multiples of this (page) size.
+const STRIPE_ALIGN: u64 = 4096;
+
+/// The part of a peer the rail owners see: where it is in each AV and whether it is alive.
+pub(crate) struct PeerLink {
+    name: String,
+    healthy: AtomicBool,
+    gone_reason: Mutex<Option<String>>,
+    /// Per local rail: the peer's address in that rail's AV.
+    dests: Vec<u64>,
+    rails: Vec<Arc<Rail>>,
+}
+
+impl PeerLink {
+    /// The peer's segment name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Acquire)
+    }
+
+    /// Marks the peer gone (first reason wins) and returns the error naming it.
+    pub(crate) fn mark_gone(&self, reason: String) -> Error {
+        let mut r = self.gone_reason.lock();
+        if r.is_none() {
+            tracing::warn!(peer = %self.name, %reason, "efa: peer went away");
+            *r = Some(reason);
+        }
+        self.healthy.store(false, Ordering::Release);
+        Error::PeerGone {
+            peer: self.name.clone(),
+            reason: r.clone().unwrap_or_default(),
+        }
+    }
+
+    /// The error for requests to a peer already marked gone.
+    pub(crate) fn gone_error(&self) -> Error {
+        Error::PeerGone {
+            peer: self.name.clone(),
+            reason: self
+                .gone_reason
+                .lock()
+                .clone()
+                .unwrap_or_else(|| "marked unhealthy".into()),
+        }
+    }
+
+    /// Wraps a local posting error so it names the peer.
+    pub(crate) fn error_from(&self, call: &str, e: &Error) -> Error {
+        Error::transport(TRANSPORT, format!("{call} to peer '{}': {e}", self.name))
+    }
+}
+
+impl Drop for PeerLink {
+    fn drop(&mut self) {
+        // No job references the link any more, so nothing is posted to these addresses.
+        for (rail, &dest) in self.rails.iter().zip(&self.dests) {
+            rail.av_remove(dest);
+        }
+    }
+}
+
+/// A peer's exported memory as this transport needs it.
+struct RemoteBuffers {
+    virt_addr: bool,
+    rails: usize,
+    /// `keys[buffer * rails + rail]`; `has_keys[buffer]` false when the buffer has no efa keys.
+    keys: Vec<u64>,
+    has_keys: Vec<bool>,
+}
+
+/// A connected peer.
+pub(crate) struct FabricPeer {
+    descriptor: SegmentDescriptor,
+    link: Arc<PeerLink>,
+    remote: RemoteBuffers,
+    inner: Arc<Inner>,
+    next_rail: AtomicUsize,
+}
+
+impl FabricPeer {
+    /// Inserts the peer's rail addresses into our AVs and parses its buffers' keys.
+    pub(crate) fn connect(inner: Arc<Inner>, descriptor: &SegmentDescriptor) -> Result<FabricPeer> {
+        descriptor.validate()?;
+        let name = &descriptor.name;
+        let info = descriptor.endpoint(TRANSPORT).ok_or_else(|| Error::NoTransport {
+            segment: name.clone(),
+            reason: "the segment does not advertise the efa transport".into(),
+        })?;
+        let ep = EndpointInfo::parse(name, info)?;
+        if ep.provider != inner.provider {
+            return Err(Error::NoTransport {
+                segment: name.clone(),
+                reason: format!(
+                    "it uses libfabric provider '{}', this engine '{}'",
+                    ep.provider, inner.provider
+                ),
+            });
+        }
+        let rails: Vec<Arc<Rail>> = inner.workers.iter().map(|w| w.rail().clone()).collect();
+        let mut dests = Vec::with_capacity(rails.len());
+        for (i, rail) in rails.iter().enumerate() {
+            let addr = &ep.addrs[i % ep.addrs.len()];
+            // Providers read as many bytes as their address format needs: hand them a zero-padded
+            // copy so a short (hostile) address cannot make them read past our buffer.
+            let mut padded = vec![0u8; addr.len().max(rail.address.len()).max(256)];
+            padded[..addr.len()].copy_from_slice(addr);
+            match rail.av_insert(&padded) {
+                Ok(d) => dests.push(d),
+                Err(e) => {
+                    for (r, &d) in rails.iter().zip(&dests) {
+                        r.av_remove(d);
+                    }
+                    return Err(Error::transport(
+                        TRANSPORT,
+                        format!("connecting to segment '{name}': {e}"),
+                    ));
+                }
+            }
+        }
+        let n = ep.addrs.len();
+        let mut keys = vec![0u64; descriptor.buffers.len() * n];
+        let mut has_keys = vec![false; descriptor.buffers.len()];
+        for (b, buf) in descriptor.buffers.iter().enumerate() {
+            if let Some(v) = buf.keys.get(TRANSPORT) {
+                let k = BufferKeys::parse(name, b, v, n)?;
+                keys[b * n..(b + 1) * n].copy_from_slice(&k);
+                has_keys[b] = true;
+            }
+        }
+        let link = Arc::new(PeerLink {
+            name: name.clone(),
+            healthy: AtomicBool::new(true),
+            gone_reason: Mutex::new(None),
+            dests,
+            rails,
+        });
+        Ok(FabricPeer {
+            descriptor: descriptor.clone(),
+            link,
+            remote: RemoteBuffers {
+                virt_addr: ep.virt_addr,
+                rails: n,
+                keys,
+                has_keys,
+            },
+            inner,
+            next_rail: AtomicUsize::new(0),
+        })
+    }
+
+    /// Checks one request against the peer's buffers; the remote address and key base on success.
+    fn remote_of(&self, r: &ResolvedRequest) -> Result<u64> {
+        let b = r.remote_buffer as usize;
+        let Some(buf) = self.descriptor.buffers.get(b) else {
+            return Err(Error::OutOfBounds {
+                segment: self.descriptor.name.clone(),
+                addr: r.remote_addr,
+                len: r.len,
+            });
+        };
+        if !buf.contains(r.remote_addr, r.len) {
+            return Err(Error::OutOfBounds {
+                segment: self.descriptor.name.clone(),
+                addr: r.remote_addr,
+                len: r.len,
+            });
+        }
+        if !self.remote.has_keys[b] {
+            return Err(Error::Refused {
+                peer: self.descriptor.name.clone(),
+                reason: format!("buffer {b} at {:#x} carries no efa keys", buf.base),
+            });
+        }
+        Ok(if self.remote.virt_addr {
+            r.remote_addr
+        } else {
+            r.remote_addr - buf.base
+        })
+    }
+}
+
+/// Calls `f(rail, offset, len)` for each fragment of a request of `len` bytes.
+fn for_each_fragment(len: u64, rails: usize, first_rail: usize, stripe: u64, max_frag: u64, mut f: impl FnMut(usize, u64, u64)) {
+    let (parts, part_len) = if rails > 1 && len >= stripe {
+        let per = len.div_ceil(rails as u64).next_multiple_of(STRIPE_ALIGN).max(STRIPE_ALIGN);
+        (len.div_ceil(per) as usize, per)
+    } else {
+        (1, len)
+    };
+    for p in 0..parts {
+        let rail = (first_rail + p) % rails;
+        let start = p as u64 * part_len;
+        let end = (start + part_len).min(len);
+        let mut off = start;
+        while off < end {
+            let n = (end - off).min(max_frag);
+            f(rail, off, n);
+            off += n;
+        }
+    }
+}
+
+impl Peer for FabricPeer {
+    fn descriptor(&self) -> &SegmentDescriptor {
+        &self.descriptor
+    }
+
+    fn submit(&self, requests: Vec<ResolvedRequest>, batch: &Arc<BatchState>, _ctx: &SubmitContext) -> Result<()> {
+        if !self.link.is_healthy() {
+            return Err(self.link.gone_error());
+        }
+        if self.inner.is_closed() {
+            return Err(Error::Closed("efa transport".into()));
+        }
+        let rails = self.inner.workers.len();
+        let stripe = self.inner.config.stripe_bytes;
+        let max_frag = self.inner.max_fragment;
+        let first = self.next_rail.fetch_add(1, Ordering::Relaxed);
+
+        // Pass 1: validate, count fragments per request and per rail, collect the regions used.
+        let mut per_rail = vec![0usize; rails];
+        let fragments_left: Box<[AtomicU32]> = (0..batch.len()).map(|_| AtomicU32::new(0)).collect();
+        let mut regions: Vec<Arc<LocalRegion>> = Vec::new();
+        let mut rejected = 0usize;
+        let resolved: Vec<Option<(u64, usize)>> = self.inner.regions.with(|table| {
+            requests
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    let idx = r.index as usize;
+                    let local = match table.get(&r.local_region) {
+                        Some(l) if l.info.contains(r.local_addr, r.len) => l,
+                        _ => {
+                            batch.fail(idx, Error::Unregistered { addr: r.local_addr, len: r.len });
+                            rejected += 1;
+                            return None;
+                        }
+                    };
+                    let remote = match self.remote_of(r) {
+                        Ok(a) => a,
+                        Err(e) => {
+                            batch.fail(idx, e);
+                            rejected += 1;
+                            return None;
+                        }
+                    };
+                    let same = matches!(regions.last(), Some(l) if Arc::ptr_eq(l, local));
+                    if !same {
+                        regions.push(local.clone());
+                    }
+                    let region_index = regions.len() - 1;
+                    let mut n = 0u32;
+                    for_each_fragment(r.len, rails, first + i, stripe, max_frag, |rail, _, _| {
+                        per_rail[rail] += 1;
+                        n += 1;
+                    });
+                    if let Some(c) = fragments_left.get(idx) {
+                        c.store(n, Ordering::Relaxed);
+                    }
+                    Some((remote, region_index))
+                })
+                .collect()
+        });
+        if rejected == requests.len() {
+            return Ok(());
+        }
+
+        let plan = Arc::new(BatchPlan {
+            batch: batch.clone(),
+            peer: self.link.clone(),
+            fragments_left,
+            regions,
+        });
+
+        // Pass 2: build one fragment list per rail with exact capacity.
+        let mut lists: Vec<Vec<Fragment>> = per_rail.iter().map(|&n| Vec::with_capacity(n)).collect();
+        let n_remote = self.remote.rails;
+        for (i, (r, res)) in requests.iter().zip(&resolved).enumerate() {
+            let Some((remote, region_index)) = *res else { continue };
+            let region = &plan.regions[region_index];
+            let b = r.remote_buffer as usize;
+            for_each_fragment(r.len, rails, first + i, stripe, max_frag, |rail, off, len| {
+                lists[rail].push(Fragment {
+                    request: r.index,
+                    op: r.op,
+                    local: r.local_addr + off,
+                    len,
+                    desc: region.desc(rail),
+                    remote: remote + off,
+                    rkey: self.remote.keys[b * n_remote + rail % n_remote],
+                    dest: self.link.dests[rail],
+                });
+            });
+        }
+        for (rail, list) in lists.into_iter().enumerate() {
+            if !list.is_empty() {
+                self.inner.workers[rail].enqueue(RailJob::new(plan.clone(), list.into_iter()));
+            }
+        }
+        Ok(())
+    }
+
+    fn is_healthy(&self) -> bool {
+        self.link.is_healthy()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frags(len: u64, rails: usize, stripe: u64, max: u64) -> Vec<(usize, u64, u64)> {
+        let mut v = vec![];
+        for_each_fragment(len, rails, 0, stripe, max, |r, o, l| v.push((r, o, l)));
+        v
+    }
+
+    #[test]
+    fn fragments_cover_the_request_exactly() {
+        for (len, rails, stripe, max) in [
+            (1u64, 1usize, 1u64 << 20, u64::MAX),
+            (10 << 20, 1, 1 << 20, 1 << 20),
+            (10 << 20, 4, 1 << 20, u64::MAX),
+            ((10 << 20) + 123, 3, 1 << 20, 300_000),
+            (5000, 4, 4096, 1000),
+            (100, 32, 1, u64::MAX),
+        ] {
+            let v = frags(len, rails, stripe, max);
+            let mut off = 0;
+            for &(r, o, l) in &v {
+                assert!(r < rails && l > 0 && l <= max);
+                assert_eq!(o, off, "{len} {rails} {stripe} {max}: {v:?}");
+                off += l;
+            }
+            assert_eq!(off, len);
+        }
+        // Striping spreads a large request over every rail.
+        let used: std::collections::BTreeSet<usize> = frags(8 << 20, 4, 1 << 20, u64::MAX).iter().map(|f| f.0).collect();
+        assert_eq!(used.len(), 4);
+    }
+}

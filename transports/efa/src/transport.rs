@@ -1,0 +1,284 @@
+//! The transport: provider and rail selection at install, registration, connecting peers.
+
+use std::collections::BTreeMap;
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use te_base::{
+    Capabilities, Error, InstallContext, MemoryKinds, Peer, RegionInfo, Result, SegmentDescriptor, Transport,
+};
+
+use crate::config::{FabricConfig, VAR_DOMAINS, VAR_PROVIDER};
+use crate::fabric::{providers_found, Info, InfoList, Rail, TRANSPORT};
+use crate::peer::FabricPeer;
+use crate::registry::RegionTable;
+use crate::wire::{to_hex, EndpointInfo, RailEndpoint};
+use crate::worker::RailWorker;
+
+/// State shared by the transport and its peers.
+pub(crate) struct Inner {
+    pub config: FabricConfig,
+    /// The provider every rail uses (as fi_getinfo names it, e.g. `tcp;ofi_rxm`).
+    pub provider: String,
+    pub workers: Vec<RailWorker>,
+    pub regions: RegionTable,
+    /// Largest single RMA operation over every rail.
+    pub max_fragment: u64,
+    endpoint: serde_json::Value,
+    closed: AtomicBool,
+}
+
+impl Inner {
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn rails(&self) -> Vec<Arc<Rail>> {
+        self.workers.iter().map(|w| w.rail().clone()).collect()
+    }
+}
+
+/// The libfabric transport (`efa`). Create it with [`crate::install`].
+pub struct FabricTransport {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for FabricTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FabricTransport")
+            .field("provider", &self.inner.provider)
+            .field("rails", &self.inner.workers.len())
+            .finish()
+    }
+}
+
+/// Names of loopback network interfaces (their tcp domains cannot reach other hosts).
+fn loopback_interfaces() -> Vec<String> {
+    let mut out = Vec::new();
+    let mut addrs: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills a list we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut addrs) } != 0 {
+        return out;
+    }
+    let mut cur = addrs;
+    while !cur.is_null() {
+        // SAFETY: cur is a live node of the list returned by getifaddrs.
+        let ifa = unsafe { &*cur };
+        if ifa.ifa_flags & libc::IFF_LOOPBACK as u32 != 0 && !ifa.ifa_name.is_null() {
+            // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+            out.push(unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned());
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: addrs came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(addrs) };
+    out
+}
+
+/// Picks one getinfo entry per domain (NIC) of the first provider returned.
+fn select_rails<'a>(list: &'a InfoList, config: &FabricConfig) -> Result<(String, Vec<Info<'a>>)> {
+    let entries: Vec<Info<'a>> = list.iter().collect();
+    let provider = entries[0].provider();
+    let mut by_domain: BTreeMap<String, Info<'a>> = BTreeMap::new();
+    let mut order = Vec::new();
+    for e in entries.iter().filter(|e| e.provider() == provider) {
+        let d = e.domain();
+        match by_domain.get(&d) {
+            None => {
+                order.push(d.clone());
+                by_domain.insert(d, *e);
+            }
+            // Prefer IPv4 addressing on socket providers: link-local IPv6 needs scope ids.
+            Some(prev) if !prev.is_ipv4() && e.is_ipv4() => {
+                by_domain.insert(d, *e);
+            }
+            Some(_) => {}
+        }
+    }
+    let chosen: Vec<String> = match &config.domains {
+        Some(wanted) => {
+            for w in wanted {
+                if !by_domain.contains_key(w) {
+                    return Err(Error::config(
+                        VAR_DOMAINS,
+                        wanted.join(","),
+                        format!("provider '{provider}' has no domain '{w}' (it has: {})", order.join(", ")),
+                    ));
+                }
+            }
+            wanted.clone()
+        }
+        None => {
+            let lo = loopback_interfaces();
+            let external: Vec<String> = order.iter().filter(|d| !lo.contains(d)).cloned().collect();
+            if external.is_empty() {
+                order.clone()
+            } else {
+                external
+            }
+        }
+    };
+    let infos = chosen
+        .iter()
+        .take(config.max_rails)
+        .map(|d| by_domain[d])
+        .collect();
+    Ok((provider, infos))
+}
+
+impl FabricTransport {
+    /// Opens the rails of the configured provider and starts one owner thread per rail.
+    pub fn open(config: FabricConfig) -> Result<FabricTransport> {
+        let list = match InfoList::query(Some(&config.provider))? {
+            Some(l) => l,
+            None => {
+                let found = providers_found();
+                let found = if found.is_empty() {
+                    "none".to_string()
+                } else {
+                    found.join(", ")
+                };
+                let how = if config.provider_defaulted {
+                    format!("the default provider 'efa' is not present (set {VAR_PROVIDER} to use another)")
+                } else {
+                    format!("provider '{}' (from {VAR_PROVIDER}) offers no RDM endpoint with RMA", config.provider)
+                };
+                return Err(Error::not_available(
+                    "efa transport",
+                    format!("{how}; providers with RDM endpoints and RMA here: {found}"),
+                ));
+            }
+        };
+        let (provider, infos) = select_rails(&list, &config)?;
+        let mut workers = Vec::with_capacity(infos.len());
+        let mut rails_json = Vec::with_capacity(infos.len());
+        let mut max_fragment = config.max_fragment.unwrap_or(u64::MAX);
+        let mut virt_addr = None;
+        for (i, info) in infos.into_iter().enumerate() {
+            let rail = Arc::new(Rail::open(info)?);
+            max_fragment = max_fragment.min(rail.attrs.max_msg_size.max(1));
+            let v = rail.attrs.virt_addr();
+            if *virt_addr.get_or_insert(v) != v {
+                return Err(Error::transport(
+                    TRANSPORT,
+                    format!("rails of provider '{provider}' disagree on FI_MR_VIRT_ADDR"),
+                ));
+            }
+            rails_json.push(RailEndpoint {
+                domain: rail.attrs.domain.clone(),
+                addr: to_hex(&rail.address),
+            });
+            tracing::info!(
+                provider = %provider,
+                domain = %rail.attrs.domain,
+                fabric = %rail.attrs.fabric,
+                mr_mode = rail.attrs.mr_mode,
+                mr_key_size = rail.attrs.mr_key_size,
+                max_msg_size = rail.attrs.max_msg_size,
+                tx_size = rail.attrs.tx_size,
+                cq_wait = rail.cq_can_wait,
+                "efa rail opened"
+            );
+            workers.push(RailWorker::start(rail, i, config.timeout)?);
+        }
+        let endpoint = serde_json::to_value(EndpointInfo {
+            provider: provider.clone(),
+            virt_addr: virt_addr.unwrap_or(false),
+            rails: rails_json,
+        })
+        .map_err(|e| Error::transport(TRANSPORT, format!("encoding endpoint info: {e}")))?;
+        Ok(FabricTransport {
+            inner: Arc::new(Inner {
+                config,
+                provider,
+                workers,
+                regions: RegionTable::default(),
+                max_fragment,
+                endpoint,
+                closed: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// The provider in use (e.g. `tcp;ofi_rxm`).
+    pub fn provider(&self) -> &str {
+        &self.inner.provider
+    }
+
+    /// Number of rails (NICs).
+    pub fn rails(&self) -> usize {
+        self.inner.workers.len()
+    }
+
+    /// Granted mr_mode bits of rail `i` in the shim's encoding (see [`crate::ffi::mr`]).
+    pub fn rail_mr_mode(&self, i: usize) -> Option<u32> {
+        self.inner.workers.get(i).map(|w| w.rail().attrs.mr_mode)
+    }
+}
+
+/// Installs the transport from the engine's configuration.
+pub(crate) fn install_from(ctx: &InstallContext) -> Result<FabricTransport> {
+    let config = FabricConfig::from_env(ctx.env.as_ref())?;
+    FabricTransport::open(config)
+}
+
+#[async_trait]
+impl Transport for FabricTransport {
+    fn name(&self) -> &'static str {
+        TRANSPORT
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            local: MemoryKinds::HOST,
+            remote: MemoryKinds::HOST,
+        }
+    }
+
+    fn endpoint(&self) -> serde_json::Value {
+        self.inner.endpoint.clone()
+    }
+
+    fn can_reach(&self, peer: &SegmentDescriptor) -> bool {
+        peer.endpoint(TRANSPORT)
+            .and_then(|v| EndpointInfo::parse(&peer.name, v).ok())
+            .is_some_and(|e| e.provider == self.inner.provider)
+    }
+
+    async fn register(&self, regions: &[RegionInfo]) -> Result<Vec<serde_json::Value>> {
+        if self.inner.is_closed() {
+            return Err(Error::Closed("efa transport".into()));
+        }
+        self.inner.regions.register(&self.inner.rails(), regions)
+    }
+
+    async fn deregister(&self, regions: &[RegionInfo]) -> Result<()> {
+        self.inner.regions.deregister(regions)
+    }
+
+    async fn connect(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Peer>> {
+        if self.inner.is_closed() {
+            return Err(Error::Closed("efa transport".into()));
+        }
+        Ok(Arc::new(FabricPeer::connect(self.inner.clone(), peer)?))
+    }
+
+    async fn shutdown(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+        for w in &self.inner.workers {
+            w.stop();
+        }
+        self.inner.regions.clear();
+    }
+}
+
+impl Drop for FabricTransport {
+    fn drop(&mut self) {
+        self.inner.closed.store(true, Ordering::Release);
+        for w in &self.inner.workers {
+            w.stop();
+        }
+    }
+}

@@ -1,0 +1,486 @@
+//! The owner thread of one rail: the only thread that posts to the rail's endpoint and reads its
+//! completion queue.
+//!
+//! Posting and completion polling happen on the same thread, so a full transmit queue (`-FI_EAGAIN`)
+//! is always resolved by the same loop reading completions: there is no second thread to wait for
+//! and no batch that can block its own completions (NIXL deadlocked on exactly that with a
+//! 16-descriptor `FI_MORE` chain). Other threads only append whole jobs (one per batch per rail) to
+//! the submission queue and wake the owner. When nothing is in flight the owner blocks in
+//! `fi_cq_sread`, which also drives progress for peers reading and writing our memory on providers
+//! with manual progress (tcp;ofi_rxm, shm).
+
+use std::cell::{Cell, UnsafeCell};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use te_base::{BatchState, Error, TransferOp};
+
+use crate::fabric::{Rail, TRANSPORT};
+use crate::ffi;
+use crate::peer::PeerLink;
+use crate::registry::LocalRegion;
+
+/// Completions read per `fi_cq_read` call.
+const CQ_BATCH: usize = 64;
+/// Empty polls before the owner stops spinning and waits on the CQ (or yields).
+const SPIN_POLLS: u32 = 256;
+/// How long an idle owner blocks before rechecking its stop flag.
+const IDLE_WAIT_MS: i32 = 100;
+
+/// One RMA operation of a job.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fragment {
+    /// Index of the request in the caller's batch.
+    pub request: u32,
+    pub op: TransferOp,
+    pub local: u64,
+    pub len: u64,
+    /// Local descriptor on this rail (null when the provider needs none).
+    pub desc: *mut c_void,
+    /// Remote address as the target's provider expects it (virtual address or offset).
+    pub remote: u64,
+    pub rkey: u64,
+    /// The peer's address in this rail's AV.
+    pub dest: u64,
+}
+
+/// A fragment plus the context area libfabric gets for it. `scratch` comes first so the context
+/// pointer handed to libfabric is the slot's address; providers that need FI_CONTEXT/FI_CONTEXT2
+/// use the 64 bytes as their own.
+#[repr(C, align(64))]
+pub(crate) struct Slot {
+    scratch: UnsafeCell<[usize; 8]>,
+    frag: Fragment,
+    job: *const RailJob,
+}
+
+/// What all rails' jobs of one batch share.
+pub(crate) struct BatchPlan {
+    pub batch: Arc<BatchState>,
+    pub peer: Arc<PeerLink>,
+    /// Fragments still outstanding per request (requests split across rails or at max_msg_size).
+    pub fragments_left: Box<[AtomicU32]>,
+    /// Local regions the batch uses; deregistration is refused while any job holds them.
+    pub regions: Vec<Arc<LocalRegion>>,
+}
+
+impl BatchPlan {
+    fn fragment_done(&self, request: u32) {
+        if let Some(left) = self.fragments_left.get(request as usize) {
+            if left.fetch_sub(1, Ordering::AcqRel) == 1 {
+                self.batch.complete(request as usize);
+            }
+        }
+    }
+
+    fn fail(&self, request: u32, error: Error) {
+        self.batch.fail(request as usize, error);
+    }
+}
+
+/// The fragments of one batch that go over one rail.
+pub(crate) struct RailJob {
+    plan: Arc<BatchPlan>,
+    slots: Box<[Slot]>,
+    next: usize,
+    outstanding: Cell<usize>,
+    progress: Cell<u64>,
+    seen_progress: u64,
+    last_progress: Option<Instant>,
+    expired: bool,
+}
+
+// SAFETY: a job is built on the submitting thread and then owned by exactly one owner thread; its
+// raw pointers (descriptors, the slot back-pointers) are plain tokens or point into the job itself.
+unsafe impl Send for RailJob {}
+
+impl RailJob {
+    /// Builds a job from fragments (one allocation for all slots).
+    pub(crate) fn new(plan: Arc<BatchPlan>, fragments: impl ExactSizeIterator<Item = Fragment>) -> Box<RailJob> {
+        let slots: Box<[Slot]> = fragments
+            .map(|frag| Slot {
+                scratch: UnsafeCell::new([0; 8]),
+                frag,
+                job: std::ptr::null(),
+            })
+            .collect();
+        let mut job = Box::new(RailJob {
+            plan,
+            slots,
+            next: 0,
+            outstanding: Cell::new(0),
+            progress: Cell::new(0),
+            seen_progress: 0,
+            last_progress: None,
+            expired: false,
+        });
+        let me: *const RailJob = &*job;
+        for s in job.slots.iter_mut() {
+            s.job = me;
+        }
+        job
+    }
+
+    fn finished(&self) -> bool {
+        self.next == self.slots.len() && self.outstanding.get() == 0
+    }
+
+    /// Fails every fragment not yet posted (and, when `all`, the posted ones too) with `error`.
+    fn fail_rest(&mut self, error: &Error, all: bool) {
+        let from = if all { 0 } else { self.next };
+        let batch = &self.plan.batch;
+        batch.fail_many(self.slots[from..].iter().map(|s| s.frag.request as usize), error);
+        self.next = self.slots.len();
+    }
+}
+
+struct Shared {
+    rail: Arc<Rail>,
+    queue: Mutex<Vec<Box<RailJob>>>,
+    has_work: AtomicBool,
+    sleeping: AtomicBool,
+    stop: AtomicBool,
+    timeout: Duration,
+}
+
+/// Handle on a rail's owner thread.
+pub(crate) struct RailWorker {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl RailWorker {
+    /// Starts the owner thread of `rail`.
+    pub(crate) fn start(rail: Arc<Rail>, index: usize, timeout: Duration) -> te_base::Result<RailWorker> {
+        let shared = Arc::new(Shared {
+            rail,
+            queue: Mutex::new(Vec::new()),
+            has_work: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            timeout,
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("te-efa-rail{index}"))
+            .spawn(move || Owner::new(s).run())
+            .map_err(|e| Error::io("spawning the efa rail owner thread", e))?;
+        Ok(RailWorker {
+            shared,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// The rail this worker owns.
+    pub(crate) fn rail(&self) -> &Arc<Rail> {
+        &self.shared.rail
+    }
+
+    /// Hands a job to the owner thread. One lock and at most one wake-up per batch.
+    pub(crate) fn enqueue(&self, job: Box<RailJob>) {
+        if self.shared.stop.load(Ordering::Acquire) {
+            let mut job = job;
+            job.fail_rest(&Error::Closed("efa transport".into()), true);
+            return;
+        }
+        self.shared.queue.lock().push(job);
+        self.shared.has_work.store(true, Ordering::SeqCst);
+        if self.shared.sleeping.load(Ordering::SeqCst) {
+            self.wake();
+        }
+    }
+
+    fn wake(&self) {
+        self.shared.rail.cq_signal();
+        if let Some(t) = self.thread.lock().as_ref() {
+            t.thread().unpark();
+        }
+    }
+
+    /// Stops the owner thread; requests still queued or in flight fail with `Closed`.
+    pub(crate) fn stop(&self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.wake();
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RailWorker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// State private to the owner thread.
+struct Owner {
+    shared: Arc<Shared>,
+    active: Vec<Box<RailJob>>,
+    ctxs: [*mut c_void; CQ_BATCH],
+}
+
+impl Owner {
+    fn new(shared: Arc<Shared>) -> Self {
+        Owner {
+            shared,
+            active: Vec::new(),
+            ctxs: [std::ptr::null_mut(); CQ_BATCH],
+        }
+    }
+
+    fn run(mut self) {
+        let mut idle_polls = 0u32;
+        loop {
+            if self.shared.has_work.swap(false, Ordering::AcqRel) {
+                let mut q = self.shared.queue.lock();
+                self.active.append(&mut q);
+            }
+            if self.shared.stop.load(Ordering::Acquire) {
+                self.shut_down();
+                return;
+            }
+            let posted = self.post();
+            let completed = self.poll();
+            self.active.retain(|j| !j.finished());
+            if posted || completed > 0 {
+                idle_polls = 0;
+                continue;
+            }
+            idle_polls = idle_polls.saturating_add(1);
+            if self.active.is_empty() {
+                self.wait_idle();
+            } else {
+                self.check_stalls();
+                if idle_polls > SPIN_POLLS {
+                    if self.shared.rail.cq_can_wait {
+                        // Sleep in the provider until a completion or traffic arrives (1 ms at most,
+                        // so stalls are still noticed).
+                        let n = self.shared.rail.cq_sread(&mut self.ctxs, 1);
+                        self.handle_read(n);
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Nothing of ours in flight: block until new work arrives, still progressing the endpoint so
+    /// peers can read and write our memory.
+    fn wait_idle(&mut self) {
+        self.shared.sleeping.store(true, Ordering::SeqCst);
+        if !self.shared.has_work.load(Ordering::SeqCst) && !self.shared.stop.load(Ordering::SeqCst) {
+            if self.shared.rail.cq_can_wait {
+                let n = self.shared.rail.cq_sread(&mut self.ctxs, IDLE_WAIT_MS);
+                self.handle_read(n);
+            } else {
+                let n = self.shared.rail.cq_read(&mut self.ctxs);
+                self.handle_read(n);
+                std::thread::park_timeout(Duration::from_micros(200));
+            }
+        }
+        self.shared.sleeping.store(false, Ordering::SeqCst);
+    }
+
+    /// Posts every fragment it can. Stops at the first `-FI_EAGAIN` (the queue is full: the caller
+    /// polls completions next). Returns true if anything was posted or settled.
+    fn post(&mut self) -> bool {
+        let rail = &self.shared.rail;
+        let mut any = false;
+        for job in self.active.iter_mut() {
+            if job.next == job.slots.len() {
+                continue;
+            }
+            if job.next == 0 && job.plan.batch.cancel_requested() {
+                let batch = &job.plan.batch;
+                for s in job.slots.iter() {
+                    batch.cancel(s.frag.request as usize);
+                }
+                job.next = job.slots.len();
+                any = true;
+                continue;
+            }
+            if !job.plan.peer.is_healthy() {
+                let err = job.plan.peer.gone_error();
+                job.fail_rest(&err, false);
+                any = true;
+                continue;
+            }
+            while job.next < job.slots.len() {
+                let slot = &job.slots[job.next];
+                let f = slot.frag;
+                let ctx = slot as *const Slot as *mut c_void;
+                // SAFETY: the local range lies in a region registered on this rail that the plan
+                // keeps registered (regions list) until this job is retired, which happens only
+                // after its completion is read; the slot (context scratch) lives in the boxed job,
+                // which does not move or drop before then; dest came from this rail's AV.
+                let rc = unsafe {
+                    match f.op {
+                        TransferOp::Write => rail.post_write(f.local, f.len, f.desc, f.dest, f.remote, f.rkey, ctx),
+                        TransferOp::Read => rail.post_read(f.local, f.len, f.desc, f.dest, f.remote, f.rkey, ctx),
+                    }
+                };
+                if rc == 0 {
+                    job.next += 1;
+                    job.outstanding.set(job.outstanding.get() + 1);
+                    if job.last_progress.is_none() {
+                        job.last_progress = Some(Instant::now());
+                    }
+                    any = true;
+                } else if rc == -ffi::FI_EAGAIN {
+                    return any;
+                } else {
+                    let call = match f.op {
+                        TransferOp::Write => "fi_writemsg",
+                        TransferOp::Read => "fi_readmsg",
+                    };
+                    job.plan.fail(f.request, job.plan.peer.error_from(call, &rail.error(call, rc as i64)));
+                    job.next += 1;
+                    any = true;
+                }
+            }
+        }
+        any
+    }
+
+    /// Reads one batch of completions. Returns how many operations settled.
+    fn poll(&mut self) -> usize {
+        let n = self.shared.rail.cq_read(&mut self.ctxs);
+        self.handle_read(n)
+    }
+
+    fn handle_read(&mut self, n: isize) -> usize {
+        if n > 0 {
+            for &ctx in &self.ctxs[..n as usize] {
+                // SAFETY: every context we post is a Slot inside a live job (jobs are retired only
+                // after all their completions are read).
+                unsafe { settle(ctx, None) };
+            }
+            return n as usize;
+        }
+        if n == -ffi::FI_EAVAIL {
+            let Some((ctx, err, text)) = self.shared.rail.cq_readerr() else {
+                return 0;
+            };
+            if ctx.is_null() {
+                tracing::warn!(%text, "efa: error completion without a context");
+                return 1;
+            }
+            // SAFETY: as above.
+            unsafe { settle(ctx, Some((err, text))) };
+            return 1;
+        }
+        if n < 0 {
+            tracing::warn!(error = %ffi::strerror(n as i64), "efa: fi_cq_read failed");
+        }
+        0
+    }
+
+    /// Fails the requests of jobs whose peer has not completed anything for the timeout.
+    fn check_stalls(&mut self) {
+        let now = Instant::now();
+        let timeout = self.shared.timeout;
+        for job in self.active.iter_mut() {
+            if job.expired || job.outstanding.get() == 0 {
+                continue;
+            }
+            let p = job.progress.get();
+            if p != job.seen_progress {
+                job.seen_progress = p;
+                job.last_progress = Some(now);
+                continue;
+            }
+            let Some(last) = job.last_progress else {
+                job.last_progress = Some(now);
+                continue;
+            };
+            if now.duration_since(last) >= timeout {
+                let err = job.plan.peer.mark_gone(format!(
+                    "no completion from it for {} ms with {} operation(s) outstanding",
+                    timeout.as_millis(),
+                    job.outstanding.get()
+                ));
+                // Operations already posted stay owned by the provider: the job (and the regions
+                // it pins) lives until their completions arrive.
+                job.fail_rest(&err, true);
+                job.expired = true;
+            }
+        }
+    }
+
+    fn shut_down(&mut self) {
+        let err = Error::Closed("efa transport".into());
+        let mut q = self.shared.queue.lock();
+        self.active.append(&mut q);
+        drop(q);
+        for job in self.active.iter_mut() {
+            job.fail_rest(&err, true);
+        }
+        // Give posted operations a bounded chance to complete so their memory can be released.
+        let deadline = Instant::now() + Duration::from_millis(200);
+        while self.active.iter().any(|j| j.outstanding.get() > 0) && Instant::now() < deadline {
+            self.poll();
+        }
+        for job in self.active.drain(..) {
+            if job.outstanding.get() > 0 {
+                // The provider may still write into the context scratch until the endpoint closes;
+                // leaking the job is the safe choice at shutdown.
+                std::mem::forget(job);
+            }
+        }
+    }
+}
+
+/// Settles the operation whose context is `ctx`: success, or the error text the provider gave.
+///
+/// # Safety
+/// `ctx` must be a `Slot` pointer posted by this rail's owner whose job is still alive.
+unsafe fn settle(ctx: *mut c_void, error: Option<(i32, String)>) {
+    // SAFETY: guaranteed by the caller.
+    let slot = unsafe { &*(ctx as *const Slot) };
+    // SAFETY: the back-pointer was set when the job was boxed; the job outlives its slots' completions.
+    let job = unsafe { &*slot.job };
+    job.outstanding.set(job.outstanding.get().saturating_sub(1));
+    job.progress.set(job.progress.get() + 1);
+    match error {
+        None => job.plan.fragment_done(slot.frag.request),
+        Some((err, text)) => {
+            let peer = &job.plan.peer;
+            let e = if is_peer_failure(err) {
+                peer.mark_gone(text)
+            } else {
+                Error::transport(TRANSPORT, format!("{} to peer '{}' failed: {text}", op_name(slot.frag.op), peer.name()))
+            };
+            job.plan.fail(slot.frag.request, e);
+        }
+    }
+}
+
+fn op_name(op: TransferOp) -> &'static str {
+    match op {
+        TransferOp::Write => "RMA write",
+        TransferOp::Read => "RMA read",
+    }
+}
+
+/// Error codes that mean the peer (or the path to it) went away.
+fn is_peer_failure(err: i32) -> bool {
+    matches!(
+        err,
+        libc::ECONNRESET
+            | libc::ECONNREFUSED
+            | libc::ECONNABORTED
+            | libc::EHOSTUNREACH
+            | libc::ENETUNREACH
+            | libc::ENOTCONN
+            | libc::ETIMEDOUT
+            | libc::EPIPE
+            | libc::ESRCH
+            | libc::ESHUTDOWN
+    )
+}

@@ -1,0 +1,156 @@
+//! Helpers shared by the efa transport's tests: provider checks that skip (or fail under
+//! TE_REQUIRE=libfabric), pattern-filled registered buffers, descriptors and batches.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use te_base::config::MapEnv;
+use te_base::{
+    Batch, BatchError, BatchReport, BatchState, ExportedBuffer, HostBuffer, HostBufferOptions, InstallContext,
+    MemoryLocation, Peer, RegionId, RegionInfo, ResolvedRequest, SegmentDescriptor, SubmitContext, TransferOp,
+    Transport, TransportEndpoint,
+};
+
+#[path = "../../src/bin/te-efa-peer/pattern.rs"]
+pub mod pattern;
+
+/// The providers the suites run on.
+pub const PROVIDERS: [&str; 2] = ["tcp;ofi_rxm", "shm"];
+
+/// True when TE_REQUIRE names `what`.
+pub fn required(what: &str) -> bool {
+    std::env::var("TE_REQUIRE")
+        .map(|v| v.split(',').any(|w| w.trim() == what))
+        .unwrap_or(false)
+}
+
+/// True if `provider` is usable here; otherwise prints why the test is skipped, or panics when
+/// TE_REQUIRE contains `libfabric`.
+pub fn provider_present(provider: &str) -> bool {
+    let found = te_transport_efa::available_providers();
+    if found.iter().any(|f| f == provider) {
+        return true;
+    }
+    let msg = format!("libfabric provider '{provider}' is not available here (found: {found:?})");
+    if required("libfabric") {
+        panic!("TE_REQUIRE contains libfabric but {msg}");
+    }
+    eprintln!("SKIP: {msg}");
+    false
+}
+
+/// Installs the transport with `provider` and extra variables.
+pub fn install(provider: &str, extra: &[(&str, &str)]) -> Arc<dyn Transport> {
+    let mut env = MapEnv::new([("TE_FABRIC_PROVIDER", provider)]);
+    for (k, v) in extra {
+        env.0.insert(k.to_string(), v.to_string());
+    }
+    let ctx = InstallContext {
+        env: Arc::new(env),
+        segment_name: "test".into(),
+    };
+    block_on(te_transport_efa::install(&ctx)).unwrap_or_else(|e| panic!("install {provider}: {e}"))
+}
+
+/// Runs a future to completion on a small runtime.
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+}
+
+/// A registered host buffer.
+pub struct Side {
+    pub buf: HostBuffer,
+    pub region: RegionInfo,
+    pub keys: serde_json::Value,
+}
+
+impl Side {
+    /// Allocates `len` bytes filled with pattern `seed` and registers them on `t`.
+    pub fn new(t: &Arc<dyn Transport>, id: u64, len: usize, exported: bool, seed: u64) -> Side {
+        let buf = HostBuffer::allocate(len, HostBufferOptions::default()).unwrap();
+        pattern::fill(Side::slice_of(&buf), seed, 0);
+        let region = RegionInfo {
+            id: RegionId(id),
+            base: buf.addr(),
+            len: len as u64,
+            location: MemoryLocation::HOST,
+            exported,
+        };
+        let keys = block_on(t.register(std::slice::from_ref(&region))).unwrap().remove(0);
+        Side { buf, region, keys }
+    }
+
+    fn slice_of(buf: &HostBuffer) -> &mut [u8] {
+        // SAFETY: test buffers are only touched by the test thread and by transfers the test waits
+        // for before looking again.
+        unsafe { std::slice::from_raw_parts_mut(buf.as_ptr(), buf.len()) }
+    }
+
+    pub fn bytes(&self) -> &mut [u8] {
+        Side::slice_of(&self.buf)
+    }
+
+    pub fn addr(&self) -> u64 {
+        self.buf.addr()
+    }
+}
+
+/// A descriptor exporting `sides` of transport `t`.
+pub fn descriptor(name: &str, t: &Arc<dyn Transport>, sides: &[&Side]) -> SegmentDescriptor {
+    let mut d = SegmentDescriptor::new(name, 1);
+    d.transports.push(TransportEndpoint {
+        transport: t.name().into(),
+        info: t.endpoint(),
+    });
+    let mut sorted: Vec<&&Side> = sides.iter().collect();
+    sorted.sort_by_key(|s| s.addr());
+    for s in sorted {
+        d.buffers.push(ExportedBuffer {
+            base: s.addr(),
+            len: s.region.len,
+            location: MemoryLocation::HOST,
+            keys: [(t.name().to_string(), s.keys.clone())].into_iter().collect(),
+        });
+    }
+    d
+}
+
+/// One request from `local` (at `local_off`) to the peer's buffer `buffer` at `remote_addr`.
+pub fn request(
+    index: u32,
+    op: TransferOp,
+    local: &Side,
+    local_off: u64,
+    buffer: u32,
+    remote_addr: u64,
+    len: u64,
+) -> ResolvedRequest {
+    ResolvedRequest {
+        index,
+        op,
+        len,
+        local_addr: local.addr() + local_off,
+        local_region: local.region.id,
+        remote_addr,
+        remote_buffer: buffer,
+    }
+}
+
+/// Submits `reqs` as one batch and returns its handle.
+pub fn submit(peer: &Arc<dyn Peer>, reqs: Vec<ResolvedRequest>) -> Batch {
+    let mut lens = vec![0u64; reqs.len()];
+    for r in &reqs {
+        lens[r.index as usize] = r.len;
+    }
+    let state = BatchState::new(lens.into());
+    peer.submit(reqs, &state, &SubmitContext::default()).expect("submit");
+    Batch::new(state)
+}
+
+/// Submits and waits (at most 60 s, so a hang fails instead of blocking CI).
+pub fn run(peer: &Arc<dyn Peer>, reqs: Vec<ResolvedRequest>) -> Result<BatchReport, BatchError> {
+    submit(peer, reqs)
+        .wait_blocking(Some(Duration::from_secs(60)))
+        .expect("batch did not settle within 60 s")
+}

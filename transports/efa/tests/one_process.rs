@@ -1,0 +1,189 @@
+//! Two transports in one process, talking over real libfabric providers (tcp;ofi_rxm and shm):
+//! writes and reads from 1 B to 64 MiB, unaligned offsets, large batches, splitting and striping,
+//! byte verification, bad input, serving-side protection and deregistration while in flight.
+
+mod common;
+
+use common::*;
+use te_base::{Error, TransferOp};
+
+fn each_provider(f: impl Fn(&str)) {
+    for p in PROVIDERS {
+        if provider_present(p) {
+            eprintln!("-- provider {p}");
+            f(p);
+        }
+    }
+}
+
+#[test]
+fn writes_and_reads_land_byte_for_byte() {
+    each_provider(|p| {
+        let a = install(p, &[]);
+        let b = install(p, &[]);
+        let len = 64 << 20;
+        let src = Side::new(&a, 1, len, false, 11);
+        let dst = Side::new(&b, 1, len, true, 22);
+        let peer = block_on(a.connect(&descriptor("b", &b, &[&dst]))).unwrap();
+        // Sizes from 1 B to 64 MiB at unaligned offsets, one request each.
+        let mut reqs = Vec::new();
+        let mut off = 0u64;
+        for (i, size) in [1u64, 7, 4096, 65_537, 1 << 20, 3 << 20].into_iter().enumerate() {
+            off += 13;
+            reqs.push(request(i as u32, TransferOp::Write, &src, off, 0, dst.addr() + off, size));
+            off += size;
+        }
+        let r = run(&peer, reqs).unwrap();
+        assert_eq!(r.requests, 6);
+        // Every written range now holds the source's pattern; the gaps still hold the target's.
+        let d = dst.bytes();
+        let mut off = 0u64;
+        for size in [1u64, 7, 4096, 65_537, 1 << 20, 3 << 20] {
+            assert_eq!(pattern::mismatches(&d[off as usize..(off + 13) as usize], 22, off), 0);
+            off += 13;
+            assert_eq!(pattern::mismatches(&d[off as usize..(off + size) as usize], 11, off), 0, "{p}: {size} B");
+            off += size;
+        }
+        // The whole 64 MiB in one request, then read it back into a fresh local buffer.
+        run(&peer, vec![request(0, TransferOp::Write, &src, 0, 0, dst.addr(), len as u64)]).unwrap();
+        assert_eq!(pattern::mismatches(dst.bytes(), 11, 0), 0, "{p}: 64 MiB write");
+        let back = Side::new(&a, 2, len, false, 33);
+        run(&peer, vec![request(0, TransferOp::Read, &back, 0, 0, dst.addr(), len as u64)]).unwrap();
+        assert_eq!(pattern::mismatches(back.bytes(), 11, 0), 0, "{p}: 64 MiB read");
+    });
+}
+
+#[test]
+fn ten_thousand_requests_and_concurrent_batches() {
+    each_provider(|p| {
+        let a = install(p, &[]);
+        let b = install(p, &[]);
+        let n = 10_000usize;
+        let frag = 1728u64; // DeepSeek-V4-Pro's smallest KV fragment
+        let len = n * frag as usize;
+        let src = Side::new(&a, 1, len, false, 5);
+        let dst = Side::new(&b, 1, len, true, 6);
+        let peer = block_on(a.connect(&descriptor("b", &b, &[&dst]))).unwrap();
+        // Reverse order so requests do not arrive as one contiguous run.
+        let reqs = (0..n)
+            .map(|i| {
+                let off = (n - 1 - i) as u64 * frag;
+                request(i as u32, TransferOp::Write, &src, off, 0, dst.addr() + off, frag)
+            })
+            .collect();
+        assert_eq!(run(&peer, reqs).unwrap().requests, n);
+        assert_eq!(pattern::mismatches(dst.bytes(), 5, 0), 0, "{p}");
+        // Four batches in flight at once, reading disjoint quarters back.
+        let back = Side::new(&a, 2, len, false, 7);
+        let q = (len / 4) as u64;
+        let batches: Vec<_> = (0..4u64)
+            .map(|k| submit(&peer, vec![request(0, TransferOp::Read, &back, k * q, 0, dst.addr() + k * q, q)]))
+            .collect();
+        for bt in batches {
+            bt.wait_blocking(Some(std::time::Duration::from_secs(60))).unwrap().unwrap();
+        }
+        assert_eq!(pattern::mismatches(back.bytes(), 5, 0), 0, "{p}");
+    });
+}
+
+#[test]
+fn requests_are_split_and_striped() {
+    each_provider(|p| {
+        // 64 KiB operations force every large request to be split; results must be identical.
+        let a = install(p, &[("TE_FABRIC_MAX_FRAGMENT_BYTES", "64K"), ("TE_FABRIC_STRIPE_BYTES", "128K")]);
+        let b = install(p, &[]);
+        let len = 8 << 20;
+        let src = Side::new(&a, 1, len, false, 41);
+        let dst = Side::new(&b, 1, len, true, 42);
+        let peer = block_on(a.connect(&descriptor("b", &b, &[&dst]))).unwrap();
+        run(&peer, vec![request(0, TransferOp::Write, &src, 5, 0, dst.addr() + 5, len as u64 - 10)]).unwrap();
+        assert_eq!(pattern::mismatches(&dst.bytes()[5..len - 5], 41, 5), 0);
+        assert_eq!(pattern::mismatches(&dst.bytes()[..5], 42, 0), 0);
+        assert_eq!(pattern::mismatches(&dst.bytes()[len - 5..], 42, len as u64 - 5), 0);
+    });
+}
+
+#[test]
+fn bad_requests_fail_alone_with_typed_errors() {
+    each_provider(|p| {
+        let a = install(p, &[]);
+        let b = install(p, &[]);
+        let src = Side::new(&a, 1, 1 << 16, false, 1);
+        let dst = Side::new(&b, 1, 1 << 16, true, 2);
+        let peer = block_on(a.connect(&descriptor("b", &b, &[&dst]))).unwrap();
+        let mut bad_local = request(1, TransferOp::Write, &src, 0, 0, dst.addr(), 16);
+        bad_local.local_region = te_base::RegionId(999);
+        let reqs = vec![
+            request(0, TransferOp::Write, &src, 0, 0, dst.addr(), 4096),
+            bad_local,
+            request(2, TransferOp::Write, &src, 0, 0, dst.addr() + (1 << 16) - 8, 16),
+            request(3, TransferOp::Write, &src, 0, 7, dst.addr(), 16),
+        ];
+        let err = run(&peer, reqs).unwrap_err();
+        assert_eq!(err.progress.done, 1);
+        let kinds: Vec<_> = err.failures.iter().map(|(i, e)| (*i, e.clone())).collect();
+        assert!(matches!(kinds[0], (1, Error::Unregistered { .. })), "{kinds:?}");
+        assert!(matches!(kinds[1], (2, Error::OutOfBounds { .. })), "{kinds:?}");
+        assert!(matches!(kinds[2], (3, Error::OutOfBounds { .. })), "{kinds:?}");
+        assert_eq!(pattern::mismatches(&dst.bytes()[..4096], 1, 0), 0);
+    });
+}
+
+#[test]
+fn unexported_memory_is_unreachable_even_with_a_forged_descriptor() {
+    each_provider(|p| {
+        let a = install(p, &[]);
+        let b = install(p, &[]);
+        let src = Side::new(&a, 1, 1 << 16, false, 1);
+        let exported = Side::new(&b, 1, 1 << 16, true, 2);
+        let private = Side::new(&b, 2, 1 << 16, false, 3);
+        assert!(private.keys.is_null(), "a local-only region must not hand out keys");
+        // Forge a descriptor claiming the private buffer is exported with the exported one's keys.
+        let mut d = descriptor("b", &b, &[&exported]);
+        let mut forged = d.buffers[0].clone();
+        forged.base = private.addr();
+        d.buffers.push(forged);
+        d.buffers.sort_by_key(|x| x.base);
+        let forged_index = d.buffers.iter().position(|x| x.base == private.addr()).unwrap() as u32;
+        let peer = block_on(a.connect(&d)).unwrap();
+        let err = run(&peer, vec![request(0, TransferOp::Write, &src, 0, forged_index, private.addr(), 4096)])
+            .unwrap_err();
+        let (_, e) = &err.failures[0];
+        assert!(e.to_string().contains("peer 'b'") || e.to_string().contains("'b'"), "{e}");
+        assert_eq!(pattern::mismatches(private.bytes(), 3, 0), 0, "{p}: private memory was written");
+        // Reading it is refused too.
+        let back = Side::new(&a, 2, 4096, false, 9);
+        assert!(run(&peer, vec![request(0, TransferOp::Read, &back, 0, forged_index, private.addr(), 4096)]).is_err());
+        assert_eq!(pattern::mismatches(back.bytes(), 9, 0), 0, "{p}: private memory was read");
+        // The connection still works for the exported buffer.
+        let ok = d.buffers.iter().position(|x| x.base == exported.addr()).unwrap() as u32;
+        run(&peer, vec![request(0, TransferOp::Write, &src, 0, ok, exported.addr(), 4096)]).unwrap();
+        assert_eq!(pattern::mismatches(&exported.bytes()[..4096], 1, 0), 0);
+    });
+}
+
+#[test]
+fn deregistering_memory_in_flight_is_refused() {
+    each_provider(|p| {
+        let a = install(p, &[]);
+        let b = install(p, &[]);
+        let len = 32 << 20;
+        let src = Side::new(&a, 1, len, false, 1);
+        let dst = Side::new(&b, 1, len, true, 2);
+        let peer = block_on(a.connect(&descriptor("b", &b, &[&dst]))).unwrap();
+        // Many small requests keep the batch in flight while we try to deregister.
+        let reqs = (0..(len / 4096))
+            .map(|i| request(i as u32, TransferOp::Write, &src, i as u64 * 4096, 0, dst.addr() + i as u64 * 4096, 4096))
+            .collect();
+        let batch = submit(&peer, reqs);
+        let refused = block_on(a.deregister(std::slice::from_ref(&src.region)));
+        let settled_before = batch.is_complete();
+        batch.wait_blocking(Some(std::time::Duration::from_secs(60))).unwrap().unwrap();
+        if !settled_before {
+            assert!(matches!(refused, Err(Error::InFlight { .. })), "{p}: {refused:?}");
+        }
+        assert_eq!(pattern::mismatches(dst.bytes(), 1, 0), 0);
+        // Once settled, deregistration succeeds.
+        block_on(a.deregister(std::slice::from_ref(&src.region))).unwrap();
+    });
+}
