@@ -249,6 +249,9 @@ pub trait DevicePlugin: fmt::Debug + Send + Sync + 'static {
     /// per driver call where the driver offers a batched copy) and returns a handle to wait on.
     /// All fragments are validated before any is started.
     ///
+    /// Fragments of one batch may run in any order (a batched driver call does not order them), so
+    /// no fragment's destination may overlap another fragment of the same batch.
+    ///
     /// # Safety
     /// As for [`DevicePlugin::copy`], for every fragment, and the memory must stay valid until the
     /// returned [`PendingCopy`] reports completion or is dropped.
