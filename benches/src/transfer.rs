@@ -1,8 +1,646 @@
-//! Placeholder until this command lands.
+//! `te-bench transfer`: bandwidth, request rate and latency of a network transport between two
+//! processes (one host, over loopback) or two hosts.
+//!
+//! Without `--peer` it re-executes itself with `--serve` as the target process on loopback, so one
+//! command measures. With `--peer HOST:PORT` it talks to `te-bench transfer --serve` on another
+//! host. Engines find each other through the peer-to-peer metadata store: the target prints the
+//! address its store listens on, the initiator opens that address as the segment.
+//!
+//! Each repetition moves `--total-bytes` in `--block-bytes` requests as one batch (bandwidth and
+//! requests per second, medians over `--repeat`); then single-request round trips give p50/p99
+//! latency. `--verify` checks every byte against a position-dependent pattern. `--baseline` runs
+//! iperf3, ucx_perftest (ucp_put_bw over tcp) or fi_pingpong in the same run and reports the ratio.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use te_core::config::{Env, ProcessEnv};
+use te_core::metadata::p2p::P2pStore;
+use te_core::{HostBufferOptions, Registration, TransferEngine, TransferOp, TransferRequest};
+
+use crate::util::{median, pattern, print_json, runtime};
+
+/// Seed of the pattern the target's buffer holds (what reads must find).
+const TARGET_SEED: u64 = 0x5EED;
+/// Seed of the pattern the initiator writes.
+const WRITE_SEED: u64 = 0xC0FFEE;
+/// Verification works through this many bytes at a time.
+const CHUNK: usize = 1 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Baseline {
+    /// iperf3 over loopback with as many streams as lanes (`-P`).
+    Iperf3,
+    /// ucx_perftest -t ucp_put_bw with UCX_TLS=tcp, same block size.
+    Ucx,
+    /// fi_pingpong on provider tcp (rdm endpoints), same block size: latency and rate.
+    FiPingpong,
+}
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Transport to measure (tcp, efa, rdma).
+    #[arg(long, default_value = "tcp")]
+    transport: String,
+    /// libfabric provider (sets TE_FABRIC_PROVIDER in both processes).
+    #[arg(long)]
+    provider: Option<String>,
+    /// write or read.
+    #[arg(long, default_value = "write")]
+    op: TransferOp,
+    /// Bytes per request (K/M/G suffixes).
+    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    block_bytes: u64,
+    /// Bytes moved per repetition (a multiple of the block size).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    total_bytes: u64,
+    /// Connections per peer (TE_TCP_LANES).
+    #[arg(long, default_value_t = 1)]
+    lanes: usize,
+    /// The target's metadata address (printed by `te-bench transfer --serve`); default: start a
+    /// target process on loopback.
+    #[arg(long)]
+    peer: Option<String>,
+    /// Be the target: export a buffer of --total-bytes and serve until killed.
+    #[arg(long)]
+    serve: bool,
+    /// Where the target's metadata listener binds (with --serve).
+    #[arg(long, default_value = "0.0.0.0:0")]
+    listen: String,
+    /// Internal: the target exits when its standard input closes (set for the spawned target).
+    #[arg(long, hide = true)]
+    until_stdin_closes: bool,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+    /// Check every byte against the position-dependent pattern.
+    #[arg(long)]
+    verify: bool,
+    /// Timed repetitions; medians are reported.
+    #[arg(long, default_value_t = 5)]
+    repeat: usize,
+    /// Single-request round trips timed for p50/p99.
+    #[arg(long, default_value_t = 1000)]
+    latency_samples: usize,
+    /// A baseline tool run in the same invocation.
+    #[arg(long, value_enum)]
+    baseline: Option<Baseline>,
+}
 
-pub fn run(_args: Args) -> Result<(), String> {
-    Err("this command is not built yet".into())
+fn parse_size(s: &str) -> Result<u64, String> {
+    te_core::config::parse_byte_size(s)
+}
+
+/// The process environment with the bench's settings laid over it.
+struct Overlay {
+    vars: Vec<(String, String)>,
+}
+
+impl Env for Overlay {
+    fn get(&self, var: &str) -> Option<String> {
+        self.vars
+            .iter()
+            .find(|(k, _)| k == var)
+            .map(|(_, v)| v.clone())
+            .or_else(|| ProcessEnv.get(var))
+    }
+}
+
+fn overlay(args: &Args) -> Arc<dyn Env> {
+    let mut vars = vec![("TE_TCP_LANES".to_string(), args.lanes.to_string())];
+    if let Some(p) = &args.provider {
+        vars.push(("TE_FABRIC_PROVIDER".into(), p.clone()));
+    }
+    Arc::new(Overlay { vars })
+}
+
+pub fn run(args: Args) -> Result<(), String> {
+    if args.block_bytes == 0 || args.total_bytes == 0 || args.total_bytes % args.block_bytes != 0 {
+        return Err(format!(
+            "--total-bytes ({}) must be a non-zero multiple of --block-bytes ({})",
+            args.total_bytes, args.block_bytes
+        ));
+    }
+    if args.repeat == 0 || args.lanes == 0 {
+        return Err("--repeat and --lanes must be at least 1".into());
+    }
+    let rt = runtime()?;
+    if args.serve {
+        return rt.block_on(serve(&args));
+    }
+    rt.block_on(measure(&args))
+}
+
+async fn engine(args: &Args, store: Arc<P2pStore>, role: &str) -> Result<TransferEngine, String> {
+    TransferEngine::builder()
+        .segment_name(format!("te-bench-{role}-{}", std::process::id()))
+        .metadata(store)
+        .env(overlay(args))
+        .transports([args.transport.clone()])
+        .build()
+        .await
+        .map_err(|e| format!("starting the engine with transport {}: {e}", args.transport))
+}
+
+fn fill(r: &Registration, seed: u64) -> Result<(), String> {
+    let mut chunk = vec![0u8; CHUNK];
+    let mut off = 0u64;
+    while off < r.len() {
+        let n = (r.len() - off).min(CHUNK as u64) as usize;
+        for (i, b) in chunk[..n].iter_mut().enumerate() {
+            *b = pattern(seed, off + i as u64);
+        }
+        r.write_at(off, &chunk[..n]).map_err(|e| e.to_string())?;
+        off += n as u64;
+    }
+    Ok(())
+}
+
+fn mismatches(r: &Registration, seed: u64) -> Result<u64, String> {
+    let mut chunk = vec![0u8; CHUNK];
+    let mut off = 0u64;
+    let mut bad = 0u64;
+    while off < r.len() {
+        let n = (r.len() - off).min(CHUNK as u64) as usize;
+        r.read_at(off, &mut chunk[..n]).map_err(|e| e.to_string())?;
+        bad += chunk[..n]
+            .iter()
+            .enumerate()
+            .filter(|(i, b)| **b != pattern(seed, off + *i as u64))
+            .count() as u64;
+        off += n as u64;
+    }
+    Ok(bad)
+}
+
+async fn serve(args: &Args) -> Result<(), String> {
+    let listen = args
+        .listen
+        .parse()
+        .map_err(|e| format!("--listen {}: {e}", args.listen))?;
+    let store = Arc::new(
+        P2pStore::bind(listen, Duration::from_secs(5))
+            .await
+            .map_err(|e| e.to_string())?,
+    );
+    let engine = engine(args, store.clone(), "target").await?;
+    let buf = engine
+        .allocate(args.total_bytes as usize, HostBufferOptions::default())
+        .await
+        .map_err(|e| format!("allocating the target buffer: {e}"))?;
+    fill(&buf, TARGET_SEED)?;
+    // The parent (or the operator) reads this line to find the target.
+    println!("READY {}", store.local_addr());
+    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    if args.until_stdin_closes {
+        tokio::task::spawn_blocking(|| {
+            let mut sink = String::new();
+            while std::io::stdin().read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
+                sink.clear();
+            }
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    } else {
+        std::future::pending::<()>().await;
+    }
+    drop(buf);
+    engine.shutdown().await.map_err(|e| e.to_string())
+}
+
+/// The spawned target: killed when dropped.
+struct Target {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        if self.child.wait().is_err() {
+            let _ = self.child.kill();
+        }
+    }
+}
+
+fn spawn_target(args: &Args) -> Result<Target, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("locating te-bench: {e}"))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["transfer", "--serve", "--until-stdin-closes", "--listen", "127.0.0.1:0"])
+        .args(["--transport", &args.transport])
+        .args(["--total-bytes", &args.total_bytes.to_string()])
+        .args(["--block-bytes", &args.block_bytes.to_string()])
+        .args(["--lanes", &args.lanes.to_string()])
+        .env("TE_TCP_LISTEN", "127.0.0.1:0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    if let Some(p) = &args.provider {
+        cmd.args(["--provider", p]);
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("starting the target process: {e}"))?;
+    let stdout = child.stdout.take().ok_or("target has no stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(|e| format!("reading the target's address: {e}"))?;
+    let addr = line
+        .trim()
+        .strip_prefix("READY ")
+        .ok_or_else(|| format!("the target process failed to start (said {line:?})"))?
+        .to_string();
+    Ok(Target { child, addr })
+}
+
+struct Measured {
+    gbps_runs: Vec<f64>,
+    requests_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    mismatched_bytes: Option<u64>,
+}
+
+async fn measure(args: &Args) -> Result<(), String> {
+    let (target, peer_addr) = match &args.peer {
+        Some(p) => (None, p.clone()),
+        None => {
+            let t = spawn_target(args)?;
+            let addr = t.addr.clone();
+            (Some(t), addr)
+        }
+    };
+    let store = Arc::new(
+        P2pStore::bind("127.0.0.1:0".parse().expect("valid address"), Duration::from_secs(5))
+            .await
+            .map_err(|e| e.to_string())?,
+    );
+    let engine = engine(args, store, "initiator").await?;
+    let seg = engine
+        .open_segment(&peer_addr)
+        .await
+        .map_err(|e| format!("opening the target at {peer_addr}: {e}"))?;
+    let remote = seg
+        .buffers()
+        .first()
+        .cloned()
+        .ok_or_else(|| format!("the target at {peer_addr} exports no buffer"))?;
+    if remote.len < args.total_bytes {
+        return Err(format!(
+            "the target exports {} bytes, fewer than --total-bytes {}",
+            remote.len, args.total_bytes
+        ));
+    }
+    let local = engine
+        .allocate(args.total_bytes as usize, HostBufferOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    if args.verify && args.op == TransferOp::Write {
+        fill(&local, WRITE_SEED)?;
+    }
+    let blocks = args.total_bytes / args.block_bytes;
+    let requests: Vec<TransferRequest> = (0..blocks)
+        .map(|i| {
+            let off = i * args.block_bytes;
+            let (l, r) = (local.addr() + off, remote.base + off);
+            match args.op {
+                TransferOp::Write => TransferRequest::write(l, seg.id(), r, args.block_bytes),
+                TransferOp::Read => TransferRequest::read(l, seg.id(), r, args.block_bytes),
+            }
+        })
+        .collect();
+
+    // Warm-up: connections, page faults.
+    engine.transfer(&requests).await.map_err(|e| e.to_string())?;
+    let mut times = Vec::with_capacity(args.repeat);
+    for _ in 0..args.repeat {
+        let t0 = Instant::now();
+        engine.transfer(&requests).await.map_err(|e| e.to_string())?;
+        times.push(t0.elapsed());
+    }
+    let gbps_runs: Vec<f64> = times
+        .iter()
+        .map(|t| args.total_bytes as f64 / t.as_secs_f64() / 1e9)
+        .collect();
+    let med = median(&mut times);
+    let requests_per_s = blocks as f64 / med.as_secs_f64();
+
+    let samples = args.latency_samples.min(requests.len()).max(1);
+    let mut lat = Vec::with_capacity(samples);
+    for r in requests.iter().cycle().take(samples) {
+        let t0 = Instant::now();
+        engine
+            .transfer(std::slice::from_ref(r))
+            .await
+            .map_err(|e| e.to_string())?;
+        lat.push(t0.elapsed());
+    }
+    lat.sort_unstable();
+    let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1e6;
+
+    let mismatched_bytes = if args.verify {
+        Some(match args.op {
+            TransferOp::Read => mismatches(&local, TARGET_SEED)?,
+            TransferOp::Write => {
+                // Read the target's buffer back into a second buffer and check it.
+                let back = engine
+                    .allocate(args.total_bytes as usize, HostBufferOptions::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let reads: Vec<TransferRequest> = requests
+                    .iter()
+                    .map(|r| {
+                        TransferRequest::read(
+                            back.addr() + (r.local_addr - local.addr()),
+                            r.segment,
+                            r.remote_addr,
+                            r.len,
+                        )
+                    })
+                    .collect();
+                engine.transfer(&reads).await.map_err(|e| e.to_string())?;
+                mismatches(&back, WRITE_SEED)?
+            }
+        })
+    } else {
+        None
+    };
+    let m = Measured {
+        requests_per_s,
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+        mismatched_bytes,
+        gbps_runs,
+    };
+    let baseline = match args.baseline {
+        Some(b) => Some(run_baseline(b, args)?),
+        None => None,
+    };
+    drop(target);
+    report(args, &peer_addr, &m, baseline.as_ref());
+    if m.mismatched_bytes.unwrap_or(0) > 0 {
+        return Err(format!("{} mismatched bytes", m.mismatched_bytes.unwrap_or(0)));
+    }
+    Ok(())
+}
+
+/// What a baseline tool measured.
+struct BaselineResult {
+    tool: &'static str,
+    command: String,
+    gbps: Option<f64>,
+    requests_per_s: Option<f64>,
+    latency_us: Option<f64>,
+}
+
+fn median_f64(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| e.to_string())
+}
+
+/// Runs a server command and a client command against it; retries the client while the server
+/// is still starting. Returns the client's stdout.
+fn server_client(server: &mut Command, client: &mut Command) -> Result<String, String> {
+    let mut srv = server
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting {server:?}: {e}"))?;
+    let mut last = String::new();
+    for _ in 0..50 {
+        let out = client.output().map_err(|e| format!("running {client:?}: {e}"))?;
+        if out.status.success() {
+            let _ = srv.kill();
+            let _ = srv.wait();
+            return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+        last = String::from_utf8_lossy(&out.stderr).into_owned();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = srv.kill();
+    let _ = srv.wait();
+    Err(format!("{client:?} kept failing: {last}"))
+}
+
+fn run_baseline(b: Baseline, args: &Args) -> Result<BaselineResult, String> {
+    let mut runs = Vec::new();
+    let mut command = String::new();
+    match b {
+        Baseline::Iperf3 => {
+            for _ in 0..args.repeat {
+                let port = free_port()?.to_string();
+                let mut srv = Command::new("iperf3");
+                srv.args(["-s", "-1", "-B", "127.0.0.1", "-p", &port]);
+                let mut cli = Command::new("iperf3");
+                cli.args([
+                    "-c",
+                    "127.0.0.1",
+                    "-p",
+                    &port,
+                    "-t",
+                    "3",
+                    "-J",
+                    "-P",
+                    &args.lanes.to_string(),
+                ]);
+                command = format!("iperf3 -c 127.0.0.1 -t 3 -J -P {}", args.lanes);
+                let out = server_client(&mut srv, &mut cli)?;
+                let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| format!("iperf3 JSON: {e}"))?;
+                let bps = v["end"]["sum_received"]["bits_per_second"]
+                    .as_f64()
+                    .ok_or("iperf3 JSON lacks end.sum_received.bits_per_second")?;
+                runs.push(bps / 8e9);
+            }
+            Ok(BaselineResult {
+                tool: "iperf3",
+                command,
+                gbps: Some(median_f64(runs)),
+                requests_per_s: None,
+                latency_us: None,
+            })
+        }
+        Baseline::Ucx => {
+            let iters = (args.total_bytes / args.block_bytes).max(100).to_string();
+            let size = args.block_bytes.to_string();
+            let mut rates = Vec::new();
+            for _ in 0..args.repeat {
+                let port = free_port()?.to_string();
+                let mut srv = Command::new("ucx_perftest");
+                srv.env("UCX_TLS", "tcp").args(["-p", &port]);
+                let mut cli = Command::new("ucx_perftest");
+                cli.env("UCX_TLS", "tcp").args([
+                    "127.0.0.1",
+                    "-p",
+                    &port,
+                    "-t",
+                    "ucp_put_bw",
+                    "-s",
+                    &size,
+                    "-n",
+                    &iters,
+                ]);
+                command = format!("UCX_TLS=tcp ucx_perftest 127.0.0.1 -t ucp_put_bw -s {size} -n {iters}");
+                let out = server_client(&mut srv, &mut cli)?;
+                // "Final: iters 50%ile avg overall bw_avg(MB/s) bw_overall msgrate_avg msgrate_overall"
+                let f: Vec<f64> = out
+                    .lines()
+                    .find(|l| l.trim_start().starts_with("Final:"))
+                    .ok_or("ucx_perftest printed no Final line")?
+                    .split_whitespace()
+                    .skip(1)
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
+                if f.len() < 8 {
+                    return Err(format!("unexpected ucx_perftest Final line: {f:?}"));
+                }
+                runs.push(f[5] * 1_048_576.0 / 1e9);
+                rates.push(f[7]);
+            }
+            Ok(BaselineResult {
+                tool: "ucx_perftest ucp_put_bw (UCX_TLS=tcp)",
+                command,
+                gbps: Some(median_f64(runs)),
+                requests_per_s: Some(median_f64(rates)),
+                latency_us: None,
+            })
+        }
+        Baseline::FiPingpong => {
+            let iters = args.latency_samples.max(100).to_string();
+            let size = args.block_bytes.to_string();
+            let mut lats = Vec::new();
+            for _ in 0..args.repeat {
+                let port = free_port()?.to_string();
+                let mut srv = Command::new("fi_pingpong");
+                srv.args(["-p", "tcp", "-e", "rdm", "-B", &port, "-S", &size, "-I", &iters]);
+                let mut cli = Command::new("fi_pingpong");
+                cli.args([
+                    "-p",
+                    "tcp",
+                    "-e",
+                    "rdm",
+                    "-P",
+                    &port,
+                    "-S",
+                    &size,
+                    "-I",
+                    &iters,
+                    "127.0.0.1",
+                ]);
+                command = format!("fi_pingpong -p tcp -e rdm -S {size} -I {iters} 127.0.0.1");
+                let out = server_client(&mut srv, &mut cli)?;
+                // "bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec"
+                let line = out
+                    .lines()
+                    .rev()
+                    .find(|l| l.split_whitespace().count() >= 8 && !l.starts_with("bytes"))
+                    .ok_or("fi_pingpong printed no result line")?;
+                let cols: Vec<&str> = line.split_whitespace().collect();
+                let mbps: f64 = cols[5].parse().map_err(|_| format!("fi_pingpong line {line:?}"))?;
+                let usec: f64 = cols[6].parse().map_err(|_| format!("fi_pingpong line {line:?}"))?;
+                runs.push(mbps * 1e6 / 1e9);
+                lats.push(usec);
+            }
+            let lat = median_f64(lats);
+            Ok(BaselineResult {
+                tool: "fi_pingpong (tcp, rdm)",
+                command,
+                gbps: Some(median_f64(runs)),
+                requests_per_s: Some(1e6 / lat),
+                latency_us: Some(lat),
+            })
+        }
+    }
+}
+
+fn report(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResult>) {
+    let gbps = median_f64(m.gbps_runs.clone());
+    let mut v = serde_json::json!({
+        "bench": "transfer",
+        "transport": args.transport,
+        "provider": args.provider,
+        "op": args.op.to_string(),
+        "block_bytes": args.block_bytes,
+        "total_bytes": args.total_bytes,
+        "lanes": args.lanes,
+        "repeat": args.repeat,
+        "peer": if args.peer.is_some() { peer.to_string() } else { format!("loopback process at {peer}") },
+        "gbps": gbps,
+        "gbps_runs": m.gbps_runs,
+        "requests_per_s": m.requests_per_s,
+        "p50_us": m.p50_us,
+        "p99_us": m.p99_us,
+        "latency_samples": args.latency_samples.min((args.total_bytes / args.block_bytes) as usize).max(1),
+        "verified": m.mismatched_bytes.is_some(),
+        "mismatched_bytes": m.mismatched_bytes.unwrap_or(0),
+    });
+    if let Some(b) = baseline {
+        v["baseline"] = serde_json::json!({
+            "tool": b.tool,
+            "command": b.command,
+            "gbps": b.gbps,
+            "requests_per_s": b.requests_per_s,
+            "latency_us": b.latency_us,
+        });
+        if let Some(bg) = b.gbps {
+            v["ratio_gbps"] = serde_json::json!(gbps / bg);
+        }
+        if let Some(br) = b.requests_per_s {
+            v["ratio_requests_per_s"] = serde_json::json!(m.requests_per_s / br);
+        }
+        if let Some(bl) = b.latency_us {
+            v["ratio_p50_latency"] = serde_json::json!(m.p50_us / bl);
+        }
+    }
+    if args.json {
+        print_json(&v);
+        return;
+    }
+    println!(
+        "{} {} {} B blocks x {} lanes: {:.3} GB/s (median of {}), {:.0} requests/s, latency p50 {:.1} us p99 {:.1} us{}",
+        args.transport,
+        args.op,
+        args.block_bytes,
+        args.lanes,
+        gbps,
+        args.repeat,
+        m.requests_per_s,
+        m.p50_us,
+        m.p99_us,
+        match m.mismatched_bytes {
+            Some(n) => format!(", verify: {n} mismatched bytes"),
+            None => String::new(),
+        }
+    );
+    if let Some(b) = baseline {
+        println!(
+            "baseline {}: {} -> ratio {}",
+            b.tool,
+            [
+                b.gbps.map(|g| format!("{g:.3} GB/s")),
+                b.requests_per_s.map(|r| format!("{r:.0} requests/s")),
+                b.latency_us.map(|l| format!("{l:.1} us")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(", "),
+            [
+                v.get("ratio_gbps")
+                    .map(|r| format!("{:.2}x bandwidth", r.as_f64().unwrap_or(0.0))),
+                v.get("ratio_p50_latency")
+                    .map(|r| format!("{:.2}x latency", r.as_f64().unwrap_or(0.0))),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(", ")
+        );
+    }
 }
