@@ -213,7 +213,9 @@ fn host_memory_on_a_node_without_nics_uses_all_nics() {
     assert_eq!(map.node(1).unwrap().rails, [0, 1]);
     assert!(matches!(map.node(1).unwrap().source, RailSource::All { .. }));
     // GPUs 4-7 lost their switch's NIC and have none on their node either.
-    assert!(map.gpus[4..].iter().all(|g| matches!(g.source, RailSource::All { .. }) && g.rails == [0, 1]));
+    assert!(map.gpus[4..]
+        .iter()
+        .all(|g| matches!(g.source, RailSource::All { .. }) && g.rails == [0, 1]));
 }
 
 #[test]
@@ -382,4 +384,38 @@ fn malformed_sysfs_files_are_errors_naming_the_file() {
     let err = Topology::discover_from(&bad_spec).unwrap_err();
     let _ = std::fs::remove_file(&bad_spec);
     assert!(err.to_string().contains("unknown kind"), "{err}");
+}
+
+#[test]
+fn generated_tree_has_the_sysfs_layout() {
+    let dir = spec("p5.48xlarge").materialize_temp().unwrap();
+    let root = dir.path();
+    let link = |p: &str| std::fs::read_link(root.join(p)).unwrap().display().to_string();
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+    assert_eq!(
+        link("class/infiniband/rdmap79s0"),
+        "../../devices/pci0000:4c/0000:4c:01.0/0000:4d:00.0/0000:4e:01.0/0000:50:00.0/infiniband/rdmap79s0"
+    );
+    assert_eq!(
+        link("bus/pci/devices/0000:4f:00.0"),
+        "../../../devices/pci0000:4c/0000:4c:01.0/0000:4d:00.0/0000:4e:00.0/0000:4f:00.0"
+    );
+    let nic = "devices/pci0000:4c/0000:4c:01.0/0000:4d:00.0/0000:4e:01.0/0000:50:00.0";
+    assert!(link(&format!("{nic}/driver")).ends_with("bus/pci/drivers/efa"));
+    assert_eq!(read(&format!("{nic}/vendor")), "0x1d0f\n");
+    assert_eq!(read(&format!("{nic}/class")), "0x020000\n");
+    assert_eq!(read(&format!("{nic}/numa_node")), "0\n");
+    assert_eq!(read(&format!("{nic}/local_cpulist")), "0-47,96-143\n");
+    assert_eq!(
+        read(&format!("{nic}/infiniband/rdmap79s0/ports/1/state")),
+        "4: ACTIVE\n"
+    );
+    assert_eq!(read("devices/pci0000:4c/0000:4c:01.0/class"), "0x060400\n");
+    assert_eq!(read("devices/system/node/node1/cpulist"), "48-95,144-191\n");
+    let resolved = std::fs::canonicalize(root.join("class/infiniband/rdmap79s0/device")).unwrap();
+    assert!(
+        resolved.ends_with("0000:4e:01.0/0000:50:00.0"),
+        "{}",
+        resolved.display()
+    );
 }
