@@ -548,6 +548,80 @@ mod tests {
         );
     }
 
+    /// Records allocations and frees; hands out addresses that are never dereferenced.
+    #[derive(Debug, Default)]
+    struct Ledger {
+        events: parking_lot::Mutex<Vec<(&'static str, u32, u64)>>,
+    }
+
+    impl DevicePlugin for Ledger {
+        fn name(&self) -> &'static str {
+            "ledger"
+        }
+        fn memory_kind(&self) -> MemoryKind {
+            MemoryKind::Rocm
+        }
+        fn info(&self) -> DeviceRuntimeInfo {
+            DeviceRuntimeInfo {
+                name: "ledger",
+                library: "libledger.so".into(),
+                driver_version: Some("1.2".into()),
+                runtime_version: None,
+                devices: 2,
+            }
+        }
+        fn device_count(&self) -> u32 {
+            2
+        }
+        fn pci_bus_id(&self, device: u32) -> Result<String> {
+            check_device("ledger", device, 2).map(|_| format!("0000:0{device}:00.0"))
+        }
+        fn classify(&self, _addr: u64) -> Result<PointerKind> {
+            Ok(PointerKind::Host)
+        }
+        fn allocate(&self, device: u32, len: u64) -> Result<u64> {
+            check_device("ledger", device, 2)?;
+            let addr = 0x1000 * (u64::from(device) + 1) + len;
+            self.events.lock().push(("alloc", device, addr));
+            Ok(addr)
+        }
+        unsafe fn free(&self, device: u32, addr: u64) -> Result<()> {
+            self.events.lock().push(("free", device, addr));
+            Ok(())
+        }
+        unsafe fn copy(&self, _: u32, _: CopyDirection, _: CopyFragment) -> Result<()> {
+            Err(Error::not_available("ledger", "moves no bytes"))
+        }
+        unsafe fn copy_async(&self, _: u32, _: CopyDirection, _: &[CopyFragment]) -> Result<Box<dyn PendingCopy>> {
+            Err(Error::not_available("ledger", "moves no bytes"))
+        }
+        fn export_dmabuf(&self, _: u32, _: u64, _: u64) -> Result<DmaBufExport> {
+            Err(Error::not_available("ledger", "no dma-buf"))
+        }
+    }
+
+    #[test]
+    fn device_buffers_free_exactly_once_on_their_device() {
+        let ledger = Arc::new(Ledger::default());
+        let plugin: Arc<dyn DevicePlugin> = ledger.clone();
+        {
+            let buf = DeviceBuffer::allocate(&plugin, 1, 64).unwrap();
+            assert_eq!(buf.location(), MemoryLocation::Rocm { device: 1 });
+            assert_eq!((buf.device(), buf.len()), (1, 64));
+            assert!(DeviceBuffer::allocate(&plugin, 2, 64).is_err());
+        }
+        let events = ledger.events.lock().clone();
+        assert_eq!(events, vec![("alloc", 1, 0x2040), ("free", 1, 0x2040)]);
+    }
+
+    #[test]
+    fn loaded_plugins_report_their_runtime() {
+        let a = PluginAvailability::from_load("ledger", Ok(Arc::new(Ledger::default())));
+        assert!(a.load_error().is_none());
+        assert_eq!(a.to_string(), "ledger: 2 device(s) via libledger.so, driver 1.2");
+        assert_eq!(a.plugin().unwrap().pci_bus_id(1).unwrap(), "0000:01:00.0");
+    }
+
     #[test]
     fn unavailable_plugins_report_their_reason() {
         let a = PluginAvailability::from_load("cuda", Err(Error::not_available("cuda", "libcuda.so not found")));
