@@ -61,7 +61,7 @@ if [ -x "$gpu_bin" ] && [ "$count" -gt 0 ]; then
     # nvidia-smi numbers GPUs in PCI order; make CUDA do the same so both name the same device.
     got=$(CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=$last TE_REQUIRE=cuda timeout 60 \
         "$gpu_bin" bus_ids --test-threads=1 --nocapture 2>&1 | tee "$out/bus-id-visible.log" |
-        sed -nE 's/^cuda:0 at ([0-9a-f:.]+)$/\1/p')
+        sed -nE 's/.*cuda:0 at ([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]).*/\1/p' | head -1)
     echo "GPU $last alone: nvidia-smi says '$want', the plugin says cuda:0 at '$got'"
     [ -n "$got" ] && [ "$got" = "$want" ]
     record "bus id of GPU $last as cuda:0" $?
