@@ -107,7 +107,7 @@ impl RdmaConfig {
             c.slice_size = v;
         }
         if let Some(v) = parse_bytes(env, "TE_RDMA_MAX_MR_SIZE")? {
-            if v < 1 << 20 || v % 4096 != 0 {
+            if v < 1 << 20 || v & 4095 != 0 {
                 return Err(Error::config(
                     "TE_RDMA_MAX_MR_SIZE",
                     v.to_string(),

@@ -12,13 +12,16 @@
 
 pub mod config;
 pub mod protocol;
+pub mod transport;
 pub mod verbs;
 
+use std::path::Path;
 use std::sync::Arc;
 
 use te_base::{Error, InstallContext, Result, Transport};
 
 use crate::config::RdmaConfig;
+use crate::transport::RdmaTransport;
 use crate::verbs::loaded::LoadedVerbs;
 use crate::verbs::Verbs;
 
@@ -34,10 +37,9 @@ pub async fn install(ctx: &InstallContext) -> Result<Arc<dyn Transport>> {
     let config = RdmaConfig::from_env(ctx.env.as_ref())?;
     let verbs = LoadedVerbs::load()?;
     let devices = select_devices(&verbs, &config)?;
-    Err(Error::not_available(
-        NAME,
-        format!("devices {devices:?} found, but the data path is not wired yet"),
-    ))
+    let transport =
+        RdmaTransport::start(Arc::new(verbs), &devices, config, &ctx.segment_name, Path::new("/sys")).await?;
+    Ok(Arc::new(transport))
 }
 
 /// The devices to use: `TE_RDMA_DEVICES`, or every device the library lists.

@@ -63,6 +63,9 @@ pub struct EndpointInfo {
     pub version: u32,
     /// `ip:port` of the handshake listener.
     pub handshake: String,
+    /// Random per transport start; a handshake naming another instance is refused (the target
+    /// restarted and its QPs and keys are gone).
+    pub instance: u64,
     /// Rails in rail-index order.
     pub rails: Vec<RailInfo>,
 }
@@ -93,7 +96,8 @@ pub struct ConnectRequest {
     pub from_segment: String,
     /// Initiator's instance (QPs of an older instance are released).
     pub from_instance: u64,
-    /// Target instance the initiator read from the descriptor; a restarted target refuses.
+    /// Target transport instance the initiator read from the endpoint info; a restarted target
+    /// refuses.
     pub to_instance: u64,
     /// Initiator's rails, so the target can address them without fetching a descriptor.
     pub rails: Vec<RailInfo>,
@@ -368,6 +372,7 @@ mod tests {
         let info = EndpointInfo {
             version: PROTOCOL_VERSION,
             handshake: "10.0.0.1:4791".into(),
+            instance: 7,
             rails: vec![rail("mlx5_0", Mtu::M4096), rail("mlx5_1", Mtu::M1024)],
         };
         assert_eq!(EndpointInfo::from_value(&info.to_value()).unwrap(), info);

@@ -50,7 +50,7 @@ impl RemoteKeyTable {
             };
             let bad = |why: String| Error::InvalidDescriptor(format!("rdma keys of buffer {i}: {why}"));
             let keys: BufferKeys = serde_json::from_value(v.clone()).map_err(|e| bad(e.to_string()))?;
-            if keys.chunk < MIN_CHUNK || keys.chunk % MIN_CHUNK != 0 {
+            if keys.chunk < MIN_CHUNK || keys.chunk & (MIN_CHUNK - 1) != 0 {
                 return Err(bad(format!("chunk {} is not a positive multiple of 4 KiB", keys.chunk)));
             }
             if keys.rkeys.is_empty() || keys.rkeys.len() > super::handshake::MAX_RAILS {

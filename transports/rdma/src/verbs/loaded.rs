@@ -357,26 +357,33 @@ impl Verbs for LoadedVerbs {
             for (i, wr) in chunk.iter().enumerate() {
                 conv::send_wr(wr, &mut sges[i], &mut chain[i]);
             }
+            // Link through raw pointers taken after the last write by index, so every pointer the
+            // provider follows stays valid.
+            let sge_base = sges.as_mut_ptr();
             let base = chain.as_mut_ptr();
             for i in 0..n {
-                chain[i].sg_list = &mut sges[i];
-                // SAFETY: `i + 1 <= n <= POST_CHUNK`, inside (or one past) the array.
-                chain[i].next = if i + 1 < n {
-                    unsafe { base.add(i + 1) }
-                } else {
-                    std::ptr::null_mut()
-                };
+                // SAFETY: `i < n <= POST_CHUNK`, so `base.add(i)`, `base.add(i + 1)` (used only when
+                // `i + 1 < n`) and `sge_base.add(i)` are inside their arrays.
+                unsafe {
+                    let wr = base.add(i);
+                    (*wr).sg_list = sge_base.add(i);
+                    (*wr).next = if i + 1 < n {
+                        base.add(i + 1)
+                    } else {
+                        std::ptr::null_mut()
+                    };
+                }
             }
             let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
             // SAFETY: the chain of `n` linked work requests and their SGEs live on this stack frame
             // for the call; the provider copies them into the send queue before returning.
-            let rc = unsafe { post(qp_ptr, chain.as_mut_ptr(), &mut bad) };
+            let rc = unsafe { post(qp_ptr, base, &mut bad) };
             if rc != 0 {
                 let failed_at = if bad.is_null() {
                     0
                 } else {
                     // SAFETY: `bad` points into `chain` (the provider reports the first rejected WR).
-                    usize::try_from(unsafe { bad.offset_from(chain.as_ptr()) }).unwrap_or(0)
+                    usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
                 };
                 return Err(PostError {
                     posted: chunk_index * POST_CHUNK + failed_at,

@@ -1,0 +1,420 @@
+//! The verbs transport over any [`Verbs`] implementation: registration on every rail, connection
+//! through the handshake, the data path and the progress thread.
+
+mod handshake_io;
+mod peer;
+mod progress;
+pub mod rails;
+mod target;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::{Mutex, RwLock};
+use te_base::registration::{deregister_regions, register_regions, DomainHandles, RegistrationPool};
+use te_base::topology::{common_rails, RailRate, StripePlanner};
+use te_base::{
+    Capabilities, Error, MemoryKind, MemoryKinds, Peer, RegionId, RegionInfo, Result, SegmentDescriptor, Transport,
+};
+
+use crate::config::RdmaConfig;
+use crate::protocol::handshake::{EndpointInfo, PROTOCOL_VERSION};
+use crate::protocol::recovery::Backoff;
+use crate::protocol::remote_keys::{BufferKeys, RemoteKeyTable};
+use crate::verbs::{QpCaps, Verbs};
+use crate::NAME;
+use peer::{PeerInner, QpInner, QpSlot, RailPair, RdmaPeer, SlotRef};
+use rails::{gid_ipv4, RailRegistrar, RailRegistration, RailSet};
+
+/// A registered region: its lkeys per rail and chunk, and the handles to release it.
+pub(crate) struct LocalRegion<V: Verbs> {
+    pub(crate) info: RegionInfo,
+    pub(crate) lkeys: Vec<Vec<u32>>,
+    handles: Mutex<Option<DomainHandles<RailRegistration<V>>>>,
+}
+
+/// State shared by the transport, its peers, the handshake listener and the progress thread.
+pub(crate) struct Shared<V: Verbs> {
+    pub(crate) verbs: Arc<V>,
+    pub(crate) config: RdmaConfig,
+    registrar: Arc<RailRegistrar<V>>,
+    pub(crate) segment_name: String,
+    pub(crate) instance: u64,
+    pub(crate) slice_size: u64,
+    advertised: SocketAddr,
+    capabilities: Capabilities,
+    pub(crate) regions: RwLock<HashMap<RegionId, Arc<LocalRegion<V>>>>,
+    /// Initiator QPs by QP number, for completion dispatch.
+    pub(crate) qps: RwLock<HashMap<u32, SlotRef<V>>>,
+    /// Target-side QPs accepted through the handshake.
+    pub(crate) accepted: Mutex<HashMap<(String, u32), target::AcceptedQp<V>>>,
+    /// Slots waiting for re-establishment.
+    pub(crate) broken: Mutex<Vec<SlotRef<V>>>,
+    outstanding: AtomicUsize,
+    psn_state: AtomicU64,
+    stop: AtomicBool,
+    progress_thread: Mutex<Option<std::thread::Thread>>,
+    runtime: tokio::runtime::Handle,
+    pool: &'static RegistrationPool,
+}
+
+fn random_u64() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+impl<V: Verbs> Shared<V> {
+    pub(crate) fn rails(&self) -> &RailSet<V> {
+        &self.registrar.set
+    }
+
+    pub(crate) fn next_psn(&self) -> u32 {
+        let x = self.psn_state.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+        crate::protocol::handshake::psn_from(x)
+    }
+
+    pub(crate) fn posted(&self, n: usize) {
+        self.outstanding.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn retired(&self, n: usize) {
+        self.outstanding.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn wake_progress(&self) {
+        if let Some(t) = self.progress_thread.lock().as_ref() {
+            t.unpark();
+        }
+    }
+
+    fn backoff(&self) -> Backoff {
+        let (lo, hi) = self.config.backoff_ms;
+        Backoff::new(Duration::from_millis(lo), Duration::from_millis(hi))
+    }
+}
+
+impl<V: Verbs> Drop for Shared<V> {
+    fn drop(&mut self) {
+        for (_, a) in self.accepted.get_mut().drain() {
+            a.destroy(&*self.verbs);
+        }
+        let left: Vec<(RegionInfo, DomainHandles<RailRegistration<V>>)> = self
+            .regions
+            .get_mut()
+            .drain()
+            .filter_map(|(_, r)| r.handles.lock().take().map(|h| (r.info.clone(), h)))
+            .collect();
+        if !left.is_empty() {
+            if let Err(e) = deregister_regions(self.pool, &self.registrar, left) {
+                tracing::warn!("rdma teardown: {e}");
+            }
+        }
+    }
+}
+
+/// The RDMA transport.
+pub struct RdmaTransport<V: Verbs> {
+    shared: Arc<Shared<V>>,
+    listener: tokio::task::JoinHandle<()>,
+}
+
+impl<V: Verbs> std::fmt::Debug for RdmaTransport<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaTransport")
+            .field("segment", &self.shared.segment_name)
+            .field("rails", &self.shared.rails().rails.len())
+            .finish()
+    }
+}
+
+impl<V: Verbs> RdmaTransport<V> {
+    /// Opens `devices` and starts the handshake listener and the progress thread. Must run inside
+    /// a tokio runtime. `sysfs` is the sysfs root (`/sys`), for GID types and peer-memory modules.
+    pub async fn start(
+        verbs: Arc<V>,
+        devices: &[String],
+        config: RdmaConfig,
+        segment_name: &str,
+        sysfs: &Path,
+    ) -> Result<Self> {
+        let set = RailSet::open(verbs.clone(), devices, &config, sysfs)?;
+        let bind = config
+            .handshake_addr
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
+        let listener = tokio::net::TcpListener::bind(bind)
+            .await
+            .map_err(|e| Error::io(format!("rdma: binding the handshake listener to {bind}"), e))?;
+        let mut advertised = listener
+            .local_addr()
+            .map_err(|e| Error::io("rdma: handshake listener address", e))?;
+        if advertised.ip().is_unspecified() {
+            let ip = set.rails.iter().find_map(|r| gid_ipv4(&r.gid)).ok_or_else(|| {
+                Error::not_available(
+                    "rdma",
+                    "no IPv4 RoCE GID to advertise the handshake on; set TE_RDMA_HANDSHAKE_ADDR=<ip>:<port>",
+                )
+            })?;
+            advertised.set_ip(IpAddr::V4(ip));
+        }
+        let max_msg = set
+            .rails
+            .iter()
+            .map(|r| u64::from(r.port_attrs.max_msg_size))
+            .min()
+            .unwrap_or(0);
+        let slice_size = config.slice_size.min(max_msg.max(4096));
+        let mut kinds = MemoryKinds::HOST;
+        if sysfs.join("module/nvidia_peermem").exists() {
+            kinds = kinds.with(MemoryKind::Cuda);
+        }
+        let shared = Arc::new(Shared {
+            verbs,
+            registrar: Arc::new(RailRegistrar::new(Arc::new(set))),
+            segment_name: segment_name.to_string(),
+            instance: random_u64(),
+            slice_size,
+            advertised,
+            capabilities: Capabilities {
+                local: kinds,
+                remote: kinds,
+            },
+            regions: RwLock::new(HashMap::new()),
+            qps: RwLock::new(HashMap::new()),
+            accepted: Mutex::new(HashMap::new()),
+            broken: Mutex::new(Vec::new()),
+            outstanding: AtomicUsize::new(0),
+            psn_state: AtomicU64::new(random_u64()),
+            stop: AtomicBool::new(false),
+            progress_thread: Mutex::new(None),
+            runtime: tokio::runtime::Handle::current(),
+            pool: RegistrationPool::global()?,
+            config,
+        });
+        let thread = progress::spawn(Arc::downgrade(&shared))?;
+        *shared.progress_thread.lock() = Some(thread);
+        let listener = tokio::spawn(target::serve(Arc::downgrade(&shared), listener));
+        Ok(RdmaTransport { shared, listener })
+    }
+
+    /// The address peers reach the handshake listener at.
+    pub fn handshake_addr(&self) -> SocketAddr {
+        self.shared.advertised
+    }
+}
+
+impl<V: Verbs> Drop for RdmaTransport<V> {
+    fn drop(&mut self) {
+        self.listener.abort();
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake_progress();
+    }
+}
+
+#[async_trait]
+impl<V: Verbs> Transport for RdmaTransport<V> {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.shared.capabilities
+    }
+
+    fn endpoint(&self) -> serde_json::Value {
+        EndpointInfo {
+            version: PROTOCOL_VERSION,
+            handshake: self.shared.advertised.to_string(),
+            instance: self.shared.instance,
+            rails: self.shared.rails().rails.iter().map(|r| r.info()).collect(),
+        }
+        .to_value()
+    }
+
+    fn can_reach(&self, peer: &SegmentDescriptor) -> bool {
+        peer.endpoint(NAME).is_some_and(|v| EndpointInfo::from_value(v).is_ok())
+    }
+
+    async fn register(&self, regions: &[RegionInfo]) -> Result<Vec<serde_json::Value>> {
+        for r in regions {
+            if !self.shared.capabilities.local.contains(r.location.kind()) {
+                return Err(Error::WrongMemoryKind {
+                    transport: NAME.into(),
+                    what: r.location.to_string(),
+                });
+            }
+        }
+        let shared = self.shared.clone();
+        let batch = regions.to_vec();
+        let handles = tokio::task::spawn_blocking(move || register_regions(shared.pool, &shared.registrar, batch))
+            .await
+            .map_err(|e| Error::transport(NAME, format!("registration task: {e}")))??;
+        let chunk = self.shared.rails().chunk;
+        let mut keys = Vec::with_capacity(regions.len());
+        let mut table = self.shared.regions.write();
+        for (info, h) in regions.iter().zip(handles) {
+            let mut per_rail: Vec<(usize, &RailRegistration<V>)> = h.iter().map(|(d, r)| (*d, r)).collect();
+            per_rail.sort_by_key(|(d, _)| *d);
+            let lkeys: Vec<Vec<u32>> = per_rail
+                .iter()
+                .map(|(_, r)| r.keys.iter().map(|k| k.lkey).collect())
+                .collect();
+            let value = if info.exported {
+                let rkeys = per_rail
+                    .iter()
+                    .map(|(_, r)| r.keys.iter().map(|k| k.rkey).collect())
+                    .collect();
+                serde_json::to_value(BufferKeys { chunk, rkeys }).expect("keys serialize")
+            } else {
+                serde_json::Value::Null
+            };
+            keys.push(value);
+            table.insert(
+                info.id,
+                Arc::new(LocalRegion {
+                    info: info.clone(),
+                    lkeys,
+                    handles: Mutex::new(Some(h)),
+                }),
+            );
+        }
+        Ok(keys)
+    }
+
+    async fn deregister(&self, regions: &[RegionInfo]) -> Result<()> {
+        let mut release = Vec::with_capacity(regions.len());
+        {
+            let mut table = self.shared.regions.write();
+            for r in regions {
+                if let Some(local) = table.remove(&r.id) {
+                    if let Some(h) = local.handles.lock().take() {
+                        release.push((local.info.clone(), h));
+                    }
+                }
+            }
+        }
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || deregister_regions(shared.pool, &shared.registrar, release))
+            .await
+            .map_err(|e| Error::transport(NAME, format!("deregistration task: {e}")))?
+    }
+
+    async fn connect(&self, desc: &SegmentDescriptor) -> Result<Arc<dyn Peer>> {
+        let shared = &self.shared;
+        let info = desc
+            .endpoint(NAME)
+            .ok_or_else(|| Error::NoTransport {
+                segment: desc.name.clone(),
+                reason: "it does not advertise rdma".into(),
+            })
+            .and_then(EndpointInfo::from_value)?;
+        let handshake_addr: SocketAddr = info.handshake.parse().expect("validated by from_value");
+        let keys = RemoteKeyTable::from_descriptor(desc, NAME)?;
+        let local_rails = &shared.rails().rails;
+        let as_rates = |n: usize| -> Vec<RailRate> { (0..n).map(|rail| RailRate { rail, rate_mbps: 0 }).collect() };
+        let mut common = Vec::new();
+        common_rails(&as_rates(local_rails.len()), &as_rates(info.rails.len()), &mut common);
+        let pairs: Vec<RailPair> = common
+            .iter()
+            .map(|c| RailPair {
+                local: c.rail,
+                remote: c.rail,
+            })
+            .filter(|p| local_rails[p.local].port_attrs.link_layer == info.rails[p.remote].link_layer)
+            .collect();
+        if pairs.is_empty() {
+            return Err(Error::NoTransport {
+                segment: desc.name.clone(),
+                reason: "no rail pair with the same link layer (InfiniBand vs RoCE)".into(),
+            });
+        }
+        let q = shared.config.qps_per_peer as usize;
+        let depth = shared.config.send_queue_depth;
+        let mut slots = Vec::with_capacity(pairs.len() * q);
+        for (pi, pair) in pairs.iter().enumerate() {
+            let rail = &local_rails[pair.local];
+            let depth = depth.min(rail.attrs.max_qp_wr.max(1));
+            for k in 0..q {
+                let (qp, qpn) = shared.verbs.create_qp(
+                    rail.pd(),
+                    rail.cq(),
+                    QpCaps {
+                        max_send_wr: depth,
+                        max_send_sge: 1,
+                    },
+                )?;
+                slots.push(Arc::new(QpSlot {
+                    slot: (pi * q + k) as u32,
+                    pair: pi,
+                    inner: Mutex::new(QpInner::new(
+                        qp,
+                        qpn,
+                        depth,
+                        shared.config.signal_every,
+                        shared.backoff(),
+                    )),
+                }));
+            }
+        }
+        let pair_rates = as_rates(pairs.len());
+        let peer = Arc::new(PeerInner {
+            shared: shared.clone(),
+            descriptor: desc.clone(),
+            endpoint: info,
+            handshake_addr,
+            keys,
+            pairs,
+            pair_rates,
+            slots,
+            qps_per_pair: q,
+            rotation: AtomicUsize::new(0),
+            planner: StripePlanner::default(),
+        });
+        let offers: Vec<_> = peer
+            .slots
+            .iter()
+            .map(|s| {
+                let qpn = s.inner.lock().qpn;
+                peer.offer(s, qpn)
+            })
+            .collect();
+        let request = peer.request(offers);
+        let response = handshake_io::exchange(handshake_addr, &desc.name, &request).await?;
+        let answers = response.accepted_for(&request, peer.endpoint.rails.len())?;
+        for ((slot, mine), theirs) in peer.slots.iter().zip(&request.qps).zip(answers) {
+            let mut inner = slot.inner.lock();
+            peer.bring_up(slot, &mut inner, mine, theirs)?;
+        }
+        {
+            let mut map = shared.qps.write();
+            for (i, s) in peer.slots.iter().enumerate() {
+                map.insert(s.inner.lock().qpn, (Arc::downgrade(&peer), i));
+            }
+        }
+        Ok(Arc::new(RdmaPeer { inner: peer }))
+    }
+
+    async fn shutdown(&self) {
+        self.listener.abort();
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake_progress();
+    }
+}

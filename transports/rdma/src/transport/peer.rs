@@ -1,0 +1,508 @@
+//! A connected peer: its QP slots (per rail pair, `TE_RDMA_QPS_PER_PEER` each), the data path
+//! that cuts a batch into work requests, and what happens when a QP fails.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use te_base::topology::{RailRate, Stripe, StripePlanner};
+use te_base::{BatchState, Error, Peer, ResolvedRequest, Result, SegmentDescriptor, SubmitContext, TransferOp};
+
+use super::Shared;
+use crate::protocol::completion::BatchTracker;
+use crate::protocol::handshake::{mtu_offer, ConnectRequest, EndpointInfo, QpOffer, PROTOCOL_VERSION};
+use crate::protocol::qp_state::{connect_transitions, LocalQpEnd, QpMachine, QpState, QpTransition, RemoteQpEnd};
+use crate::protocol::recovery::{classify, request_error, Backoff, ErrorClass};
+use crate::protocol::remote_keys::{KeyMiss, RemoteKeyTable};
+use crate::protocol::send_queue::SendQueue;
+use crate::protocol::slicing::{slice, ChunkGrid};
+use crate::verbs::{Completion, Opcode, PostError, Verbs, WcStatus, WorkRequest};
+
+/// One RDMA message waiting for, or occupying, a send-queue slot.
+pub(crate) struct Piece {
+    tracker: Arc<BatchTracker>,
+    index: u32,
+    opcode: Opcode,
+    local_addr: u64,
+    len: u32,
+    lkey: u32,
+    remote_addr: u64,
+    rkey: u32,
+    attempts: u32,
+}
+
+/// The mutable state of one QP.
+pub(crate) struct QpInner<V: Verbs> {
+    pub(crate) qp: Option<V::Qp>,
+    pub(crate) qpn: u32,
+    pub(crate) machine: QpMachine,
+    pub(crate) sq: SendQueue<Piece>,
+    pub(crate) backoff: Backoff,
+    pub(crate) reconnecting: bool,
+    scratch: Vec<WorkRequest>,
+}
+
+/// One QP of a connection, between one local and one remote rail.
+pub(crate) struct QpSlot<V: Verbs> {
+    pub(crate) slot: u32,
+    pub(crate) pair: usize,
+    pub(crate) inner: Mutex<QpInner<V>>,
+}
+
+/// A local rail joined to a remote rail.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RailPair {
+    pub(crate) local: usize,
+    pub(crate) remote: usize,
+}
+
+/// Everything a connection owns. Its QPs are destroyed when the last `Arc` goes (the `RdmaPeer`
+/// and every batch still using it hold one).
+pub(crate) struct PeerInner<V: Verbs> {
+    pub(crate) shared: Arc<Shared<V>>,
+    pub(crate) descriptor: SegmentDescriptor,
+    pub(crate) endpoint: EndpointInfo,
+    pub(crate) handshake_addr: SocketAddr,
+    pub(crate) keys: RemoteKeyTable,
+    pub(crate) pairs: Vec<RailPair>,
+    pub(crate) pair_rates: Vec<RailRate>,
+    pub(crate) slots: Vec<Arc<QpSlot<V>>>,
+    pub(crate) qps_per_pair: usize,
+    pub(crate) rotation: AtomicUsize,
+    pub(crate) planner: StripePlanner,
+}
+
+/// The `Peer` handed to the engine.
+pub struct RdmaPeer<V: Verbs> {
+    pub(crate) inner: Arc<PeerInner<V>>,
+}
+
+impl<V: Verbs> PeerInner<V> {
+    fn name(&self) -> &str {
+        &self.descriptor.name
+    }
+
+    /// A handshake request for `offers`.
+    pub(crate) fn request(&self, offers: Vec<QpOffer>) -> ConnectRequest {
+        ConnectRequest {
+            version: PROTOCOL_VERSION,
+            from_segment: self.shared.segment_name.clone(),
+            from_instance: self.shared.instance,
+            to_instance: self.endpoint.instance,
+            rails: self.shared.rails().rails.iter().map(|r| r.info()).collect(),
+            qps: offers,
+        }
+    }
+
+    /// Moves a fresh (RESET) QP of `slot` to RTS against the target's answer.
+    pub(crate) fn bring_up(
+        &self,
+        slot: &QpSlot<V>,
+        inner: &mut QpInner<V>,
+        mine: &QpOffer,
+        theirs: &QpOffer,
+    ) -> Result<()> {
+        let pair = self.pairs[slot.pair];
+        let rail = &self.shared.rails().rails[pair.local];
+        let remote_rail = &self.endpoint.rails[pair.remote];
+        let local = LocalQpEnd {
+            port: rail.port,
+            link_layer: rail.port_attrs.link_layer,
+            gid_index: rail.gid_index,
+            psn: mine.psn,
+            device_max_rd_atomic: rail.attrs.max_qp_rd_atom,
+        };
+        let remote = RemoteQpEnd {
+            qpn: theirs.qpn,
+            psn: theirs.psn,
+            lid: remote_rail.lid,
+            gid: remote_rail.gid()?,
+            link_layer: remote_rail.link_layer,
+        };
+        let qp = inner.qp.as_ref().expect("slot owns a QP");
+        for t in connect_transitions(&local, &remote, theirs.mtu, &self.shared.config.connect)? {
+            self.shared.verbs.modify_qp(qp, &t)?;
+            inner.machine.apply(&t)?;
+        }
+        Ok(())
+    }
+
+    /// The offer of `slot` for a (re)connect, with a fresh PSN.
+    pub(crate) fn offer(&self, slot: &QpSlot<V>, qpn: u32) -> QpOffer {
+        let pair = self.pairs[slot.pair];
+        let rail = &self.shared.rails().rails[pair.local];
+        QpOffer {
+            slot: slot.slot,
+            initiator_rail: pair.local as u16,
+            target_rail: pair.remote as u16,
+            qpn,
+            psn: self.shared.next_psn(),
+            mtu: mtu_offer(rail.port_attrs.active_mtu, self.shared.config.connect.mtu_cap),
+        }
+    }
+
+    /// Hands `pieces` that were on `from` to a healthy sibling QP of the same rail pair (or back
+    /// to `from`, to go out once it is re-established). Pieces past the retry limit fail.
+    fn requeue(&self, from: usize, pieces: Vec<Piece>, status: WcStatus, vendor_err: u32) {
+        if pieces.is_empty() {
+            return;
+        }
+        let limit = self.shared.config.retry_limit;
+        let pair = self.slots[from].pair;
+        let first = pair * self.qps_per_pair;
+        let target = (first..first + self.qps_per_pair)
+            .filter(|&i| i != from)
+            .find(|&i| {
+                let s = self.slots[i].inner.lock();
+                s.machine.state() == QpState::Rts && !s.sq.is_broken()
+            })
+            .unwrap_or(from);
+        let mut inner = self.slots[target].inner.lock();
+        for mut p in pieces {
+            p.attempts += 1;
+            if p.attempts > limit {
+                p.tracker.fail(p.index, request_error(status, vendor_err, self.name()));
+            } else {
+                inner.sq.push(p);
+            }
+        }
+        if target != from {
+            self.shared.pump(&mut inner);
+        }
+    }
+
+    /// Handles one completion of slot `index`.
+    pub(crate) fn on_completion(self: &Arc<Self>, index: usize, c: &Completion, now: Instant) {
+        let slot = &self.slots[index];
+        let mut inner = slot.inner.lock();
+        let before = inner.sq.in_flight();
+        if c.status == WcStatus::SUCCESS {
+            inner.sq.on_success(c.wr_id, |p| p.tracker.piece_done(p.index));
+            self.shared.retired(before - inner.sq.in_flight());
+            self.shared.pump(&mut inner);
+            return;
+        }
+        let Some(split) = inner.sq.on_error(c.wr_id) else {
+            return;
+        };
+        self.shared.retired(before);
+        inner.machine.mark_error();
+        inner.backoff.on_failure(now);
+        drop(inner);
+        tracing::debug!(peer = %self.name(), qp = slot.slot, status = c.status.0, "rdma QP failed");
+        for p in split.done {
+            p.tracker.piece_done(p.index);
+        }
+        let mut requeue = split.requeue;
+        if let Some(p) = split.failed {
+            if classify(c.status) == ErrorClass::Transient {
+                requeue.push(p);
+            } else {
+                p.tracker
+                    .fail(p.index, request_error(c.status, c.vendor_err, self.name()));
+            }
+        }
+        // Flushed pieces were not at fault: they keep their attempt count.
+        self.requeue(index, requeue, WcStatus::RETRY_EXC_ERR, c.vendor_err);
+        self.shared.broken.lock().push((Arc::downgrade(self), index));
+    }
+
+    /// Re-establishes slot `index` through the handshake (called once per backoff period).
+    pub(crate) async fn reestablish(self: Arc<Self>, index: usize) {
+        let slot = &self.slots[index];
+        let prepared = {
+            let mut inner = slot.inner.lock();
+            let qp = inner.qp.as_ref().expect("slot owns a QP");
+            let reset = self.shared.verbs.modify_qp(qp, &QpTransition::ToReset);
+            reset
+                .and_then(|_| inner.machine.apply(&QpTransition::ToReset))
+                .map(|_| {
+                    inner.sq.reset();
+                    self.offer(slot, inner.qpn)
+                })
+        };
+        let result = match prepared {
+            Ok(offer) => {
+                let request = self.request(vec![offer]);
+                match super::handshake_io::exchange(self.handshake_addr, self.name(), &request).await {
+                    Ok(resp) => resp
+                        .accepted_for(&request, self.endpoint.rails.len())
+                        .map(|qps| (offer, qps[0])),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        let mut inner = slot.inner.lock();
+        inner.reconnecting = false;
+        let outcome = result.and_then(|(mine, theirs)| self.bring_up(slot, &mut inner, &mine, &theirs));
+        match outcome {
+            Ok(()) => {
+                inner.backoff.on_success();
+                self.shared.pump(&mut inner);
+            }
+            Err(e) => {
+                tracing::debug!(peer = %self.name(), qp = slot.slot, "rdma QP re-establishment failed: {e}");
+                inner.machine.mark_error();
+                inner.backoff.on_failure(Instant::now());
+                let stranded = inner.sq.drain_all();
+                drop(inner);
+                for p in stranded {
+                    p.tracker.fail(
+                        p.index,
+                        Error::PeerGone {
+                            peer: self.name().to_string(),
+                            reason: format!("QP could not be re-established: {e}"),
+                        },
+                    );
+                }
+                self.shared.broken.lock().push((Arc::downgrade(&self), index));
+            }
+        }
+    }
+
+    /// Cuts `requests` into pieces and queues them; returns pieces per slot to pump.
+    fn plan(&self, requests: &[ResolvedRequest], tracker: &Arc<BatchTracker>) -> Vec<(usize, Piece)> {
+        let shared = &self.shared;
+        let chunk = shared.rails().chunk;
+        let regions = shared.regions.read();
+        let mut out = Vec::with_capacity(requests.len());
+        let mut stripes: Vec<Stripe> = Vec::with_capacity(self.pairs.len());
+        let rotation = self.rotation.fetch_add(1, Ordering::Relaxed);
+        let mut rr = rotation;
+        for r in requests {
+            let fail = |e: Error| tracker.fail(r.index, e);
+            let Some(region) = regions.get(&r.local_region) else {
+                fail(Error::Unregistered {
+                    addr: r.local_addr,
+                    len: r.len,
+                });
+                continue;
+            };
+            if !region.info.contains(r.local_addr, r.len) {
+                fail(Error::PartlyRegistered {
+                    addr: r.local_addr,
+                    len: r.len,
+                    region_base: region.info.base,
+                    region_len: region.info.len,
+                });
+                continue;
+            }
+            let remote_grid = match self.keys.grid(r.remote_buffer as usize, r.remote_addr, r.len) {
+                Ok(g) => g,
+                Err(KeyMiss::NoBuffer | KeyMiss::NoRail) => {
+                    fail(Error::Refused {
+                        peer: self.name().to_string(),
+                        reason: format!("buffer {} is not exported over rdma", r.remote_buffer),
+                    });
+                    continue;
+                }
+                Err(KeyMiss::OutOfBounds) => {
+                    fail(Error::OutOfBounds {
+                        segment: self.name().to_string(),
+                        addr: r.remote_addr,
+                        len: r.len,
+                    });
+                    continue;
+                }
+            };
+            let local_grid = ChunkGrid {
+                base: region.info.base,
+                chunk,
+            };
+            let opcode = match r.op {
+                TransferOp::Write => Opcode::RdmaWrite,
+                TransferOp::Read => Opcode::RdmaRead,
+            };
+            // Integration point with te-base's topology: stripes over the rail pairs in proportion
+            // to their rates (equal when unknown).
+            self.planner.plan(r.len, &self.pair_rates, rotation, &mut stripes);
+            let start = out.len();
+            let mut bad = None;
+            for s in &stripes {
+                let pair = self.pairs[s.rail];
+                let first_slot = s.rail * self.qps_per_pair;
+                let la = r.local_addr + s.offset;
+                let ra = r.remote_addr + s.offset;
+                slice(la, ra, s.len, shared.slice_size, local_grid, remote_grid, |p| {
+                    let local_addr = la + p.offset;
+                    let remote_addr = ra + p.offset;
+                    let lchunk = ((local_addr - region.info.base) / chunk) as usize;
+                    let rkey = match self.keys.rkey(r.remote_buffer as usize, pair.remote, remote_addr) {
+                        Ok(k) => k,
+                        Err(_) => {
+                            bad = Some(pair.remote);
+                            return;
+                        }
+                    };
+                    let slot = first_slot + rr % self.qps_per_pair;
+                    rr = rr.wrapping_add(1);
+                    out.push((
+                        slot,
+                        Piece {
+                            tracker: tracker.clone(),
+                            index: r.index,
+                            opcode,
+                            local_addr,
+                            len: p.len as u32,
+                            lkey: region.lkeys[pair.local][lchunk],
+                            remote_addr,
+                            rkey,
+                            attempts: 0,
+                        },
+                    ));
+                });
+            }
+            if let Some(rail) = bad {
+                out.truncate(start);
+                fail(Error::Refused {
+                    peer: self.name().to_string(),
+                    reason: format!("buffer {} has no key for rail {rail}", r.remote_buffer),
+                });
+                continue;
+            }
+            tracker.add_pieces(r.index, (out.len() - start) as u32);
+        }
+        out
+    }
+}
+
+impl<V: Verbs> Peer for RdmaPeer<V> {
+    fn descriptor(&self) -> &SegmentDescriptor {
+        &self.inner.descriptor
+    }
+
+    fn submit(&self, requests: Vec<ResolvedRequest>, batch: &Arc<BatchState>, _ctx: &SubmitContext) -> Result<()> {
+        if batch.cancel_requested() {
+            for r in &requests {
+                batch.cancel(r.index as usize);
+            }
+            return Ok(());
+        }
+        let tracker = Arc::new(BatchTracker::new(batch.clone()));
+        batch.keep_alive(Box::new(self.inner.clone()));
+        let mut pieces = self.inner.plan(&requests, &tracker);
+        // Group by slot so each QP is locked once per batch.
+        pieces.sort_by_key(|(slot, _)| *slot);
+        let mut it = pieces.into_iter().peekable();
+        while let Some((slot, first)) = it.next() {
+            let mut inner = self.inner.slots[slot].inner.lock();
+            inner.sq.push(first);
+            while let Some((_, p)) = it.next_if(|(s, _)| *s == slot) {
+                inner.sq.push(p);
+            }
+            self.inner.shared.pump(&mut inner);
+        }
+        self.inner.shared.wake_progress();
+        Ok(())
+    }
+
+    fn is_healthy(&self) -> bool {
+        // Unhealthy once every QP failed and its re-establishment kept failing: the engine then
+        // reconnects from a fresh descriptor (the peer may have restarted).
+        !self.inner.slots.iter().all(|s| {
+            let inner = s.inner.lock();
+            inner.machine.state() == QpState::Error && inner.backoff.failures() >= 3
+        })
+    }
+}
+
+impl<V: Verbs> Drop for PeerInner<V> {
+    fn drop(&mut self) {
+        let mut map = self.shared.qps.write();
+        for s in &self.slots {
+            let mut inner = s.inner.lock();
+            map.remove(&inner.qpn);
+            for p in inner.sq.drain_all() {
+                p.tracker.fail(p.index, Error::Closed("rdma connection".into()));
+            }
+            if let Some(qp) = inner.qp.take() {
+                if let Err(e) = self.shared.verbs.destroy_qp(qp) {
+                    tracing::warn!("rdma: destroying a QP: {e}");
+                }
+            }
+        }
+    }
+}
+
+impl<V: Verbs> QpInner<V> {
+    pub(crate) fn new(qp: V::Qp, qpn: u32, depth: u32, signal_every: u32, backoff: Backoff) -> Self {
+        QpInner {
+            qp: Some(qp),
+            qpn,
+            machine: QpMachine::default(),
+            sq: SendQueue::new(depth, signal_every),
+            backoff,
+            reconnecting: false,
+            scratch: Vec::with_capacity(depth as usize),
+        }
+    }
+}
+
+impl<V: Verbs> Shared<V> {
+    /// Posts what the slot's send queue allows. Called with the slot locked.
+    pub(crate) fn pump(&self, inner: &mut QpInner<V>) {
+        if inner.machine.state() != QpState::Rts {
+            return;
+        }
+        let QpInner { sq, scratch, qp, .. } = inner;
+        let Some(qp) = qp.as_ref() else { return };
+        scratch.clear();
+        let n = sq.post_ready(|slot, p| {
+            scratch.push(WorkRequest {
+                wr_id: slot.seq,
+                opcode: p.opcode,
+                local_addr: p.local_addr,
+                len: p.len,
+                lkey: p.lkey,
+                remote_addr: p.remote_addr,
+                rkey: p.rkey,
+                signaled: slot.signaled,
+            })
+        });
+        if n == 0 {
+            return;
+        }
+        match self.verbs.post_send(qp, scratch) {
+            Ok(()) => self.posted(n),
+            Err(PostError { posted, errno }) => {
+                sq.unpost(n, posted);
+                self.posted(posted);
+                if errno != libc::ENOMEM {
+                    // The provider refused the QP itself: push it to ERROR so what it accepted
+                    // flushes and the failure path takes over.
+                    tracing::warn!("rdma: ibv_post_send: {}", std::io::Error::from_raw_os_error(errno));
+                    let _ = self.verbs.modify_qp(qp, &QpTransition::ToError);
+                }
+            }
+        }
+    }
+}
+
+/// What the progress thread does about a broken slot.
+pub(crate) enum Reconnect {
+    /// Start a re-establishment now.
+    Start,
+    /// Its backoff has not elapsed: look again later.
+    Wait,
+    /// Healthy again, or an attempt is running (it re-lists the slot if it fails).
+    Nothing,
+}
+
+/// Claims a re-establishment attempt of slot `index` if its backoff allows one at `now`.
+pub(crate) fn try_begin_reconnect<V: Verbs>(peer: &PeerInner<V>, index: usize, now: Instant) -> Reconnect {
+    let mut inner = peer.slots[index].inner.lock();
+    if inner.reconnecting || inner.machine.state() != QpState::Error {
+        return Reconnect::Nothing;
+    }
+    if inner.backoff.try_begin(now) {
+        inner.reconnecting = true;
+        return Reconnect::Start;
+    }
+    Reconnect::Wait
+}
+
+/// Keeps a weak reference usable in maps keyed by QP number.
+pub(crate) type SlotRef<V> = (Weak<PeerInner<V>>, usize);

@@ -1,0 +1,308 @@
+//! Per-rail device resources (context, protection domain, completion queue, chosen port and GID)
+//! and memory registration on every rail through te-base's registration pool.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use te_base::registration::RegistrationProvider;
+use te_base::{Error, RegionInfo, Result};
+
+use crate::config::RdmaConfig;
+use crate::protocol::handshake::{gid_hex, RailInfo};
+use crate::protocol::mr_split;
+use crate::verbs::{Access, DeviceAttrs, Gid, LinkLayer, MrKeys, PortAttrs, Verbs};
+
+/// One device port in use.
+pub struct Rail<V: Verbs> {
+    /// Device name.
+    pub name: String,
+    /// Port number.
+    pub port: u8,
+    /// Port state at discovery.
+    pub port_attrs: PortAttrs,
+    /// Device limits.
+    pub attrs: DeviceAttrs,
+    /// GID index we send from.
+    pub gid_index: u8,
+    /// That GID.
+    pub gid: Gid,
+    pub(crate) ctx: Option<V::Context>,
+    pub(crate) pd: Option<V::Pd>,
+    pub(crate) cq: Option<V::Cq>,
+}
+
+impl<V: Verbs> Rail<V> {
+    /// What peers learn about this rail.
+    pub fn info(&self) -> RailInfo {
+        RailInfo {
+            device: self.name.clone(),
+            port: self.port,
+            link_layer: self.port_attrs.link_layer,
+            lid: self.port_attrs.lid,
+            gid: gid_hex(&self.gid),
+            mtu: self.port_attrs.active_mtu,
+        }
+    }
+
+    /// The protection domain.
+    pub fn pd(&self) -> &V::Pd {
+        self.pd.as_ref().expect("live until drop")
+    }
+
+    /// The completion queue every QP of this rail uses.
+    pub fn cq(&self) -> &V::Cq {
+        self.cq.as_ref().expect("live until drop")
+    }
+}
+
+/// Every rail of the transport. Destroys its resources on drop (after every QP and MR that uses
+/// them, which hold an `Arc` to this set).
+pub struct RailSet<V: Verbs> {
+    pub(crate) verbs: Arc<V>,
+    /// Rails in index order.
+    pub rails: Vec<Rail<V>>,
+    /// Split size of every registration (the smallest device max MR size, or the knob).
+    pub chunk: u64,
+}
+
+/// Registrations of one region on one rail: one MR per chunk.
+pub struct RailRegistration<V: Verbs> {
+    pub(crate) mrs: Vec<V::Mr>,
+    /// Keys per chunk.
+    pub keys: Vec<MrKeys>,
+}
+
+/// Reads the RoCE GID type of entry `index` from sysfs (`RoCE v2`, `IB/RoCE v1`), if known.
+fn sysfs_gid_type(root: &Path, device: &str, port: u8, index: u32) -> Option<String> {
+    let p = root.join(format!(
+        "class/infiniband/{device}/ports/{port}/gid_attrs/types/{index}"
+    ));
+    std::fs::read_to_string(p).ok().map(|s| s.trim().to_string())
+}
+
+fn is_ipv4_mapped(g: &Gid) -> bool {
+    g.0[..10] == [0; 10] && g.0[10] == 0xff && g.0[11] == 0xff
+}
+
+/// Chooses the GID to send from among `(index, gid, type)` entries: for RoCE the first RoCE v2
+/// IPv4-mapped GID, then any RoCE v2 GID, then any IPv4-mapped GID (type unknown); for
+/// InfiniBand index 0.
+pub fn choose_gid(link_layer: LinkLayer, entries: &[(u32, Gid, Option<String>)]) -> Option<u32> {
+    let usable = |g: &Gid| !g.is_zero();
+    if link_layer == LinkLayer::Infiniband {
+        return entries.iter().find(|(i, g, _)| *i == 0 && usable(g)).map(|e| e.0);
+    }
+    let v2 = |t: &Option<String>| t.as_deref() == Some("RoCE v2");
+    entries
+        .iter()
+        .find(|(_, g, t)| v2(t) && is_ipv4_mapped(g))
+        .or_else(|| entries.iter().find(|(_, g, t)| v2(t) && usable(g)))
+        .or_else(|| entries.iter().find(|(_, g, t)| t.is_none() && is_ipv4_mapped(g)))
+        .map(|e| e.0)
+}
+
+/// The IPv4 address inside an IPv4-mapped GID.
+pub fn gid_ipv4(g: &Gid) -> Option<std::net::Ipv4Addr> {
+    is_ipv4_mapped(g).then(|| std::net::Ipv4Addr::new(g.0[12], g.0[13], g.0[14], g.0[15]))
+}
+
+impl<V: Verbs> RailSet<V> {
+    /// Opens `devices`, keeping the first active port of each, and creates a PD and CQ per rail.
+    pub fn open(verbs: Arc<V>, devices: &[String], config: &RdmaConfig, sysfs: &Path) -> Result<Self> {
+        let mut set = RailSet {
+            verbs: verbs.clone(),
+            rails: Vec::new(),
+            chunk: u64::MAX,
+        };
+        let mut skipped = Vec::new();
+        for name in devices {
+            let ctx = verbs.open_device(name)?;
+            let attrs = verbs.query_device(&ctx)?;
+            let mut chosen = None;
+            for port in 1..=attrs.phys_port_cnt.max(1) {
+                let pa = verbs.query_port(&ctx, port)?;
+                if pa.active {
+                    chosen = Some((port, pa));
+                    break;
+                }
+            }
+            let Some((port, port_attrs)) = chosen else {
+                skipped.push(format!("{name}: no active port"));
+                verbs.close_device(ctx)?;
+                continue;
+            };
+            let gid_index = match config.gid_index {
+                Some(i) => u32::from(i),
+                None => {
+                    let entries: Vec<(u32, Gid, Option<String>)> = (0..port_attrs.gid_table_len.min(256))
+                        .filter_map(|i| {
+                            let g = verbs.query_gid(&ctx, port, i).ok()?;
+                            Some((i, g, sysfs_gid_type(sysfs, name, port, i)))
+                        })
+                        .collect();
+                    match choose_gid(port_attrs.link_layer, &entries) {
+                        Some(i) => i,
+                        None => {
+                            skipped.push(format!("{name}: no usable GID (set TE_RDMA_GID_INDEX)"));
+                            verbs.close_device(ctx)?;
+                            continue;
+                        }
+                    }
+                }
+            };
+            let gid = verbs.query_gid(&ctx, port, gid_index)?;
+            if gid.is_zero() && port_attrs.link_layer == LinkLayer::Ethernet {
+                return Err(Error::config(
+                    "TE_RDMA_GID_INDEX",
+                    gid_index.to_string(),
+                    format!("GID {gid_index} of {name} port {port} is empty"),
+                ));
+            }
+            let pd = verbs.alloc_pd(&ctx)?;
+            let cq = verbs.create_cq(&ctx, config.cq_depth.min(attrs.max_cqe.max(16)))?;
+            set.chunk = set
+                .chunk
+                .min(mr_split::chunk_size(attrs.max_mr_size, config.max_mr_size));
+            set.rails.push(Rail {
+                name: name.clone(),
+                port,
+                port_attrs,
+                attrs,
+                gid_index: gid_index as u8,
+                gid,
+                ctx: Some(ctx),
+                pd: Some(pd),
+                cq: Some(cq),
+            });
+        }
+        if set.rails.is_empty() {
+            return Err(Error::not_available(
+                "rdma",
+                format!("no usable RDMA port ({})", skipped.join("; ")),
+            ));
+        }
+        Ok(set)
+    }
+}
+
+impl<V: Verbs> Drop for RailSet<V> {
+    fn drop(&mut self) {
+        for rail in &mut self.rails {
+            let results = [
+                rail.cq.take().map(|cq| self.verbs.destroy_cq(cq)),
+                rail.pd.take().map(|pd| self.verbs.dealloc_pd(pd)),
+                rail.ctx.take().map(|ctx| self.verbs.close_device(ctx)),
+            ];
+            for e in results.into_iter().flatten().filter_map(|r| r.err()) {
+                tracing::warn!(rail = %rail.name, "rdma teardown: {e}");
+            }
+        }
+    }
+}
+
+/// Registration on every rail, through the pool: one pool item per region, each rail in turn.
+/// Exported regions grant remote read and write; others only local access.
+pub struct RailRegistrar<V: Verbs> {
+    /// The rails.
+    pub set: Arc<RailSet<V>>,
+}
+
+impl<V: Verbs> RailRegistrar<V> {
+    /// Registers on `set`.
+    pub fn new(set: Arc<RailSet<V>>) -> Self {
+        RailRegistrar { set }
+    }
+}
+
+impl<V: Verbs> RegistrationProvider for RailRegistrar<V> {
+    type Handle = RailRegistration<V>;
+
+    fn name(&self) -> &str {
+        "rdma"
+    }
+
+    fn domain_count(&self) -> usize {
+        self.set.rails.len()
+    }
+
+    fn register(&self, domain: usize, region: &RegionInfo) -> Result<RailRegistration<V>> {
+        let rail = &self.set.rails[domain];
+        let access = Access {
+            remote_write: region.exported,
+            remote_read: region.exported,
+        };
+        let mut reg = RailRegistration {
+            mrs: Vec::new(),
+            keys: Vec::new(),
+        };
+        for (addr, len) in mr_split::split(region.base, region.len, self.set.chunk) {
+            // SAFETY: the engine registers only memory it owns or was handed under
+            // `register_raw`'s contract, and calls deregister before that memory goes away.
+            match unsafe { self.set.verbs.reg_mr(rail.pd(), addr, len, access) } {
+                Ok((mr, keys)) => {
+                    reg.mrs.push(mr);
+                    reg.keys.push(keys);
+                }
+                Err(e) => {
+                    for mr in reg.mrs.drain(..) {
+                        let _ = self.set.verbs.dereg_mr(mr);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(reg)
+    }
+
+    fn deregister(&self, _domain: usize, _region: &RegionInfo, handle: RailRegistration<V>) -> Result<()> {
+        let mut first = Ok(());
+        for mr in handle.mrs {
+            if let Err(e) = self.set.verbs.dereg_mr(mr) {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v4(last: u8) -> Gid {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&[10, 0, 0, last]);
+        Gid(g)
+    }
+
+    #[test]
+    fn prefers_roce_v2_ipv4_gids() {
+        let ll = Gid([0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        let v1 = Some("IB/RoCE v1".to_string());
+        let v2 = Some("RoCE v2".to_string());
+        let table = vec![
+            (0, ll, v1.clone()),
+            (1, ll, v2.clone()),
+            (2, v4(1), v1.clone()),
+            (3, v4(1), v2.clone()),
+        ];
+        assert_eq!(choose_gid(LinkLayer::Ethernet, &table), Some(3));
+        assert_eq!(
+            choose_gid(LinkLayer::Ethernet, &table[..3]),
+            Some(1),
+            "v2 link-local next"
+        );
+        assert_eq!(
+            choose_gid(LinkLayer::Ethernet, &[(0, ll, None), (2, v4(2), None)]),
+            Some(2)
+        );
+        assert_eq!(choose_gid(LinkLayer::Ethernet, &[(0, Gid::default(), v2)]), None);
+        assert_eq!(choose_gid(LinkLayer::Infiniband, &[(0, ll, None)]), Some(0));
+        assert_eq!(gid_ipv4(&v4(7)), Some(std::net::Ipv4Addr::new(10, 0, 0, 7)));
+        assert_eq!(gid_ipv4(&ll), None);
+    }
+}
