@@ -30,6 +30,34 @@ const CQ_BATCH: usize = 64;
 const SPIN_POLLS: u32 = 256;
 /// How long an idle owner blocks before rechecking its stop flag.
 const IDLE_WAIT_MS: i32 = 100;
+/// Polling providers: keep yielding (not napping) this long after the last activity.
+const POLL_QUIET: Duration = Duration::from_millis(20);
+/// Polling providers: the nap between progress calls once quiet.
+const POLL_NAP: Duration = Duration::from_micros(50);
+
+/// How the owner waits when there is nothing to post or complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IdleMode {
+    /// Block in `fi_cq_sread`: the CQ's wait object wakes on incoming traffic (socket providers).
+    Block,
+    /// Keep calling `fi_cq_read`: providers whose progress engine is only driven by our calls and
+    /// whose wait object does not wake for peers' operations (shm: measured, a peer's first RMA
+    /// stalled with -FI_EAGAIN until our blocking read timed out).
+    Poll,
+}
+
+impl IdleMode {
+    /// The mode for a rail: blocking only where the provider rides on sockets and the CQ has a
+    /// wait object.
+    pub(crate) fn for_rail(rail: &Rail) -> IdleMode {
+        let core = rail.attrs.provider.split(';').next().unwrap_or("");
+        if rail.cq_can_wait && matches!(core, "tcp" | "sockets" | "net" | "udp") {
+            IdleMode::Block
+        } else {
+            IdleMode::Poll
+        }
+    }
+}
 
 /// One RMA operation of a job.
 #[derive(Debug, Clone, Copy)]
@@ -145,6 +173,7 @@ struct Shared {
     sleeping: AtomicBool,
     stop: AtomicBool,
     timeout: Duration,
+    idle: IdleMode,
 }
 
 /// Handle on a rail's owner thread.
@@ -156,7 +185,9 @@ pub(crate) struct RailWorker {
 impl RailWorker {
     /// Starts the owner thread of `rail`.
     pub(crate) fn start(rail: Arc<Rail>, index: usize, timeout: Duration) -> te_base::Result<RailWorker> {
+        let idle = IdleMode::for_rail(&rail);
         let shared = Arc::new(Shared {
+            idle,
             rail,
             queue: Mutex::new(Vec::new()),
             has_work: AtomicBool::new(false),
@@ -235,6 +266,7 @@ impl Owner {
 
     fn run(mut self) {
         let mut idle_polls = 0u32;
+        let mut idle_since: Option<Instant> = None;
         loop {
             if self.shared.has_work.swap(false, Ordering::AcqRel) {
                 let mut q = self.shared.queue.lock();
@@ -249,40 +281,55 @@ impl Owner {
             self.active.retain(|j| !j.finished());
             if posted || completed > 0 {
                 idle_polls = 0;
+                idle_since = None;
                 continue;
             }
             idle_polls = idle_polls.saturating_add(1);
-            if self.active.is_empty() {
-                self.wait_idle();
-            } else {
+            if !self.active.is_empty() {
                 self.check_stalls();
-                if idle_polls > SPIN_POLLS {
-                    if self.shared.rail.cq_can_wait {
-                        // Sleep in the provider until a completion or traffic arrives (1 ms at most,
-                        // so stalls are still noticed).
-                        let n = self.shared.rail.cq_sread(&mut self.ctxs, 1);
-                        self.handle_read(n);
-                    } else {
+            }
+            if idle_polls < SPIN_POLLS {
+                continue;
+            }
+            match self.shared.idle {
+                IdleMode::Block if self.active.is_empty() => self.wait_idle(),
+                IdleMode::Block => {
+                    // Sleep in the provider until a completion or traffic arrives (1 ms at most,
+                    // so stalls are still noticed).
+                    let n = self.shared.rail.cq_sread(&mut self.ctxs, 1);
+                    self.handle_read(n);
+                }
+                IdleMode::Poll => {
+                    // Incoming RMA produces no completion here, yet the provider needs our progress
+                    // calls to serve it: keep polling, yielding the core, and nap only after a
+                    // quiet spell.
+                    let since = *idle_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() < POLL_QUIET {
                         std::thread::yield_now();
+                    } else {
+                        self.nap();
                     }
                 }
             }
         }
     }
 
-    /// Nothing of ours in flight: block until new work arrives, still progressing the endpoint so
-    /// peers can read and write our memory.
+    /// Nothing of ours in flight on a provider whose CQ wakes on traffic: block in the provider
+    /// (which keeps serving peers) until work arrives.
     fn wait_idle(&mut self) {
         self.shared.sleeping.store(true, Ordering::SeqCst);
         if !self.shared.has_work.load(Ordering::SeqCst) && !self.shared.stop.load(Ordering::SeqCst) {
-            if self.shared.rail.cq_can_wait {
-                let n = self.shared.rail.cq_sread(&mut self.ctxs, IDLE_WAIT_MS);
-                self.handle_read(n);
-            } else {
-                let n = self.shared.rail.cq_read(&mut self.ctxs);
-                self.handle_read(n);
-                std::thread::park_timeout(Duration::from_micros(200));
-            }
+            let n = self.shared.rail.cq_sread(&mut self.ctxs, IDLE_WAIT_MS);
+            self.handle_read(n);
+        }
+        self.shared.sleeping.store(false, Ordering::SeqCst);
+    }
+
+    /// A short park between progress calls on polling providers; new work unparks at once.
+    fn nap(&mut self) {
+        self.shared.sleeping.store(true, Ordering::SeqCst);
+        if !self.shared.has_work.load(Ordering::SeqCst) && !self.shared.stop.load(Ordering::SeqCst) {
+            std::thread::park_timeout(POLL_NAP);
         }
         self.shared.sleeping.store(false, Ordering::SeqCst);
     }
@@ -304,6 +351,10 @@ impl Owner {
                 job.next = job.slots.len();
                 any = true;
                 continue;
+            }
+            if job.last_progress.is_none() {
+                // The stall clock starts when the job first gets a chance to post.
+                job.last_progress = Some(Instant::now());
             }
             if !job.plan.peer.is_healthy() {
                 let err = job.plan.peer.gone_error();
@@ -328,12 +379,12 @@ impl Owner {
                 if rc == 0 {
                     job.next += 1;
                     job.outstanding.set(job.outstanding.get() + 1);
-                    if job.last_progress.is_none() {
-                        job.last_progress = Some(Instant::now());
-                    }
+                    job.progress.set(job.progress.get() + 1);
                     any = true;
                 } else if rc == -ffi::FI_EAGAIN {
-                    return any;
+                    // Full queue, or (shm) a peer not yet ready: our completions are polled next;
+                    // other jobs may still post (their peer may be ready).
+                    break;
                 } else {
                     let call = match f.op {
                         TransferOp::Write => "fi_writemsg",
@@ -386,7 +437,7 @@ impl Owner {
         let now = Instant::now();
         let timeout = self.shared.timeout;
         for job in self.active.iter_mut() {
-            if job.expired || job.outstanding.get() == 0 {
+            if job.expired || job.finished() {
                 continue;
             }
             let p = job.progress.get();
@@ -396,14 +447,14 @@ impl Owner {
                 continue;
             }
             let Some(last) = job.last_progress else {
-                job.last_progress = Some(now);
                 continue;
             };
             if now.duration_since(last) >= timeout {
                 let err = job.plan.peer.mark_gone(format!(
-                    "no completion from it for {} ms with {} operation(s) outstanding",
+                    "no progress for {} ms ({} operation(s) outstanding, {} not accepted by the provider)",
                     timeout.as_millis(),
-                    job.outstanding.get()
+                    job.outstanding.get(),
+                    job.slots.len() - job.next
                 ));
                 // Operations already posted stay owned by the provider: the job (and the regions
                 // it pins) lives until their completions arrive.

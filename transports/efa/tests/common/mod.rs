@@ -69,6 +69,12 @@ impl Side {
     /// Allocates `len` bytes filled with pattern `seed` and registers them on `t`.
     pub fn new(t: &Arc<dyn Transport>, id: u64, len: usize, exported: bool, seed: u64) -> Side {
         let buf = HostBuffer::allocate(len, HostBufferOptions::default()).unwrap();
+        Side::from_buffer(t, buf, id, exported, seed)
+    }
+
+    /// Fills and registers an existing buffer.
+    pub fn from_buffer(t: &Arc<dyn Transport>, buf: HostBuffer, id: u64, exported: bool, seed: u64) -> Side {
+        let len = buf.len();
         pattern::fill(Side::slice_of(&buf), seed, 0);
         let region = RegionInfo {
             id: RegionId(id),
