@@ -30,6 +30,13 @@ pub use install::{device_plugins, PluginStatus, COMPILED_TRANSPORTS};
 pub use metrics::MetricsSnapshot;
 pub use registration::{RegisterOptions, Registration};
 
+/// Device-memory plugin trait and types.
+pub use te_base::device;
+/// The registration pool and its configuration.
+pub use te_base::registration;
+/// Topology discovery, rail map, NIC policy and striping.
+pub use te_base::topology;
+
 pub use te_base::{
     config, Batch, BatchError, BatchProgress, BatchReport, Error, ExportedBuffer, HostBuffer, HostBufferOptions,
     HugePages, MemoryKind, MemoryLocation, MetadataStore, Phase, PhaseReport, RequestStatus, Result, SegmentDescriptor,
