@@ -15,8 +15,8 @@ use te_base::{
 };
 
 use crate::builder::TransferEngineBuilder;
+use crate::handle::{RegisterOptions, Registration};
 use crate::metrics::{Metrics, MetricsSnapshot};
-use crate::registration::{RegisterOptions, Registration};
 use crate::registry::{Pins, Region, Registry};
 
 /// A transport compiled into this build and whether it runs here.

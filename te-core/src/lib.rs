@@ -18,17 +18,17 @@
 
 mod builder;
 mod engine;
+mod handle;
 mod install;
 pub mod metadata;
 mod metrics;
-mod registration;
 mod registry;
 
 pub use builder::TransferEngineBuilder;
 pub use engine::{RawRegion, SegmentHandle, TransferEngine, TransferError, TransportStatus};
+pub use handle::{RegisterOptions, Registration};
 pub use install::{device_plugins, PluginStatus, COMPILED_TRANSPORTS};
 pub use metrics::MetricsSnapshot;
-pub use registration::{RegisterOptions, Registration};
 
 /// Device-memory plugin trait and types.
 pub use te_base::device;

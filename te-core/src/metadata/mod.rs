@@ -2,7 +2,10 @@
 //!
 //! The trait is [`te_base::MetadataStore`]; [`InProcessStore`] is the embedded default.
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 mod in_process;
+pub mod p2p;
 
 pub use in_process::InProcessStore;
 pub use te_base::MetadataStore;
