@@ -152,6 +152,13 @@ impl<T> SendQueue<T> {
         Some(ErrorSplit { failed, done, requeue })
     }
 
+    /// The QP failed outside a completion (the provider refused a post): the queue is broken and
+    /// every item comes back for retry.
+    pub fn fail_all(&mut self) -> Vec<T> {
+        self.broken = true;
+        self.drain_all()
+    }
+
     /// Takes every waiting and in-flight item out (the QP is being torn down).
     pub fn drain_all(&mut self) -> Vec<T> {
         let mut out: Vec<T> = self.in_flight.drain(..).map(|(_, t)| t).collect();
@@ -234,6 +241,18 @@ mod tests {
         // Flush completions of the same failure are ignored.
         assert!(q.on_error(posted[5].0.seq).is_none());
         assert_eq!(q.on_success(posted[7].0.seq, |_| panic!("nothing to retire")), 0);
+    }
+
+    #[test]
+    fn fail_all_hands_everything_back_and_breaks_the_queue() {
+        let mut q = SendQueue::new(2, 1);
+        for i in 0..4 {
+            q.push(i);
+        }
+        post_all(&mut q);
+        assert_eq!(q.fail_all(), vec![0, 1, 2, 3]);
+        assert!(q.is_broken());
+        assert!(q.on_error(1).is_none(), "later flush completions are ignored");
     }
 
     #[test]

@@ -145,7 +145,7 @@ impl<V: Verbs> PeerInner<V> {
 
     /// Hands `pieces` that were on `from` to a healthy sibling QP of the same rail pair (or back
     /// to `from`, to go out once it is re-established). Pieces past the retry limit fail.
-    fn requeue(&self, from: usize, pieces: Vec<Piece>, status: WcStatus, vendor_err: u32) {
+    fn requeue(self: &Arc<Self>, from: usize, pieces: Vec<Piece>, status: WcStatus, vendor_err: u32) {
         if pieces.is_empty() {
             return;
         }
@@ -169,8 +169,21 @@ impl<V: Verbs> PeerInner<V> {
             }
         }
         if target != from {
-            self.shared.pump(&mut inner);
+            let stranded = self.shared.pump(&mut inner);
+            drop(inner);
+            self.post_failed(target, stranded);
         }
+    }
+
+    /// The provider refused a post on slot `index`: its pieces go elsewhere and the QP is
+    /// re-established like after an error completion.
+    fn post_failed(self: &Arc<Self>, index: usize, stranded: Vec<Piece>) {
+        if stranded.is_empty() {
+            return;
+        }
+        self.slots[index].inner.lock().backoff.on_failure(Instant::now());
+        self.requeue(index, stranded, WcStatus::GENERAL_ERR, 0);
+        self.shared.broken.lock().push((Arc::downgrade(self), index));
     }
 
     /// Handles one completion of slot `index`.
@@ -181,7 +194,9 @@ impl<V: Verbs> PeerInner<V> {
         if c.status == WcStatus::SUCCESS {
             inner.sq.on_success(c.wr_id, |p| p.tracker.piece_done(p.index));
             self.shared.retired(before - inner.sq.in_flight());
-            self.shared.pump(&mut inner);
+            let stranded = self.shared.pump(&mut inner);
+            drop(inner);
+            self.post_failed(index, stranded);
             return;
         }
         let Some(split) = inner.sq.on_error(c.wr_id) else {
@@ -241,7 +256,9 @@ impl<V: Verbs> PeerInner<V> {
         match outcome {
             Ok(()) => {
                 inner.backoff.on_success();
-                self.shared.pump(&mut inner);
+                let stranded = self.shared.pump(&mut inner);
+                drop(inner);
+                self.post_failed(index, stranded);
             }
             Err(e) => {
                 tracing::debug!(peer = %self.name(), qp = slot.slot, "rdma QP re-establishment failed: {e}");
@@ -393,7 +410,9 @@ impl<V: Verbs> Peer for RdmaPeer<V> {
             while let Some((_, p)) = it.next_if(|(s, _)| *s == slot) {
                 inner.sq.push(p);
             }
-            self.inner.shared.pump(&mut inner);
+            let stranded = self.inner.shared.pump(&mut inner);
+            drop(inner);
+            self.inner.post_failed(slot, stranded);
         }
         self.inner.shared.wake_progress();
         Ok(())
@@ -442,13 +461,22 @@ impl<V: Verbs> QpInner<V> {
 }
 
 impl<V: Verbs> Shared<V> {
-    /// Posts what the slot's send queue allows. Called with the slot locked.
-    pub(crate) fn pump(&self, inner: &mut QpInner<V>) {
+    /// Posts what the slot's send queue allows. Called with the slot locked. Returns the pieces
+    /// stranded by a post the provider refused (empty otherwise): the caller hands them to
+    /// [`PeerInner::post_failed`] after unlocking.
+    #[must_use]
+    pub(crate) fn pump(&self, inner: &mut QpInner<V>) -> Vec<Piece> {
         if inner.machine.state() != QpState::Rts {
-            return;
+            return Vec::new();
         }
-        let QpInner { sq, scratch, qp, .. } = inner;
-        let Some(qp) = qp.as_ref() else { return };
+        let QpInner {
+            sq,
+            scratch,
+            qp,
+            machine,
+            ..
+        } = inner;
+        let Some(qp) = qp.as_ref() else { return Vec::new() };
         scratch.clear();
         let n = sq.post_ready(|slot, p| {
             scratch.push(WorkRequest {
@@ -463,19 +491,27 @@ impl<V: Verbs> Shared<V> {
             })
         });
         if n == 0 {
-            return;
+            return Vec::new();
         }
         match self.verbs.post_send(qp, scratch) {
-            Ok(()) => self.posted(n),
+            Ok(()) => {
+                self.posted(n);
+                Vec::new()
+            }
             Err(PostError { posted, errno }) => {
                 sq.unpost(n, posted);
-                self.posted(posted);
-                if errno != libc::ENOMEM {
-                    // The provider refused the QP itself: push it to ERROR so what it accepted
-                    // flushes and the failure path takes over.
-                    tracing::warn!("rdma: ibv_post_send: {}", std::io::Error::from_raw_os_error(errno));
-                    let _ = self.verbs.modify_qp(qp, &QpTransition::ToError);
+                if errno == libc::ENOMEM {
+                    // Send queue full after all (the provider counts differently): wait for
+                    // completions to free slots.
+                    self.posted(posted);
+                    return Vec::new();
                 }
+                // The provider refused the QP itself: move it to ERROR (what it accepted is
+                // flushed and never executes) and hand every piece back.
+                tracing::warn!("rdma: ibv_post_send: {}", std::io::Error::from_raw_os_error(errno));
+                let _ = self.verbs.modify_qp(qp, &QpTransition::ToError);
+                machine.mark_error();
+                sq.fail_all()
             }
         }
     }

@@ -29,8 +29,14 @@ impl<V: Verbs> AcceptedQp<V> {
 /// Accepts handshake connections until the transport goes away.
 pub(crate) async fn serve<V: Verbs>(shared: Weak<Shared<V>>, listener: TcpListener) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors or similar: do not spin on it.
+                tracing::warn!("rdma handshake listener: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
         };
         if shared.strong_count() == 0 {
             return;

@@ -351,6 +351,35 @@ async fn transient_errors_retry_on_a_sibling_and_the_failed_qp_is_reestablished(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_post_moves_the_work_to_a_sibling_and_recovers_the_qp() {
+    let verbs = fabric(vec![
+        FakeDevice::roce("mlx5_0", [10, 0, 0, 1]),
+        FakeDevice::roce("mlx5_1", [10, 0, 0, 2]),
+    ]);
+    let a = transport(&verbs, &["mlx5_0"], "a", config()).await;
+    let b = transport(&verbs, &["mlx5_1"], "b", config()).await;
+    let src = region(&a, 1 << 20, false, 9).await;
+    let dst = region(&b, 1 << 20, true, 10).await;
+    let peer = a.connect(&descriptor(&b, "b", &[&dst])).await.unwrap();
+    let victim = qps_created(&verbs.calls())[1];
+    verbs.fail_next_post(victim, libc::EINVAL);
+    let reqs: Vec<_> = (0..16)
+        .map(|i| write(i, &src, i as u64 * 65536, &dst, 0, i as u64 * 65536, 65536))
+        .collect();
+    let statuses = run(&peer, reqs).await;
+    assert!(
+        statuses.iter().all(|s| matches!(s, RequestStatus::Done { .. })),
+        "{statuses:?}"
+    );
+    assert_eq!(bytes(&dst), bytes(&src));
+    eventually("the refused QP is back in RTS", || {
+        verbs.qp_state(victim) == Some(QpState::Rts)
+    })
+    .await;
+    assert!(transitions_of(&verbs.calls(), victim).contains(&QpTransition::ToReset));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_request_fails_alone_and_retries_are_bounded() {
     let verbs = fabric(vec![
         FakeDevice::roce("mlx5_0", [10, 0, 0, 1]),

@@ -113,6 +113,7 @@ struct State {
     qps: HashMap<u32, FakeQp>,
     cqs: HashMap<u32, VecDeque<(Completion, u32)>>,
     fail_calls: HashMap<&'static str, i32>,
+    fail_posts: HashMap<u32, i32>,
 }
 
 /// The recording fake. Handles are plain ids.
@@ -153,6 +154,11 @@ impl RecordingVerbs {
         if let Some(qp) = self.state.lock().qps.get_mut(&qpn) {
             qp.fail_next = Some(status);
         }
+    }
+
+    /// The next `post_send` on `qpn` is refused with `errno` (nothing of it is accepted).
+    pub fn fail_next_post(&self, qpn: u32, errno: i32) {
+        self.state.lock().fail_posts.insert(qpn, errno);
     }
 
     /// The next call of verb `name` (`"reg_mr"`, `"create_qp"`, `"modify_qp"`...) fails with `errno`.
@@ -337,6 +343,9 @@ impl Verbs for RecordingVerbs {
             qpn: qp.0,
             wrs: wrs.to_vec(),
         });
+        if let Some(errno) = s.fail_posts.remove(&qp.0) {
+            return Err(PostError { posted: 0, errno });
+        }
         let Some(q) = s.qps.get(&qp.0) else {
             return Err(PostError {
                 posted: 0,
