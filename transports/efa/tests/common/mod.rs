@@ -55,7 +55,7 @@ pub fn install(provider: &str, extra: &[(&str, &str)]) -> Arc<dyn Transport> {
 
 /// Runs a future to completion on a small runtime.
 pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
 }
 
 /// A registered host buffer.
