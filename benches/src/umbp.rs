@@ -460,6 +460,8 @@ pub fn run(args: Args) -> Result<(), String> {
                 "ssd_read_bytes": ssd_read,
                 "ssd_read_over_delivered": if ssd { Some(ssd_read as f64 / delivered as f64) } else { None },
                 "ssd_layer_read_ratio": layer_read_ratio,
+                "ssd_io_engine": stats1.ssd_io_engine,
+                "ssd_direct_io": stats1.ssd_direct_io,
                 "phases_us_per_call": phases,
             }));
         } else {
@@ -479,7 +481,9 @@ pub fn run(args: Args) -> Result<(), String> {
                 if args.verify { mismatched.to_string() } else { "(not verified)".into() },
                 if ssd {
                     format!(
-                        ", SSD read {:.2}x delivered, one layer alone {:.2}x its bytes",
+                        ", SSD ({}, O_DIRECT {}) read {:.2}x delivered, one layer alone {:.2}x its bytes",
+                        stats1.ssd_io_engine,
+                        stats1.ssd_direct_io,
                         ssd_read as f64 / delivered as f64,
                         layer_read_ratio.unwrap_or(0.0)
                     )
