@@ -238,3 +238,57 @@ proptest! {
         }
     }
 }
+
+/// Runs a small workload with `io` and `direct` and checks every byte, including after reopen.
+fn workload(io: IoBackend, direct: DirectIo) -> Result<()> {
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let mut o = opts(&[dir.path()], 1 << 30, 1 << 20);
+    o.io = io;
+    o.direct = direct;
+    for round in 0..2 {
+        let log = SsdLog::open(o.clone())?;
+        if round == 0 {
+            let objs: Vec<(String, Vec<u8>)> = (0..20)
+                .map(|i| {
+                    let k = format!("k{i}");
+                    let v = pattern(&k, 1 + i * 3001, 0);
+                    (k, v)
+                })
+                .collect();
+            let refs: Vec<(&str, Vec<u8>)> = objs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+            assert!(put(&log, &refs).iter().all(|r| r.is_ok()));
+        }
+        for i in 0..20 {
+            let k = format!("k{i}");
+            assert_eq!(read_all(&log, &k).unwrap().unwrap(), pattern(&k, 1 + i * 3001, 0));
+        }
+        if direct == DirectIo::On {
+            assert!(log.direct_io());
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn io_uring_pread_and_buffered_io_agree() {
+    workload(IoBackend::Psync, DirectIo::Off).unwrap();
+    workload(IoBackend::Psync, DirectIo::Auto).unwrap();
+    match workload(IoBackend::Uring, DirectIo::Auto) {
+        Ok(()) => {}
+        Err(StoreError::Engine(te_base::Error::NotAvailable { .. })) if !required("io_uring") => {
+            println!("skipped io_uring: not available here (TE_REQUIRE=io_uring makes this fail)");
+        }
+        Err(e) => panic!("io_uring: {e}"),
+    }
+    match workload(IoBackend::Auto, DirectIo::On) {
+        Ok(()) => {}
+        Err(StoreError::Io { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) && !required("o_direct") => {
+            println!("skipped O_DIRECT: /tmp does not support it (TE_REQUIRE=o_direct makes this fail)");
+        }
+        Err(e) => panic!("O_DIRECT: {e}"),
+    }
+}
+
+fn required(what: &str) -> bool {
+    std::env::var("TE_REQUIRE").is_ok_and(|v| v.split(',').any(|x| x.trim() == what))
+}
