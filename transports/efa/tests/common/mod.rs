@@ -14,6 +14,7 @@ use te_base::{
 
 #[path = "../../src/bin/te-efa-peer/pattern.rs"]
 pub mod pattern;
+pub mod peer_process;
 
 /// The providers the suites run on.
 pub const PROVIDERS: [&str; 2] = ["tcp;ofi_rxm", "shm"];

@@ -1,8 +1,17 @@
 //! `te-efa-peer`: a target process for the efa transport's multi-process tests and benchmark.
 //!
-//! `te-efa-peer serve <bytes> [seed]` exports a pattern-filled buffer of `bytes` using the provider
-//! named by `TE_FABRIC_PROVIDER` and serves verification commands on stdin (see `serve.rs`).
+//! - `te-efa-peer serve <bytes> [seed]` exports a pattern-filled buffer of `bytes` using the
+//!   provider named by `TE_FABRIC_PROVIDER` and serves verification commands on stdin (`serve.rs`).
+//! - `te-efa-peer client <bytes> <seed>` reads a target's descriptor on stdin, writes and reads
+//!   back `bytes` and reports mismatches (`client.rs`); the network-namespace test runs it.
+//! - `te-efa-peer bench [options]` measures write bandwidth against a target it starts itself,
+//!   with libfabric's and UCX's own tools as same-run baselines (`bench.rs`).
 
+const USAGE: &str = "usage: te-efa-peer serve <bytes> [seed] | client <bytes> <seed> | bench [--provider P] \
+[--total BYTES] [--block BYTES] [--runs N] [--op write|read] [--no-baselines]";
+
+mod bench;
+mod client;
 mod pattern;
 mod serve;
 
@@ -16,7 +25,12 @@ fn main() {
                 _ => Err(format!("bad arguments {args:?}: expected serve <bytes> [seed]")),
             }
         }
-        _ => Err("usage: te-efa-peer serve <bytes> [seed]".to_string()),
+        ["client", bytes, seed] => match (te_base::config::parse_byte_size(bytes), seed.parse::<u64>()) {
+            (Ok(b), Ok(s)) if b > 0 => client::run(b as usize, s),
+            _ => Err(format!("bad arguments {args:?}: expected client <bytes> <seed>")),
+        },
+        ["bench", rest @ ..] => bench::run(rest),
+        _ => Err(USAGE.to_string()),
     };
     if let Err(e) = result {
         eprintln!("te-efa-peer: {e}");
