@@ -230,7 +230,7 @@ struct Sample {
 pub fn run(args: Args) -> Result<(), String> {
     let pools = parse_pools(&args.pools)?;
     let ranks_list: Vec<usize> = parse_list(&args.ranks)?;
-    if ranks_list.iter().any(|&r| r == 0) || args.pages == 0 || args.requests == 0 || args.layer_group == 0 {
+    if ranks_list.contains(&0) || args.pages == 0 || args.requests == 0 || args.layer_group == 0 {
         return Err("--ranks, --pages, --requests and --layer-group must be positive".into());
     }
     let ssd = match args.tier.as_str() {
@@ -290,10 +290,10 @@ pub fn run(args: Args) -> Result<(), String> {
                     m[at_obj..at_obj + lb].copy_from_slice(&buf[at_kv..at_kv + lb]);
                 }
             }
-            // SAFETY: the vectors are never reallocated and outlive the store (closed below).
             let buf = RawBuf::new(buf);
-            rt.block_on(unsafe { store.register_buffer(buf.addr(), len as u64) })
-                .map_err(|e| format!("register: {e}"))?;
+            // SAFETY: the buffer is never reallocated and outlives the store (closed below).
+            let registering = unsafe { store.register_buffer(buf.addr(), len as u64) };
+            rt.block_on(registering).map_err(|e| format!("register: {e}"))?;
             kv.push(buf);
             mirror.push(m);
         }
