@@ -442,6 +442,33 @@ mod tests {
         assert!(matches!(refused.accepted_for(&req, 1), Err(Error::Refused { .. })));
     }
 
+    proptest::proptest! {
+        /// Arbitrary bytes from the network never panic the decoder or the validator.
+        #[test]
+        fn hostile_bytes_are_errors_not_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            if let Ok(r) = decode::<ConnectRequest>(&bytes) {
+                let _ = r.validate(4);
+            }
+            let _ = decode::<ConnectResponse>(&bytes);
+            if bytes.len() >= 4 {
+                let _ = frame_len([bytes[0], bytes[1], bytes[2], bytes[3]]);
+            }
+        }
+
+        #[test]
+        fn mutated_requests_are_errors_not_panics(qpn in 0u32..u32::MAX, psn in 0u32..u32::MAX, rail in 0u16..8, mtu in 0u32..5000) {
+            let mut v = serde_json::to_value(request()).unwrap();
+            v["qps"][0]["qpn"] = qpn.into();
+            v["qps"][0]["psn"] = psn.into();
+            v["qps"][0]["target_rail"] = rail.into();
+            v["qps"][0]["mtu"] = mtu.into();
+            if let Ok(r) = serde_json::from_value::<ConnectRequest>(v) {
+                let ok = r.validate(2).is_ok();
+                proptest::prop_assert_eq!(ok, qpn != 0 && qpn < 1 << 24 && psn < 1 << 24 && rail < 2);
+            }
+        }
+    }
+
     #[test]
     fn frames_round_trip_and_hostile_frames_are_refused() {
         let framed = encode(&request());

@@ -186,6 +186,62 @@ mod tests {
         v
     }
 
+    proptest::proptest! {
+        /// Whatever the depth, signalling interval, arrival pattern and error, every item ends
+        /// exactly once as retired, failed or requeued, and the depth is never exceeded.
+        #[test]
+        fn every_item_is_accounted_for_exactly_once(
+            depth in 1u32..32,
+            every in 1u32..32,
+            arrivals in proptest::collection::vec(0usize..20, 1..20),
+            error_round in proptest::option::of(0usize..20),
+        ) {
+            let mut q = SendQueue::new(depth, every);
+            let mut seen = std::collections::HashSet::new();
+            let mut next = 0u32;
+            let mut pushed = 0u32;
+            for (round, n) in arrivals.iter().enumerate() {
+                for _ in 0..*n {
+                    q.push(next);
+                    next += 1;
+                    pushed += 1;
+                }
+                let mut signalled = Vec::new();
+                q.post_ready(|s, _| if s.signaled { signalled.push(s.seq) });
+                proptest::prop_assert!(q.in_flight() <= depth as usize);
+                if error_round == Some(round) {
+                    if let Some(&first) = signalled.first() {
+                        let split = q.on_error(first).unwrap();
+                        for t in split.done.into_iter().chain(split.failed).chain(split.requeue) {
+                            proptest::prop_assert!(seen.insert(t));
+                        }
+                        q.reset();
+                        continue;
+                    }
+                }
+                // The hardware completes every signalled request.
+                for s in signalled {
+                    let mut err = None;
+                    q.on_success(s, |t| if !seen.insert(t) { err = Some(t) });
+                    proptest::prop_assert!(err.is_none());
+                }
+            }
+            // Drain what is left.
+            loop {
+                let mut signalled = Vec::new();
+                q.post_ready(|s, _| if s.signaled { signalled.push(s.seq) });
+                if signalled.is_empty() {
+                    break;
+                }
+                for s in signalled {
+                    q.on_success(s, |t| { seen.insert(t); });
+                }
+            }
+            proptest::prop_assert_eq!(seen.len() as u32, pushed);
+            proptest::prop_assert_eq!(q.in_flight(), 0);
+        }
+    }
+
     #[test]
     fn respects_depth_and_signals_every_n_and_the_last() {
         let mut q = SendQueue::new(8, 3);

@@ -106,6 +106,34 @@ mod tests {
         assert_eq!(next, len);
     }
 
+    proptest::proptest! {
+        #[test]
+        fn pieces_tile_the_request_and_respect_every_limit(
+            lbase in 0u64..1 << 40,
+            rbase in 0u64..1 << 40,
+            lchunk_pages in 1u64..64,
+            rchunk_pages in 1u64..64,
+            loff in 0u64..1 << 20,
+            roff in 0u64..1 << 20,
+            len in 1u64..1 << 22,
+            max in 1u64..1 << 20,
+        ) {
+            let l = ChunkGrid { base: lbase, chunk: lchunk_pages * 4096 };
+            let r = ChunkGrid { base: rbase, chunk: rchunk_pages * 4096 };
+            let (la, ra) = (lbase + loff, rbase + roff);
+            let mut next = 0;
+            slice(la, ra, len, max, l, r, |p| {
+                assert_eq!(p.offset, next);
+                assert!(p.len > 0 && p.len <= max);
+                let last = p.offset + p.len - 1;
+                assert_eq!((la + p.offset - l.base) / l.chunk, (la + last - l.base) / l.chunk);
+                assert_eq!((ra + p.offset - r.base) / r.chunk, (ra + last - r.base) / r.chunk);
+                next += p.len;
+            });
+            proptest::prop_assert_eq!(next, len);
+        }
+    }
+
     #[test]
     fn one_byte() {
         let g = ChunkGrid { base: 0, chunk: 4096 };

@@ -418,6 +418,40 @@ async fn a_refused_request_fails_alone_and_retries_are_bounded() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_went_away_fails_requests_and_turns_unhealthy_without_a_storm() {
+    let verbs = fabric(vec![
+        FakeDevice::roce("mlx5_0", [10, 0, 0, 1]),
+        FakeDevice::roce("mlx5_1", [10, 0, 0, 2]),
+    ]);
+    let cfg = RdmaConfig {
+        qps_per_peer: 1,
+        ..config()
+    };
+    let a = transport(&verbs, &["mlx5_0"], "a", cfg.clone()).await;
+    let b = transport(&verbs, &["mlx5_1"], "b", cfg).await;
+    let src = region(&a, 1 << 16, false, 11).await;
+    let dst = region(&b, 1 << 16, true, 12).await;
+    let peer = a.connect(&descriptor(&b, "b", &[&dst])).await.unwrap();
+    let qpn = qps_created(&verbs.calls())[0];
+    // The target process dies: its listener closes and its registrations are gone.
+    drop(b);
+    let statuses = run(&peer, vec![write(0, &src, 0, &dst, 0, 0, 4096)]).await;
+    assert!(matches!(&statuses[0], RequestStatus::Failed(_)), "{statuses:?}");
+    eventually("the peer reports unhealthy", || !peer.is_healthy()).await;
+    // Unhealthy after three failures: the QP error and two failed re-establishments. Each attempt
+    // resets the QP once; attempts are spaced by the backoff, so they are few even though the
+    // progress thread looks at the QP continuously.
+    let resets = transitions_of(&verbs.calls(), qpn)
+        .iter()
+        .filter(|t| **t == QpTransition::ToReset)
+        .count();
+    assert!((2..=10).contains(&resets), "{resets} re-establishment attempts");
+    // Nothing hangs: new work fails promptly instead of waiting for a peer that is gone.
+    let statuses = run(&peer, vec![write(0, &src, 0, &dst, 0, 0, 4096)]).await;
+    assert!(statuses.iter().all(|s| !matches!(s, RequestStatus::Pending)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_target_refuses_stale_handshakes() {
     let verbs = fabric(vec![
         FakeDevice::roce("mlx5_0", [10, 0, 0, 1]),
