@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use te_base::config::MapEnv;
-use te_base::registration::{CapDecision, CpuBudget, RegOrder, SimCostModel};
+use te_base::registration::{CapDecision, CpuBudget, NodeLoad, RegOrder, SimCostModel};
 use te_base::topology::{CpuList, NicPlacement, NicPolicy, NicSelection, Topology};
 use te_base::MemoryLocation;
 
@@ -82,8 +82,10 @@ pub struct Options {
     /// Repetitions of every cell; the median is reported.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
-    /// Wall time per node time for sim (0.01 replays 100 node seconds in 1 s).
-    #[arg(long, default_value_t = 0.01)]
+    /// Wall time per node time for sim (0.03 replays 100 node seconds in 3 s). Much smaller scales
+    /// make registrations short against the kernel's scheduling quantum, and oversubscribed
+    /// (unbounded) cells stop behaving like threads running side by side on the node.
+    #[arg(long, default_value_t = 0.03)]
     sim_scale: f64,
     /// Domains (NICs) each buffer is registered on (default 32, as p5.48xlarge; with --sysfs the
     /// rail map decides).
@@ -104,9 +106,9 @@ pub struct Options {
     /// sim: host cost per GiB of the buffer, ms.
     #[arg(long)]
     sim_host_ms_per_gib: Option<f64>,
-    /// sim: fraction of the work done under the process-wide pinning lock.
+    /// sim: extra CPU per unit of ln(registrations in flight on the node / cores) when oversubscribed.
     #[arg(long)]
-    sim_locked_fraction: Option<f64>,
+    sim_oversubscription_penalty: Option<f64>,
     /// One JSON object per cell on stdout.
     #[arg(long)]
     json: bool,
@@ -163,7 +165,8 @@ fn run_options(args: Options) -> Result<(), String> {
     };
     let max_ranks = ranks_list.iter().copied().max().unwrap_or(1);
     let (nics_per_rank, nic_source) = nics_per_rank(&args, max_ranks)?;
-    let sim = sim_spec(&args);
+    let node_load_path = std::env::temp_dir().join(format!("te-bench-register-{}.load", std::process::id()));
+    let sim = sim_spec(&args, budget.cores(), &node_load_path);
 
     // Caps per rank count ("derived" resolves to what the engine would pick for that count).
     let mut derived_text = BTreeMap::new();
@@ -243,10 +246,15 @@ fn run_options(args: Options) -> Result<(), String> {
                     cap: cell.cap.unwrap_or(0),
                     order: cell.order.clone(),
                     cpus: cpus.clone(),
-                    sim,
+                    sim: sim.clone(),
                 })
                 .collect();
-            let results = sweep::run_cell(&exe, &specs)?;
+            // A fresh in-flight counter per cell, so a rank that died mid-cell cannot skew the next.
+            let load = NodeLoad::create(&node_load_path).map_err(|e| e.to_string())?;
+            let results = sweep::run_cell(&exe, &specs);
+            drop(load);
+            let _ = std::fs::remove_file(&node_load_path);
+            let results = results?;
             let slowest = results.iter().map(|r| r.wall_s).fold(0.0, f64::max);
             cell.runs_s.push(slowest / args.sim_scale);
             cell.work_s.push(results.iter().map(|r| r.work_node_s).sum());
@@ -419,7 +427,7 @@ fn nics_per_rank(args: &Options, ranks: usize) -> Result<(Vec<usize>, String), S
     ))
 }
 
-fn sim_spec(args: &Options) -> SimSpec {
+fn sim_spec(args: &Options, cores: usize, node_load_path: &std::path::Path) -> SimSpec {
     let m = SimCostModel::P5_48XLARGE;
     SimSpec {
         scale: args.sim_scale,
@@ -428,6 +436,8 @@ fn sim_spec(args: &Options) -> SimSpec {
         device_base_ms: m.device_base_ms,
         device_ms_per_gib: args.sim_device_ms_per_gib.unwrap_or(m.device_ms_per_gib),
         device_ms_per_prior_gib: args.sim_k_ms_per_gib.unwrap_or(m.device_ms_per_prior_gib),
-        locked_fraction: args.sim_locked_fraction.unwrap_or(m.locked_fraction),
+        oversubscription_penalty: args.sim_oversubscription_penalty.unwrap_or(m.oversubscription_penalty),
+        cores,
+        node_load_path: node_load_path.display().to_string(),
     }
 }

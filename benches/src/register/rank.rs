@@ -33,7 +33,7 @@ pub fn run_rank() -> Result<(), String> {
 
     let result = match spec.transport {
         TransportChoice::Sim => {
-            let provider = Arc::new(SimProvider::new(spec.sim.config(spec.domains)).map_err(|e| e.to_string())?);
+            let provider = Arc::new(SimProvider::new(spec.sim.config(spec.domains)?).map_err(|e| e.to_string())?);
             let wall_s = timed_after_barrier(&mut input, || {
                 let handles = register_regions(&pool, &provider, regions.clone()).map_err(|e| e.to_string())?;
                 Ok(regions.iter().cloned().zip(handles).collect::<Vec<_>>())

@@ -1,7 +1,10 @@
 //! What the parent tells each rank process, and what the rank answers. One JSON line each way.
 
+use std::path::Path;
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
-use te_base::registration::{RegOrder, SimConfig, SimCostModel};
+use te_base::registration::{NodeLoad, RegOrder, SimConfig, SimCostModel};
 
 /// The providers the benchmark knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -37,7 +40,7 @@ pub enum LocationChoice {
 }
 
 /// Serializable mirror of [`SimCostModel`].
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SimSpec {
     pub scale: f64,
     pub host_base_ms: f64,
@@ -45,24 +48,31 @@ pub struct SimSpec {
     pub device_base_ms: f64,
     pub device_ms_per_gib: f64,
     pub device_ms_per_prior_gib: f64,
-    pub locked_fraction: f64,
+    pub oversubscription_penalty: f64,
+    /// Cores the ranks share (the penalty's reference).
+    pub cores: usize,
+    /// Shared counter of registrations in flight across ranks.
+    pub node_load_path: String,
 }
 
 impl SimSpec {
-    /// The provider configuration for `domains` domains.
-    pub fn config(&self, domains: usize) -> SimConfig {
-        SimConfig {
+    /// The provider configuration for `domains` domains, counting load in the shared file.
+    pub fn config(&self, domains: usize) -> Result<SimConfig, String> {
+        let load = NodeLoad::open(Path::new(&self.node_load_path)).map_err(|e| e.to_string())?;
+        Ok(SimConfig {
             model: SimCostModel {
                 host_base_ms: self.host_base_ms,
                 host_ms_per_gib: self.host_ms_per_gib,
                 device_base_ms: self.device_base_ms,
                 device_ms_per_gib: self.device_ms_per_gib,
                 device_ms_per_prior_gib: self.device_ms_per_prior_gib,
-                locked_fraction: self.locked_fraction,
+                oversubscription_penalty: self.oversubscription_penalty,
             },
             domains,
             scale: self.scale,
-        }
+            cores: self.cores,
+            node_load: Some(Arc::new(load)),
+        })
     }
 }
 

@@ -28,4 +28,4 @@ pub use item::RegistrationItem;
 pub use order::RegOrder;
 pub use pool::{RegistrationPool, UNBOUNDED_WORKER_CEILING};
 pub use provider::{deregister_regions, register_regions, DomainHandles, RegistrationProvider};
-pub use sim::{SimConfig, SimCostModel, SimHandle, SimProvider};
+pub use sim::{NodeLoad, SimConfig, SimCostModel, SimHandle, SimProvider};

@@ -7,7 +7,7 @@
 use std::cell::Cell;
 use std::num::NonZeroUsize;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Condvar, Mutex};
@@ -78,27 +78,27 @@ impl std::fmt::Debug for RegistrationPool {
         f.debug_struct("RegistrationPool")
             .field("cap", &self.cap)
             .field("order", &self.order)
-            .field("workers", &self.shared.state.lock().workers)
+            .field("workers", &self.shared.slots.lock().len())
             .finish()
     }
 }
 
+/// The workers, each with its own mailbox so that a batch wakes exactly the helpers it needs, all
+/// at once (a shared condition variable would hand its mutex from one waking worker to the next,
+/// and on busy cores that chain staggers the start of a large batch).
 struct Shared {
-    state: Mutex<State>,
-    wake: Condvar,
+    slots: Mutex<Vec<Arc<Slot>>>,
+    shutdown: AtomicBool,
 }
 
-struct State {
-    job: Option<Arc<dyn Job>>,
-    generation: u64,
-    workers: usize,
-    shutdown: bool,
+/// One worker's mailbox.
+struct Slot {
+    job: Mutex<Option<Arc<dyn Job>>>,
+    wake: Condvar,
 }
 
 /// A batch as the workers see it.
 trait Job: Send + Sync {
-    /// Claims one helper slot; false when the batch needs no more helpers.
-    fn try_join(&self) -> bool;
     /// Runs items until none is left.
     fn work(&self);
 }
@@ -122,13 +122,8 @@ impl RegistrationPool {
             cap,
             order,
             shared: Arc::new(Shared {
-                state: Mutex::new(State {
-                    job: None,
-                    generation: 0,
-                    workers: 0,
-                    shutdown: false,
-                }),
-                wake: Condvar::new(),
+                slots: Mutex::new(Vec::new()),
+                shutdown: AtomicBool::new(false),
             }),
             gate: Mutex::new(()),
         }
@@ -174,7 +169,7 @@ impl RegistrationPool {
 
     /// Number of worker threads started so far (the calling thread not counted).
     pub fn worker_count(&self) -> usize {
-        self.shared.state.lock().workers
+        self.shared.slots.lock().len()
     }
 
     /// Starts workers ahead of time so that a batch of `items` items does not pay for thread
@@ -284,17 +279,21 @@ impl RegistrationPool {
     /// Starts workers until there are at least `wanted`. A failed spawn leaves the pool smaller
     /// (the batch still completes: the caller works too).
     fn ensure_workers(&self, wanted: usize) {
-        let mut state = self.shared.state.lock();
-        while state.workers < wanted {
-            let shared = Arc::clone(&self.shared);
+        let mut slots = self.shared.slots.lock();
+        while slots.len() < wanted {
+            let slot = Arc::new(Slot {
+                job: Mutex::new(None),
+                wake: Condvar::new(),
+            });
+            let (shared, mine) = (Arc::clone(&self.shared), Arc::clone(&slot));
             let spawned = std::thread::Builder::new()
                 .name("te-reg-worker".into())
                 .stack_size(WORKER_STACK_BYTES)
-                .spawn(move || worker_loop(shared));
+                .spawn(move || worker_loop(&shared, &mine));
             match spawned {
-                Ok(_) => state.workers += 1,
+                Ok(_) => slots.push(slot),
                 Err(e) => {
-                    tracing::warn!(target: "te::registration", "could not start a registration worker ({e}); continuing with {}", state.workers);
+                    tracing::warn!(target: "te::registration", "could not start a registration worker ({e}); continuing with {}", slots.len());
                     break;
                 }
             }
@@ -329,7 +328,6 @@ impl RegistrationPool {
         let job = Arc::new(BatchJob {
             dispatch,
             next: AtomicUsize::new(0),
-            helpers_left: AtomicUsize::new(helpers),
             op,
             results: Mutex::new((0..n).map(|_| None).collect()),
             done: Mutex::new(0),
@@ -337,10 +335,13 @@ impl RegistrationPool {
         });
         if helpers > 0 {
             self.ensure_workers(helpers);
-            let mut state = self.shared.state.lock();
-            state.job = Some(job.clone() as Arc<dyn Job>);
-            state.generation += 1;
-            self.shared.wake.notify_all();
+            let slots = self.shared.slots.lock();
+            // A worker still leaving the previous batch finds this job when it comes back; the
+            // previous one is complete, so replacing it is harmless.
+            for slot in slots.iter().take(helpers) {
+                *slot.job.lock() = Some(job.clone() as Arc<dyn Job>);
+                slot.wake.notify_one();
+            }
         }
         job.work();
         {
@@ -348,9 +349,6 @@ impl RegistrationPool {
             while *done < n {
                 job.all_done.wait(&mut done);
             }
-        }
-        if helpers > 0 {
-            self.shared.state.lock().job = None;
         }
         let results = std::mem::take(&mut *job.results.lock());
         results
@@ -362,39 +360,35 @@ impl RegistrationPool {
 
 impl Drop for RegistrationPool {
     fn drop(&mut self) {
-        self.shared.state.lock().shutdown = true;
-        self.shared.wake.notify_all();
+        self.shared.shutdown.store(true, Ordering::Release);
+        for slot in self.shared.slots.lock().iter() {
+            let _held = slot.job.lock();
+            slot.wake.notify_one();
+        }
     }
 }
 
-fn worker_loop(shared: Arc<Shared>) {
-    let mut seen = 0;
+fn worker_loop(shared: &Shared, slot: &Slot) {
     loop {
         let job = {
-            let mut state = shared.state.lock();
+            let mut mailbox = slot.job.lock();
             loop {
-                if state.shutdown {
+                if shared.shutdown.load(Ordering::Acquire) {
                     return;
                 }
-                if state.generation != seen {
-                    seen = state.generation;
-                    if let Some(job) = state.job.clone() {
-                        break job;
-                    }
+                if let Some(job) = mailbox.take() {
+                    break job;
                 }
-                shared.wake.wait(&mut state);
+                slot.wake.wait(&mut mailbox);
             }
         };
-        if job.try_join() {
-            job.work();
-        }
+        job.work();
     }
 }
 
 struct BatchJob<T, F> {
     dispatch: Vec<usize>,
     next: AtomicUsize,
-    helpers_left: AtomicUsize,
     op: F,
     results: Mutex<Vec<Option<Result<T>>>>,
     done: Mutex<usize>,
@@ -406,12 +400,6 @@ where
     T: Send + 'static,
     F: Fn(usize) -> Result<T> + Send + Sync + 'static,
 {
-    fn try_join(&self) -> bool {
-        self.helpers_left
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| left.checked_sub(1))
-            .is_ok()
-    }
-
     fn work(&self) {
         let n = self.dispatch.len();
         INSIDE_BATCH.with(|f| f.set(true));

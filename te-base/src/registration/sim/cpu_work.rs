@@ -1,77 +1,32 @@
 //! Real CPU work for the simulated provider: a busy loop that runs until this thread has consumed
-//! a given amount of CPU time, part of it inside a spin lock shared by the process's registrations.
+//! a given amount of CPU time.
 //!
 //! Measuring the thread's own CPU time (not wall time) is what makes the model honest under
 //! contention: a descheduled thread makes no progress, so oversubscribed cores stretch every
 //! registration as they do on a real node.
 //!
-//! The lock stands for the process-wide state that page pinning and MR bookkeeping serialise on
-//! (the address space's page-table locks, a provider's domain/MR-cache lock). Waiters spin, then
-//! yield; when the holder is descheduled mid-section because more threads want the cores than there
-//! are cores, every waiter burns CPU for nothing. That lock-holder preemption is what punishes
-//! oversubscription more than linearly, as measured on the real nodes.
+//! After every slice the thread yields the CPU. The time scale compresses the work (a 40 ms node
+//! registration may take 0.4 ms here) but not the kernel's scheduling quantum (milliseconds), so
+//! without yielding, the first threads of an oversubscribed batch would run many registrations
+//! before the last ones start, which on the node (where they run side by side on many cores) they
+//! do not. Yielding every slice keeps oversubscribed threads finely interleaved.
 
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Granularity of the work: the lock is taken once per slice of this much CPU time.
-const SLICE_NS: u64 = 50_000;
-/// Spins on a held lock before yielding the CPU.
-const SPINS_BEFORE_YIELD: u32 = 200;
+/// Granularity of the work: the oversubscription penalty is re-evaluated, and the CPU yielded,
+/// once per slice of this much CPU time.
+pub const SLICE_NS: u64 = 50_000;
 
-/// A test-and-set spin lock that yields after a while.
-#[derive(Debug, Default)]
-pub struct SpinLock {
-    held: AtomicBool,
-}
-
-impl SpinLock {
-    fn lock(&self) -> SpinGuard<'_> {
-        let mut spins = 0u32;
-        loop {
-            if !self.held.load(Ordering::Relaxed)
-                && self
-                    .held
-                    .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-            {
-                return SpinGuard { lock: self };
-            }
-            spins += 1;
-            if spins < SPINS_BEFORE_YIELD {
-                std::hint::spin_loop();
-            } else {
-                spins = 0;
-                std::thread::yield_now();
-            }
-        }
-    }
-}
-
-struct SpinGuard<'a> {
-    lock: &'a SpinLock,
-}
-
-impl Drop for SpinGuard<'_> {
-    fn drop(&mut self) {
-        self.lock.held.store(false, Ordering::Release);
-    }
-}
-
-/// Consumes `ns` nanoseconds of this thread's CPU time, the fraction `locked` of each slice while
-/// holding `lock`.
-pub fn burn(ns: u64, locked: f64, lock: &SpinLock) {
-    let locked = locked.clamp(0.0, 1.0);
+/// Consumes `ns` nanoseconds of this thread's CPU time in slices, each stretched by
+/// `stretch()` (>= 1) evaluated at the start of the slice.
+pub fn burn(ns: u64, stretch: impl Fn() -> f64) {
     let mut left = ns;
     while left > 0 {
         let slice = left.min(SLICE_NS);
-        let inside = (slice as f64 * locked) as u64;
-        spin_for(slice - inside);
-        if inside > 0 {
-            let _guard = lock.lock();
-            spin_for(inside);
-        }
+        let factor = stretch().max(1.0);
+        spin_for((slice as f64 * factor) as u64);
         left -= slice;
+        std::thread::yield_now();
     }
 }
 
@@ -91,7 +46,7 @@ fn spin_for(ns: u64) {
 }
 
 /// CPU time consumed by the calling thread, in nanoseconds.
-fn thread_cpu_ns() -> u64 {
+pub fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID is always supported on Linux.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
@@ -108,11 +63,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn burn_consumes_at_least_the_requested_cpu_time() {
-        let lock = SpinLock::default();
+    fn burn_consumes_the_requested_cpu_time_times_the_stretch() {
         let before = thread_cpu_ns();
-        burn(2_000_000, 0.25, &lock);
-        assert!(thread_cpu_ns() - before >= 2_000_000);
-        assert!(!lock.held.load(Ordering::Relaxed));
+        burn(2_000_000, || 1.0);
+        let plain = thread_cpu_ns() - before;
+        assert!(plain >= 2_000_000);
+        let before = thread_cpu_ns();
+        burn(2_000_000, || 2.0);
+        assert!(thread_cpu_ns() - before >= 4_000_000);
     }
 }
