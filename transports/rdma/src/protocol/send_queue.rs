@@ -167,9 +167,12 @@ impl<T> SendQueue<T> {
     }
 
     /// The QP was reset and reconnected: a new epoch starts; completions of older work
-    /// requests are ignored from now on.
+    /// requests are ignored from now on. Anything still recorded in flight (normally nothing: an
+    /// error already handed it back) goes back to the front of the queue, never lost.
     pub fn reset(&mut self) {
-        self.in_flight.clear();
+        while let Some((_, item)) = self.in_flight.pop_back() {
+            self.pending.push_front(item);
+        }
         self.epoch_start = self.next_seq;
         self.since_signal = 0;
         self.broken = false;

@@ -234,6 +234,7 @@ impl<V: Verbs> PeerInner<V> {
             reset
                 .and_then(|_| inner.machine.apply(&QpTransition::ToReset))
                 .map(|_| {
+                    self.shared.retired(inner.sq.in_flight());
                     inner.sq.reset();
                     self.offer(slot, inner.qpn)
                 })
@@ -289,7 +290,7 @@ impl<V: Verbs> PeerInner<V> {
         let mut stripes: Vec<Stripe> = Vec::with_capacity(self.pairs.len());
         let rotation = self.rotation.fetch_add(1, Ordering::Relaxed);
         let mut rr = rotation;
-        for r in requests {
+        for (position, r) in requests.iter().enumerate() {
             let fail = |e: Error| tracker.fail(r.index, e);
             let Some(region) = regions.get(&r.local_region) else {
                 fail(Error::Unregistered {
@@ -335,7 +336,9 @@ impl<V: Verbs> PeerInner<V> {
             };
             // Integration point with te-base's topology: stripes over the rail pairs in proportion
             // to their rates (equal when unknown).
-            self.planner.plan(r.len, &self.pair_rates, rotation, &mut stripes);
+            // Requests too small to stripe rotate over the rail pairs.
+            self.planner
+                .plan(r.len, &self.pair_rates, rotation.wrapping_add(position), &mut stripes);
             let start = out.len();
             let mut bad = None;
             for s in &stripes {
@@ -434,6 +437,7 @@ impl<V: Verbs> Drop for PeerInner<V> {
         for s in &self.slots {
             let mut inner = s.inner.lock();
             map.remove(&inner.qpn);
+            self.shared.retired(inner.sq.in_flight());
             for p in inner.sq.drain_all() {
                 p.tracker.fail(p.index, Error::Closed("rdma connection".into()));
             }
@@ -500,12 +504,13 @@ impl<V: Verbs> Shared<V> {
             }
             Err(PostError { posted, errno }) => {
                 sq.unpost(n, posted);
+                self.posted(posted);
                 if errno == libc::ENOMEM {
                     // Send queue full after all (the provider counts differently): wait for
                     // completions to free slots.
-                    self.posted(posted);
                     return Vec::new();
                 }
+                self.retired(sq.in_flight());
                 // The provider refused the QP itself: move it to ERROR (what it accepted is
                 // flushed and never executes) and hand every piece back.
                 tracing::warn!("rdma: ibv_post_send: {}", std::io::Error::from_raw_os_error(errno));
