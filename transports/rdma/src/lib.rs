@@ -18,6 +18,7 @@ pub mod verbs;
 use std::path::Path;
 use std::sync::Arc;
 
+use te_base::topology::Topology;
 use te_base::{Error, InstallContext, Result, Transport};
 
 use crate::config::RdmaConfig;
@@ -37,8 +38,24 @@ pub async fn install(ctx: &InstallContext) -> Result<Arc<dyn Transport>> {
     let config = RdmaConfig::from_env(ctx.env.as_ref())?;
     let verbs = LoadedVerbs::load()?;
     let devices = select_devices(&verbs, &config)?;
-    let transport =
-        RdmaTransport::start(Arc::new(verbs), &devices, config, &ctx.segment_name, Path::new("/sys")).await?;
+    // Rail numbering and link rates come from te-base's topology; without it (unreadable sysfs)
+    // rails keep the device order and stripe evenly.
+    let topology = match Topology::discover() {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!("rdma: topology discovery failed, rails keep device order: {e}");
+            None
+        }
+    };
+    let transport = RdmaTransport::start(
+        Arc::new(verbs),
+        &devices,
+        topology.as_ref(),
+        config,
+        &ctx.segment_name,
+        Path::new("/sys"),
+    )
+    .await?;
     Ok(Arc::new(transport))
 }
 

@@ -47,6 +47,9 @@ pub struct RailInfo {
     pub gid: String,
     /// Active MTU of the port.
     pub mtu: Mtu,
+    /// Link rate in Mbit/s (0 when unknown), for rate-proportional striping.
+    #[serde(default)]
+    pub rate_mbps: u64,
 }
 
 impl RailInfo {
@@ -314,6 +317,7 @@ mod tests {
             lid: 0,
             gid: "00000000000000000000ffff0a000001".into(),
             mtu,
+            rate_mbps: 0,
         }
     }
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
 use te_base::registration::{deregister_regions, register_regions, DomainHandles, RegistrationPool};
-use te_base::topology::{common_rails, RailRate, StripePlanner};
+use te_base::topology::{common_rails, RailRate, StripePlanner, Topology};
 use te_base::{
     Capabilities, Error, MemoryKind, MemoryKinds, Peer, RegionId, RegionInfo, Result, SegmentDescriptor, Transport,
 };
@@ -149,14 +149,19 @@ impl<V: Verbs> std::fmt::Debug for RdmaTransport<V> {
 impl<V: Verbs> RdmaTransport<V> {
     /// Opens `devices` and starts the handshake listener and the progress thread. Must run inside
     /// a tokio runtime. `sysfs` is the sysfs root (`/sys`), for GID types and peer-memory modules.
+    ///
+    /// With a `topology`, rails are numbered like te-base's rail map (NIC bus-id order) and carry
+    /// their link rates for striping.
     pub async fn start(
         verbs: Arc<V>,
         devices: &[String],
+        topology: Option<&Topology>,
         config: RdmaConfig,
         segment_name: &str,
         sysfs: &Path,
     ) -> Result<Self> {
-        let set = RailSet::open(verbs.clone(), devices, &config, sysfs)?;
+        let devices = rails::order_by_topology(devices, topology);
+        let set = RailSet::open(verbs.clone(), &devices, &config, sysfs)?;
         let bind = config
             .handshake_addr
             .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
@@ -374,7 +379,15 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
                 }));
             }
         }
-        let pair_rates = as_rates(pairs.len());
+        // Weighted by the slower side of each pair; equal when either rate is unknown.
+        let pair_rates: Vec<RailRate> = pairs
+            .iter()
+            .enumerate()
+            .map(|(rail, p)| RailRate {
+                rail,
+                rate_mbps: local_rails[p.local].rate_mbps.min(info.rails[p.remote].rate_mbps),
+            })
+            .collect();
         let peer = Arc::new(PeerInner {
             shared: shared.clone(),
             descriptor: desc.clone(),

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use te_base::registration::RegistrationProvider;
+use te_base::topology::Topology;
 use te_base::{Error, RegionInfo, Result};
 
 use crate::config::RdmaConfig;
@@ -22,6 +23,8 @@ pub struct Rail<V: Verbs> {
     pub port_attrs: PortAttrs,
     /// Device limits.
     pub attrs: DeviceAttrs,
+    /// Link rate from the topology, Mbit/s (0 when unknown); weights striping.
+    pub rate_mbps: u64,
     /// GID index we send from.
     pub gid_index: u8,
     /// That GID.
@@ -41,6 +44,7 @@ impl<V: Verbs> Rail<V> {
             lid: self.port_attrs.lid,
             gid: gid_hex(&self.gid),
             mtu: self.port_attrs.active_mtu,
+            rate_mbps: self.rate_mbps,
         }
     }
 
@@ -101,21 +105,40 @@ pub fn choose_gid(link_layer: LinkLayer, entries: &[(u32, Gid, Option<String>)])
         .map(|e| e.0)
 }
 
+/// Orders devices as te-base's topology numbers rails (NIC position in PCI bus-id order, so rail
+/// `i` of two identical nodes is the same NIC position, the same switch rail in rail-optimized
+/// fabrics), with each one's link rate. Devices the topology does not know keep their order, last,
+/// with rate 0.
+pub fn order_by_topology(devices: &[String], topology: Option<&Topology>) -> Vec<(String, u64)> {
+    let mut out: Vec<(Option<usize>, usize, String, u64)> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let idx = topology.and_then(|t| t.nic_index(d));
+            let rate = idx.and_then(|x| topology.map(|t| t.nics[x].rate_mbps())).unwrap_or(0);
+            (idx, i, d.clone(), rate)
+        })
+        .collect();
+    out.sort_by_key(|(idx, i, _, _)| (idx.is_none(), idx.unwrap_or(0), *i));
+    out.into_iter().map(|(_, _, d, r)| (d, r)).collect()
+}
+
 /// The IPv4 address inside an IPv4-mapped GID.
 pub fn gid_ipv4(g: &Gid) -> Option<std::net::Ipv4Addr> {
     is_ipv4_mapped(g).then(|| std::net::Ipv4Addr::new(g.0[12], g.0[13], g.0[14], g.0[15]))
 }
 
 impl<V: Verbs> RailSet<V> {
-    /// Opens `devices`, keeping the first active port of each, and creates a PD and CQ per rail.
-    pub fn open(verbs: Arc<V>, devices: &[String], config: &RdmaConfig, sysfs: &Path) -> Result<Self> {
+    /// Opens `devices` (name, link rate), keeping the first active port of each, and creates a PD
+    /// and CQ per rail.
+    pub fn open(verbs: Arc<V>, devices: &[(String, u64)], config: &RdmaConfig, sysfs: &Path) -> Result<Self> {
         let mut set = RailSet {
             verbs: verbs.clone(),
             rails: Vec::new(),
             chunk: u64::MAX,
         };
         let mut skipped = Vec::new();
-        for name in devices {
+        for (name, rate_mbps) in devices {
             let ctx = verbs.open_device(name)?;
             let attrs = verbs.query_device(&ctx)?;
             let mut chosen = None;
@@ -168,6 +191,7 @@ impl<V: Verbs> RailSet<V> {
                 port,
                 port_attrs,
                 attrs,
+                rate_mbps: *rate_mbps,
                 gid_index: gid_index as u8,
                 gid,
                 ctx: Some(ctx),
@@ -277,6 +301,24 @@ mod tests {
         g[11] = 0xff;
         g[12..].copy_from_slice(&[10, 0, 0, last]);
         Gid(g)
+    }
+
+    #[test]
+    fn rails_follow_the_topology_order_with_rates() {
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../te-base/tests/fixtures/topology/roce-8gpu.json");
+        let topology = Topology::discover_from(&fixture).expect("te-base's RoCE fixture");
+        let devices: Vec<String> = ["mlx5_3", "mlx5_9", "mlx5_0"].iter().map(|s| s.to_string()).collect();
+        let ordered = order_by_topology(&devices, Some(&topology));
+        let names: Vec<&str> = ordered.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["mlx5_0", "mlx5_3", "mlx5_9"], "bus-id order, unknown last");
+        assert_eq!(ordered[0].1, 200_000, "HDR 200 Gb/s from sysfs");
+        assert_eq!(ordered[2].1, 0);
+        assert_eq!(
+            order_by_topology(&devices, None)[0].0,
+            "mlx5_3",
+            "no topology: given order"
+        );
     }
 
     #[test]

@@ -36,9 +36,16 @@ fn fabric(devices: Vec<FakeDevice>) -> Arc<RecordingVerbs> {
 
 async fn transport(verbs: &Arc<RecordingVerbs>, devices: &[&str], name: &str, config: RdmaConfig) -> Arc<Fake> {
     let devices: Vec<String> = devices.iter().map(|d| d.to_string()).collect();
-    let t = RdmaTransport::start(verbs.clone(), &devices, config, name, Path::new("/nonexistent-sysfs"))
-        .await
-        .expect("start over the fake");
+    let t = RdmaTransport::start(
+        verbs.clone(),
+        &devices,
+        None,
+        config,
+        name,
+        Path::new("/nonexistent-sysfs"),
+    )
+    .await
+    .expect("start over the fake");
     Arc::new(t)
 }
 
