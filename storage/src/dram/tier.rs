@@ -106,6 +106,19 @@ impl DramState {
                 return Err(ReserveError::Conflict);
             }
         }
+        self.reserve_unchecked(key, len, depth)
+    }
+
+    /// Like [`DramState::reserve`], but only when `key` is not in the arena at all (promotion must
+    /// never replace a newer version put meanwhile).
+    pub fn reserve_absent(&mut self, key: &str, len: u64, depth: u32) -> Result<u64, ReserveError> {
+        if self.map.contains_key(key) {
+            return Err(ReserveError::Conflict);
+        }
+        self.reserve_unchecked(key, len, depth)
+    }
+
+    fn reserve_unchecked(&mut self, key: &str, len: u64, depth: u32) -> Result<u64, ReserveError> {
         let pages = len.div_ceil(self.page);
         if pages == 0 || pages > u32::MAX as u64 {
             return Err(ReserveError::NoSpace);
@@ -246,6 +259,14 @@ mod tests {
         assert_eq!(s.used(), 8192);
         assert_eq!(s.remove("a"), Ok(true));
         assert_eq!(s.used(), 0);
+    }
+
+    #[test]
+    fn promotion_never_replaces_a_present_key() {
+        let mut s = state();
+        put(&mut s, "a", 4096, 0, 1);
+        assert_eq!(s.reserve_absent("a", 4096, 0), Err(ReserveError::Conflict));
+        assert!(s.reserve_absent("b", 4096, 0).is_ok());
     }
 
     #[test]

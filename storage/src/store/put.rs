@@ -133,7 +133,10 @@ impl Store {
         let mut reserved: Vec<(usize, u64)> = Vec::with_capacity(keys.len());
         for &k in keys {
             let it = &items[k];
-            let mut attempt = st.reserve(it.key, it.object_len, it.depth);
+            let mut attempt = match source {
+                Source::Caller => st.reserve(it.key, it.object_len, it.depth),
+                Source::Staging => st.reserve_absent(it.key, it.object_len, it.depth),
+            };
             if attempt == Err(ReserveError::NoSpace)
                 && matches!(source, Source::Caller)
                 && st.footprint(it.object_len) <= cap
