@@ -6,7 +6,8 @@
 //! `[pool layer][page]`. A restore walks the logical layers in groups of `--layer-group`; for each
 //! group and each pool with layers in it, one `batch_get_ranges` call asks, for every page, the
 //! ranges of that pool's layers in the group. TTFL is the time to the first group; compute is
-//! simulated after each group by spinning `--compute-us-per-layer` per logical layer.
+//! simulated after each group for `--compute-us-per-layer` per logical layer (sleeping, as a
+//! thread waiting on a GPU would, then spinning the last 80 us).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
@@ -521,8 +522,15 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-fn spin(d: Duration) {
+/// Simulated forward compute. On a GPU node the reading thread blocks while the device computes,
+/// so this sleeps (leaving the core to other ranks) and spins only the last stretch, where sleep
+/// would overshoot.
+fn compute(d: Duration) {
+    const SPIN: Duration = Duration::from_micros(80);
     let t = Instant::now();
+    if d > SPIN {
+        std::thread::sleep(d - SPIN);
+    }
     while t.elapsed() < d {
         std::hint::spin_loop();
     }
@@ -651,7 +659,7 @@ fn rank_loop(
             if g == 0 {
                 ttfl = t0.elapsed();
             }
-            spin(Duration::from_micros(args.compute_us_per_layer * *group_layers as u64));
+            compute(Duration::from_micros(args.compute_us_per_layer * *group_layers as u64));
         }
         let restore = t0.elapsed();
         let mismatched = if args.verify {
