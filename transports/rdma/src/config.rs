@@ -21,7 +21,8 @@ pub struct RdmaConfig {
     pub send_queue_depth: u32,
     /// One signalled completion every this many work requests (`TE_RDMA_SIGNAL_EVERY`).
     pub signal_every: u32,
-    /// Completion queue entries per rail (`TE_RDMA_CQ_DEPTH`), capped by the device.
+    /// Completion queue entries per rail (`TE_RDMA_CQ_DEPTH`), capped by the device. The send
+    /// queue depths of all QPs on a rail never add up to more, so the CQ cannot overrun.
     pub cq_depth: u32,
     /// Largest RDMA message (`TE_RDMA_SLICE_SIZE`); requests are cut into slices of this size,
     /// striped over the rails and QPs.
@@ -48,7 +49,7 @@ impl Default for RdmaConfig {
             qps_per_peer: 2,
             send_queue_depth: 256,
             signal_every: 16,
-            cq_depth: 4096,
+            cq_depth: 65536,
             slice_size: 64 << 10,
             max_mr_size: None,
             gid_index: None,

@@ -353,31 +353,45 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
         }
         let q = shared.config.qps_per_peer as usize;
         let depth = shared.config.send_queue_depth;
-        let mut slots = Vec::with_capacity(pairs.len() * q);
-        for (pi, pair) in pairs.iter().enumerate() {
-            let rail = &local_rails[pair.local];
-            let depth = depth.min(rail.attrs.max_qp_wr.max(1));
-            for k in 0..q {
-                let (qp, qpn) = shared.verbs.create_qp(
-                    rail.pd(),
-                    rail.cq(),
-                    QpCaps {
+        let mut slots: Vec<Arc<QpSlot<V>>> = Vec::with_capacity(pairs.len() * q);
+        let created = (|| -> Result<()> {
+            for (pi, pair) in pairs.iter().enumerate() {
+                let rail = &local_rails[pair.local];
+                let depth = depth.min(rail.attrs.max_qp_wr.max(1));
+                for k in 0..q {
+                    rail.reserve_cq(depth)?;
+                    let caps = QpCaps {
                         max_send_wr: depth,
                         max_send_sge: 1,
-                    },
-                )?;
-                slots.push(Arc::new(QpSlot {
-                    slot: (pi * q + k) as u32,
-                    pair: pi,
-                    inner: Mutex::new(QpInner::new(
-                        qp,
-                        qpn,
+                    };
+                    let (qp, qpn) = match shared.verbs.create_qp(rail.pd(), rail.cq(), caps) {
+                        Ok(x) => x,
+                        Err(e) => {
+                            rail.release_cq(depth);
+                            return Err(e);
+                        }
+                    };
+                    let inner = QpInner::new(qp, qpn, depth, shared.config.signal_every, shared.backoff());
+                    slots.push(Arc::new(QpSlot {
+                        slot: (pi * q + k) as u32,
+                        pair: pi,
+                        rail: pair.local,
                         depth,
-                        shared.config.signal_every,
-                        shared.backoff(),
-                    )),
-                }));
+                        inner: Mutex::new(inner),
+                    }));
+                }
             }
+            Ok(())
+        })();
+        if let Err(e) = created {
+            // Nothing was connected yet: release what this attempt created.
+            for s in slots {
+                if let Some(qp) = s.inner.lock().qp.take() {
+                    let _ = shared.verbs.destroy_qp(qp);
+                    local_rails[s.rail].release_cq(s.depth);
+                }
+            }
+            return Err(e);
         }
         // Weighted by the slower side of each pair; equal when either rate is unknown.
         let pair_rates: Vec<RailRate> = pairs

@@ -48,6 +48,10 @@ pub(crate) struct QpInner<V: Verbs> {
 pub(crate) struct QpSlot<V: Verbs> {
     pub(crate) slot: u32,
     pub(crate) pair: usize,
+    /// Local rail (holds the CQ room this QP reserved).
+    pub(crate) rail: usize,
+    /// Send queue depth (the CQ room reserved).
+    pub(crate) depth: u32,
     pub(crate) inner: Mutex<QpInner<V>>,
 }
 
@@ -445,6 +449,7 @@ impl<V: Verbs> Drop for PeerInner<V> {
                 if let Err(e) = self.shared.verbs.destroy_qp(qp) {
                     tracing::warn!("rdma: destroying a QP: {e}");
                 }
+                self.shared.rails().rails[s.rail].release_cq(s.depth);
             }
         }
     }

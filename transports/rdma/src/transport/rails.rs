@@ -2,6 +2,7 @@
 //! and memory registration on every rail through te-base's registration pool.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use te_base::registration::RegistrationProvider;
@@ -29,6 +30,10 @@ pub struct Rail<V: Verbs> {
     pub gid_index: u8,
     /// That GID.
     pub gid: Gid,
+    /// Entries of the CQ.
+    pub cq_capacity: u64,
+    /// Send-queue slots of the QPs using the CQ; never above `cq_capacity`.
+    cq_reserved: AtomicU64,
     pub(crate) ctx: Option<V::Context>,
     pub(crate) pd: Option<V::Pd>,
     pub(crate) cq: Option<V::Cq>,
@@ -56,6 +61,30 @@ impl<V: Verbs> Rail<V> {
     /// The completion queue every QP of this rail uses.
     pub fn cq(&self) -> &V::Cq {
         self.cq.as_ref().expect("live until drop")
+    }
+
+    /// Reserves CQ room for a QP of `depth` send slots: every work request completes at most once
+    /// (flushed ones included), so while the depths fit the CQ cannot overrun.
+    pub fn reserve_cq(&self, depth: u32) -> Result<()> {
+        let depth = u64::from(depth);
+        let before = self.cq_reserved.fetch_add(depth, Ordering::AcqRel);
+        if before + depth > self.cq_capacity {
+            self.cq_reserved.fetch_sub(depth, Ordering::AcqRel);
+            return Err(Error::transport(
+                "rdma",
+                format!(
+                    "completion queue of {} is full ({before} of {} entries promised to QPs, {depth} more asked): \
+                     raise TE_RDMA_CQ_DEPTH or lower TE_RDMA_SEND_QUEUE_DEPTH / TE_RDMA_QPS_PER_PEER",
+                    self.name, self.cq_capacity
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Returns what [`Rail::reserve_cq`] took.
+    pub fn release_cq(&self, depth: u32) {
+        self.cq_reserved.fetch_sub(u64::from(depth), Ordering::AcqRel);
     }
 }
 
@@ -182,7 +211,8 @@ impl<V: Verbs> RailSet<V> {
                 ));
             }
             let pd = verbs.alloc_pd(&ctx)?;
-            let cq = verbs.create_cq(&ctx, config.cq_depth.min(attrs.max_cqe.max(16)))?;
+            let cq_capacity = config.cq_depth.min(attrs.max_cqe.max(16));
+            let cq = verbs.create_cq(&ctx, cq_capacity)?;
             set.chunk = set
                 .chunk
                 .min(mr_split::chunk_size(attrs.max_mr_size, config.max_mr_size));
@@ -192,6 +222,8 @@ impl<V: Verbs> RailSet<V> {
                 port_attrs,
                 attrs,
                 rate_mbps: *rate_mbps,
+                cq_capacity: u64::from(cq_capacity),
+                cq_reserved: AtomicU64::new(0),
                 gid_index: gid_index as u8,
                 gid,
                 ctx: Some(ctx),

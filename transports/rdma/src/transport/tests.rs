@@ -459,6 +459,46 @@ async fn a_peer_that_went_away_fails_requests_and_turns_unhealthy_without_a_stor
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_queues_never_promise_more_completions_than_the_cq_holds() {
+    let verbs = fabric(vec![
+        FakeDevice::roce("mlx5_0", [10, 0, 0, 1]),
+        FakeDevice::roce("mlx5_1", [10, 0, 0, 2]),
+    ]);
+    let cfg = RdmaConfig {
+        cq_depth: 16,
+        send_queue_depth: 8,
+        signal_every: 4,
+        qps_per_peer: 2,
+        ..config()
+    };
+    let a = transport(&verbs, &["mlx5_0"], "a", cfg.clone()).await;
+    let b = transport(&verbs, &["mlx5_1"], "b", cfg).await;
+    let dst = region(&b, 4096, true, 0).await;
+    let d = descriptor(&b, "b", &[&dst]);
+    let first = a.connect(&d).await.unwrap();
+    verbs.clear_calls();
+    let err = match a.connect(&d).await {
+        Ok(_) => panic!("a second peer's 2 x 8 send slots fit a 16-entry CQ already holding 16"),
+        Err(e) => e,
+    };
+    assert!(err.to_string().contains("TE_RDMA_CQ_DEPTH"), "{err}");
+    let created = qps_created(&verbs.calls());
+    let destroyed: Vec<u32> = verbs
+        .calls()
+        .iter()
+        .filter_map(|c| match c {
+            Call::DestroyQp { qpn } => Some(*qpn),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(created, destroyed, "QPs of the refused attempt are released");
+    drop(first);
+    a.connect(&d)
+        .await
+        .expect("room again once the first connection is gone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_target_refuses_stale_handshakes() {
     let verbs = fabric(vec![
         FakeDevice::roce("mlx5_0", [10, 0, 0, 1]),
