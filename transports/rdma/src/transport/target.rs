@@ -6,11 +6,14 @@ use std::sync::Weak;
 use te_base::Result;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::handshake_io::{read_message, write_message};
+use super::handshake_io::{read_message, write_message, HANDSHAKE_TIMEOUT};
 use super::Shared;
 use crate::protocol::handshake::{mtu_offer, negotiate_mtu, ConnectRequest, ConnectResponse, QpOffer};
 use crate::protocol::qp_state::{connect_transitions, LocalQpEnd, QpMachine, RemoteQpEnd};
 use crate::verbs::{QpCaps, Verbs};
+
+/// Most QPs the target side keeps for peers (every peer's slots together).
+pub(crate) const MAX_ACCEPTED_QPS: usize = 1 << 16;
 
 /// A QP this side created for a peer's slot.
 pub(crate) struct AcceptedQp<V: Verbs> {
@@ -46,12 +49,14 @@ pub(crate) async fn serve<V: Verbs>(shared: Weak<Shared<V>>, listener: TcpListen
 }
 
 async fn handle<V: Verbs>(shared: Weak<Shared<V>>, mut stream: TcpStream) {
-    let request = match read_message::<ConnectRequest>(&mut stream).await {
-        Ok(r) => r,
-        Err(e) => {
+    // A client that connects and says nothing must not hold a task forever.
+    let request = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_message::<ConnectRequest>(&mut stream)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
             tracing::debug!("rdma handshake: unreadable request: {e}");
             return;
         }
+        Err(_) => return,
     };
     let Some(shared) = shared.upgrade() else { return };
     let response = match accept(&shared, &request) {
@@ -77,6 +82,21 @@ fn accept<V: Verbs>(shared: &Shared<V>, req: &ConnectRequest) -> Result<Vec<QpOf
                 req.to_instance, shared.instance
             ),
         });
+    }
+    {
+        // Bound what anyone who can reach the listener may make us allocate.
+        let accepted = shared.accepted.lock();
+        let replaced = req
+            .qps
+            .iter()
+            .filter(|q| accepted.contains_key(&(req.from_segment.clone(), q.slot)))
+            .count();
+        if accepted.len() + req.qps.len() - replaced > MAX_ACCEPTED_QPS {
+            return Err(te_base::Error::Refused {
+                peer: shared.segment_name.clone(),
+                reason: format!("already serving {} QPs (limit {MAX_ACCEPTED_QPS})", accepted.len()),
+            });
+        }
     }
     let mut created: Vec<(u32, V::Qp)> = Vec::with_capacity(req.qps.len());
     let mut answers = Vec::with_capacity(req.qps.len());
