@@ -1,5 +1,5 @@
 //! The thin verbs layer: every call into libibverbs goes through the [`Verbs`] trait, so the
-//! protocol logic above it runs against [`fake::RecordingVerbs`] in tests and against
+//! protocol logic above it runs against `fake::RecordingVerbs` (feature `fake-verbs`) in tests and against
 //! [`loaded::LoadedVerbs`] (libibverbs opened at run time) on RDMA hosts.
 //!
 //! The trait is deliberately small and mechanical: it converts between Rust values and the C
