@@ -10,6 +10,7 @@ mod affinity;
 mod plot;
 mod rank;
 mod report;
+mod saved;
 mod shapes;
 mod spec;
 mod sweep;
@@ -118,6 +119,9 @@ pub struct Options {
     /// Draw time against cap per order into this SVG file.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Run nothing: print the table (and --plot) from the --json lines of an earlier run.
+    #[arg(long)]
+    from_json: Option<PathBuf>,
     /// Internal: run as one rank process (spec on stdin).
     #[arg(long, hide = true)]
     rank_worker: bool,
@@ -131,6 +135,20 @@ pub fn run(args: Args) -> Result<(), String> {
 fn run_options(args: Options) -> Result<(), String> {
     if args.rank_worker {
         return rank::run_rank();
+    }
+    if let Some(path) = &args.from_json {
+        let s = saved::load(path)?;
+        let derived_text = s
+            .derived
+            .iter()
+            .map(|(r, c)| (*r, format!("{} (as saved)", report::cap_label(*c))))
+            .collect();
+        print!("{}", report::table(&s.ctx, &s.cells, &s.caps, &s.orders, &derived_text));
+        if let Some(plot_path) = &args.plot {
+            plot::draw(plot_path, &plot_title(&s.ctx), &s.cells, &s.caps, &s.orders)?;
+            eprintln!("plot written to {}", plot_path.display());
+        }
+        return Ok(());
     }
     if args.transport != TransportChoice::Sim {
         return Err(rank::not_available(args.transport));
@@ -301,19 +319,23 @@ fn run_options(args: Options) -> Result<(), String> {
         print!("{table}");
     }
     if let Some(path) = &args.plot {
-        let title = format!(
-            "{}register {}, {} memory, {} x {} buffers{}",
-            if ctx.simulated { "SIMULATED " } else { "" },
-            ctx.shape,
-            ctx.location,
-            ctx.buffers,
-            shapes::Bytes(ctx.bytes_per_rank / ctx.buffers.max(1) as u64),
-            if ctx.simulated { " (node seconds)" } else { "" }
-        );
-        plot::draw(path, &title, &cells, &caps_axis, &orders)?;
+        plot::draw(path, &plot_title(&ctx), &cells, &caps_axis, &orders)?;
         eprintln!("plot written to {}", path.display());
     }
     Ok(())
+}
+
+fn plot_title(ctx: &Context) -> String {
+    let short_shape = ctx.shape.split(" [").next().unwrap_or_default();
+    format!(
+        "{}te-bench register: {short_shape}, {} buffers/rank, {} memory, {} NICs/buffer, {} cores{}",
+        if ctx.simulated { "SIMULATED " } else { "" },
+        ctx.buffers,
+        ctx.location,
+        ctx.nics_per_rank.first().copied().unwrap_or(0),
+        ctx.cores,
+        if ctx.simulated { " (node seconds)" } else { "" }
+    )
 }
 
 fn parse_list<T>(text: &str, flag: &str, parse: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, String> {

@@ -68,7 +68,7 @@ pub fn draw(path: &Path, title: &str, cells: &[Cell], caps: &[Cap], orders: &[St
             let color = palette[series % palette.len()];
             series += 1;
             let label = if ranks.len() > 1 {
-                format!("{r} ranks, {o}")
+                format!("{r} rank{}, {o}", if *r == 1 { "" } else { "s" })
             } else {
                 o.clone()
             };
@@ -86,7 +86,7 @@ pub fn draw(path: &Path, title: &str, cells: &[Cell], caps: &[Cap], orders: &[St
         .configure_series_labels()
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
+        .position(SeriesLabelPosition::UpperLeft)
         .draw()
         .map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))?;
