@@ -225,3 +225,19 @@ fn the_derived_cap_follows_a_restricted_affinity_mask() {
         assert_eq!(probe("0,1", "2").expect("probe output"), (2, 1));
     }
 }
+
+#[test]
+fn the_global_pool_is_configured_once_from_the_process_environment() {
+    let first = te_base::registration::RegistrationPool::global().unwrap();
+    let again = te_base::registration::RegistrationPool::global().unwrap();
+    assert!(std::ptr::eq(first, again));
+    let expected = RegistrationConfig::from_env(&ProcessEnv).unwrap();
+    assert_eq!(first.cap(), expected.cap.cap);
+    assert_eq!(first.order(), expected.order);
+    assert_eq!(
+        first
+            .register_batch(Vec::<te_base::RegionInfo>::new(), |_| Ok(()), |_, _| Ok(()))
+            .unwrap(),
+        Vec::<()>::new()
+    );
+}
