@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,7 +57,39 @@ pub(crate) struct Lane {
     progress: AtomicU64,
     alive: AtomicBool,
     closing: AtomicBool,
-    tasks: Mutex<Vec<AbortHandle>>,
+    /// A second handle on the socket, so `kill` can shut it down under the I/O tasks.
+    socket: Option<socket2::Socket>,
+    /// Sending and receiving tasks still running; the last one out fails what is left.
+    running: AtomicUsize,
+    watchdog: Mutex<Option<AbortHandle>>,
+}
+
+/// Runs when an I/O task ends (returns, fails or is dropped by a runtime shutdown): the last one
+/// out fails every request still outstanding. Only then, because until both tasks have stopped
+/// one of them may still be reading or writing the requests' memory.
+struct TaskExit(Arc<Lane>);
+
+impl Drop for TaskExit {
+    fn drop(&mut self) {
+        let lane = &self.0;
+        if lane.running.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let (jobs, err) = {
+            let mut q = lane.queues.lock();
+            let err = q.dead.get_or_insert_with(|| lane.gone("connection closed")).clone();
+            lane.alive.store(false, Ordering::Release);
+            let q = &mut *q;
+            let jobs: Vec<LaneJob> = q.in_flight.drain(..).chain(q.queued.drain(..)).collect();
+            (jobs, err)
+        };
+        for job in &jobs {
+            lane.fail_job(job, &err);
+        }
+        if let Some(w) = lane.watchdog.lock().take() {
+            w.abort();
+        }
+    }
 }
 
 impl Lane {
@@ -72,15 +104,23 @@ impl Lane {
             progress: AtomicU64::new(0),
             alive: AtomicBool::new(true),
             closing: AtomicBool::new(false),
-            tasks: Mutex::new(Vec::new()),
+            socket: socket2::SockRef::from(&stream).try_clone().ok(),
+            running: AtomicUsize::new(2),
+            watchdog: Mutex::new(None),
         });
         let (r, w) = stream.into_split();
-        let sender = tokio::spawn(send_loop(lane.clone(), w));
-        let receiver = tokio::spawn(receive_loop(lane.clone(), r));
-        let watchdog = tokio::spawn(watchdog(Arc::downgrade(&lane), timeout));
-        lane.tasks
-            .lock()
-            .extend([sender.abort_handle(), receiver.abort_handle(), watchdog.abort_handle()]);
+        let sending = TaskExit(lane.clone());
+        tokio::spawn(async move {
+            send_loop(&sending.0, w).await;
+            drop(sending);
+        });
+        let receiving = TaskExit(lane.clone());
+        tokio::spawn(async move {
+            receive_loop(&receiving.0, r).await;
+            drop(receiving);
+        });
+        let dog = tokio::spawn(watchdog(Arc::downgrade(&lane), timeout));
+        *lane.watchdog.lock() = Some(dog.abort_handle());
         lane
     }
 
@@ -108,24 +148,21 @@ impl Lane {
         self.wake.notify_one();
     }
 
-    /// Kills the lane: stops its tasks and fails every outstanding request it carries.
+    /// Kills the lane: new jobs fail at once, the socket is shut down so both I/O tasks stop,
+    /// and the last of them fails every outstanding request with `err`.
     pub fn kill(&self, err: Error) {
-        let jobs: Vec<LaneJob> = {
+        {
             let mut q = self.queues.lock();
             if q.dead.is_some() {
                 return;
             }
-            q.dead = Some(err.clone());
+            q.dead = Some(err);
             self.alive.store(false, Ordering::Release);
-            let q = &mut *q;
-            q.in_flight.drain(..).chain(q.queued.drain(..)).collect()
-        };
-        for t in self.tasks.lock().drain(..) {
-            t.abort();
         }
-        for job in &jobs {
-            self.fail_job(job, &err);
+        if let Some(s) = &self.socket {
+            let _ = s.shutdown(std::net::Shutdown::Both);
         }
+        self.wake.notify_one();
     }
 
     fn fail_job(&self, job: &LaneJob, err: &Error) {
@@ -177,11 +214,11 @@ async fn next_job(lane: &Lane) -> Option<LaneJob> {
     }
 }
 
-async fn send_loop(lane: Arc<Lane>, mut w: OwnedWriteHalf) {
+async fn send_loop(lane: &Lane, mut w: OwnedWriteHalf) {
     let mut headers: Vec<[u8; HEADER_LEN]> = Vec::with_capacity(SEND_GROUP);
     let mut parts: Vec<RawPart> = Vec::with_capacity(2 * SEND_GROUP);
     let mut request_id = 0u64;
-    while let Some(job) = next_job(&lane).await {
+    while let Some(job) = next_job(lane).await {
         let plan = &job.plan;
         let mut cursor = LaneCursor::new(lane.index);
         let mut done = false;
@@ -239,9 +276,9 @@ async fn send_loop(lane: Arc<Lane>, mut w: OwnedWriteHalf) {
     }
 }
 
-async fn receive_loop(lane: Arc<Lane>, r: OwnedReadHalf) {
+async fn receive_loop(lane: &Lane, r: OwnedReadHalf) {
     let mut reader = FrameReader::new(r);
-    let reason = match receive_frames(&lane, &mut reader).await {
+    let reason = match receive_frames(lane, &mut reader).await {
         Ok(()) => "connection closed by the peer".to_string(),
         Err(e) => e.to_string(),
     };
@@ -358,15 +395,6 @@ async fn watchdog(lane: std::sync::Weak<Lane>, timeout: Duration) {
             let ms = timeout.as_millis() as u64;
             lane.kill(lane.gone(format!("no progress for {ms} ms with requests outstanding")));
             return;
-        }
-    }
-}
-
-/// Drops the lane's tasks when the last handle goes.
-impl Drop for Lane {
-    fn drop(&mut self) {
-        for t in self.tasks.get_mut().drain(..) {
-            t.abort();
         }
     }
 }

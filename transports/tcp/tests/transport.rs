@@ -320,3 +320,93 @@ async fn install_reads_the_environment() {
     let t = te_transport_tcp::install(&ctx).await.unwrap();
     assert_eq!(t.name(), "tcp");
 }
+
+/// A fake target that greets correctly, then either stalls (reads nothing more, answers nothing)
+/// or closes the connection after the first request header.
+async fn fake_target(stall: bool) -> (SegmentDescriptor, tokio::task::JoinHandle<()>) {
+    use te_transport_tcp::wire::{Header, Opcode, HEADER_LEN};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let token = 77u64;
+    let task = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut raw = [0u8; HEADER_LEN];
+        s.read_exact(&mut raw).await.unwrap();
+        let ack = Header {
+            token,
+            ..Header::new(Opcode::HelloAck)
+        };
+        s.write_all(&ack.to_bytes()).await.unwrap();
+        if stall {
+            // Hold the connection open without reading: the initiator's requests stay outstanding.
+            std::future::pending::<()>().await;
+        } else {
+            let _ = s.read_exact(&mut raw).await;
+            drop(s);
+        }
+    });
+    let mut d = SegmentDescriptor::new("fake", 1);
+    d.transports.push(TransportEndpoint {
+        transport: "tcp".into(),
+        info: serde_json::json!({"addrs": [addr.to_string()], "token": token}),
+    });
+    d.buffers.push(ExportedBuffer {
+        base: 0x1000_0000,
+        len: 64 << 20,
+        location: MemoryLocation::HOST,
+        keys: Default::default(),
+    });
+    (d, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_peer_fails_outstanding_requests_within_the_timeout() {
+    let a = transport(&[("TE_TCP_TIMEOUT_MS", "300")]).await;
+    let src = Buf::new(1, 32 << 20, 3);
+    a.register(&[src.info()]).await.unwrap();
+    let (d, task) = fake_target(true).await;
+    let peer = a.connect(&d).await.unwrap();
+    let err = run(&peer, vec![req(0, TransferOp::Write, &src, 0, 0x1000_0000, 32 << 20)])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err.failures[0].1, Error::PeerGone { peer, reason } if peer == "fake" && reason.contains("no progress")),
+        "{err}"
+    );
+    assert!(!peer.is_healthy());
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_closing_mid_batch_fails_every_outstanding_request() {
+    let a = transport(&[("TE_TCP_LANES", "2")]).await;
+    let src = Buf::new(1, 8 << 20, 3);
+    a.register(&[src.info()]).await.unwrap();
+    let (d, task) = fake_target(false).await;
+    let peer = a.connect(&d).await.err();
+    // Two lanes: the fake accepts only one connection, so connecting the second lane fails...
+    assert!(matches!(peer, Some(Error::PeerGone { .. })), "{peer:?}");
+    task.abort();
+    // ...and with one lane the connection closes after the first request.
+    let a = transport(&[]).await;
+    a.register(&[src.info()]).await.unwrap();
+    let (d, task) = fake_target(false).await;
+    let peer = a.connect(&d).await.unwrap();
+    let reqs: Vec<_> = (0..8u64)
+        .map(|i| {
+            req(
+                i as u32,
+                TransferOp::Read,
+                &src,
+                i << 20,
+                0x1000_0000 + (i << 20),
+                1 << 20,
+            )
+        })
+        .collect();
+    let err = run(&peer, reqs).await.unwrap_err();
+    assert_eq!(err.progress.failed, 8);
+    assert!(err.failures.iter().all(|(_, e)| matches!(e, Error::PeerGone { .. })));
+    task.await.unwrap();
+}
