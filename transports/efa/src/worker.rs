@@ -31,7 +31,10 @@ const SPIN_POLLS: u32 = 256;
 /// How long an idle owner blocks before rechecking its stop flag.
 const IDLE_WAIT_MS: i32 = 100;
 /// Polling providers: keep yielding (not napping) this long after the last activity.
-const POLL_QUIET: Duration = Duration::from_millis(20);
+const POLL_QUIET: Duration = Duration::from_millis(50);
+/// Polling providers: a progress call that took this long did work for a peer (copied data into
+/// or out of our memory), which counts as activity although no completion of ours shows it.
+const SERVED_HINT: Duration = Duration::from_micros(20);
 /// Polling providers: the nap between progress calls once quiet.
 const POLL_NAP: Duration = Duration::from_micros(50);
 
@@ -277,9 +280,11 @@ impl Owner {
                 return;
             }
             let posted = self.post();
+            let timed = (self.shared.idle == IdleMode::Poll && self.active.is_empty()).then(Instant::now);
             let completed = self.poll();
+            let served = timed.is_some_and(|t| t.elapsed() >= SERVED_HINT);
             self.active.retain(|j| !j.finished());
-            if posted || completed > 0 {
+            if posted || completed > 0 || served {
                 idle_polls = 0;
                 idle_since = None;
                 continue;
