@@ -99,6 +99,8 @@ impl Store {
         let c = &self.inner.counters;
         c.puts_ok.fetch_add(items.len() as u64 - failed, Ordering::Relaxed);
         c.puts_failed.fetch_add(failed, Ordering::Relaxed);
+        // A put records classify and the submit/wait of its batches (and SSD appends as wait).
+        timer.count_call(items.iter().map(|i| i.ranges.len()).sum());
         Ok(errors.into_iter().map(|e| e.map_or(Ok(()), Err)).collect())
     }
 
