@@ -23,7 +23,7 @@ use te_base::{BatchState, Error, Peer, Phase, ResolvedRequest, Result, SegmentDe
 use crate::copy::{copy_with_threshold, store_fence};
 use crate::domain::Domain;
 use crate::parts::{run_range, split};
-use crate::plan::{coalesce, sources_meet_destinations, CopyOp, Fragment, Spans};
+use crate::plan::{coalesce, sources_meet_destinations, CopyOp, Fragment, PlanScratch, Spans};
 use crate::table::RegionTable;
 use crate::transport::Shared;
 
@@ -41,12 +41,12 @@ struct Scratch {
     frags: Vec<Fragment>,
     ops: Vec<CopyOp>,
     cuts: Vec<crate::parts::Cursor>,
-    pairs: Vec<(u64, u64)>,
+    plan: PlanScratch,
 }
 
 impl Scratch {
     fn trim(&mut self) {
-        if self.frags.capacity() > MAX_KEPT_FRAGMENTS {
+        if self.frags.capacity() > MAX_KEPT_FRAGMENTS || self.plan.capacity() > MAX_KEPT_FRAGMENTS {
             *self = Scratch::default();
         }
     }
@@ -82,6 +82,15 @@ impl LocalPeer {
         scratch: &mut Scratch,
     ) {
         let t0 = ctx.timer.start();
+        let config = &self.shared.config;
+        let workers = if ctx.background { 1 } else { config.copy_threads };
+        if workers > 1 {
+            // Wake helpers now, so they are up by the time the plan is ready.
+            let bytes = requests.iter().fold(0u64, |sum, r| sum.saturating_add(r.len));
+            if bytes >= config.fanout_min_bytes {
+                self.shared.pool.wake(workers - 1);
+            }
+        }
         let local = &self.shared.domain;
         // One read lock per table for the whole batch, held until the copies are done so no region
         // is deregistered under them. Same-process domains are locked in id order, so two batches
@@ -97,12 +106,7 @@ impl LocalPeer {
         };
         let (local_table, remote_table) = if local_first { (a, b) } else { (b, a) };
 
-        let Scratch {
-            frags,
-            ops,
-            cuts,
-            pairs,
-        } = scratch;
+        let Scratch { frags, ops, cuts, plan } = scratch;
         frags.clear();
         frags.reserve(requests.len());
         let mut failures: Vec<(usize, Error)> = Vec::new();
@@ -123,14 +127,13 @@ impl LocalPeer {
             }
         }
 
-        let planned = coalesce(frags, ops);
+        let planned = coalesce(frags, plan, ops);
         let in_order = match planned {
             Err(_) => true,
-            Ok(_) => spans.may_overlap() && sources_meet_destinations(frags, pairs),
+            Ok(_) => spans.may_overlap() && sources_meet_destinations(ops, plan),
         };
         let t1 = ctx.timer.lap(Phase::Plan, t0);
 
-        let config = &self.shared.config;
         if in_order {
             frags.sort_unstable_by_key(|f| f.index);
             for f in frags.iter() {
@@ -142,7 +145,6 @@ impl LocalPeer {
                 }
             }
         } else if let Ok(plan) = planned {
-            let workers = if ctx.background { 1 } else { config.copy_threads };
             let total = plan.total_bytes;
             let parts = if workers <= 1 || total < config.fanout_min_bytes {
                 1

@@ -7,15 +7,21 @@
 //! caller's stack: it is reachable by helpers only through the queue, and the caller removes it
 //! from the queue and waits until every helper that joined has left before returning.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle, Thread};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use te_base::{Error, Result};
 
 /// Stack size of a helper: it only runs copy loops.
 const HELPER_STACK_BYTES: usize = 256 << 10;
+/// How long a helper that was just woken, or just finished a job, watches for the next job before
+/// parking again. Waking a parked thread takes microseconds to tens of microseconds; a caller gives
+/// [`CopyPool::wake`] a heads-up before planning, so the helper is awake by the time the plan is
+/// ready, and back-to-back batches find it awake.
+const SPIN: Duration = Duration::from_micros(100);
 
 /// One call's work: `parts` pieces, run as `call(data, k)` for each `k`.
 struct Job {
@@ -67,6 +73,8 @@ struct Queue {
 struct Shared {
     queue: Mutex<Queue>,
     work: Condvar,
+    /// Jobs posted so far; spinning helpers watch it without taking the lock.
+    posted: AtomicU64,
 }
 
 /// Helper threads that share the copies of large batches with the submitting thread.
@@ -92,6 +100,7 @@ impl CopyPool {
                 shutdown: false,
             }),
             work: Condvar::new(),
+            posted: AtomicU64::new(0),
         });
         let mut pool = CopyPool {
             shared,
@@ -114,6 +123,14 @@ impl CopyPool {
         self.helpers.len()
     }
 
+    /// Tells up to `n` parked helpers that a job is coming, so they are awake when it is posted.
+    /// Cheap when they are awake already.
+    pub fn wake(&self, n: usize) {
+        for _ in 0..n.min(self.helpers.len()) {
+            self.shared.work.notify_one();
+        }
+    }
+
     /// Runs `work(k)` for every `k` in `0..parts`, on this thread and on helpers that are free,
     /// and returns when all parts are done. Parts run in any order, concurrently.
     pub fn run<F: Fn(usize) + Sync>(&self, parts: usize, work: &F) {
@@ -130,6 +147,7 @@ impl CopyPool {
             waiter: thread::current(),
         };
         self.shared.queue.lock().jobs.push(JobPtr(&job));
+        self.shared.posted.fetch_add(1, Ordering::Release);
         // The retire guard runs on every exit, unwinding included, so helpers never see a dead job.
         let _retire = Retire {
             shared: &self.shared,
@@ -182,6 +200,7 @@ impl Drop for Leave<'_> {
 
 fn helper_loop(shared: &Shared) {
     let mut queue: MutexGuard<'_, Queue> = shared.queue.lock();
+    let mut watch = false;
     loop {
         if queue.shutdown {
             return;
@@ -190,9 +209,17 @@ fn helper_loop(shared: &Shared) {
         // letting it go.
         let found = queue.jobs.iter().copied().find(|j| unsafe { (*j.0).has_work() });
         let Some(ptr) = found else {
-            shared.work.wait(&mut queue);
+            if watch {
+                watch = false;
+                let seen = shared.posted.load(Ordering::Acquire);
+                MutexGuard::unlocked(&mut queue, || watch_for_job(&shared.posted, seen));
+            } else {
+                shared.work.wait(&mut queue);
+                watch = true;
+            }
             continue;
         };
+        watch = true;
         // SAFETY: as above; joining under the lock means the owner, which retires the job under
         // the same lock, will wait for us.
         let job = unsafe { &*ptr.0 };
@@ -203,6 +230,22 @@ fn helper_loop(shared: &Shared) {
                 job.run(k);
             }
         });
+    }
+}
+
+/// Spins until a job is posted after `seen`, for at most [`SPIN`].
+fn watch_for_job(posted: &AtomicU64, seen: u64) {
+    let start = Instant::now();
+    loop {
+        for _ in 0..64 {
+            if posted.load(Ordering::Acquire) != seen {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        if start.elapsed() >= SPIN {
+            return;
+        }
     }
 }
 
