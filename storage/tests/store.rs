@@ -395,3 +395,31 @@ async fn concurrent_readers_and_writers_on_overlapping_keys() {
     let s = store.stats();
     assert!(s.puts_ok > 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn phase_timings_only_when_switched_on() {
+    let off = dram_only(1 << 20).ranged_call_debug(false).open().await.unwrap();
+    assert!(off.phase_report().is_none());
+    let on = dram_only(1 << 20).ranged_call_debug(true).open().await.unwrap();
+    let mut buf = Buf::new(&on, 1 << 16).await;
+    put_layers(&on, &mut buf, "x", 0, 4, 1000, 0).unwrap();
+    on.reset_phase_report();
+    get_layers(&on, &mut buf, "x", 0, 1, 2, 1000).unwrap();
+    let r = on.phase_report().unwrap();
+    assert_eq!((r.calls, r.items), (1, 2));
+    assert!(r.nanos[te_base::Phase::Submit as usize] > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_larger_than_a_staging_slot_are_a_per_key_error() {
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let store = with_ssd(0, dir.path()).staging_bytes(64 << 10).open().await.unwrap();
+    let mut buf = Buf::new(&store, 256 << 10).await;
+    assert!(matches!(
+        put_layers(&store, &mut buf, "big", 0, 2, 100 << 10, 0),
+        Err(StoreError::TooLarge { .. })
+    ));
+    put_layers(&store, &mut buf, "small", 0, 2, 1000, 0).unwrap();
+    assert!(!store.exists("big"));
+    assert_eq!(store.stats().puts_failed, 1);
+}
