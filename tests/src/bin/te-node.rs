@@ -7,6 +7,7 @@
 //! commands:
 //!   push PEER SLOT SEED   write pattern SEED into PEER's buffer slot SLOT, then read it back and compare
 //!   pull PEER SLOT SEED   read PEER's slot SLOT and compare with pattern SEED
+//!   sweep PEER SEED       every size 1 B..slot at unaligned offsets, then 10,000 fragments
 //!   check SLOT SEED       compare this node's own slot SLOT with pattern SEED
 //!   open PEER             open PEER's segment now (flood then needs no metadata lookup)
 //!   flood PEER ROUNDS     submit ROUNDS x the whole buffer as writes to PEER, answer at once
@@ -92,6 +93,66 @@ fn mismatches(r: &Registration, off: u64, len: u64, seed: u64) -> Result<u64, St
 }
 
 impl Node {
+    /// Writes then reads back every size from 1 byte to the whole slot at unaligned offsets of
+    /// the peer's slot 0, one batch per size, then a batch of 10,000 small fragments; compares
+    /// every byte.
+    async fn sweep(&mut self, peer: &str, seed: u64) -> Result<String, String> {
+        let (seg, remote) = self.remote_slot(peer, 0).await?;
+        let slot = self.slot;
+        let mut sizes: Vec<u64> = vec![1, 2, 7, 63, 4095, 4096, 4097, 65_537, (1 << 20) + 3];
+        sizes.retain(|&n| n + 13 <= slot);
+        sizes.push(slot);
+        for (k, &n) in sizes.iter().enumerate() {
+            let off = if n == slot { 0 } else { 1 + (k as u64 * 5) % 12 };
+            let s = seed ^ n;
+            fill(&self.scratch, 0, slot, s)?;
+            let w = TransferRequest::write(self.scratch.addr(), seg, remote + off, n);
+            self.engine
+                .transfer(&[w])
+                .await
+                .map_err(|e| format!("write {n} B: {e}"))?;
+            fill(&self.back, 0, slot, !s)?;
+            let r = TransferRequest::read(self.back.addr(), seg, remote + off, n);
+            self.engine
+                .transfer(&[r])
+                .await
+                .map_err(|e| format!("read {n} B: {e}"))?;
+            match mismatches(&self.back, 0, n, s)? {
+                0 => {}
+                bad => return Err(format!("{n} B at offset {off}: {bad} bytes differ")),
+            }
+        }
+        // 10,000 fragments of 64 bytes, written scattered, read back gathered.
+        let frag = 64u64;
+        let count = (slot / frag).min(10_000);
+        fill(&self.scratch, 0, slot, seed)?;
+        let writes: Vec<TransferRequest> = (0..count)
+            .map(|i| {
+                TransferRequest::write(
+                    self.scratch.addr() + i * frag,
+                    seg,
+                    remote + (count - 1 - i) * frag,
+                    frag,
+                )
+            })
+            .collect();
+        self.engine
+            .transfer(&writes)
+            .await
+            .map_err(|e| format!("fragment writes: {e}"))?;
+        let reads: Vec<TransferRequest> = (0..count)
+            .map(|i| TransferRequest::read(self.back.addr() + (count - 1 - i) * frag, seg, remote + i * frag, frag))
+            .collect();
+        self.engine
+            .transfer(&reads)
+            .await
+            .map_err(|e| format!("fragment reads: {e}"))?;
+        match mismatches(&self.back, 0, count * frag, seed)? {
+            0 => Ok(format!("OK {} sizes, {count} fragments", sizes.len())),
+            bad => Err(format!("fragments: {bad} bytes differ")),
+        }
+    }
+
     async fn remote_slot(&self, peer: &str, slot: u64) -> Result<(te_core::SegmentId, u64), String> {
         let seg = self.engine.open_segment(peer).await.map_err(|e| e.to_string())?;
         // The slots live in the peer's largest exported buffer (its scratch buffers are smaller).
@@ -142,6 +203,7 @@ impl Node {
                     n => Err(format!("pulled slot differs in {n} bytes")),
                 }
             }
+            Some("sweep") => self.sweep(w.get(1).ok_or("missing peer")?, num(2)?).await,
             Some("check") => match mismatches(&self.buf, num(1)? * self.slot, self.slot, num(2)?)? {
                 0 => Ok("OK".into()),
                 n => Err(format!("own slot differs in {n} bytes")),
@@ -178,7 +240,9 @@ impl Node {
 }
 
 async fn start(o: &Opts) -> Result<(Node, String), String> {
+    // The process's TE_* variables (TE_TCP_LANES...), over short timeouts suited to tests.
     let mut env = MapEnv::new([("TE_TCP_TIMEOUT_MS", "3000"), ("TE_ETCD_LEASE_TTL_S", "3")]);
+    env.0.extend(std::env::vars().filter(|(k, _)| k.starts_with("TE_")));
     env.0.insert("TE_TCP_LISTEN".into(), format!("{}:0", o.ip));
     let p2p = Arc::new(
         P2pStore::bind(
