@@ -83,9 +83,6 @@ pub fn run(args: Args) -> Result<(), String> {
                 .build(),
         )
         .map_err(|e| e.to_string())?;
-    let me = rt
-        .block_on(engine.open_segment(engine.segment_name()))
-        .map_err(|e| e.to_string())?;
     let bar = if args.json {
         ProgressBar::hidden()
     } else {

@@ -54,6 +54,7 @@ pub struct PluginStatus {
 }
 
 /// Device plugins compiled in (cargo features `cuda`, `hip`) and whether each loads here.
+#[allow(clippy::vec_init_then_push)] // each push is behind its own cargo feature
 pub fn device_plugins() -> Vec<PluginStatus> {
     #[allow(unused_mut)]
     let mut out = Vec::new();
