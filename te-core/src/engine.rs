@@ -30,6 +30,7 @@ pub struct TransportStatus {
 
 /// One route to an open segment: a transport and its connection.
 struct Route {
+    transport: usize,
     caps: Capabilities,
     peer: Arc<dyn Peer>,
 }
@@ -75,6 +76,15 @@ impl SegmentHandle {
     pub fn buffers(&self) -> &[ExportedBuffer] {
         &self.descriptor.buffers
     }
+}
+
+/// Per-call options of [`TransferEngine::submit_with`].
+#[derive(Debug, Clone, Default)]
+pub struct SubmitOptions {
+    /// Work nobody waits on: the local copy stays inline.
+    pub background: bool,
+    /// Record this call's phases into the caller's timer instead of the engine's.
+    pub timer: Option<PhaseTimer>,
 }
 
 /// One raw region for [`TransferEngine::register_raw_batch`].
@@ -288,13 +298,26 @@ impl TransferEngine {
     /// segment's exported buffers, unknown segment, no transport for the memory kinds) nothing
     /// starts and the error names it. Otherwise the returned [`Batch`] reports each request.
     pub fn submit(&self, requests: &[TransferRequest]) -> Result<Batch> {
-        self.inner.submit(requests, false)
+        self.inner.submit(requests, &SubmitOptions::default())
     }
 
     /// Like [`TransferEngine::submit`], for work nobody waits on: the local copy stays inline
     /// instead of borrowing helper threads.
     pub fn submit_background(&self, requests: &[TransferRequest]) -> Result<Batch> {
-        self.inner.submit(requests, true)
+        self.inner.submit(
+            requests,
+            &SubmitOptions {
+                background: true,
+                timer: None,
+            },
+        )
+    }
+
+    /// Like [`TransferEngine::submit`], with per-call options: a caller's own phase timer (so a
+    /// consumer such as a store can attribute the engine's resolve/plan/submit to its own call),
+    /// and the background flag.
+    pub fn submit_with(&self, requests: &[TransferRequest], opts: &SubmitOptions) -> Result<Batch> {
+        self.inner.submit(requests, opts)
     }
 
     /// Submits and waits.
@@ -370,7 +393,34 @@ impl EngineInner {
         if self.closed.load(Ordering::Acquire) {
             return Ok(());
         }
-        self.metadata.publish(&self.descriptor()).await
+        let desc = self.descriptor();
+        self.metadata.publish(&desc).await?;
+        self.refresh_own_segment(desc).await
+    }
+
+    /// If this engine opened its own segment, keep that open segment current: reconnect its
+    /// routes with the new descriptor, so memory registered after the open is reachable without
+    /// reopening (a store that registers as it grows relies on this).
+    async fn refresh_own_segment(&self, desc: SegmentDescriptor) -> Result<()> {
+        let Some(id) = self.segment_ids.lock().get(&self.name).copied() else {
+            return Ok(());
+        };
+        let current = self.segments.read()[id as usize].clone();
+        let desc = Arc::new(desc);
+        let mut routes = Vec::with_capacity(current.routes.len());
+        for r in &current.routes {
+            let peer = self.transports[r.transport].connect(&desc).await?;
+            routes.push(Route {
+                transport: r.transport,
+                caps: r.caps,
+                peer,
+            });
+        }
+        self.segments.write()[id as usize] = Arc::new(OpenSegment {
+            descriptor: desc,
+            routes,
+        });
+        Ok(())
     }
 
     async fn register(
@@ -573,7 +623,7 @@ impl EngineInner {
         }
         let mut routes: Vec<Route> = Vec::new();
         let mut failures: Vec<String> = Vec::new();
-        for t in self.transports.iter() {
+        for (ti, t) in self.transports.iter().enumerate() {
             if !t.can_reach(&desc) {
                 continue;
             }
@@ -583,7 +633,11 @@ impl EngineInner {
                 continue;
             }
             match t.connect(&desc).await {
-                Ok(peer) => routes.push(Route { caps, peer }),
+                Ok(peer) => routes.push(Route {
+                    transport: ti,
+                    caps,
+                    peer,
+                }),
                 Err(e) => failures.push(format!("{}: {e}", t.name())),
             }
         }
@@ -623,8 +677,9 @@ impl EngineInner {
         })
     }
 
-    fn submit(self: &Arc<Self>, requests: &[TransferRequest], background: bool) -> Result<Batch> {
-        let timer = &self.timer;
+    fn submit(self: &Arc<Self>, requests: &[TransferRequest], opts: &SubmitOptions) -> Result<Batch> {
+        let timer = opts.timer.as_ref().unwrap_or(&self.timer);
+        let background = opts.background;
         let t0 = timer.start();
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed(format!("engine '{}'", self.name)));

@@ -25,7 +25,7 @@ mod metrics;
 mod registry;
 
 pub use builder::TransferEngineBuilder;
-pub use engine::{RawRegion, SegmentHandle, TransferEngine, TransferError, TransportStatus};
+pub use engine::{RawRegion, SegmentHandle, SubmitOptions, TransferEngine, TransferError, TransportStatus};
 pub use handle::{RegisterOptions, Registration};
 pub use install::{device_plugins, PluginStatus, COMPILED_TRANSPORTS};
 pub use metrics::MetricsSnapshot;
@@ -39,6 +39,6 @@ pub use te_base::topology;
 
 pub use te_base::{
     config, Batch, BatchError, BatchProgress, BatchReport, Error, ExportedBuffer, HostBuffer, HostBufferOptions,
-    HugePages, MemoryKind, MemoryLocation, MetadataStore, Phase, PhaseReport, RequestStatus, Result, SegmentDescriptor,
-    SegmentId, TransferOp, TransferRequest,
+    HugePages, MemoryKind, MemoryLocation, MetadataStore, Phase, PhaseReport, PhaseStats, PhaseTimer, RequestStatus,
+    Result, SegmentDescriptor, SegmentId, TransferOp, TransferRequest,
 };

@@ -298,3 +298,46 @@ async fn failed_requests_do_not_disturb_the_others() {
     manual.complete_all_later();
     assert!(!matches!(e.await, Err(TransferError::Refused(_))));
 }
+
+#[tokio::test]
+async fn own_segment_stays_current_as_memory_is_registered() {
+    let a = engine("own-live").await;
+    let me = a.open_segment("own-live").await.unwrap();
+    let src = a.allocate(4096, opts()).await.unwrap();
+    let dst = a.allocate(4096, opts()).await.unwrap();
+    src.write_at(0, b"late registration").unwrap();
+    // No reopen: the engine refreshed its own open segment when dst was registered.
+    a.transfer(&[TransferRequest::write(src.addr(), me.id(), dst.addr(), 17)])
+        .await
+        .unwrap();
+    let mut out = [0u8; 17];
+    dst.read_at(0, &mut out).unwrap();
+    assert_eq!(&out, b"late registration");
+    // And a deregistered buffer stops being a valid target at once.
+    let dst_addr = dst.addr();
+    dst.deregister().await.unwrap();
+    let err = a
+        .submit(&[TransferRequest::write(src.addr(), me.id(), dst_addr, 17)])
+        .unwrap_err();
+    assert!(matches!(err, Error::OutOfBounds { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_callers_phase_timer_receives_the_call() {
+    let a = engine("timer-caller").await;
+    let src = a.allocate(8192, opts()).await.unwrap();
+    let dst = a.allocate(8192, opts()).await.unwrap();
+    let me = a.open_segment("timer-caller").await.unwrap();
+    let stats = Arc::new(te_core::PhaseStats::default());
+    let o = te_core::SubmitOptions {
+        background: false,
+        timer: Some(te_core::PhaseTimer::on(stats.clone())),
+    };
+    a.submit_with(&[TransferRequest::write(src.addr(), me.id(), dst.addr(), 64)], &o)
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    assert_eq!(stats.report().calls, 1);
+    assert!(a.phase_report().is_none(), "the engine's own timer stays off");
+}
