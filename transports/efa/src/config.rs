@@ -57,9 +57,13 @@ impl FabricConfig {
                 Some(list)
             }
         };
-        let max_rails: usize = parse_var(env, VAR_MAX_RAILS)?.unwrap_or(64);
-        if max_rails == 0 {
-            return Err(Error::config(VAR_MAX_RAILS, "0", "must be at least 1"));
+        let max_rails: usize = parse_var(env, VAR_MAX_RAILS)?.unwrap_or(crate::registry::MAX_RAILS);
+        if max_rails == 0 || max_rails > crate::registry::MAX_RAILS {
+            return Err(Error::config(
+                VAR_MAX_RAILS,
+                max_rails.to_string(),
+                format!("must be 1..={}", crate::registry::MAX_RAILS),
+            ));
         }
         let timeout_ms: u64 = parse_var(env, VAR_TIMEOUT_MS)?.unwrap_or(3000);
         if timeout_ms == 0 {
@@ -111,6 +115,7 @@ mod tests {
             (VAR_DOMAINS, "lo,,eth0"),
             (VAR_DOMAINS, "lo, eth0"),
             (VAR_MAX_RAILS, "0"),
+            (VAR_MAX_RAILS, "65"),
             (VAR_MAX_RAILS, "two"),
             (VAR_TIMEOUT_MS, "-5"),
             (VAR_MAX_FRAGMENT, "0"),

@@ -98,6 +98,21 @@ pub(crate) fn providers_found() -> Vec<String> {
     set.into_iter().collect()
 }
 
+/// The distinct domain names of `provider` (first provider fi_getinfo returns for that name).
+pub(crate) fn domains_of(provider: &str) -> Vec<String> {
+    let Ok(Some(list)) = InfoList::query(Some(provider)) else {
+        return vec![];
+    };
+    let first = list.iter().next().map(|i| i.provider()).unwrap_or_default();
+    let mut out: Vec<String> = Vec::new();
+    for d in list.iter().filter(|i| i.provider() == first).map(|i| i.domain()) {
+        if !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    out
+}
+
 /// One entry of an [`InfoList`].
 #[derive(Clone, Copy)]
 pub(crate) struct Info<'a> {
@@ -412,8 +427,24 @@ unsafe impl Send for MemoryRegion {}
 // SAFETY: as above; shared access only reads key and desc.
 unsafe impl Sync for MemoryRegion {}
 
+impl MemoryRegion {
+    /// Closes the registration, reporting libfabric's error.
+    pub(crate) fn close(mut self) -> Result<()> {
+        let mr = std::mem::replace(&mut self.mr, std::ptr::null_mut());
+        // SAFETY: mr came from fi_mr_regattr and is closed exactly once (Drop sees null now).
+        let rc = unsafe { ffi::te_fi_mr_close(mr) };
+        if rc != 0 {
+            return Err(self._rail.error("fi_close(mr)", rc as i64));
+        }
+        Ok(())
+    }
+}
+
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
+        if self.mr.is_null() {
+            return;
+        }
         // SAFETY: mr came from fi_mr_regattr and is closed exactly once, before its rail (we hold it).
         let rc = unsafe { ffi::te_fi_mr_close(self.mr) };
         if rc != 0 {

@@ -56,3 +56,9 @@ pub async fn install(ctx: &InstallContext) -> Result<Arc<dyn Transport>> {
 pub fn available_providers() -> Vec<String> {
     fabric::providers_found()
 }
+
+/// The domains (NICs) `provider` offers RDM endpoints with RMA on, in provider order: the names
+/// `TE_FABRIC_DOMAINS` accepts. Empty when the provider is not present.
+pub fn provider_domains(provider: &str) -> Vec<String> {
+    fabric::domains_of(provider)
+}

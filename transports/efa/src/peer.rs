@@ -84,9 +84,11 @@ impl Drop for PeerLink {
 struct RemoteBuffers {
     virt_addr: bool,
     rails: usize,
-    /// `keys[buffer * rails + rail]`; `has_keys[buffer]` false when the buffer has no efa keys.
+    /// `keys[buffer * rails + remote rail]` (0 where the buffer is not on that rail).
     keys: Vec<u64>,
-    has_keys: Vec<bool>,
+    /// Per buffer: our rails that can reach it (bit r: the peer rail paired with our rail r holds
+    /// the buffer). 0 when the buffer carries no efa keys.
+    reach: Vec<u64>,
 }
 
 /// A connected peer.
@@ -140,12 +142,16 @@ impl FabricPeer {
         }
         let n = ep.addrs.len();
         let mut keys = vec![0u64; descriptor.buffers.len() * n];
-        let mut has_keys = vec![false; descriptor.buffers.len()];
+        let mut reach = vec![0u64; descriptor.buffers.len()];
         for (b, buf) in descriptor.buffers.iter().enumerate() {
             if let Some(v) = buf.keys.get(TRANSPORT) {
                 let k = BufferKeys::parse(name, b, v, n)?;
-                keys[b * n..(b + 1) * n].copy_from_slice(&k);
-                has_keys[b] = true;
+                for (j, key) in k.iter().enumerate() {
+                    keys[b * n + j] = key.unwrap_or(0);
+                }
+                reach[b] = (0..rails.len())
+                    .filter(|r| k[r % n].is_some())
+                    .fold(0u64, |m, r| m | (1 << r));
             }
         }
         let link = Arc::new(PeerLink {
@@ -162,7 +168,7 @@ impl FabricPeer {
                 virt_addr: ep.virt_addr,
                 rails: n,
                 keys,
-                has_keys,
+                reach,
             },
             inner,
             next_rail: AtomicUsize::new(0),
@@ -186,7 +192,7 @@ impl FabricPeer {
                 len: r.len,
             });
         }
-        if !self.remote.has_keys[b] {
+        if self.remote.reach[b] == 0 {
             return Err(Error::Refused {
                 peer: self.descriptor.name.clone(),
                 reason: format!("buffer {b} at {:#x} carries no efa keys", buf.base),
@@ -200,8 +206,22 @@ impl FabricPeer {
     }
 }
 
-/// Calls `f(rail, offset, len)` for each fragment of a request of `len` bytes.
-fn for_each_fragment(len: u64, rails: usize, first_rail: usize, stripe: u64, max_frag: u64, mut f: impl FnMut(usize, u64, u64)) {
+/// The `k`-th set bit of `mask` (which has more than `k` set bits).
+fn nth_rail(mask: u64, k: usize) -> usize {
+    if mask.count_ones() as usize == 64 - mask.leading_zeros() as usize {
+        return k; // rails 0..n all usable: the common case
+    }
+    let mut m = mask;
+    for _ in 0..k {
+        m &= m - 1;
+    }
+    m.trailing_zeros() as usize
+}
+
+/// Calls `f(rail, offset, len)` for each fragment of a request of `len` bytes over the rails in
+/// `mask` (non-zero).
+fn for_each_fragment(len: u64, mask: u64, first_rail: usize, stripe: u64, max_frag: u64, mut f: impl FnMut(usize, u64, u64)) {
+    let rails = mask.count_ones() as usize;
     let (parts, part_len) = if rails > 1 && len >= stripe {
         let per = len.div_ceil(rails as u64).next_multiple_of(STRIPE_ALIGN).max(STRIPE_ALIGN);
         (len.div_ceil(per) as usize, per)
@@ -209,7 +229,7 @@ fn for_each_fragment(len: u64, rails: usize, first_rail: usize, stripe: u64, max
         (1, len)
     };
     for p in 0..parts {
-        let rail = (first_rail + p) % rails;
+        let rail = nth_rail(mask, (first_rail + p) % rails);
         let start = p as u64 * part_len;
         let end = (start + part_len).min(len);
         let mut off = start;
@@ -243,7 +263,7 @@ impl Peer for FabricPeer {
         let fragments_left: Box<[AtomicU32]> = (0..batch.len()).map(|_| AtomicU32::new(0)).collect();
         let mut regions: Vec<Arc<LocalRegion>> = Vec::new();
         let mut rejected = 0usize;
-        let resolved: Vec<Option<(u64, usize)>> = self.inner.regions.with(|table| {
+        let resolved: Vec<Option<(u64, usize, u64)>> = self.inner.regions.with(|table| {
             requests
                 .iter()
                 .enumerate()
@@ -265,20 +285,35 @@ impl Peer for FabricPeer {
                             return None;
                         }
                     };
+                    let mask = local.usable & self.remote.reach[r.remote_buffer as usize];
+                    if mask == 0 {
+                        batch.fail(
+                            idx,
+                            Error::Refused {
+                                peer: self.descriptor.name.clone(),
+                                reason: format!(
+                                    "no rail holds both local region {:#x} and remote buffer {}",
+                                    local.info.base, r.remote_buffer
+                                ),
+                            },
+                        );
+                        rejected += 1;
+                        return None;
+                    }
                     let same = matches!(regions.last(), Some(l) if Arc::ptr_eq(l, local));
                     if !same {
                         regions.push(local.clone());
                     }
                     let region_index = regions.len() - 1;
                     let mut n = 0u32;
-                    for_each_fragment(r.len, rails, first + i, stripe, max_frag, |rail, _, _| {
+                    for_each_fragment(r.len, mask, first + i, stripe, max_frag, |rail, _, _| {
                         per_rail[rail] += 1;
                         n += 1;
                     });
                     if let Some(c) = fragments_left.get(idx) {
                         c.store(n, Ordering::Relaxed);
                     }
-                    Some((remote, region_index))
+                    Some((remote, region_index, mask))
                 })
                 .collect()
         });
@@ -297,10 +332,10 @@ impl Peer for FabricPeer {
         let mut lists: Vec<Vec<Fragment>> = per_rail.iter().map(|&n| Vec::with_capacity(n)).collect();
         let n_remote = self.remote.rails;
         for (i, (r, res)) in requests.iter().zip(&resolved).enumerate() {
-            let Some((remote, region_index)) = *res else { continue };
+            let Some((remote, region_index, mask)) = *res else { continue };
             let region = &plan.regions[region_index];
             let b = r.remote_buffer as usize;
-            for_each_fragment(r.len, rails, first + i, stripe, max_frag, |rail, off, len| {
+            for_each_fragment(r.len, mask, first + i, stripe, max_frag, |rail, off, len| {
                 lists[rail].push(Fragment {
                     request: r.index,
                     op: r.op,
@@ -332,8 +367,21 @@ mod tests {
 
     fn frags(len: u64, rails: usize, stripe: u64, max: u64) -> Vec<(usize, u64, u64)> {
         let mut v = vec![];
-        for_each_fragment(len, rails, 0, stripe, max, |r, o, l| v.push((r, o, l)));
+        let mask = if rails == 64 { u64::MAX } else { (1u64 << rails) - 1 };
+        for_each_fragment(len, mask, 0, stripe, max, |r, o, l| v.push((r, o, l)));
         v
+    }
+
+    #[test]
+    fn partial_rail_sets_use_only_their_rails() {
+        let mut used = std::collections::BTreeSet::new();
+        for_each_fragment(16 << 20, 0b1010_0100, 0, 1 << 20, 1 << 20, |r, _, _| {
+            used.insert(r);
+        });
+        assert_eq!(used.into_iter().collect::<Vec<_>>(), vec![2, 5, 7]);
+        assert_eq!(nth_rail(0b111, 2), 2);
+        assert_eq!(nth_rail(0b1000_0001, 1), 7);
+        assert_eq!(nth_rail(u64::MAX, 63), 63);
     }
 
     #[test]

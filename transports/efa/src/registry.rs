@@ -1,30 +1,38 @@
 //! Local memory regions and their registrations on each rail.
 //!
+//! Registration goes through the process-wide [`RegistrationPool`] (bounded workers, size-ordered
+//! dispatch, all-or-nothing batches) with this transport as its [`RegistrationProvider`]: one
+//! `fi_mr_regattr` per (region, rail). Which rails a region lands on comes from the topology's
+//! [`NicPlacement`] (rail-local NICs for a GPU or NUMA node), mapped from topology NICs to our
+//! provider domains by name; without RDMA NICs in sysfs (software providers) every rail is used.
+//!
 //! Serving-side safety: only regions the engine exports get remote access (FI_REMOTE_READ |
 //! FI_REMOTE_WRITE) and a key in the descriptor. Local-only regions are registered with local access
 //! only, and only when the provider needs local descriptors (FI_MR_LOCAL); otherwise they are not
 //! registered with the provider at all, so no key exists that could reach them.
-//!
-//! Integration points (other helpers' modules, not committed when this was written):
-//! - `te_base::registration` (the bounded, ordered registration pool): [`RegionTable::register`]
-//!   registers serially on the calling thread; switch the per-(region, rail) loop to the pool.
-//! - `te_base::topology` (rail-local placement): [`rails_for`] registers on every rail; it should
-//!   return the rails local to the memory's device/NUMA node.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use te_base::{Error, MemoryLocation, RegionId, RegionInfo, RegistrationFailure, Result};
+use te_base::registration::{register_regions, RegistrationPool, RegistrationProvider};
+use te_base::topology::NicPlacement;
+use te_base::{Error, RegionId, RegionInfo, RegistrationFailure, Result};
 
 use crate::fabric::{MemoryRegion, Rail, TRANSPORT};
 use crate::wire::BufferKeys;
+
+/// Most rails one transport drives (rail sets are 64-bit masks).
+pub(crate) const MAX_RAILS: usize = 64;
 
 /// A registered local region: one optional registration per rail.
 pub(crate) struct LocalRegion {
     pub info: RegionInfo,
     /// Indexed by rail; `None` where the region is not registered on that rail.
     pub mrs: Vec<Option<MemoryRegion>>,
+    /// Rails this region can be used on as the local side (registered there, or the rail needs no
+    /// local descriptor).
+    pub usable: u64,
 }
 
 impl LocalRegion {
@@ -37,50 +45,164 @@ impl LocalRegion {
     }
 }
 
-/// The rails a region is registered on. Every rail until the topology module's rail-local
-/// placement is available (see the module docs).
-pub(crate) fn rails_for(_location: &MemoryLocation, rails: usize) -> std::ops::Range<usize> {
-    0..rails
+/// Maps the topology's NICs to our rails.
+pub(crate) struct RailPlacement {
+    placement: NicPlacement,
+    /// `rail_of_nic[i]`: our rail for topology NIC `i`, when we opened one on it.
+    rail_of_nic: Vec<Option<usize>>,
+}
+
+impl RailPlacement {
+    /// Builds the mapping: an EFA domain is named after its device (`rdmap79s0-rdm` for NIC
+    /// `rdmap79s0`). `None` when no topology NIC matches any rail (software providers).
+    pub(crate) fn new(placement: NicPlacement, rails: &[Arc<Rail>]) -> Option<RailPlacement> {
+        let rail_of_nic: Vec<Option<usize>> = placement
+            .topology()
+            .nics
+            .iter()
+            .map(|nic| {
+                rails.iter().position(|r| {
+                    let d = &r.attrs.domain;
+                    d == &nic.name || d.strip_prefix(nic.name.as_str()).is_some_and(|rest| rest.starts_with('-'))
+                })
+            })
+            .collect();
+        rail_of_nic
+            .iter()
+            .any(Option::is_some)
+            .then_some(RailPlacement { placement, rail_of_nic })
+    }
+}
+
+/// This transport as the registration pool's provider.
+pub(crate) struct Registrar {
+    rails: Vec<Arc<Rail>>,
+    placement: Option<RailPlacement>,
+}
+
+impl Registrar {
+    pub(crate) fn new(rails: Vec<Arc<Rail>>, placement: Option<RailPlacement>) -> Self {
+        Registrar { rails, placement }
+    }
+
+    /// The rails the topology places `region` on (every rail when it cannot say).
+    fn placed(&self, region: &RegionInfo) -> Vec<usize> {
+        let all = || (0..self.rails.len()).collect();
+        let Some(p) = &self.placement else { return all() };
+        match p.placement.rails_for(region.location, Some(region.base)) {
+            Ok(sel) => {
+                let mut ours: Vec<usize> = sel
+                    .rails
+                    .iter()
+                    .filter_map(|&nic| p.rail_of_nic.get(nic).copied().flatten())
+                    .collect();
+                ours.sort_unstable();
+                ours.dedup();
+                if ours.is_empty() {
+                    all()
+                } else {
+                    ours
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "efa: rail placement failed; registering on every rail");
+                all()
+            }
+        }
+    }
+}
+
+impl RegistrationProvider for Registrar {
+    type Handle = MemoryRegion;
+
+    fn name(&self) -> &str {
+        TRANSPORT
+    }
+
+    fn domain_count(&self) -> usize {
+        self.rails.len()
+    }
+
+    fn domains_for(&self, region: &RegionInfo) -> Vec<usize> {
+        // Local-only regions need a registration only where the provider wants local descriptors.
+        self.placed(region)
+            .into_iter()
+            .filter(|&r| region.exported || self.rails[r].attrs.local_desc())
+            .collect()
+    }
+
+    fn register(&self, domain: usize, region: &RegionInfo) -> Result<MemoryRegion> {
+        self.rails[domain].register(region.base, region.len, region.exported)
+    }
+
+    fn deregister(&self, _domain: usize, _region: &RegionInfo, handle: MemoryRegion) -> Result<()> {
+        handle.close()
+    }
 }
 
 /// The regions this transport registered, by id.
-#[derive(Default)]
 pub(crate) struct RegionTable {
+    registrar: Arc<Registrar>,
     regions: RwLock<HashMap<RegionId, Arc<LocalRegion>>>,
 }
 
 impl RegionTable {
-    /// Registers a batch. On any failure nothing of the batch stays registered and the error
-    /// lists every failed item.
-    pub(crate) fn register(&self, rails: &[Arc<Rail>], batch: &[RegionInfo]) -> Result<Vec<serde_json::Value>> {
-        let mut done: Vec<Arc<LocalRegion>> = Vec::with_capacity(batch.len());
-        let mut failures = Vec::new();
-        for (index, info) in batch.iter().enumerate() {
-            match register_one(rails, info) {
-                Ok(r) => done.push(Arc::new(r)),
-                Err(cause) => failures.push(RegistrationFailure {
+    pub(crate) fn new(registrar: Registrar) -> Self {
+        RegionTable {
+            registrar: Arc::new(registrar),
+            regions: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Registers a batch through the registration pool. On any failure nothing of the batch stays
+    /// registered and the error lists every failed item.
+    pub(crate) fn register(&self, batch: &[RegionInfo]) -> Result<Vec<serde_json::Value>> {
+        let failures: Vec<RegistrationFailure> = batch
+            .iter()
+            .enumerate()
+            .filter_map(|(index, info)| {
+                validate(info).err().map(|cause| RegistrationFailure {
                     index,
                     len: info.len,
                     location: info.location.to_string(),
                     cause: Box::new(cause),
-                }),
-            }
-        }
+                })
+            })
+            .collect();
         if !failures.is_empty() {
             return Err(Error::RegistrationFailed { failures });
         }
-        let mut table = self.regions.write();
-        if let Some(dup) = done.iter().find(|r| table.contains_key(&r.info.id)) {
-            return Err(Error::AlreadyRegistered {
-                addr: dup.info.base,
-                len: dup.info.len,
-                region_base: dup.info.base,
-                region_len: dup.info.len,
-            });
+        {
+            let table = self.regions.read();
+            if let Some(dup) = batch.iter().find(|r| table.contains_key(&r.id)) {
+                return Err(Error::AlreadyRegistered {
+                    addr: dup.base,
+                    len: dup.len,
+                    region_base: dup.base,
+                    region_len: dup.len,
+                });
+            }
         }
-        let keys = done.iter().map(|r| keys_of(r)).collect();
-        for r in done {
-            table.insert(r.info.id, r);
+        let pool = RegistrationPool::global()?;
+        let handles = register_regions(pool, &self.registrar, batch.to_vec())?;
+        let rails = self.registrar.rails.len();
+        let mut keys = Vec::with_capacity(batch.len());
+        let mut table = self.regions.write();
+        for (info, regs) in batch.iter().zip(handles) {
+            let mut mrs: Vec<Option<MemoryRegion>> = (0..rails).map(|_| None).collect();
+            for (rail, mr) in regs {
+                mrs[rail] = Some(mr);
+            }
+            let usable = (0..rails)
+                .filter(|&r| mrs[r].is_some() || !self.registrar.rails[r].attrs.local_desc())
+                .fold(0u64, |m, r| m | (1 << r));
+            let region = LocalRegion {
+                info: info.clone(),
+                mrs,
+                usable,
+            };
+            keys.push(keys_of(&region));
+            table.insert(info.id, Arc::new(region));
         }
         Ok(keys)
     }
@@ -101,9 +223,10 @@ impl RegionTable {
                 }
             }
         }
-        for info in batch {
-            table.remove(&info.id);
-        }
+        let removed: Vec<Arc<LocalRegion>> = batch.iter().filter_map(|i| table.remove(&i.id)).collect();
+        drop(table);
+        // Nothing else holds them (checked above), so this closes every registration.
+        drop(removed);
         Ok(())
     }
 
@@ -118,7 +241,7 @@ impl RegionTable {
     }
 }
 
-fn register_one(rails: &[Arc<Rail>], info: &RegionInfo) -> Result<LocalRegion> {
+fn validate(info: &RegionInfo) -> Result<()> {
     if info.len == 0 {
         return Err(Error::ZeroLength { index: 0 });
     }
@@ -133,29 +256,20 @@ fn register_one(rails: &[Arc<Rail>], info: &RegionInfo) -> Result<LocalRegion> {
     }
     if !info.location.is_host() {
         // FI_HMEM hook: device memory needs the device plugin (pointer classification, PCI bus id)
-        // and a provider granting FI_HMEM; register with the iface/device then.
+        // and a provider granting FI_HMEM; the registration then passes the iface and device
+        // (`te_fi_mr_reg`'s hmem arguments) instead of 0/0.
         return Err(Error::WrongMemoryKind {
             transport: TRANSPORT.into(),
             what: format!("{} (FI_HMEM support waits for the device plugin)", info.location),
         });
     }
-    let mut mrs: Vec<Option<MemoryRegion>> = (0..rails.len()).map(|_| None).collect();
-    for r in rails_for(&info.location, rails.len()) {
-        let rail = &rails[r];
-        let needed = info.exported || rail.attrs.local_desc();
-        if needed {
-            mrs[r] = Some(rail.register(info.base, info.len, info.exported)?);
-        }
-    }
-    Ok(LocalRegion { info: info.clone(), mrs })
+    Ok(())
 }
 
 fn keys_of(r: &LocalRegion) -> serde_json::Value {
     if !r.info.exported {
         return serde_json::Value::Null;
     }
-    // An exported region is registered on every rail it is placed on; rails without it get key 0,
-    // which no provider hands out for our registrations, so a peer using it is refused.
-    let keys: Vec<u64> = r.mrs.iter().map(|m| m.as_ref().map_or(0, |m| m.key)).collect();
+    let keys: Vec<Option<u64>> = r.mrs.iter().map(|m| m.as_ref().map(|m| m.key)).collect();
     BufferKeys::encode(&keys)
 }

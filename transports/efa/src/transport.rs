@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use te_base::topology::{NicPlacement, Topology};
 use te_base::{
     Capabilities, Error, InstallContext, MemoryKinds, Peer, RegionInfo, Result, SegmentDescriptor, Transport,
 };
@@ -13,7 +14,7 @@ use te_base::{
 use crate::config::{FabricConfig, VAR_DOMAINS, VAR_PROVIDER};
 use crate::fabric::{providers_found, Info, InfoList, Rail, TRANSPORT};
 use crate::peer::FabricPeer;
-use crate::registry::RegionTable;
+use crate::registry::{RailPlacement, RegionTable, Registrar};
 use crate::wire::{to_hex, EndpointInfo, RailEndpoint};
 use crate::worker::RailWorker;
 
@@ -33,10 +34,6 @@ pub(crate) struct Inner {
 impl Inner {
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
-    }
-
-    fn rails(&self) -> Vec<Arc<Rail>> {
-        self.workers.iter().map(|w| w.rail().clone()).collect()
     }
 }
 
@@ -129,8 +126,14 @@ fn select_rails<'a>(list: &'a InfoList, config: &FabricConfig) -> Result<(String
 }
 
 impl FabricTransport {
-    /// Opens the rails of the configured provider and starts one owner thread per rail.
+    /// Opens the rails of the configured provider and starts one owner thread per rail; every
+    /// buffer is registered on every rail.
     pub fn open(config: FabricConfig) -> Result<FabricTransport> {
+        Self::open_with(config, None)
+    }
+
+    /// As [`FabricTransport::open`], placing buffers on the rails `placement` selects.
+    pub fn open_with(config: FabricConfig, placement: Option<NicPlacement>) -> Result<FabricTransport> {
         let list = match InfoList::query(Some(&config.provider))? {
             Some(l) => l,
             None => {
@@ -183,6 +186,9 @@ impl FabricTransport {
             );
             workers.push(RailWorker::start(rail, i, config.timeout)?);
         }
+        let rails: Vec<Arc<Rail>> = workers.iter().map(|w| w.rail().clone()).collect();
+        let placement = placement.and_then(|p| RailPlacement::new(p, &rails));
+        let regions = RegionTable::new(Registrar::new(rails, placement));
         let endpoint = serde_json::to_value(EndpointInfo {
             provider: provider.clone(),
             virt_addr: virt_addr.unwrap_or(false),
@@ -194,7 +200,7 @@ impl FabricTransport {
                 config,
                 provider,
                 workers,
-                regions: RegionTable::default(),
+                regions,
                 max_fragment,
                 endpoint,
                 closed: AtomicBool::new(false),
@@ -221,7 +227,16 @@ impl FabricTransport {
 /// Installs the transport from the engine's configuration.
 pub(crate) fn install_from(ctx: &InstallContext) -> Result<FabricTransport> {
     let config = FabricConfig::from_env(ctx.env.as_ref())?;
-    FabricTransport::open(config)
+    // Rail-local placement needs the host's topology; a host whose sysfs cannot be read still
+    // works, registering on every rail. A malformed placement variable is an error.
+    let placement = match Topology::discover() {
+        Ok(topology) => Some(NicPlacement::from_env(topology, ctx.env.as_ref())?),
+        Err(e) => {
+            tracing::warn!(error = %e, "efa: topology discovery failed; registering on every rail");
+            None
+        }
+    };
+    FabricTransport::open_with(config, placement)
 }
 
 #[async_trait]
@@ -251,7 +266,7 @@ impl Transport for FabricTransport {
         if self.inner.is_closed() {
             return Err(Error::Closed("efa transport".into()));
         }
-        self.inner.regions.register(&self.inner.rails(), regions)
+        self.inner.regions.register(regions)
     }
 
     async fn deregister(&self, regions: &[RegionInfo]) -> Result<()> {

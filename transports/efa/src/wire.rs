@@ -5,13 +5,14 @@
 //! {"provider": "tcp;ofi_rxm", "virt_addr": false,
 //!  "rails": [{"domain": "eth0", "addr": "0200a4c1c0000202..."}]}
 //! ```
-//! Per exported buffer: `{"keys": ["0x1f", "0x20"]}`, one key per rail of the owner, in rail order.
+//! Per exported buffer: `{"keys": ["0x1f", null]}`, one key per rail of the owner in rail order,
+//! `null` where the buffer is not registered on that rail (rail-local placement).
 
 use serde::{Deserialize, Serialize};
 use te_base::{Error, Result};
 
 /// Upper bounds that keep a hostile descriptor from exhausting memory.
-const MAX_RAILS: usize = 256;
+const MAX_RAILS: usize = crate::registry::MAX_RAILS;
 const MAX_ADDR_LEN: usize = 1024;
 
 /// One rail of a peer, as advertised.
@@ -37,8 +38,8 @@ pub struct EndpointInfo {
 /// The keys of one exported buffer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BufferKeys {
-    /// One remote key per rail of the owner, hex with 0x.
-    pub keys: Vec<String>,
+    /// One remote key per rail of the owner, hex with 0x; `None` where not registered.
+    pub keys: Vec<Option<String>>,
 }
 
 /// Lower-case hex of `bytes`.
@@ -99,26 +100,32 @@ impl EndpointInfo {
 
 impl BufferKeys {
     /// Encodes keys.
-    pub fn encode(keys: &[u64]) -> serde_json::Value {
+    pub fn encode(keys: &[Option<u64>]) -> serde_json::Value {
         serde_json::to_value(BufferKeys {
-            keys: keys.iter().map(|k| format!("{k:#x}")).collect(),
+            keys: keys.iter().map(|k| k.map(|k| format!("{k:#x}"))).collect(),
         })
         .unwrap_or(serde_json::Value::Null)
     }
 
-    /// Parses one buffer's keys; must hold exactly `rails` keys.
-    pub fn parse(segment: &str, buffer: usize, value: &serde_json::Value, rails: usize) -> Result<Vec<u64>> {
+    /// Parses one buffer's keys; must hold exactly `rails` entries, at least one of them a key.
+    pub fn parse(segment: &str, buffer: usize, value: &serde_json::Value, rails: usize) -> Result<Vec<Option<u64>>> {
         let bad = |m: String| Error::InvalidDescriptor(format!("segment '{segment}': buffer {buffer} efa keys: {m}"));
         let keys: BufferKeys = serde_json::from_value(value.clone()).map_err(|e| bad(e.to_string()))?;
         if keys.keys.len() != rails {
             return Err(bad(format!("{} keys for {rails} rails", keys.keys.len())));
         }
+        if keys.keys.iter().all(Option::is_none) {
+            return Err(bad("no rail holds the buffer".into()));
+        }
         keys.keys
             .iter()
-            .map(|k| {
-                k.strip_prefix("0x")
+            .map(|k| match k {
+                None => Ok(None),
+                Some(k) => k
+                    .strip_prefix("0x")
                     .and_then(|h| u64::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| bad(format!("key {k:?} is not 0x-prefixed hex")))
+                    .map(Some)
+                    .ok_or_else(|| bad(format!("key {k:?} is not 0x-prefixed hex"))),
             })
             .collect()
     }
@@ -151,9 +158,10 @@ mod tests {
             let e = EndpointInfo::parse("s", &bad).unwrap_err();
             assert!(matches!(e, Error::InvalidDescriptor(_)), "{e}");
         }
-        let k = BufferKeys::encode(&[1, u64::MAX]);
-        assert_eq!(BufferKeys::parse("s", 0, &k, 2).unwrap(), vec![1, u64::MAX]);
+        let k = BufferKeys::encode(&[Some(1), None, Some(u64::MAX)]);
+        assert_eq!(BufferKeys::parse("s", 0, &k, 3).unwrap(), vec![Some(1), None, Some(u64::MAX)]);
         assert!(BufferKeys::parse("s", 0, &k, 1).is_err());
+        assert!(BufferKeys::parse("s", 0, &BufferKeys::encode(&[None]), 1).is_err());
         assert!(BufferKeys::parse("s", 0, &serde_json::json!({"keys": ["12"]}), 1).is_err());
         assert!(BufferKeys::parse("s", 0, &serde_json::Value::Null, 1).is_err());
     }

@@ -89,9 +89,16 @@ fn ten_thousand_requests_and_concurrent_batches() {
 #[test]
 fn requests_are_split_and_striped() {
     each_provider(|p| {
-        // 64 KiB operations force every large request to be split; results must be identical.
-        let a = install(p, &[("TE_FABRIC_MAX_FRAGMENT_BYTES", "64K"), ("TE_FABRIC_STRIPE_BYTES", "128K")]);
-        let b = install(p, &[]);
+        // Every domain of the provider becomes a rail (tcp: loopback and each interface), so large
+        // requests are striped across rails; 64 KiB operations force every stripe to be split too.
+        let domains = te_transport_efa::provider_domains(p).join(",");
+        eprintln!("{p}: rails on {domains}");
+        let rails = [("TE_FABRIC_DOMAINS", domains.as_str())];
+        let a = install(
+            p,
+            &[rails[0], ("TE_FABRIC_MAX_FRAGMENT_BYTES", "64K"), ("TE_FABRIC_STRIPE_BYTES", "128K")],
+        );
+        let b = install(p, &rails);
         let len = 8 << 20;
         let src = Side::new(&a, 1, len, false, 41);
         let dst = Side::new(&b, 1, len, true, 42);
@@ -100,6 +107,11 @@ fn requests_are_split_and_striped() {
         assert_eq!(pattern::mismatches(&dst.bytes()[5..len - 5], 41, 5), 0);
         assert_eq!(pattern::mismatches(&dst.bytes()[..5], 42, 0), 0);
         assert_eq!(pattern::mismatches(&dst.bytes()[len - 5..], 42, len as u64 - 5), 0);
+        // And back: a striped, split read into zeroed memory.
+        let back = Side::new(&a, 2, len, false, 0);
+        back.bytes().fill(0);
+        run(&peer, vec![request(0, TransferOp::Read, &back, 0, 0, dst.addr(), len as u64)]).unwrap();
+        assert_eq!(pattern::mismatches(&back.bytes()[5..len - 5], 41, 5), 0);
     });
 }
 
