@@ -188,17 +188,23 @@ unsafe impl Sync for Rail {}
 impl Rail {
     /// Opens the objects of one rail from a getinfo entry.
     pub(crate) fn open(info: Info<'_>) -> Result<Rail> {
-        // SAFETY (all reads below): info.ptr is a live node of the borrowed list.
-        let attrs = unsafe {
-            RailAttrs {
-                provider: info.provider(),
-                fabric: info.fabric(),
-                domain: info.domain(),
-                mr_mode: ffi::te_fi_info_mr_mode(info.ptr),
-                mr_key_size: ffi::te_fi_info_mr_key_size(info.ptr),
-                max_msg_size: ffi::te_fi_info_max_msg_size(info.ptr) as u64,
-                tx_size: ffi::te_fi_info_tx_size(info.ptr),
-            }
+        // SAFETY: info.ptr is a live node of the borrowed list; these accessors only read it.
+        let (mr_mode, mr_key_size, max_msg_size, tx_size) = unsafe {
+            (
+                ffi::te_fi_info_mr_mode(info.ptr),
+                ffi::te_fi_info_mr_key_size(info.ptr),
+                ffi::te_fi_info_max_msg_size(info.ptr) as u64,
+                ffi::te_fi_info_tx_size(info.ptr),
+            )
+        };
+        let attrs = RailAttrs {
+            provider: info.provider(),
+            fabric: info.fabric(),
+            domain: info.domain(),
+            mr_mode,
+            mr_key_size,
+            max_msg_size,
+            tx_size,
         };
         let cq_size = attrs.tx_size.clamp(64, 1 << 16) * 2;
         let mut raw = Box::new(RawRail::empty());
@@ -339,7 +345,18 @@ impl Rail {
         ctx: *mut c_void,
     ) -> isize {
         // SAFETY: forwarded from the caller's contract.
-        unsafe { ffi::te_fi_write(self.raw(), buf as *const c_void, len as usize, desc, dest, raddr, rkey, ctx) }
+        unsafe {
+            ffi::te_fi_write(
+                self.raw(),
+                buf as *const c_void,
+                len as usize,
+                desc,
+                dest,
+                raddr,
+                rkey,
+                ctx,
+            )
+        }
     }
 
     /// Posts one RMA read.
@@ -358,7 +375,18 @@ impl Rail {
         ctx: *mut c_void,
     ) -> isize {
         // SAFETY: forwarded from the caller's contract.
-        unsafe { ffi::te_fi_read(self.raw(), buf as *mut c_void, len as usize, desc, dest, raddr, rkey, ctx) }
+        unsafe {
+            ffi::te_fi_read(
+                self.raw(),
+                buf as *mut c_void,
+                len as usize,
+                desc,
+                dest,
+                raddr,
+                rkey,
+                ctx,
+            )
+        }
     }
 
     /// Reads completions into `out` (non-blocking). Returns the count, 0, `-FI_EAVAIL` or an error.

@@ -220,10 +220,20 @@ fn nth_rail(mask: u64, k: usize) -> usize {
 
 /// Calls `f(rail, offset, len)` for each fragment of a request of `len` bytes over the rails in
 /// `mask` (non-zero).
-fn for_each_fragment(len: u64, mask: u64, first_rail: usize, stripe: u64, max_frag: u64, mut f: impl FnMut(usize, u64, u64)) {
+fn for_each_fragment(
+    len: u64,
+    mask: u64,
+    first_rail: usize,
+    stripe: u64,
+    max_frag: u64,
+    mut f: impl FnMut(usize, u64, u64),
+) {
     let rails = mask.count_ones() as usize;
     let (parts, part_len) = if rails > 1 && len >= stripe {
-        let per = len.div_ceil(rails as u64).next_multiple_of(STRIPE_ALIGN).max(STRIPE_ALIGN);
+        let per = len
+            .div_ceil(rails as u64)
+            .next_multiple_of(STRIPE_ALIGN)
+            .max(STRIPE_ALIGN);
         (len.div_ceil(per) as usize, per)
     } else {
         (1, len)
@@ -272,7 +282,13 @@ impl Peer for FabricPeer {
                     let local = match table.get(&r.local_region) {
                         Some(l) if l.info.contains(r.local_addr, r.len) => l,
                         _ => {
-                            batch.fail(idx, Error::Unregistered { addr: r.local_addr, len: r.len });
+                            batch.fail(
+                                idx,
+                                Error::Unregistered {
+                                    addr: r.local_addr,
+                                    len: r.len,
+                                },
+                            );
                             rejected += 1;
                             return None;
                         }
@@ -332,7 +348,9 @@ impl Peer for FabricPeer {
         let mut lists: Vec<Vec<Fragment>> = per_rail.iter().map(|&n| Vec::with_capacity(n)).collect();
         let n_remote = self.remote.rails;
         for (i, (r, res)) in requests.iter().zip(&resolved).enumerate() {
-            let Some((remote, region_index, mask)) = *res else { continue };
+            let Some((remote, region_index, mask)) = *res else {
+                continue;
+            };
             let region = &plan.regions[region_index];
             let b = r.remote_buffer as usize;
             for_each_fragment(r.len, mask, first + i, stripe, max_frag, |rail, off, len| {
@@ -404,7 +422,8 @@ mod tests {
             assert_eq!(off, len);
         }
         // Striping spreads a large request over every rail.
-        let used: std::collections::BTreeSet<usize> = frags(8 << 20, 4, 1 << 20, u64::MAX).iter().map(|f| f.0).collect();
+        let used: std::collections::BTreeSet<usize> =
+            frags(8 << 20, 4, 1 << 20, u64::MAX).iter().map(|f| f.0).collect();
         assert_eq!(used.len(), 4);
     }
 }

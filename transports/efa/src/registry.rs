@@ -63,7 +63,9 @@ impl RailPlacement {
             .map(|nic| {
                 rails.iter().position(|r| {
                     let d = &r.attrs.domain;
-                    d == &nic.name || d.strip_prefix(nic.name.as_str()).is_some_and(|rest| rest.starts_with('-'))
+                    d == &nic.name
+                        || d.strip_prefix(nic.name.as_str())
+                            .is_some_and(|rest| rest.starts_with('-'))
                 })
             })
             .collect();

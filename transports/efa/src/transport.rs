@@ -101,7 +101,10 @@ fn select_rails<'a>(list: &'a InfoList, config: &FabricConfig) -> Result<(String
                     return Err(Error::config(
                         VAR_DOMAINS,
                         wanted.join(","),
-                        format!("provider '{provider}' has no domain '{w}' (it has: {})", order.join(", ")),
+                        format!(
+                            "provider '{provider}' has no domain '{w}' (it has: {})",
+                            order.join(", ")
+                        ),
                     ));
                 }
             }
@@ -117,11 +120,7 @@ fn select_rails<'a>(list: &'a InfoList, config: &FabricConfig) -> Result<(String
             }
         }
     };
-    let infos = chosen
-        .iter()
-        .take(config.max_rails)
-        .map(|d| by_domain[d])
-        .collect();
+    let infos = chosen.iter().take(config.max_rails).map(|d| by_domain[d]).collect();
     Ok((provider, infos))
 }
 
@@ -146,7 +145,10 @@ impl FabricTransport {
                 let how = if config.provider_defaulted {
                     format!("the default provider 'efa' is not present (set {VAR_PROVIDER} to use another)")
                 } else {
-                    format!("provider '{}' (from {VAR_PROVIDER}) offers no RDM endpoint with RMA", config.provider)
+                    format!(
+                        "provider '{}' (from {VAR_PROVIDER}) offers no RDM endpoint with RMA",
+                        config.provider
+                    )
                 };
                 return Err(Error::not_available(
                     "efa transport",

@@ -53,7 +53,7 @@ pub fn to_hex(bytes: &[u8]) -> String {
 
 /// Bytes of a hex string.
 pub fn from_hex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 || !text.is_ascii() {
+    if !text.len().is_multiple_of(2) || !text.is_ascii() {
         return None;
     }
     (0..text.len())
@@ -87,7 +87,10 @@ impl EndpointInfo {
             .enumerate()
             .map(|(i, r)| match from_hex(&r.addr) {
                 Some(a) if !a.is_empty() && a.len() <= MAX_ADDR_LEN => Ok(a),
-                _ => Err(bad(format!("rail {i} address {:?} is not 1..={MAX_ADDR_LEN} hex bytes", r.addr))),
+                _ => Err(bad(format!(
+                    "rail {i} address {:?} is not 1..={MAX_ADDR_LEN} hex bytes",
+                    r.addr
+                ))),
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(PeerEndpoint {
@@ -146,7 +149,8 @@ mod tests {
 
     #[test]
     fn endpoint_and_keys_validate() {
-        let good = serde_json::json!({"provider": "shm", "virt_addr": true, "rails": [{"domain": "shm", "addr": "0a0b"}]});
+        let good =
+            serde_json::json!({"provider": "shm", "virt_addr": true, "rails": [{"domain": "shm", "addr": "0a0b"}]});
         let p = EndpointInfo::parse("s", &good).unwrap();
         assert_eq!(p.addrs, vec![vec![10, 11]]);
         for bad in [
@@ -159,7 +163,10 @@ mod tests {
             assert!(matches!(e, Error::InvalidDescriptor(_)), "{e}");
         }
         let k = BufferKeys::encode(&[Some(1), None, Some(u64::MAX)]);
-        assert_eq!(BufferKeys::parse("s", 0, &k, 3).unwrap(), vec![Some(1), None, Some(u64::MAX)]);
+        assert_eq!(
+            BufferKeys::parse("s", 0, &k, 3).unwrap(),
+            vec![Some(1), None, Some(u64::MAX)]
+        );
         assert!(BufferKeys::parse("s", 0, &k, 1).is_err());
         assert!(BufferKeys::parse("s", 0, &BufferKeys::encode(&[None]), 1).is_err());
         assert!(BufferKeys::parse("s", 0, &serde_json::json!({"keys": ["12"]}), 1).is_err());

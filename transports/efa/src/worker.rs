@@ -171,6 +171,8 @@ impl RailJob {
 
 struct Shared {
     rail: Arc<Rail>,
+    // Boxed: a job must not move once posted (its slots are libfabric contexts pointing back at it).
+    #[allow(clippy::vec_box)]
     queue: Mutex<Vec<Box<RailJob>>>,
     has_work: AtomicBool,
     sleeping: AtomicBool,
@@ -254,6 +256,8 @@ impl Drop for RailWorker {
 /// State private to the owner thread.
 struct Owner {
     shared: Arc<Shared>,
+    // Boxed for the same reason as the queue: posted jobs stay at a fixed address.
+    #[allow(clippy::vec_box)]
     active: Vec<Box<RailJob>>,
     ctxs: [*mut c_void; CQ_BATCH],
 }
@@ -395,7 +399,8 @@ impl Owner {
                         TransferOp::Write => "fi_writemsg",
                         TransferOp::Read => "fi_readmsg",
                     };
-                    job.plan.fail(f.request, job.plan.peer.error_from(call, &rail.error(call, rc as i64)));
+                    job.plan
+                        .fail(f.request, job.plan.peer.error_from(call, &rail.error(call, rc as i64)));
                     job.next += 1;
                     any = true;
                 }
@@ -510,7 +515,10 @@ unsafe fn settle(ctx: *mut c_void, error: Option<(i32, String)>) {
             let e = if is_peer_failure(err) {
                 peer.mark_gone(text)
             } else {
-                Error::transport(TRANSPORT, format!("{} to peer '{}' failed: {text}", op_name(slot.frag.op), peer.name()))
+                Error::transport(
+                    TRANSPORT,
+                    format!("{} to peer '{}' failed: {text}", op_name(slot.frag.op), peer.name()),
+                )
             };
             job.plan.fail(slot.frag.request, e);
         }

@@ -30,7 +30,15 @@ fn writes_and_reads_land_byte_for_byte() {
         let mut off = 0u64;
         for (i, size) in [1u64, 7, 4096, 65_537, 1 << 20, 3 << 20].into_iter().enumerate() {
             off += 13;
-            reqs.push(request(i as u32, TransferOp::Write, &src, off, 0, dst.addr() + off, size));
+            reqs.push(request(
+                i as u32,
+                TransferOp::Write,
+                &src,
+                off,
+                0,
+                dst.addr() + off,
+                size,
+            ));
             off += size;
         }
         let r = run(&peer, reqs).unwrap();
@@ -41,14 +49,26 @@ fn writes_and_reads_land_byte_for_byte() {
         for size in [1u64, 7, 4096, 65_537, 1 << 20, 3 << 20] {
             assert_eq!(pattern::mismatches(&d[off as usize..(off + 13) as usize], 22, off), 0);
             off += 13;
-            assert_eq!(pattern::mismatches(&d[off as usize..(off + size) as usize], 11, off), 0, "{p}: {size} B");
+            assert_eq!(
+                pattern::mismatches(&d[off as usize..(off + size) as usize], 11, off),
+                0,
+                "{p}: {size} B"
+            );
             off += size;
         }
         // The whole 64 MiB in one request, then read it back into a fresh local buffer.
-        run(&peer, vec![request(0, TransferOp::Write, &src, 0, 0, dst.addr(), len as u64)]).unwrap();
+        run(
+            &peer,
+            vec![request(0, TransferOp::Write, &src, 0, 0, dst.addr(), len as u64)],
+        )
+        .unwrap();
         assert_eq!(pattern::mismatches(dst.bytes(), 11, 0), 0, "{p}: 64 MiB write");
         let back = Side::new(&a, 2, len, false, 33);
-        run(&peer, vec![request(0, TransferOp::Read, &back, 0, 0, dst.addr(), len as u64)]).unwrap();
+        run(
+            &peer,
+            vec![request(0, TransferOp::Read, &back, 0, 0, dst.addr(), len as u64)],
+        )
+        .unwrap();
         assert_eq!(pattern::mismatches(back.bytes(), 11, 0), 0, "{p}: 64 MiB read");
     });
 }
@@ -77,10 +97,17 @@ fn ten_thousand_requests_and_concurrent_batches() {
         let back = Side::new(&a, 2, len, false, 7);
         let q = (len / 4) as u64;
         let batches: Vec<_> = (0..4u64)
-            .map(|k| submit(&peer, vec![request(0, TransferOp::Read, &back, k * q, 0, dst.addr() + k * q, q)]))
+            .map(|k| {
+                submit(
+                    &peer,
+                    vec![request(0, TransferOp::Read, &back, k * q, 0, dst.addr() + k * q, q)],
+                )
+            })
             .collect();
         for bt in batches {
-            bt.wait_blocking(Some(std::time::Duration::from_secs(60))).unwrap().unwrap();
+            bt.wait_blocking(Some(std::time::Duration::from_secs(60)))
+                .unwrap()
+                .unwrap();
         }
         assert_eq!(pattern::mismatches(back.bytes(), 5, 0), 0, "{p}");
     });
@@ -96,21 +123,41 @@ fn requests_are_split_and_striped() {
         let rails = [("TE_FABRIC_DOMAINS", domains.as_str())];
         let a = install(
             p,
-            &[rails[0], ("TE_FABRIC_MAX_FRAGMENT_BYTES", "64K"), ("TE_FABRIC_STRIPE_BYTES", "128K")],
+            &[
+                rails[0],
+                ("TE_FABRIC_MAX_FRAGMENT_BYTES", "64K"),
+                ("TE_FABRIC_STRIPE_BYTES", "128K"),
+            ],
         );
         let b = install(p, &rails);
         let len = 8 << 20;
         let src = Side::new(&a, 1, len, false, 41);
         let dst = Side::new(&b, 1, len, true, 42);
         let peer = block_on(a.connect(&descriptor("b", &b, &[&dst]))).unwrap();
-        run(&peer, vec![request(0, TransferOp::Write, &src, 5, 0, dst.addr() + 5, len as u64 - 10)]).unwrap();
+        run(
+            &peer,
+            vec![request(
+                0,
+                TransferOp::Write,
+                &src,
+                5,
+                0,
+                dst.addr() + 5,
+                len as u64 - 10,
+            )],
+        )
+        .unwrap();
         assert_eq!(pattern::mismatches(&dst.bytes()[5..len - 5], 41, 5), 0);
         assert_eq!(pattern::mismatches(&dst.bytes()[..5], 42, 0), 0);
         assert_eq!(pattern::mismatches(&dst.bytes()[len - 5..], 42, len as u64 - 5), 0);
         // And back: a striped, split read into zeroed memory.
         let back = Side::new(&a, 2, len, false, 0);
-        back.bytes().fill(0);
-        run(&peer, vec![request(0, TransferOp::Read, &back, 0, 0, dst.addr(), len as u64)]).unwrap();
+        back.zero();
+        run(
+            &peer,
+            vec![request(0, TransferOp::Read, &back, 0, 0, dst.addr(), len as u64)],
+        )
+        .unwrap();
         assert_eq!(pattern::mismatches(&back.bytes()[5..len - 5], 41, 5), 0);
     });
 }
@@ -169,17 +216,32 @@ fn unexported_memory_is_unreachable_even_with_a_forged_descriptor() {
         let peer = block_on(a.connect(&d)).unwrap();
         let read = run(&peer, vec![request(0, TransferOp::Read, &back, 0, 0, target, 4096)]);
         eprintln!("{p}: forged write -> {write:?}\nforged read -> {read:?}");
-        assert_eq!(pattern::mismatches(private.bytes(), 3, 0), 0, "{p}: private memory was written");
-        assert_eq!(pattern::mismatches(back.bytes(), 9, 0), 0, "{p}: private memory was read");
+        assert_eq!(
+            pattern::mismatches(private.bytes(), 3, 0),
+            0,
+            "{p}: private memory was written"
+        );
+        assert_eq!(
+            pattern::mismatches(back.bytes(), 9, 0),
+            0,
+            "{p}: private memory was read"
+        );
         for (what, r) in [("write", &write), ("read", &read)] {
             let err = r.as_ref().expect_err(what);
-            assert!(err.failures[0].1.to_string().contains("'b'"), "{what}: the error must name the peer: {err}");
+            assert!(
+                err.failures[0].1.to_string().contains("'b'"),
+                "{what}: the error must name the peer: {err}"
+            );
         }
         // The target keeps serving: a fresh initiator writes its exported region.
         let c = install(p, &[]);
         let src_c = Side::new(&c, 1, 4096, false, 4);
         let peer = block_on(c.connect(&descriptor("b", &b, &[&exported]))).unwrap();
-        run(&peer, vec![request(0, TransferOp::Write, &src_c, 0, 0, exported.addr(), 4096)]).unwrap();
+        run(
+            &peer,
+            vec![request(0, TransferOp::Write, &src_c, 0, 0, exported.addr(), 4096)],
+        )
+        .unwrap();
         assert_eq!(pattern::mismatches(&exported.bytes()[..4096], 4, 0), 0);
     });
 }
@@ -195,12 +257,25 @@ fn deregistering_memory_in_flight_is_refused() {
         let peer = block_on(a.connect(&descriptor("b", &b, &[&dst]))).unwrap();
         // Many small requests keep the batch in flight while we try to deregister.
         let reqs = (0..(len / 4096))
-            .map(|i| request(i as u32, TransferOp::Write, &src, i as u64 * 4096, 0, dst.addr() + i as u64 * 4096, 4096))
+            .map(|i| {
+                request(
+                    i as u32,
+                    TransferOp::Write,
+                    &src,
+                    i as u64 * 4096,
+                    0,
+                    dst.addr() + i as u64 * 4096,
+                    4096,
+                )
+            })
             .collect();
         let batch = submit(&peer, reqs);
         let refused = block_on(a.deregister(std::slice::from_ref(&src.region)));
         let settled_before = batch.is_complete();
-        batch.wait_blocking(Some(std::time::Duration::from_secs(60))).unwrap().unwrap();
+        batch
+            .wait_blocking(Some(std::time::Duration::from_secs(60)))
+            .unwrap()
+            .unwrap();
         if !settled_before {
             assert!(matches!(refused, Err(Error::InFlight { .. })), "{p}: {refused:?}");
         }

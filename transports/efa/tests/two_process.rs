@@ -28,7 +28,12 @@ fn writes_and_reads_between_processes() {
         let peer = block_on(a.connect(&target.descriptor)).unwrap();
         let base = target.base();
         // Odd sizes at unaligned offsets in one batch.
-        let cases = [(3u64, 1u64), (5000, 4097), (1 << 20, 65_537), ((8 << 20) + 1, (3 << 20) + 5)];
+        let cases = [
+            (3u64, 1u64),
+            (5000, 4097),
+            (1 << 20, 65_537),
+            ((8 << 20) + 1, (3 << 20) + 5),
+        ];
         let reqs = cases
             .iter()
             .enumerate()
@@ -46,16 +51,40 @@ fn writes_and_reads_between_processes() {
         assert!(covered < len);
         // The whole buffer in 1 MiB requests, then read back into zeroed local memory.
         let reqs = (0..64u64)
-            .map(|i| request(i as u32, TransferOp::Write, &local, i << 20, 0, base + (i << 20), 1 << 20))
+            .map(|i| {
+                request(
+                    i as u32,
+                    TransferOp::Write,
+                    &local,
+                    i << 20,
+                    0,
+                    base + (i << 20),
+                    1 << 20,
+                )
+            })
             .collect();
         run(&peer, reqs).unwrap();
         assert_eq!(target.mismatched(0, len, 2), 0, "{p}: 64 MiB in 1 MiB writes");
-        local.bytes().fill(0);
+        local.zero();
         let reqs = (0..64u64)
-            .map(|i| request(i as u32, TransferOp::Read, &local, i << 20, 0, base + (i << 20), 1 << 20))
+            .map(|i| {
+                request(
+                    i as u32,
+                    TransferOp::Read,
+                    &local,
+                    i << 20,
+                    0,
+                    base + (i << 20),
+                    1 << 20,
+                )
+            })
             .collect();
         run(&peer, reqs).unwrap();
-        assert_eq!(pattern::mismatches(local.bytes(), 2, 0), 0, "{p}: 64 MiB in 1 MiB reads");
+        assert_eq!(
+            pattern::mismatches(local.bytes(), 2, 0),
+            0,
+            "{p}: 64 MiB in 1 MiB reads"
+        );
     });
 }
 
@@ -73,10 +102,23 @@ fn killed_peer_fails_outstanding_requests_and_others_keep_working() {
         // 16,384 small writes keep the batch in flight long enough to kill the target under it.
         let n = len / 4096;
         let reqs = (0..n)
-            .map(|i| request(i as u32, TransferOp::Write, &local, i * 4096, 0, victim.base() + i * 4096, 4096))
+            .map(|i| {
+                request(
+                    i as u32,
+                    TransferOp::Write,
+                    &local,
+                    i * 4096,
+                    0,
+                    victim.base() + i * 4096,
+                    4096,
+                )
+            })
             .collect();
         let batch = submit(&to_victim, reqs);
-        assert!(!batch.is_complete(), "the batch finished before the kill; the test proves nothing");
+        assert!(
+            !batch.is_complete(),
+            "the batch finished before the kill; the test proves nothing"
+        );
         victim.kill();
         let killed = Instant::now();
         // Bounded: every request settles (stall timeout 3 s by default) rather than hanging.
@@ -85,9 +127,16 @@ fn killed_peer_fails_outstanding_requests_and_others_keep_working() {
             .unwrap_or_else(|| panic!("{p}: requests still pending 10 s after the peer was killed"));
         eprintln!("{p}: settled {:?} after the kill", killed.elapsed());
         let err = outcome.expect_err("requests to a killed peer must fail");
-        assert!(err.progress.failed > 0 && err.progress.pending == 0, "{p}: {:?}", err.progress);
+        assert!(
+            err.progress.failed > 0 && err.progress.pending == 0,
+            "{p}: {:?}",
+            err.progress
+        );
         for (i, e) in &err.failures {
-            assert!(e.to_string().contains(&victim_name), "{p}: request {i}: error must name the peer: {e}");
+            assert!(
+                e.to_string().contains(&victim_name),
+                "{p}: request {i}: error must name the peer: {e}"
+            );
         }
         for i in 0..n as usize {
             assert!(!matches!(batch.status(i), Some(RequestStatus::Pending)));
@@ -101,7 +150,11 @@ fn killed_peer_fails_outstanding_requests_and_others_keep_working() {
             &Default::default(),
         );
         assert!(refused.unwrap_err().to_string().contains(&victim_name));
-        run(&to_survivor, vec![request(0, TransferOp::Write, &local, 0, 0, survivor.base(), 1 << 20)]).unwrap();
+        run(
+            &to_survivor,
+            vec![request(0, TransferOp::Write, &local, 0, 0, survivor.base(), 1 << 20)],
+        )
+        .unwrap();
         assert_eq!(survivor.mismatched(0, 1 << 20, 7), 0, "{p}: survivor data");
     });
 }

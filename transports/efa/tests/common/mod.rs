@@ -56,7 +56,11 @@ pub fn install(provider: &str, extra: &[(&str, &str)]) -> Arc<dyn Transport> {
 
 /// Runs a future to completion on a small runtime.
 pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
 }
 
 /// A registered host buffer.
@@ -76,7 +80,7 @@ impl Side {
     /// Fills and registers an existing buffer.
     pub fn from_buffer(t: &Arc<dyn Transport>, buf: HostBuffer, id: u64, exported: bool, seed: u64) -> Side {
         let len = buf.len();
-        pattern::fill(Side::slice_of(&buf), seed, 0);
+        Side::fill_buffer(&buf, seed);
         let region = RegionInfo {
             id: RegionId(id),
             base: buf.addr(),
@@ -88,14 +92,23 @@ impl Side {
         Side { buf, region, keys }
     }
 
-    fn slice_of(buf: &HostBuffer) -> &mut [u8] {
+    fn fill_buffer(buf: &HostBuffer, seed: u64) {
         // SAFETY: test buffers are only touched by the test thread and by transfers the test waits
-        // for before looking again.
-        unsafe { std::slice::from_raw_parts_mut(buf.as_ptr(), buf.len()) }
+        // for before looking again; no shared slice of it is alive here.
+        let s = unsafe { std::slice::from_raw_parts_mut(buf.as_ptr(), buf.len()) };
+        pattern::fill(s, seed, 0);
     }
 
-    pub fn bytes(&self) -> &mut [u8] {
-        Side::slice_of(&self.buf)
+    /// The bytes (read only after the transfers touching them completed).
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: as in fill_buffer.
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr(), self.buf.len()) }
+    }
+
+    /// Zeroes the buffer (between transfers).
+    pub fn zero(&self) {
+        // SAFETY: as in fill_buffer.
+        unsafe { std::ptr::write_bytes(self.buf.as_ptr(), 0, self.buf.len()) };
     }
 
     pub fn addr(&self) -> u64 {

@@ -38,7 +38,10 @@ impl PeerProcess {
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
-        assert!(!line.trim().is_empty(), "te-efa-peer exited before publishing its descriptor");
+        assert!(
+            !line.trim().is_empty(),
+            "te-efa-peer exited before publishing its descriptor"
+        );
         let descriptor = SegmentDescriptor::from_json(line.trim().as_bytes()).expect("peer descriptor");
         PeerProcess {
             child,

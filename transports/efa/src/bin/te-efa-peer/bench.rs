@@ -143,7 +143,11 @@ fn fi_pingpong(provider: &str, block: u64) -> Result<f64, String> {
         .lines()
         .find(|l| l.split_whitespace().count() == 8 && !l.starts_with("bytes"))
         .ok_or(format!("no result line in fi_pingpong output {out:?}"))?;
-    let mbps: f64 = line.split_whitespace().nth(5).and_then(|v| v.parse().ok()).ok_or("bad MB/sec")?;
+    let mbps: f64 = line
+        .split_whitespace()
+        .nth(5)
+        .and_then(|v| v.parse().ok())
+        .ok_or("bad MB/sec")?;
     Ok(mbps * 1e6)
 }
 
@@ -151,16 +155,26 @@ fn fi_pingpong(provider: &str, block: u64) -> Result<f64, String> {
 fn ucx_put_bw(block: u64) -> Result<f64, String> {
     let out = server_client(
         Command::new("ucx_perftest").env("UCX_TLS", "tcp"),
-        Command::new("ucx_perftest")
-            .env("UCX_TLS", "tcp")
-            .args(["127.0.0.1", "-t", "ucp_put_bw", "-s", &block.to_string(), "-n", "1000"]),
+        Command::new("ucx_perftest").env("UCX_TLS", "tcp").args([
+            "127.0.0.1",
+            "-t",
+            "ucp_put_bw",
+            "-s",
+            &block.to_string(),
+            "-n",
+            "1000",
+        ]),
     )?;
     // Final: iters typ_lat avg_lat overall_lat avg_bw overall_bw avg_rate overall_rate (MB/s = MiB/s)
     let line = out
         .lines()
         .find(|l| l.starts_with("Final:"))
         .ok_or(format!("no Final line in ucx_perftest output {out:?}"))?;
-    let mibps: f64 = line.split_whitespace().nth(6).and_then(|v| v.parse().ok()).ok_or("bad bandwidth")?;
+    let mibps: f64 = line
+        .split_whitespace()
+        .nth(6)
+        .and_then(|v| v.parse().ok())
+        .ok_or("bad bandwidth")?;
     Ok(mibps * (1u64 << 20) as f64)
 }
 
@@ -187,7 +201,7 @@ pub fn run(args: &[&str]) -> Result<(), String> {
             }
             TransferOp::Read => {
                 target.ask(&format!("fill {seed}"))?;
-                client.local_bytes().fill(0);
+                client.zero_local();
                 let t = client.transfer(o.op, o.block, o.total)?;
                 mismatched += client.mismatches(seed, o.total as usize);
                 t

@@ -38,9 +38,17 @@ impl Client {
             env: Arc::new(ProcessEnv),
             segment_name: format!("efa-client-{}", std::process::id()),
         };
-        let transport = rt.block_on(te_transport_efa::install(&ctx)).map_err(|e| e.to_string())?;
-        let local = HostBuffer::allocate(bytes, HostBufferOptions { prefault: true, ..Default::default() })
+        let transport = rt
+            .block_on(te_transport_efa::install(&ctx))
             .map_err(|e| e.to_string())?;
+        let local = HostBuffer::allocate(
+            bytes,
+            HostBufferOptions {
+                prefault: true,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
         let region = RegionInfo {
             id: RegionId(1),
             base: local.addr(),
@@ -62,10 +70,16 @@ impl Client {
         })
     }
 
-    /// The local buffer's bytes.
-    pub fn local_bytes(&self) -> &mut [u8] {
-        // SAFETY: the buffer is live; callers only touch it between batches.
-        unsafe { std::slice::from_raw_parts_mut(self.local.as_ptr(), self.local.len()) }
+    /// The local buffer's bytes (read between batches).
+    pub fn local_bytes(&self) -> &[u8] {
+        // SAFETY: the buffer is live; callers only look at it between batches.
+        unsafe { std::slice::from_raw_parts(self.local.as_ptr(), self.local.len()) }
+    }
+
+    /// Zeroes the local buffer (between batches).
+    pub fn zero_local(&self) {
+        // SAFETY: the buffer is live and no transfer or slice of it is active between batches.
+        unsafe { std::ptr::write_bytes(self.local.as_ptr(), 0, self.local.len()) };
     }
 
     /// Moves `total` bytes from offset 0 in `block`-byte requests (one batch), local offset equal to
@@ -108,7 +122,9 @@ impl Client {
 
     /// Fills the local buffer with pattern `seed`.
     pub fn fill(&self, seed: u64) {
-        pattern::fill(self.local_bytes(), seed, 0);
+        // SAFETY: as in zero_local.
+        let s = unsafe { std::slice::from_raw_parts_mut(self.local.as_ptr(), self.local.len()) };
+        pattern::fill(s, seed, 0);
     }
 
     /// Local bytes differing from pattern `seed` in the first `len` bytes.
@@ -131,7 +147,7 @@ pub fn run(bytes: usize, seed: u64) -> Result<(), String> {
     let client = Client::connect(&line, bytes)?;
     client.fill(seed);
     client.transfer(TransferOp::Write, 1 << 20, bytes as u64)?;
-    client.local_bytes().fill(0);
+    client.zero_local();
     client.transfer(TransferOp::Read, 1 << 20, bytes as u64)?;
     println!("read_mismatched {}", client.mismatches(seed, bytes));
     client.close();

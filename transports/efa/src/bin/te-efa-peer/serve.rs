@@ -28,9 +28,17 @@ pub fn serve(bytes: usize, seed: u64) -> Result<(), String> {
         env: Arc::new(ProcessEnv),
         segment_name: name.clone(),
     };
-    let transport = rt.block_on(te_transport_efa::install(&ctx)).map_err(|e| e.to_string())?;
-    let buf = HostBuffer::allocate(bytes, HostBufferOptions { prefault: true, ..Default::default() })
+    let transport = rt
+        .block_on(te_transport_efa::install(&ctx))
         .map_err(|e| e.to_string())?;
+    let buf = HostBuffer::allocate(
+        bytes,
+        HostBufferOptions {
+            prefault: true,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.to_string())?;
     // SAFETY: the buffer is live, `bytes` long, and nothing else touches it yet.
     let slice = unsafe { std::slice::from_raw_parts_mut(buf.as_ptr(), bytes) };
     pattern::fill(slice, seed, 0);
