@@ -312,11 +312,16 @@ async fn measure(args: &Args) -> Result<(), String> {
 
     // Warm-up: connections, page faults.
     engine.transfer(&requests).await.map_err(|e| e.to_string())?;
+    // Our runs and the baseline's alternate, so both see the same machine conditions.
     let mut times = Vec::with_capacity(args.repeat);
+    let mut base_samples = Vec::new();
     for _ in 0..args.repeat {
         let t0 = Instant::now();
         engine.transfer(&requests).await.map_err(|e| e.to_string())?;
         times.push(t0.elapsed());
+        if let Some(b) = args.baseline {
+            base_samples.push(run_baseline_once(b, args)?);
+        }
     }
     let gbps_runs: Vec<f64> = times
         .iter()
@@ -372,10 +377,9 @@ async fn measure(args: &Args) -> Result<(), String> {
         mismatched_bytes,
         gbps_runs,
     };
-    let baseline = match args.baseline {
-        Some(b) => Some(run_baseline(b, args)?),
-        None => None,
-    };
+    let baseline = args
+        .baseline
+        .map(|b| BaselineResult::from_samples(b, args, base_samples));
     drop(target);
     report(args, &peer_addr, &m, baseline.as_ref());
     if m.mismatched_bytes.unwrap_or(0) > 0 {
@@ -407,7 +411,7 @@ fn free_port() -> Result<u16, String> {
 
 /// Runs a server command and a client command against it; retries the client while the server
 /// is still starting. Returns the client's stdout.
-fn server_client(server: &mut Command, client: &mut Command) -> Result<String, String> {
+fn server_client(server: &mut Command, client: &mut Command, ok: fn(&str) -> bool) -> Result<String, String> {
     let mut srv = server
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -416,12 +420,13 @@ fn server_client(server: &mut Command, client: &mut Command) -> Result<String, S
     let mut last = String::new();
     for _ in 0..50 {
         let out = client.output().map_err(|e| format!("running {client:?}: {e}"))?;
-        if out.status.success() {
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() && ok(&stdout) {
             let _ = srv.kill();
             let _ = srv.wait();
-            return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+            return Ok(stdout);
         }
-        last = String::from_utf8_lossy(&out.stderr).into_owned();
+        last = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
         std::thread::sleep(Duration::from_millis(100));
     }
     let _ = srv.kill();
@@ -429,131 +434,145 @@ fn server_client(server: &mut Command, client: &mut Command) -> Result<String, S
     Err(format!("{client:?} kept failing: {last}"))
 }
 
-fn run_baseline(b: Baseline, args: &Args) -> Result<BaselineResult, String> {
-    let mut runs = Vec::new();
-    let mut command = String::new();
+/// One run of the baseline tool.
+struct BaselineSample {
+    gbps: f64,
+    requests_per_s: Option<f64>,
+    latency_us: Option<f64>,
+}
+
+impl BaselineResult {
+    fn from_samples(b: Baseline, args: &Args, samples: Vec<BaselineSample>) -> BaselineResult {
+        let (tool, command) = baseline_command(b, args);
+        let opt_median = |v: Vec<Option<f64>>| -> Option<f64> {
+            let v: Vec<f64> = v.into_iter().flatten().collect();
+            (!v.is_empty()).then(|| median_f64(v))
+        };
+        BaselineResult {
+            tool,
+            command,
+            gbps: Some(median_f64(samples.iter().map(|s| s.gbps).collect())),
+            requests_per_s: opt_median(samples.iter().map(|s| s.requests_per_s).collect()),
+            latency_us: opt_median(samples.iter().map(|s| s.latency_us).collect()),
+        }
+    }
+}
+
+fn baseline_command(b: Baseline, args: &Args) -> (&'static str, String) {
+    let (size, blocks) = (args.block_bytes, args.total_bytes / args.block_bytes);
+    match b {
+        Baseline::Iperf3 => (
+            "iperf3",
+            format!("iperf3 -c 127.0.0.1 -n {} -J -P {}", args.total_bytes, args.lanes),
+        ),
+        Baseline::Ucx => (
+            "ucx_perftest ucp_put_bw (UCX_TLS=tcp)",
+            format!(
+                "UCX_TLS=tcp ucx_perftest 127.0.0.1 -t ucp_put_bw -s {size} -n {}",
+                blocks.max(100)
+            ),
+        ),
+        Baseline::FiPingpong => (
+            "fi_pingpong (tcp, rdm)",
+            format!(
+                "fi_pingpong -p tcp -e rdm -S {size} -I {} 127.0.0.1",
+                args.latency_samples.max(100)
+            ),
+        ),
+    }
+}
+
+/// Runs the baseline tool once (server and client on loopback).
+fn run_baseline_once(b: Baseline, args: &Args) -> Result<BaselineSample, String> {
+    let port = free_port()?.to_string();
+    let size = args.block_bytes.to_string();
     match b {
         Baseline::Iperf3 => {
-            for _ in 0..args.repeat {
-                let port = free_port()?.to_string();
-                let mut srv = Command::new("iperf3");
-                srv.args(["-s", "-1", "-B", "127.0.0.1", "-p", &port]);
-                let mut cli = Command::new("iperf3");
-                cli.args([
-                    "-c",
-                    "127.0.0.1",
-                    "-p",
-                    &port,
-                    "-t",
-                    "3",
-                    "-J",
-                    "-P",
-                    &args.lanes.to_string(),
-                ]);
-                command = format!("iperf3 -c 127.0.0.1 -t 3 -J -P {}", args.lanes);
-                let out = server_client(&mut srv, &mut cli)?;
-                let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| format!("iperf3 JSON: {e}"))?;
-                let bps = v["end"]["sum_received"]["bits_per_second"]
-                    .as_f64()
-                    .ok_or("iperf3 JSON lacks end.sum_received.bits_per_second")?;
-                runs.push(bps / 8e9);
-            }
-            Ok(BaselineResult {
-                tool: "iperf3",
-                command,
-                gbps: Some(median_f64(runs)),
+            let mut srv = Command::new("iperf3");
+            srv.args(["-s", "-1", "-B", "127.0.0.1", "-p", &port]);
+            let mut cli = Command::new("iperf3");
+            let total = args.total_bytes.to_string();
+            cli.args([
+                "-c",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-n",
+                &total,
+                "-J",
+                "-P",
+                &args.lanes.to_string(),
+            ]);
+            // iperf3 -J exits 0 even when it could not connect yet; its JSON then has "error".
+            let out = server_client(&mut srv, &mut cli, |o| !o.contains("\"error\""))?;
+            let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| format!("iperf3 JSON: {e}"))?;
+            let bps = v["end"]["sum_received"]["bits_per_second"]
+                .as_f64()
+                .ok_or_else(|| format!("iperf3 reported no end.sum_received.bits_per_second: {}", v["error"]))?;
+            Ok(BaselineSample {
+                gbps: bps / 8e9,
                 requests_per_s: None,
                 latency_us: None,
             })
         }
         Baseline::Ucx => {
             let iters = (args.total_bytes / args.block_bytes).max(100).to_string();
-            let size = args.block_bytes.to_string();
-            let mut rates = Vec::new();
-            for _ in 0..args.repeat {
-                let port = free_port()?.to_string();
-                let mut srv = Command::new("ucx_perftest");
-                srv.env("UCX_TLS", "tcp").args(["-p", &port]);
-                let mut cli = Command::new("ucx_perftest");
-                cli.env("UCX_TLS", "tcp").args([
-                    "127.0.0.1",
-                    "-p",
-                    &port,
-                    "-t",
-                    "ucp_put_bw",
-                    "-s",
-                    &size,
-                    "-n",
-                    &iters,
-                ]);
-                command = format!("UCX_TLS=tcp ucx_perftest 127.0.0.1 -t ucp_put_bw -s {size} -n {iters}");
-                let out = server_client(&mut srv, &mut cli)?;
-                // "Final: iters 50%ile avg overall bw_avg(MB/s) bw_overall msgrate_avg msgrate_overall"
-                let f: Vec<f64> = out
-                    .lines()
-                    .find(|l| l.trim_start().starts_with("Final:"))
-                    .ok_or("ucx_perftest printed no Final line")?
-                    .split_whitespace()
-                    .skip(1)
-                    .filter_map(|x| x.parse().ok())
-                    .collect();
-                if f.len() < 8 {
-                    return Err(format!("unexpected ucx_perftest Final line: {f:?}"));
-                }
-                runs.push(f[5] * 1_048_576.0 / 1e9);
-                rates.push(f[7]);
+            let mut srv = Command::new("ucx_perftest");
+            srv.env("UCX_TLS", "tcp").args(["-p", &port]);
+            let mut cli = Command::new("ucx_perftest");
+            cli.env("UCX_TLS", "tcp")
+                .args(["127.0.0.1", "-p", &port, "-t", "ucp_put_bw", "-s", &size, "-n", &iters]);
+            let out = server_client(&mut srv, &mut cli, |_| true)?;
+            // "Final: iters 50%ile avg overall bw_avg(MB/s) bw_overall msgrate_avg msgrate_overall"
+            let f: Vec<f64> = out
+                .lines()
+                .find(|l| l.trim_start().starts_with("Final:"))
+                .ok_or("ucx_perftest printed no Final line")?
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            if f.len() < 8 {
+                return Err(format!("unexpected ucx_perftest Final line: {f:?}"));
             }
-            Ok(BaselineResult {
-                tool: "ucx_perftest ucp_put_bw (UCX_TLS=tcp)",
-                command,
-                gbps: Some(median_f64(runs)),
-                requests_per_s: Some(median_f64(rates)),
+            Ok(BaselineSample {
+                gbps: f[5] * 1_048_576.0 / 1e9,
+                requests_per_s: Some(f[7]),
                 latency_us: None,
             })
         }
         Baseline::FiPingpong => {
             let iters = args.latency_samples.max(100).to_string();
-            let size = args.block_bytes.to_string();
-            let mut lats = Vec::new();
-            for _ in 0..args.repeat {
-                let port = free_port()?.to_string();
-                let mut srv = Command::new("fi_pingpong");
-                srv.args(["-p", "tcp", "-e", "rdm", "-B", &port, "-S", &size, "-I", &iters]);
-                let mut cli = Command::new("fi_pingpong");
-                cli.args([
-                    "-p",
-                    "tcp",
-                    "-e",
-                    "rdm",
-                    "-P",
-                    &port,
-                    "-S",
-                    &size,
-                    "-I",
-                    &iters,
-                    "127.0.0.1",
-                ]);
-                command = format!("fi_pingpong -p tcp -e rdm -S {size} -I {iters} 127.0.0.1");
-                let out = server_client(&mut srv, &mut cli)?;
-                // "bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec"
-                let line = out
-                    .lines()
-                    .rev()
-                    .find(|l| l.split_whitespace().count() >= 8 && !l.starts_with("bytes"))
-                    .ok_or("fi_pingpong printed no result line")?;
-                let cols: Vec<&str> = line.split_whitespace().collect();
-                let mbps: f64 = cols[5].parse().map_err(|_| format!("fi_pingpong line {line:?}"))?;
-                let usec: f64 = cols[6].parse().map_err(|_| format!("fi_pingpong line {line:?}"))?;
-                runs.push(mbps * 1e6 / 1e9);
-                lats.push(usec);
-            }
-            let lat = median_f64(lats);
-            Ok(BaselineResult {
-                tool: "fi_pingpong (tcp, rdm)",
-                command,
-                gbps: Some(median_f64(runs)),
-                requests_per_s: Some(1e6 / lat),
-                latency_us: Some(lat),
+            let mut srv = Command::new("fi_pingpong");
+            srv.args(["-p", "tcp", "-e", "rdm", "-B", &port, "-S", &size, "-I", &iters]);
+            let mut cli = Command::new("fi_pingpong");
+            cli.args([
+                "-p",
+                "tcp",
+                "-e",
+                "rdm",
+                "-P",
+                &port,
+                "-S",
+                &size,
+                "-I",
+                &iters,
+                "127.0.0.1",
+            ]);
+            let out = server_client(&mut srv, &mut cli, |_| true)?;
+            // "bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec"
+            let line = out
+                .lines()
+                .rev()
+                .find(|l| l.split_whitespace().count() >= 8 && !l.starts_with("bytes"))
+                .ok_or("fi_pingpong printed no result line")?;
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let mbps: f64 = cols[5].parse().map_err(|_| format!("fi_pingpong line {line:?}"))?;
+            let usec: f64 = cols[6].parse().map_err(|_| format!("fi_pingpong line {line:?}"))?;
+            Ok(BaselineSample {
+                gbps: mbps * 1e6 / 1e9,
+                requests_per_s: Some(1e6 / usec),
+                latency_us: Some(usec),
             })
         }
     }
