@@ -6,6 +6,8 @@ use std::time::Duration;
 use te_base::config::{parse_bytes, parse_var, Env};
 use te_base::{Error, Result};
 
+pub use crate::worker::IdleMode;
+
 /// Provider to use (`efa`, `tcp;ofi_rxm`, `tcp`, `shm`, `sockets`). Default: `efa`.
 pub const VAR_PROVIDER: &str = "TE_FABRIC_PROVIDER";
 /// Comma list of provider domains (NICs) to open rails on. Default: every non-loopback domain, or
@@ -19,6 +21,9 @@ pub const VAR_TIMEOUT_MS: &str = "TE_FABRIC_TIMEOUT_MS";
 pub const VAR_MAX_FRAGMENT: &str = "TE_FABRIC_MAX_FRAGMENT_BYTES";
 /// Requests at least this large are striped across all rails (default 1 MiB).
 pub const VAR_STRIPE: &str = "TE_FABRIC_STRIPE_BYTES";
+/// How a rail's owner thread waits when idle: `block` (in fi_cq_sread) or `poll` (keep progressing).
+/// Default: `block` on socket providers, `poll` elsewhere.
+pub const VAR_IDLE: &str = "TE_FABRIC_IDLE";
 
 /// Parsed configuration.
 #[derive(Debug, Clone)]
@@ -37,6 +42,8 @@ pub struct FabricConfig {
     pub max_fragment: Option<u64>,
     /// Striping threshold.
     pub stripe_bytes: u64,
+    /// Idle mode override.
+    pub idle: Option<IdleMode>,
 }
 
 impl FabricConfig {
@@ -77,7 +84,14 @@ impl FabricConfig {
         if stripe_bytes == 0 {
             return Err(Error::config(VAR_STRIPE, "0", "must be at least 1 byte"));
         }
+        let idle = match env.get(VAR_IDLE).as_deref() {
+            None => None,
+            Some("block") => Some(IdleMode::Block),
+            Some("poll") => Some(IdleMode::Poll),
+            Some(other) => return Err(Error::config(VAR_IDLE, other, "expected block or poll")),
+        };
         Ok(FabricConfig {
+            idle,
             provider_defaulted: provider.is_none(),
             provider: provider.unwrap_or_else(|| "efa".to_string()),
             domains,
@@ -120,6 +134,7 @@ mod tests {
             (VAR_TIMEOUT_MS, "-5"),
             (VAR_MAX_FRAGMENT, "0"),
             (VAR_STRIPE, "1X"),
+            (VAR_IDLE, "sleep"),
         ] {
             let err = FabricConfig::from_env(&MapEnv::new([(var, bad)])).unwrap_err();
             assert!(err.to_string().contains(var), "{var}={bad:?}: {err}");

@@ -186,7 +186,7 @@ impl FabricTransport {
                 cq_wait = rail.cq_can_wait,
                 "efa rail opened"
             );
-            workers.push(RailWorker::start(rail, i, config.timeout)?);
+            workers.push(RailWorker::start(rail, i, config.timeout, config.idle)?);
         }
         let rails: Vec<Arc<Rail>> = workers.iter().map(|w| w.rail().clone()).collect();
         let placement = placement.and_then(|p| RailPlacement::new(p, &rails));

@@ -38,9 +38,9 @@ const SERVED_HINT: Duration = Duration::from_micros(20);
 /// Polling providers: the nap between progress calls once quiet.
 const POLL_NAP: Duration = Duration::from_micros(50);
 
-/// How the owner waits when there is nothing to post or complete.
+/// How a rail's owner thread waits when there is nothing to post or complete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum IdleMode {
+pub enum IdleMode {
     /// Block in `fi_cq_sread`: the CQ's wait object wakes on incoming traffic (socket providers).
     Block,
     /// Keep calling `fi_cq_read`: providers whose progress engine is only driven by our calls and
@@ -189,8 +189,13 @@ pub(crate) struct RailWorker {
 
 impl RailWorker {
     /// Starts the owner thread of `rail`.
-    pub(crate) fn start(rail: Arc<Rail>, index: usize, timeout: Duration) -> te_base::Result<RailWorker> {
-        let idle = IdleMode::for_rail(&rail);
+    pub(crate) fn start(
+        rail: Arc<Rail>,
+        index: usize,
+        timeout: Duration,
+        idle: Option<IdleMode>,
+    ) -> te_base::Result<RailWorker> {
+        let idle = idle.unwrap_or_else(|| IdleMode::for_rail(&rail));
         let shared = Arc::new(Shared {
             idle,
             rail,
