@@ -117,7 +117,7 @@ fn overlay(args: &Args) -> Arc<dyn Env> {
 }
 
 pub fn run(args: Args) -> Result<(), String> {
-    if args.block_bytes == 0 || args.total_bytes == 0 || args.total_bytes % args.block_bytes != 0 {
+    if args.total_bytes == 0 || args.total_bytes.checked_rem(args.block_bytes) != Some(0) {
         return Err(format!(
             "--total-bytes ({}) must be a non-zero multiple of --block-bytes ({})",
             args.total_bytes, args.block_bytes
