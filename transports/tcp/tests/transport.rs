@@ -410,3 +410,38 @@ async fn peer_closing_mid_batch_fails_every_outstanding_request() {
     assert!(err.failures.iter().all(|(_, e)| matches!(e, Error::PeerGone { .. })));
     task.await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_reads_and_writes_in_one_batch_over_three_lanes() {
+    let a = transport(&[("TE_TCP_LANES", "3"), ("TE_TCP_SLICE_BYTES", "4K")]).await;
+    let b = transport(&[]).await;
+    let local = Buf::new(1, 1 << 20, 0x61);
+    let remote = Buf::new(2, 1 << 20, 0x19);
+    a.register(&[local.info()]).await.unwrap();
+    b.register(&[remote.info()]).await.unwrap();
+    let peer = a.connect(&descriptor("b", &b, &[&remote])).await.unwrap();
+    // Even 64 KiB chunks are written from local to remote, odd ones read from remote to local,
+    // each cut into 16 slices spread over three lanes.
+    let chunk = 64 << 10;
+    let reqs: Vec<_> = (0..16u64)
+        .map(|i| {
+            let op = if i % 2 == 0 {
+                TransferOp::Write
+            } else {
+                TransferOp::Read
+            };
+            req(i as u32, op, &local, i * chunk, remote.addr() + i * chunk, chunk)
+        })
+        .collect();
+    let local_before = local.data.clone();
+    let remote_before = remote.data.clone();
+    run(&peer, reqs).await.unwrap();
+    for i in 0..16usize {
+        let r = i * chunk as usize..(i + 1) * chunk as usize;
+        if i % 2 == 0 {
+            assert!(remote.data[r.clone()] == local_before[r], "chunk {i} written");
+        } else {
+            assert!(local.data[r.clone()] == remote_before[r], "chunk {i} read");
+        }
+    }
+}
