@@ -284,3 +284,52 @@ fn deregistering_memory_in_flight_is_refused() {
         block_on(a.deregister(std::slice::from_ref(&src.region))).unwrap();
     });
 }
+
+#[test]
+fn shutdown_settles_every_outstanding_request() {
+    each_provider(|p| {
+        let a = install(p, &[]);
+        let b = install(p, &[]);
+        let len = 16 << 20;
+        let src = Side::new(&a, 1, len, false, 1);
+        let dst = Side::new(&b, 1, len, true, 2);
+        let peer = block_on(a.connect(&descriptor("b", &b, &[&dst]))).unwrap();
+        let n = (len / 4096) as u64;
+        let reqs = (0..n)
+            .map(|i| {
+                request(
+                    i as u32,
+                    TransferOp::Write,
+                    &src,
+                    i * 4096,
+                    0,
+                    dst.addr() + i * 4096,
+                    4096,
+                )
+            })
+            .collect();
+        let batch = submit(&peer, reqs);
+        block_on(a.shutdown());
+        let outcome = batch
+            .wait_blocking(Some(std::time::Duration::from_secs(30)))
+            .expect("shutdown must settle every request");
+        if let Err(e) = outcome {
+            assert!(
+                e.failures.iter().all(|(_, e)| matches!(e, Error::Closed(_))),
+                "{p}: {e}"
+            );
+        }
+        // After shutdown nothing new starts.
+        let again = te_base::BatchState::new(vec![4096].into());
+        let r = peer.submit(
+            vec![request(0, TransferOp::Write, &src, 0, 0, dst.addr(), 4096)],
+            &again,
+            &Default::default(),
+        );
+        assert!(matches!(r, Err(Error::Closed(_))), "{p}: {r:?}");
+        assert!(matches!(
+            block_on(a.connect(&descriptor("b", &b, &[&dst]))).err(),
+            Some(Error::Closed(_))
+        ));
+    });
+}
