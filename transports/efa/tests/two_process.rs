@@ -158,3 +158,49 @@ fn killed_peer_fails_outstanding_requests_and_others_keep_working() {
         assert_eq!(survivor.mismatched(0, 1 << 20, 7), 0, "{p}: survivor data");
     });
 }
+
+#[test]
+fn deregistration_is_refused_while_a_stopped_peer_holds_the_batch() {
+    each_provider(|p| {
+        let len = 8u64 << 20;
+        let mut target = PeerProcess::start(p, len, 1, &[]);
+        let a = install(p, &[("TE_FABRIC_TIMEOUT_MS", "60000")]);
+        let local = Side::new(&a, 1, len as usize, false, 3);
+        let peer = block_on(a.connect(&target.descriptor)).unwrap();
+        // Connect and warm up while the target runs.
+        run(
+            &peer,
+            vec![request(0, TransferOp::Write, &local, 0, 0, target.base(), 4096)],
+        )
+        .unwrap();
+        let pid = target.child.id() as libc::pid_t;
+        // SAFETY: signalling our own child process.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        // A stopped target cannot acknowledge delivery, so the batch stays in flight.
+        let reqs = (0..8u64)
+            .map(|i| {
+                request(
+                    i as u32,
+                    TransferOp::Write,
+                    &local,
+                    i << 20,
+                    0,
+                    target.base() + (i << 20),
+                    1 << 20,
+                )
+            })
+            .collect();
+        let batch = submit(&peer, reqs);
+        let refused = block_on(a.deregister(std::slice::from_ref(&local.region)));
+        assert!(
+            matches!(refused, Err(te_base::Error::InFlight { .. })),
+            "{p}: {refused:?}"
+        );
+        assert!(!batch.is_complete());
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        batch.wait_blocking(Some(Duration::from_secs(60))).unwrap().unwrap();
+        assert_eq!(target.mismatched(0, len, 3), 0, "{p}");
+        block_on(a.deregister(std::slice::from_ref(&local.region))).unwrap();
+    });
+}
