@@ -149,7 +149,8 @@ impl TransferEngineBuilder {
             }
         }
         let metadata = self.metadata.unwrap_or_else(|| Arc::new(InProcessStore::global()));
-        TransferEngine::assemble(name, metadata, env, transports, statuses, phase_timing).await
+        let plugins = crate::install::load_plugins();
+        TransferEngine::assemble(name, metadata, env, transports, statuses, plugins, phase_timing).await
     }
 }
 

@@ -14,6 +14,8 @@ use te_base::{
     TransportEndpoint,
 };
 
+use te_base::device::PluginAvailability;
+
 use crate::builder::TransferEngineBuilder;
 use crate::handle::{RegisterOptions, Registration};
 use crate::metrics::{Metrics, MetricsSnapshot};
@@ -104,6 +106,7 @@ pub(crate) struct EngineInner {
     pub(crate) metadata: Arc<dyn MetadataStore>,
     pub(crate) transports: Vec<Arc<dyn Transport>>,
     pub(crate) statuses: Vec<TransportStatus>,
+    pub(crate) plugins: Vec<PluginAvailability>,
     pub(crate) registry: Registry,
     segments: RwLock<Vec<Arc<OpenSegment>>>,
     segment_ids: Mutex<HashMap<String, u32>>,
@@ -157,6 +160,7 @@ impl TransferEngine {
         env: Arc<dyn Env>,
         transports: Vec<Arc<dyn Transport>>,
         statuses: Vec<TransportStatus>,
+        plugins: Vec<PluginAvailability>,
         phase_timing: bool,
     ) -> Result<Self> {
         let phase_stats = phase_timing.then(|| Arc::new(PhaseStats::default()));
@@ -169,6 +173,7 @@ impl TransferEngine {
             metadata,
             transports,
             statuses,
+            plugins,
             registry: Registry::default(),
             segments: RwLock::new(Vec::new()),
             segment_ids: Mutex::new(HashMap::new()),
@@ -443,6 +448,9 @@ impl EngineInner {
             if addr.checked_add(*len).is_none() || usize::try_from(*addr + *len).is_err() {
                 return Err(Error::LengthOverflow { addr: *addr, len: *len });
             }
+            if !items[i].2.is_host() {
+                self.check_device_memory(*addr, *len, items[i].2)?;
+            }
             if let Some(r) = self.registry.overlap(*addr, *len) {
                 return Err(Error::AlreadyRegistered {
                     addr: *addr,
@@ -546,6 +554,36 @@ impl EngineInner {
                 released: AtomicBool::new(false),
             })
             .collect())
+    }
+
+    /// Classifies device memory once, at registration, through the plugin of its kind: both
+    /// ends of the range must be memory of the declared device. The data path never asks again.
+    fn check_device_memory(&self, addr: u64, len: u64, location: MemoryLocation) -> Result<()> {
+        let kind = location.kind();
+        let plugin = self.plugins.iter().find(|p| match p {
+            PluginAvailability::Loaded(pl) => pl.memory_kind() == kind,
+            PluginAvailability::Unavailable { name, .. } => plugin_kind(name) == Some(kind),
+        });
+        let plugin = match plugin {
+            None => {
+                return Err(Error::not_available(
+                    kind.to_string(),
+                    format!("no device plugin for {location} memory is compiled in (cargo feature cuda or hip)"),
+                ))
+            }
+            Some(PluginAvailability::Unavailable { error, .. }) => return Err(error.clone()),
+            Some(PluginAvailability::Loaded(p)) => p,
+        };
+        for probe in [addr, addr + len - 1] {
+            let found = plugin.classify(probe)?.location(kind)?;
+            if found != location {
+                return Err(Error::WrongMemoryKind {
+                    transport: plugin.name().to_string(),
+                    what: format!("[{addr:#x}, +{len}) declared {location} but {probe:#x} is {found}"),
+                });
+            }
+        }
+        Ok(())
     }
 
     async fn deregister_transports(&self, info: &RegionInfo) {
@@ -823,6 +861,14 @@ impl Drop for PinsReaper {
                 e.reap_dying();
             }
         }
+    }
+}
+
+fn plugin_kind(name: &str) -> Option<MemoryKind> {
+    match name {
+        "cuda" => Some(MemoryKind::Cuda),
+        "hip" => Some(MemoryKind::Rocm),
+        _ => None,
     }
 }
 

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use te_base::device::PluginAvailability;
 use te_base::{InstallContext, Result, Transport};
 
 /// Transports compiled into this build, in the engine's order of preference.
@@ -53,25 +54,34 @@ pub struct PluginStatus {
     pub unavailable: Option<String>,
 }
 
-/// Device plugins compiled in (cargo features `cuda`, `hip`) and whether each loads here.
-#[allow(clippy::vec_init_then_push)] // each push is behind its own cargo feature
-pub fn device_plugins() -> Vec<PluginStatus> {
+/// Loads every device plugin compiled in (cargo features `cuda`, `hip`).
+pub(crate) fn load_plugins() -> Vec<PluginAvailability> {
     #[allow(unused_mut)]
-    let mut out = Vec::new();
+    let mut out: Vec<PluginAvailability> = Vec::new();
     #[cfg(feature = "cuda")]
-    out.push(PluginStatus {
-        name: "cuda",
-        unavailable: te_plugin_cuda::load().err().map(|e| reason(&e)),
-    });
+    out.push(PluginAvailability::from_load("cuda", te_plugin_cuda::load()));
     #[cfg(feature = "hip")]
-    out.push(PluginStatus {
-        name: "hip",
-        unavailable: te_plugin_hip::load().err().map(|e| reason(&e)),
-    });
+    out.push(PluginAvailability::from_load("hip", te_plugin_hip::load()));
     out
 }
 
-#[cfg(any(feature = "cuda", feature = "hip"))]
+/// Device plugins compiled in (cargo features `cuda`, `hip`) and whether each loads here.
+pub fn device_plugins() -> Vec<PluginStatus> {
+    load_plugins()
+        .iter()
+        .map(|p| match p {
+            PluginAvailability::Loaded(plugin) => PluginStatus {
+                name: plugin.name(),
+                unavailable: None,
+            },
+            PluginAvailability::Unavailable { name, error } => PluginStatus {
+                name,
+                unavailable: Some(reason(error)),
+            },
+        })
+        .collect()
+}
+
 fn reason(e: &te_base::Error) -> String {
     match e {
         te_base::Error::NotAvailable { reason, .. } => reason.clone(),

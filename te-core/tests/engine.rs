@@ -161,7 +161,7 @@ async fn overlapping_and_empty_registrations_are_refused() {
 #[tokio::test]
 async fn device_memory_without_a_plugin_is_a_typed_error() {
     let a = engine("dev").await;
-    // SAFETY: the address is never dereferenced: no transport serves CUDA memory in this build.
+    // SAFETY: the address is never dereferenced: there is no CUDA driver on the test hosts.
     let err = unsafe {
         a.register_raw(
             0x7000_0000,
@@ -172,8 +172,9 @@ async fn device_memory_without_a_plugin_is_a_typed_error() {
     }
     .await
     .unwrap_err();
-    assert!(matches!(err, Error::NoTransport { .. }), "{err}");
-    assert!(err.to_string().contains("cuda:0"), "{err}");
+    // Without a plugin compiled in, or without a driver here, the error says cuda is not available.
+    assert!(matches!(err, Error::NotAvailable { .. }), "{err}");
+    assert!(err.to_string().contains("cuda"), "{err}");
 }
 
 #[tokio::test]

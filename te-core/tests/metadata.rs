@@ -405,3 +405,10 @@ mod etcd {
 
 #[allow(dead_code)]
 fn _assert_object_safe(_: Arc<dyn MetadataStore>) {}
+
+#[test]
+fn p2p_outside_a_runtime_is_an_error_not_a_panic() {
+    let fut = P2pStore::bind("127.0.0.1:0".parse().unwrap(), Duration::from_secs(1));
+    let err = futures::executor::block_on(fut).unwrap_err();
+    assert!(err.to_string().contains("tokio runtime"), "{err}");
+}

@@ -213,6 +213,8 @@ impl Shared {
 impl EtcdStore {
     /// Connects, takes a lease and starts the keep-alive and watch tasks on the current runtime.
     pub async fn connect(config: EtcdConfig) -> Result<EtcdStore> {
+        tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::Metadata("etcd: the store must be created inside a tokio runtime".into()))?;
         let opts = ConnectOptions::new()
             .with_connect_timeout(config.timeout)
             .with_timeout(config.timeout);

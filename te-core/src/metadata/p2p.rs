@@ -73,6 +73,8 @@ impl Drop for P2pStore {
 impl P2pStore {
     /// Listens on `addr` and serves published descriptors from a task of the current runtime.
     pub async fn bind(addr: SocketAddr, timeout: Duration) -> Result<P2pStore> {
+        tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::Metadata("p2p: the store must be created inside a tokio runtime".into()))?;
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|e| Error::io(format!("p2p metadata: listening on {addr}"), e))?;
