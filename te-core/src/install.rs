@@ -55,6 +55,7 @@ pub struct PluginStatus {
 }
 
 /// Loads every device plugin compiled in (cargo features `cuda`, `hip`).
+#[allow(clippy::vec_init_then_push)] // each push is behind its own cargo feature
 pub(crate) fn load_plugins() -> Vec<PluginAvailability> {
     #[allow(unused_mut)]
     let mut out: Vec<PluginAvailability> = Vec::new();
