@@ -7,6 +7,8 @@ use te_base::{Error, Result};
 pub const COPY_THREADS_VAR: &str = "TE_COPY_THREADS";
 /// Variable naming the smallest copy that uses non-temporal stores.
 pub const NT_COPY_MIN_BYTES_VAR: &str = "TE_NT_COPY_MIN_BYTES";
+/// Variable naming the smallest batch that is split across copy helpers.
+pub const COPY_FANOUT_MIN_BYTES_VAR: &str = "TE_COPY_FANOUT_MIN_BYTES";
 
 /// Default number of copy workers. Two was best on every shape the seed measured: past two, the
 /// local copies outrun everything else the node does and stop paying.
@@ -29,8 +31,14 @@ pub struct LocalConfig {
     /// Copies of at least this many bytes use non-temporal stores (`TE_NT_COPY_MIN_BYTES`,
     /// default 2 KiB). Set it above every fragment size to turn streaming stores off.
     pub nt_copy_min_bytes: u64,
-    /// Batches smaller than this stay on the submitting thread even with helpers available.
+    /// Batches of fewer bytes stay on the submitting thread even with helpers available
+    /// (`TE_COPY_FANOUT_MIN_BYTES`).
     pub fanout_min_bytes: u64,
+    /// Share a batch only with a helper that is already awake (true by default). On a machine with
+    /// more runnable threads than cores, a parked helper can wait milliseconds for a core while
+    /// the caller waits for it; with this set, such a batch is copied inline instead. False always
+    /// shares (for dedicated machines, and to exercise the parallel path in tests).
+    pub fanout_needs_awake_helper: bool,
 }
 
 impl Default for LocalConfig {
@@ -39,12 +47,13 @@ impl Default for LocalConfig {
             copy_threads: DEFAULT_COPY_THREADS,
             nt_copy_min_bytes: DEFAULT_NT_COPY_MIN_BYTES,
             fanout_min_bytes: DEFAULT_FANOUT_MIN_BYTES,
+            fanout_needs_awake_helper: true,
         }
     }
 }
 
 impl LocalConfig {
-    /// Reads `TE_COPY_THREADS` and `TE_NT_COPY_MIN_BYTES` from `env`; unset means the default,
+    /// Reads `TE_COPY_THREADS`, `TE_NT_COPY_MIN_BYTES` and `TE_COPY_FANOUT_MIN_BYTES` from `env`; unset means the default,
     /// anything malformed is an [`Error::Config`] naming the variable and the value.
     ///
     /// ```
@@ -62,6 +71,9 @@ impl LocalConfig {
         }
         if let Some(bytes) = parse_bytes(env, NT_COPY_MIN_BYTES_VAR)? {
             cfg.nt_copy_min_bytes = bytes;
+        }
+        if let Some(bytes) = parse_bytes(env, COPY_FANOUT_MIN_BYTES_VAR)? {
+            cfg.fanout_min_bytes = bytes;
         }
         cfg.validate()?;
         Ok(cfg)
@@ -102,10 +114,15 @@ mod tests {
 
     #[test]
     fn reads_both_variables() {
-        let env = MapEnv::new([("TE_COPY_THREADS", "4"), ("TE_NT_COPY_MIN_BYTES", "64KiB")]);
+        let env = MapEnv::new([
+            ("TE_COPY_THREADS", "4"),
+            ("TE_NT_COPY_MIN_BYTES", "64KiB"),
+            ("TE_COPY_FANOUT_MIN_BYTES", "1M"),
+        ]);
         let cfg = LocalConfig::from_env(&env).unwrap();
         assert_eq!(cfg.copy_threads, 4);
         assert_eq!(cfg.nt_copy_min_bytes, 64 << 10);
+        assert_eq!(cfg.fanout_min_bytes, 1 << 20);
     }
 
     #[test]
@@ -120,6 +137,7 @@ mod tests {
             ("TE_NT_COPY_MIN_BYTES", "2X"),
             ("TE_NT_COPY_MIN_BYTES", "-5"),
             ("TE_NT_COPY_MIN_BYTES", ""),
+            ("TE_COPY_FANOUT_MIN_BYTES", "1 M"),
         ] {
             let err = LocalConfig::from_env(&MapEnv::new([(var, bad)])).unwrap_err();
             assert!(matches!(err, Error::Config { .. }), "{var}={bad:?}: {err}");

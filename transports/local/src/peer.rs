@@ -170,11 +170,16 @@ impl LocalPeer {
             } else {
                 split(ops, total, parts, cuts);
                 let (ops, cuts) = (&ops[..], &cuts[..]);
-                self.shared.pool.run(parts, &|k| {
+                let part = |k: usize| {
                     // SAFETY: as above; the parts are disjoint byte ranges of the plan, so no two
                     // workers write the same bytes.
                     unsafe { run_range(ops, cuts[k], cuts[k + 1], kernel, nt_min) }
-                });
+                };
+                if config.fanout_needs_awake_helper {
+                    self.shared.pool.run_if_helped(parts, &part);
+                } else {
+                    self.shared.pool.run(parts, &part);
+                }
             }
         }
         ctx.timer.lap(Phase::Submit, t1);

@@ -208,12 +208,15 @@ fn radix_sort(keys: &mut Vec<u64>, tmp: &mut Vec<u64>, counts: &mut Vec<u32>, lo
     });
     counts.clear();
     counts.resize(buckets * passes, 0);
-    // One read of the keys fills the histograms of every pass.
-    for &k in keys.iter() {
-        for (p, mask) in masks.iter().enumerate().take(passes) {
-            let d = ((k >> (low + p as u32 * digit)) & mask) as usize;
-            counts[p * buckets + d] += 1;
-        }
+    // One read of the keys fills the histograms of every pass; the pass count is a constant inside
+    // the loop so it unrolls.
+    match passes {
+        1 => histograms::<1>(keys, counts, low, digit, &masks),
+        2 => histograms::<2>(keys, counts, low, digit, &masks),
+        3 => histograms::<3>(keys, counts, low, digit, &masks),
+        4 => histograms::<4>(keys, counts, low, digit, &masks),
+        5 => histograms::<5>(keys, counts, low, digit, &masks),
+        _ => histograms::<6>(keys, counts, low, digit, &masks),
     }
     let n = keys.len() as u32;
     tmp.clear();
@@ -236,6 +239,19 @@ fn radix_sort(keys: &mut Vec<u64>, tmp: &mut Vec<u64>, counts: &mut Vec<u32>, lo
             hist[d] += 1;
         }
         std::mem::swap(keys, tmp);
+    }
+}
+
+/// Counts, for each of `P` digits of `digit` bits starting at bit `low`, how many keys have each
+/// digit value; `counts` holds `P` tables of `1 << digit` counters.
+fn histograms<const P: usize>(keys: &[u64], counts: &mut [u32], low: u32, digit: u32, masks: &[u64; 6]) {
+    let buckets = 1usize << digit;
+    let (tables, _) = counts.split_at_mut(P * buckets);
+    for &k in keys {
+        for p in 0..P {
+            let d = ((k >> (low + p as u32 * digit)) & masks[p]) as usize;
+            tables[p * buckets + d] += 1;
+        }
     }
 }
 

@@ -17,11 +17,12 @@ use te_base::{Error, Result};
 
 /// Stack size of a helper: it only runs copy loops.
 const HELPER_STACK_BYTES: usize = 256 << 10;
-/// How long a helper that was just woken, or just finished a job, watches for the next job before
-/// parking again. Waking a parked thread takes microseconds to tens of microseconds; a caller gives
-/// [`CopyPool::wake`] a heads-up before planning, so the helper is awake by the time the plan is
-/// ready, and back-to-back batches find it awake.
-const SPIN: Duration = Duration::from_micros(100);
+/// How long a helper that was woken without a job waiting watches for one before parking again.
+/// Waking a parked thread takes microseconds to tens of microseconds, so a caller gives
+/// [`CopyPool::wake`] a heads-up before planning and the helper is awake when the plan is ready.
+/// A helper does not spin after a job: on a small, shared machine that steals the core the next
+/// caller needs.
+const SPIN: Duration = Duration::from_micros(200);
 
 /// One call's work: `parts` pieces, run as `call(data, k)` for each `k`.
 struct Job {
@@ -75,6 +76,8 @@ struct Shared {
     work: Condvar,
     /// Jobs posted so far; spinning helpers watch it without taking the lock.
     posted: AtomicU64,
+    /// Helpers awake and watching for a job right now.
+    watching: AtomicUsize,
 }
 
 /// Helper threads that share the copies of large batches with the submitting thread.
@@ -101,6 +104,7 @@ impl CopyPool {
             }),
             work: Condvar::new(),
             posted: AtomicU64::new(0),
+            watching: AtomicUsize::new(0),
         });
         let mut pool = CopyPool {
             shared,
@@ -128,6 +132,20 @@ impl CopyPool {
     pub fn wake(&self, n: usize) {
         for _ in 0..n.min(self.helpers.len()) {
             self.shared.work.notify_one();
+        }
+    }
+
+    /// Like [`CopyPool::run`], but shares the work only if a helper is awake right now (after a
+    /// [`CopyPool::wake`]); otherwise runs every part on this thread.
+    ///
+    /// On a machine with more runnable threads than cores a woken helper may not get a core for
+    /// milliseconds, and a caller that handed it a part has to wait that long. A helper that is
+    /// already watching is on a core, so the work is shared only then.
+    pub fn run_if_helped<F: Fn(usize) + Sync>(&self, parts: usize, work: &F) {
+        if self.shared.watching.load(Ordering::Acquire) == 0 {
+            (0..parts).for_each(work);
+        } else {
+            self.run(parts, work);
         }
     }
 
@@ -212,14 +230,16 @@ fn helper_loop(shared: &Shared) {
             if watch {
                 watch = false;
                 let seen = shared.posted.load(Ordering::Acquire);
+                shared.watching.fetch_add(1, Ordering::AcqRel);
                 MutexGuard::unlocked(&mut queue, || watch_for_job(&shared.posted, seen));
+                shared.watching.fetch_sub(1, Ordering::AcqRel);
             } else {
                 shared.work.wait(&mut queue);
                 watch = true;
             }
             continue;
         };
-        watch = true;
+        watch = false;
         // SAFETY: as above; joining under the lock means the owner, which retires the job under
         // the same lock, will wait for us.
         let job = unsafe { &*ptr.0 };
@@ -294,6 +314,24 @@ mod tests {
             .collect();
         threads.into_iter().for_each(|t| t.join().unwrap());
         assert_eq!(total.load(Ordering::Relaxed), 4 * 200 * 15);
+    }
+
+    #[test]
+    fn work_is_shared_only_with_an_awake_helper() {
+        let pool = CopyPool::new(1).unwrap();
+        let me = thread::current().id();
+        // Nobody watching: everything runs here, and nothing is posted.
+        pool.run_if_helped(8, &|_| assert_eq!(thread::current().id(), me));
+        assert_eq!(pool.shared.posted.load(Ordering::Acquire), 0);
+        // A helper counted as watching: the job is posted and every part still runs once.
+        pool.shared.watching.fetch_add(1, Ordering::AcqRel);
+        let hits: Vec<AtomicU64> = (0..8).map(|_| AtomicU64::new(0)).collect();
+        pool.run_if_helped(8, &|k| {
+            hits[k].fetch_add(1, Ordering::Relaxed);
+        });
+        pool.shared.watching.fetch_sub(1, Ordering::AcqRel);
+        assert_eq!(pool.shared.posted.load(Ordering::Acquire), 1);
+        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
     }
 
     #[test]

@@ -77,6 +77,7 @@ async fn every_kernel_with_eager_fanout_passes_the_suite() {
             copy_threads: 3,
             nt_copy_min_bytes: 64,
             fanout_min_bytes: 1,
+            fanout_needs_awake_helper: false,
         };
         eprintln!("kernel {}", kernel.name());
         run_each(|| pair(config, kernel), &smaller()).await;

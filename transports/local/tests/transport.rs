@@ -191,6 +191,7 @@ async fn writes_and_reads_move_every_byte() {
         },
         LocalConfig {
             fanout_min_bytes: 1,
+            fanout_needs_awake_helper: false,
             nt_copy_min_bytes: 0,
             copy_threads: 4,
         },
@@ -407,7 +408,11 @@ async fn registration_is_all_or_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_batches_from_many_threads() {
-    let s = setup(LocalConfig::default(), 8 << 20).await;
+    let always_share = LocalConfig {
+        fanout_needs_awake_helper: false,
+        ..LocalConfig::default()
+    };
+    let s = setup(always_share, 8 << 20).await;
     let threads = 4u64;
     let per = (8u64 << 20) / threads;
     std::thread::scope(|scope| {
@@ -436,7 +441,11 @@ async fn concurrent_batches_from_many_threads() {
 async fn ten_thousand_requests_in_one_batch() {
     let n = 10_000u64;
     let frag = 1728u64;
-    let s = setup(LocalConfig::default(), (n * frag) as usize).await;
+    let always_share = LocalConfig {
+        fanout_needs_awake_helper: false,
+        ..LocalConfig::default()
+    };
+    let s = setup(always_share, (n * frag) as usize).await;
     // 7919 is prime and does not divide n, so `i * 7919 % n` visits every slot once.
     let perm = |i: u64| (i * 7919) % n;
     // Batch 1: submitted in scrambled order, but source and destination slots match, so the plan
@@ -490,6 +499,7 @@ async fn overlapping_requests_run_in_index_order() {
             copy_threads: 4,
             nt_copy_min_bytes: 0,
             fanout_min_bytes: 1,
+            fanout_needs_awake_helper: false,
         },
     ] {
         let t = transport(config);
@@ -641,6 +651,7 @@ async fn every_kernel_end_to_end() {
         let config = LocalConfig {
             nt_copy_min_bytes: 256,
             fanout_min_bytes: 1,
+            fanout_needs_awake_helper: false,
             copy_threads: 2,
         };
         let a = LocalTransport::with_kernel(config, kernel).unwrap();
