@@ -84,11 +84,12 @@ impl LocalPeer {
         let t0 = ctx.timer.start();
         let config = &self.shared.config;
         let workers = if ctx.background { 1 } else { config.copy_threads };
+        // Announce a large batch to the helpers now, so they are awake when the plan is ready.
+        let mut heads_up = None;
         if workers > 1 {
-            // Wake helpers now, so they are up by the time the plan is ready.
             let bytes = requests.iter().fold(0u64, |sum, r| sum.saturating_add(r.len));
             if bytes >= config.fanout_min_bytes {
-                self.shared.pool.wake(workers - 1);
+                heads_up = Some(self.shared.pool.heads_up(workers - 1));
             }
         }
         let local = &self.shared.domain;
@@ -135,6 +136,7 @@ impl LocalPeer {
         let t1 = ctx.timer.lap(Phase::Plan, t0);
 
         if in_order {
+            drop(heads_up.take());
             frags.sort_unstable_by_key(|f| f.index);
             for f in frags.iter() {
                 // SAFETY: both ranges were checked to lie in live registered regions that stay
@@ -153,6 +155,7 @@ impl LocalPeer {
             };
             let (kernel, nt_min) = (self.shared.kernel, config.nt_copy_min_bytes);
             if parts == 1 {
+                drop(heads_up.take());
                 for op in ops.iter() {
                     // SAFETY: ranges checked against live regions held by the read locks; the
                     // planner proved no destination overlaps another copy's source or destination.
@@ -175,10 +178,12 @@ impl LocalPeer {
                     // workers write the same bytes.
                     unsafe { run_range(ops, cuts[k], cuts[k + 1], kernel, nt_min) }
                 };
-                if config.fanout_needs_awake_helper {
-                    self.shared.pool.run_if_helped(parts, &part);
-                } else {
-                    self.shared.pool.run(parts, &part);
+                match heads_up.take() {
+                    Some(h) if config.fanout_needs_awake_helper => self.shared.pool.run_if_helped(h, parts, &part),
+                    h => {
+                        drop(h);
+                        self.shared.pool.run(parts, &part);
+                    }
                 }
             }
         }

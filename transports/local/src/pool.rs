@@ -17,11 +17,11 @@ use te_base::{Error, Result};
 
 /// Stack size of a helper: it only runs copy loops.
 const HELPER_STACK_BYTES: usize = 256 << 10;
-/// How long a helper that was woken without a job waiting watches for one before parking again.
-/// Waking a parked thread takes microseconds to tens of microseconds, so a caller gives
-/// [`CopyPool::wake`] a heads-up before planning and the helper is awake when the plan is ready.
-/// A helper does not spin after a job: on a small, shared machine that steals the core the next
-/// caller needs.
+/// Longest a woken helper watches for an announced job before parking again. Waking a parked
+/// thread takes microseconds to tens of microseconds, so a caller announces a job with
+/// [`CopyPool::heads_up`] before planning, and the helper is awake when the plan is ready. A helper
+/// watches only while some announcement is open, and never after finishing a job: on a small,
+/// shared machine it may sit on the very core its caller needs.
 const SPIN: Duration = Duration::from_micros(200);
 
 /// One call's work: `parts` pieces, run as `call(data, k)` for each `k`.
@@ -78,6 +78,8 @@ struct Shared {
     posted: AtomicU64,
     /// Helpers awake and watching for a job right now.
     watching: AtomicUsize,
+    /// Announcements ([`HeadsUp`]) not yet followed by a job or withdrawn.
+    expected: AtomicUsize,
 }
 
 /// Helper threads that share the copies of large batches with the submitting thread.
@@ -105,6 +107,7 @@ impl CopyPool {
             work: Condvar::new(),
             posted: AtomicU64::new(0),
             watching: AtomicUsize::new(0),
+            expected: AtomicUsize::new(0),
         });
         let mut pool = CopyPool {
             shared,
@@ -127,32 +130,43 @@ impl CopyPool {
         self.helpers.len()
     }
 
-    /// Tells up to `n` parked helpers that a job is coming, so they are awake when it is posted.
-    /// Cheap when they are awake already.
-    pub fn wake(&self, n: usize) {
+    /// Announces a job to up to `n` helpers, so they are awake when it is posted. The
+    /// announcement lasts until the returned guard is passed to [`CopyPool::run_if_helped`] or
+    /// dropped; helpers stop watching then.
+    pub fn heads_up(&self, n: usize) -> HeadsUp<'_> {
+        self.shared.expected.fetch_add(1, Ordering::AcqRel);
         for _ in 0..n.min(self.helpers.len()) {
             self.shared.work.notify_one();
         }
+        HeadsUp { shared: &self.shared }
     }
 
     /// Like [`CopyPool::run`], but shares the work only if a helper is awake right now (after a
-    /// [`CopyPool::wake`]); otherwise runs every part on this thread.
+    /// [`CopyPool::heads_up`]); otherwise runs every part on this thread.
     ///
     /// On a machine with more runnable threads than cores a woken helper may not get a core for
-    /// milliseconds, and a caller that handed it a part has to wait that long. A helper that is
-    /// already watching is on a core, so the work is shared only then.
-    pub fn run_if_helped<F: Fn(usize) + Sync>(&self, parts: usize, work: &F) {
-        if self.shared.watching.load(Ordering::Acquire) == 0 {
-            (0..parts).for_each(work);
+    /// milliseconds (or may be waiting for the caller's own core), and a caller that handed it a
+    /// part has to wait that long. A helper that is already watching is on a core of its own, so
+    /// the work is shared only then.
+    pub fn run_if_helped<F: Fn(usize) + Sync>(&self, heads_up: HeadsUp<'_>, parts: usize, work: &F) {
+        let helped = self.shared.watching.load(Ordering::Acquire) > 0;
+        if helped {
+            self.run_posted(parts, work, Some(heads_up));
         } else {
-            self.run(parts, work);
+            drop(heads_up);
+            (0..parts).for_each(work);
         }
     }
 
     /// Runs `work(k)` for every `k` in `0..parts`, on this thread and on helpers that are free,
     /// and returns when all parts are done. Parts run in any order, concurrently.
     pub fn run<F: Fn(usize) + Sync>(&self, parts: usize, work: &F) {
+        self.run_posted(parts, work, None);
+    }
+
+    fn run_posted<F: Fn(usize) + Sync>(&self, parts: usize, work: &F, heads_up: Option<HeadsUp<'_>>) {
         if parts <= 1 || self.helpers.is_empty() {
+            drop(heads_up);
             (0..parts).for_each(work);
             return;
         }
@@ -166,6 +180,7 @@ impl CopyPool {
         };
         self.shared.queue.lock().jobs.push(JobPtr(&job));
         self.shared.posted.fetch_add(1, Ordering::Release);
+        drop(heads_up);
         // The retire guard runs on every exit, unwinding included, so helpers never see a dead job.
         let _retire = Retire {
             shared: &self.shared,
@@ -177,6 +192,19 @@ impl CopyPool {
         while let Some(k) = job.claim() {
             job.run(k);
         }
+    }
+}
+
+/// An open announcement of a job (see [`CopyPool::heads_up`]); closing it tells watching helpers
+/// to stop waiting for that job.
+#[must_use = "the announcement ends when the guard is dropped"]
+pub struct HeadsUp<'a> {
+    shared: &'a Shared,
+}
+
+impl Drop for HeadsUp<'_> {
+    fn drop(&mut self) {
+        self.shared.expected.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -231,7 +259,7 @@ fn helper_loop(shared: &Shared) {
                 watch = false;
                 let seen = shared.posted.load(Ordering::Acquire);
                 shared.watching.fetch_add(1, Ordering::AcqRel);
-                MutexGuard::unlocked(&mut queue, || watch_for_job(&shared.posted, seen));
+                MutexGuard::unlocked(&mut queue, || watch_for_job(shared, seen));
                 shared.watching.fetch_sub(1, Ordering::AcqRel);
             } else {
                 shared.work.wait(&mut queue);
@@ -253,12 +281,15 @@ fn helper_loop(shared: &Shared) {
     }
 }
 
-/// Spins until a job is posted after `seen`, for at most [`SPIN`].
-fn watch_for_job(posted: &AtomicU64, seen: u64) {
+/// Watches until a job is posted after `seen`, no job is announced any more, or [`SPIN`] passed.
+///
+/// Yields between checks: a woken helper is often placed on its waker's core, and spinning there
+/// would keep the caller that is planning the job off its own core until the watch times out.
+fn watch_for_job(shared: &Shared, seen: u64) {
     let start = Instant::now();
     loop {
-        for _ in 0..64 {
-            if posted.load(Ordering::Acquire) != seen {
+        for _ in 0..16 {
+            if shared.posted.load(Ordering::Acquire) != seen || shared.expected.load(Ordering::Acquire) == 0 {
                 return;
             }
             std::hint::spin_loop();
@@ -266,6 +297,7 @@ fn watch_for_job(posted: &AtomicU64, seen: u64) {
         if start.elapsed() >= SPIN {
             return;
         }
+        thread::yield_now();
     }
 }
 
@@ -320,17 +352,19 @@ mod tests {
     fn work_is_shared_only_with_an_awake_helper() {
         let pool = CopyPool::new(1).unwrap();
         let me = thread::current().id();
-        // Nobody watching: everything runs here, and nothing is posted.
-        pool.run_if_helped(8, &|_| assert_eq!(thread::current().id(), me));
+        // Nobody watching: everything runs here, nothing is posted, the announcement is closed.
+        pool.run_if_helped(pool.heads_up(1), 8, &|_| assert_eq!(thread::current().id(), me));
         assert_eq!(pool.shared.posted.load(Ordering::Acquire), 0);
+        assert_eq!(pool.shared.expected.load(Ordering::Acquire), 0);
         // A helper counted as watching: the job is posted and every part still runs once.
         pool.shared.watching.fetch_add(1, Ordering::AcqRel);
         let hits: Vec<AtomicU64> = (0..8).map(|_| AtomicU64::new(0)).collect();
-        pool.run_if_helped(8, &|k| {
+        pool.run_if_helped(pool.heads_up(1), 8, &|k| {
             hits[k].fetch_add(1, Ordering::Relaxed);
         });
         pool.shared.watching.fetch_sub(1, Ordering::AcqRel);
         assert_eq!(pool.shared.posted.load(Ordering::Acquire), 1);
+        assert_eq!(pool.shared.expected.load(Ordering::Acquire), 0);
         assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
     }
 
