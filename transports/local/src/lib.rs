@@ -1,15 +1,48 @@
 //! The local-copy transport: host memory to host memory between segments of one process.
 //!
-//! Built as the seed's fixed design: a batch is resolved against registration tables (sorted,
-//! binary search, one shared lock per batch), planned (ordered by destination, exactly adjacent
-//! fragments coalesced into one copy), and copied with non-temporal stores for copies of
-//! `TE_NT_COPY_MIN_BYTES` (2 KiB) and more, fanned out over a persistent pool of
-//! `TE_COPY_THREADS` workers (2, the submitting thread included). Background submissions stay
-//! inline. See [`peer`](crate::LocalTransport) for what happens when requests of one batch touch
-//! the same memory.
+//! Built as the seed's fixed design. One [`Peer::submit`](te_base::Peer::submit) handles a whole
+//! batch:
+//! - **Resolve** every request under one read lock of each region table (sorted by base, binary
+//!   search, last region remembered): the local side in the initiator's own table by region id
+//!   and address, the remote side in the *target's live* table. A remote range that is not inside
+//!   one registered, exported region fails with `Error::OutOfBounds` and is never served; the
+//!   other requests of the batch go on. The locks are held until the copies are done, so a region
+//!   cannot be deregistered (and freed) under a copy.
+//! - **Plan**: order by destination (a radix sort of compact keys; already sorted batches cost one
+//!   pass) and coalesce exactly adjacent fragments — source and destination both contiguous —
+//!   into one copy.
+//! - **Copy** with non-temporal stores (AVX-512, AVX2 or SSE2, detected at run time; an ordinary
+//!   copy elsewhere) for copies of `TE_NT_COPY_MIN_BYTES` (2 KiB) and more, an ordinary `memcpy`
+//!   below, and one store fence per worker at the end.
+//! - **Fan out** batches of `TE_COPY_FANOUT_MIN_BYTES` (64 KiB) and more over a persistent pool
+//!   of `TE_COPY_THREADS - 1` helpers (the submitting thread works too; 1 means inline). Helpers
+//!   are told at the start of planning, and the copy is shared only with a helper that is awake
+//!   by the time the plan is ready ([`LocalConfig::fanout_needs_awake_helper`]), so a batch never
+//!   waits for a helper that cannot get a core. Background submissions stay inline.
+//! - **Complete** the batch once: failures by index, then one `complete_many`.
 //!
-//! The engine installs it with [`install`]; [`copy`], [`plan`] and [`parts`] are public for the
-//! benchmarks.
+//! Phase timings go to `Phase::Plan` (resolve and plan) and `Phase::Submit` (the copy) when the
+//! caller's timer is on; when it is off the clock is never read. Nothing is allocated per
+//! fragment: planning vectors are per-thread scratch reused from batch to batch.
+//!
+//! # Requests that touch the same memory
+//!
+//! Requests of one batch are unordered, as on any transport. When two requests write the same
+//! destination bytes, or one reads bytes another writes (a segment copying within its own
+//! memory), the planner detects it and the batch is neither coalesced nor split: it runs on the
+//! submitting thread, request by request in ascending request index, each with `memmove`
+//! semantics, so a request may even copy onto an overlapping range of itself. The outcome is
+//! exactly that of the requests run one after another; there is never a data race. Such a batch
+//! uses no streaming stores.
+//!
+//! # Device memory
+//!
+//! Only host memory is served ([`Capabilities`](te_base::Capabilities): host local and remote).
+//! Device regions may be registered (they are recorded), and a request touching one fails with
+//! `Error::WrongMemoryKind`; device copies belong to a device plugin.
+//!
+//! The engine installs the transport with [`install`]; [`copy`], [`plan`] and [`parts`] are
+//! public for the benchmarks.
 
 pub mod config;
 pub mod copy;

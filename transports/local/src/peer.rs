@@ -1,19 +1,5 @@
-//! The data path: a connected same-process segment and [`Peer::submit`].
-//!
-//! One call handles the whole batch: resolve every request under one read lock of each table,
-//! plan (sort by destination, coalesce exactly adjacent fragments), copy — streaming stores at and
-//! above the threshold, fanned out over the persistent pool when the batch is large — and complete
-//! the batch once. Nothing is allocated per fragment: the planner's vectors are per-thread scratch
-//! that is reused from batch to batch.
-//!
-//! # Requests that touch the same memory
-//!
-//! Requests of one batch are unordered, as on any transport. When two requests write the same
-//! destination bytes, or one reads bytes another writes (a segment copying within its own memory),
-//! the batch is not coalesced or split: it runs on the submitting thread, request by request in
-//! ascending request index, each with `memmove` semantics, so a request may even copy onto an
-//! overlapping range of itself. The outcome is exactly that of the requests run one after another;
-//! there is never a data race. Such a batch uses no streaming stores.
+//! The data path: a connected same-process segment and [`Peer::submit`] (see the crate docs for
+//! the steps and for what happens when requests of one batch touch the same memory).
 
 use std::cell::Cell;
 use std::sync::{Arc, Weak};

@@ -40,7 +40,8 @@ pub struct Coalesced {
 }
 
 /// Two requests of the batch write the same destination bytes, or one reads bytes another writes.
-/// Such a batch must run request by request (see [`crate::peer`]), never as parallel copies.
+/// Such a batch must run request by request (see the [crate docs](crate#requests-that-touch-the-same-memory)),
+/// never as parallel copies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Overlap;
 
