@@ -22,7 +22,7 @@ const HELPER_STACK_BYTES: usize = 256 << 10;
 /// [`CopyPool::heads_up`] before planning, and the helper is awake when the plan is ready. A helper
 /// watches only while some announcement is open, and never after finishing a job: on a small,
 /// shared machine it may sit on the very core its caller needs.
-const SPIN: Duration = Duration::from_micros(200);
+const SPIN: Duration = Duration::from_millis(1);
 
 /// One call's work: `parts` pieces, run as `call(data, k)` for each `k`.
 struct Job {
