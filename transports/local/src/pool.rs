@@ -7,7 +7,7 @@
 //! caller's stack: it is reachable by helpers only through the queue, and the caller removes it
 //! from the queue and waits until every helper that joined has left before returning.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -80,6 +80,9 @@ struct Shared {
     watching: AtomicUsize,
     /// Announcements ([`HeadsUp`]) not yet followed by a job or withdrawn.
     expected: AtomicUsize,
+    /// CPU of the latest announcer (-1: unknown). A helper woken onto that CPU would only take
+    /// it from the announcer, so it does not watch.
+    announcer_cpu: AtomicI32,
 }
 
 /// Helper threads that share the copies of large batches with the submitting thread.
@@ -108,6 +111,7 @@ impl CopyPool {
             posted: AtomicU64::new(0),
             watching: AtomicUsize::new(0),
             expected: AtomicUsize::new(0),
+            announcer_cpu: AtomicI32::new(-1),
         });
         let mut pool = CopyPool {
             shared,
@@ -134,6 +138,7 @@ impl CopyPool {
     /// announcement lasts until the returned guard is passed to [`CopyPool::run_if_helped`] or
     /// dropped; helpers stop watching then.
     pub fn heads_up(&self, n: usize) -> HeadsUp<'_> {
+        self.shared.announcer_cpu.store(current_cpu(), Ordering::Relaxed);
         self.shared.expected.fetch_add(1, Ordering::AcqRel);
         for _ in 0..n.min(self.helpers.len()) {
             self.shared.work.notify_one();
@@ -255,7 +260,8 @@ fn helper_loop(shared: &Shared) {
         // letting it go.
         let found = queue.jobs.iter().copied().find(|j| unsafe { (*j.0).has_work() });
         let Some(ptr) = found else {
-            if watch {
+            let cpu = current_cpu();
+            if watch && (cpu < 0 || cpu != shared.announcer_cpu.load(Ordering::Relaxed)) {
                 watch = false;
                 let seen = shared.posted.load(Ordering::Acquire);
                 shared.watching.fetch_add(1, Ordering::AcqRel);
@@ -278,6 +284,19 @@ fn helper_loop(shared: &Shared) {
                 job.run(k);
             }
         });
+    }
+}
+
+/// The CPU this thread runs on, or -1 where that cannot be asked. One vDSO call on Linux.
+fn current_cpu() -> i32 {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: sched_getcpu takes no arguments and only reads the calling thread's CPU.
+        unsafe { libc::sched_getcpu() }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        -1
     }
 }
 
