@@ -111,7 +111,9 @@ pub fn run(args: Args) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         fill(&setup.src, 11);
         // Opened after the allocation so the descriptor lists the destination.
-        let me = rt.block_on(engine.open_segment(engine.segment_name())).map_err(|e| e.to_string())?;
+        let me = rt
+            .block_on(engine.open_segment(engine.segment_name()))
+            .map_err(|e| e.to_string())?;
         let reqs: Vec<TransferRequest> = setup
             .slots
             .iter()

@@ -5,14 +5,29 @@ use te_core::{HostBufferOptions, TransferEngine, TransferRequest};
 
 #[tokio::test]
 async fn a_downstream_crate_can_register_open_and_move_bytes() {
-    let engine = TransferEngine::builder().segment_name("downstream").build().await.expect("engine");
-    let src = engine.allocate(64 << 10, HostBufferOptions::default()).await.expect("allocate src");
-    let dst = engine.allocate(64 << 10, HostBufferOptions::default()).await.expect("allocate dst");
+    let engine = TransferEngine::builder()
+        .segment_name("downstream")
+        .build()
+        .await
+        .expect("engine");
+    let src = engine
+        .allocate(64 << 10, HostBufferOptions::default())
+        .await
+        .expect("allocate src");
+    let dst = engine
+        .allocate(64 << 10, HostBufferOptions::default())
+        .await
+        .expect("allocate dst");
     let message = b"bytes moved by te-core";
     src.write_at(100, message).unwrap();
     let seg = engine.open_segment("downstream").await.expect("open own segment");
     engine
-        .transfer(&[TransferRequest::write(src.addr() + 100, seg.id(), dst.addr() + 7, message.len() as u64)])
+        .transfer(&[TransferRequest::write(
+            src.addr() + 100,
+            seg.id(),
+            dst.addr() + 7,
+            message.len() as u64,
+        )])
         .await
         .expect("transfer");
     let mut out = vec![0u8; message.len()];
