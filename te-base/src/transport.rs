@@ -92,6 +92,8 @@ pub struct InstallContext {
     pub env: Arc<dyn Env>,
     /// The engine's segment name.
     pub segment_name: String,
+    /// Device-memory plugins that loaded (CUDA, HIP), for transports that move device memory.
+    pub devices: Vec<Arc<dyn crate::device::DevicePlugin>>,
 }
 
 impl std::fmt::Debug for InstallContext {

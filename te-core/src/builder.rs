@@ -116,9 +116,11 @@ impl TransferEngineBuilder {
                 }
             }
         }
+        let plugins = crate::install::load_plugins();
         let ctx = InstallContext {
             env: env.clone(),
             segment_name: name.clone(),
+            devices: plugins.iter().filter_map(|p| p.plugin().cloned()).collect(),
         };
         let mut statuses: Vec<TransportStatus> = self
             .custom
@@ -149,7 +151,6 @@ impl TransferEngineBuilder {
             }
         }
         let metadata = self.metadata.unwrap_or_else(|| Arc::new(InProcessStore::global()));
-        let plugins = crate::install::load_plugins();
         TransferEngine::assemble(name, metadata, env, transports, statuses, plugins, phase_timing).await
     }
 }

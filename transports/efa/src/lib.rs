@@ -22,6 +22,7 @@
 //! let ctx = te_base::InstallContext {
 //!     env: Arc::new(MapEnv::new([("TE_FABRIC_PROVIDER", "tcp;ofi_rxm")])),
 //!     segment_name: "node-a".into(),
+//!     devices: Vec::new(),
 //! };
 //! let transport = te_transport_efa::install(&ctx).await?;
 //! assert_eq!(transport.name(), "efa");

@@ -28,6 +28,7 @@ fn install_err(pairs: &[(&str, &str)]) -> te_base::Result<Arc<dyn te_base::Trans
     let ctx = InstallContext {
         env: Arc::new(env),
         segment_name: "t".into(),
+        devices: Vec::new(),
     };
     block_on(te_transport_efa::install(&ctx))
 }

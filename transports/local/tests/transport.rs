@@ -159,6 +159,7 @@ async fn install_reads_the_environment_strictly() {
             pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         )),
         segment_name: "s".into(),
+        devices: Vec::new(),
     };
     let t = te_transport_local::install(&ctx(&[])).await.unwrap();
     assert_eq!(t.name(), "local");

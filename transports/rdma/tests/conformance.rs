@@ -29,6 +29,7 @@ fn context(device: &str, segment: &str) -> InstallContext {
     InstallContext {
         env: Arc::new(MapEnv(vars)),
         segment_name: segment.into(),
+        devices: Vec::new(),
     }
 }
 

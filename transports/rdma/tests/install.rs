@@ -10,6 +10,7 @@ fn ctx(env: MapEnv) -> InstallContext {
     InstallContext {
         env: Arc::new(env),
         segment_name: "install-test".into(),
+        devices: Vec::new(),
     }
 }
 

@@ -310,12 +310,14 @@ async fn install_reads_the_environment() {
     let ctx = InstallContext {
         env: Arc::new(MapEnv::new([("TE_TCP_LANES", "0")])),
         segment_name: "x".into(),
+        devices: Vec::new(),
     };
     let err = te_transport_tcp::install(&ctx).await.err().unwrap();
     assert!(err.to_string().contains("TE_TCP_LANES"));
     let ctx = InstallContext {
         env: Arc::new(MapEnv::new([("TE_TCP_LISTEN", "127.0.0.1:0")])),
         segment_name: "x".into(),
+        devices: Vec::new(),
     };
     let t = te_transport_tcp::install(&ctx).await.unwrap();
     assert_eq!(t.name(), "tcp");

@@ -50,6 +50,7 @@ pub fn install(provider: &str, extra: &[(&str, &str)]) -> Arc<dyn Transport> {
     let ctx = InstallContext {
         env: Arc::new(env),
         segment_name: "test".into(),
+        devices: Vec::new(),
     };
     block_on(te_transport_efa::install(&ctx)).unwrap_or_else(|e| panic!("install {provider}: {e}"))
 }

@@ -37,6 +37,7 @@ impl Client {
         let ctx = InstallContext {
             env: Arc::new(ProcessEnv),
             segment_name: format!("efa-client-{}", std::process::id()),
+            devices: Vec::new(),
         };
         let transport = rt
             .block_on(te_transport_efa::install(&ctx))

@@ -27,6 +27,7 @@ pub fn serve(bytes: usize, seed: u64) -> Result<(), String> {
     let ctx = InstallContext {
         env: Arc::new(ProcessEnv),
         segment_name: name.clone(),
+        devices: Vec::new(),
     };
     let transport = rt
         .block_on(te_transport_efa::install(&ctx))
