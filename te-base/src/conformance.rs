@@ -117,6 +117,13 @@ pub async fn region(t: &Arc<dyn Transport>, len: usize, exported: bool) -> (Test
     (TestRegion { buf, info }, keys.into_iter().next().unwrap_or_default())
 }
 
+/// Deregisters the suite's regions before their memory is freed, so a later check that gets the
+/// same addresses back registers them cleanly.
+pub async fn release(t: &Arc<dyn Transport>, regions: &[&TestRegion]) {
+    let infos: Vec<RegionInfo> = regions.iter().map(|r| r.info.clone()).collect();
+    t.deregister(&infos).await.expect("deregister test regions");
+}
+
 /// Builds the target's descriptor with the given exported regions.
 pub fn descriptor(pair: &ConformancePair, exported: &[(&TestRegion, &serde_json::Value)]) -> SegmentDescriptor {
     let mut d = SegmentDescriptor::new(pair.target_name.clone(), NEXT_ID.fetch_add(1, Ordering::Relaxed));
@@ -253,6 +260,8 @@ pub async fn write_read_sizes(pair: &ConformancePair, opts: &ConformanceOptions)
             panic!("{}: read of {n} B: byte {p} differs", pair.initiator.name());
         }
     }
+    release(&pair.initiator, &[&src, &back]).await;
+    release(&pair.target, &[&dst]).await;
 }
 
 /// Transfers at odd offsets on both sides, next to bytes that must stay untouched.
@@ -294,6 +303,8 @@ pub async fn unaligned_offsets(pair: &ConformancePair, opts: &ConformanceOptions
             pair.initiator.name()
         );
     }
+    release(&pair.initiator, &[&src]).await;
+    release(&pair.target, &[&dst]).await;
 }
 
 /// One batch of `batch_requests` scattered fragments of mixed sizes, written and read back.
@@ -342,6 +353,8 @@ pub async fn large_batch(pair: &ConformancePair, opts: &ConformanceOptions) {
     if let Some(p) = first_mismatch(back.bytes(), src.bytes()) {
         panic!("{}: large batch read-back: byte {p} wrong", pair.initiator.name());
     }
+    release(&pair.initiator, &[&src, &back]).await;
+    release(&pair.target, &[&dst]).await;
 }
 
 /// Several batches in flight at once on disjoint ranges.
@@ -377,6 +390,8 @@ pub async fn concurrent_batches(pair: &ConformancePair, opts: &ConformanceOption
     if let Some(p) = first_mismatch(dst.bytes(), src.bytes()) {
         panic!("{}: concurrent batches: target byte {p} wrong", pair.initiator.name());
     }
+    release(&pair.initiator, &[&src]).await;
+    release(&pair.target, &[&dst]).await;
 }
 
 /// Forged requests (outside the exported buffer, into unexported memory, a bad buffer index,
@@ -440,6 +455,8 @@ pub async fn hostile_requests_fail_alone(pair: &ConformancePair, opts: &Conforma
         dst.bytes()[(1 << 16) - 100..].iter().all(|&b| b == 0),
         "partial write of a refused request"
     );
+    release(&pair.initiator, &[&src]).await;
+    release(&pair.target, &[&dst, &secret]).await;
 }
 
 /// After the target deregisters a region, requests to it fail rather than touch freed memory.
@@ -462,4 +479,5 @@ pub async fn deregistered_target_is_refused(pair: &ConformancePair, opts: &Confo
         statuses[0]
     );
     assert!(dst.bytes().iter().all(|&b| b == 0), "deregistered memory was written");
+    release(&pair.initiator, &[&src]).await;
 }

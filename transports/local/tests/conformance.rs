@@ -2,10 +2,7 @@
 
 use std::sync::Arc;
 
-use te_base::conformance::{
-    concurrent_batches, deregistered_target_is_refused, hostile_requests_fail_alone, large_batch, unaligned_offsets,
-    write_read_sizes, ConformanceOptions, ConformancePair,
-};
+use te_base::conformance::{run_all, ConformanceOptions, ConformancePair};
 use te_base::Transport;
 use te_transport_local::{LocalConfig, LocalTransport, NtKernel};
 
@@ -21,18 +18,9 @@ fn pair(config: LocalConfig, kernel: NtKernel) -> ConformancePair {
     }
 }
 
-/// Runs every check of the suite, each on a fresh pair from `make`.
-///
-/// Not `run_all` on one pair: the suite frees its buffers without deregistering them, and a later
-/// buffer mapped at a freed one's address is then (rightly) refused by this transport as
-/// overlapping a registered region.
+/// Runs the whole suite on one pair from `make`.
 async fn run_each(make: impl Fn() -> ConformancePair, opts: &ConformanceOptions) {
-    write_read_sizes(&make(), opts).await;
-    unaligned_offsets(&make(), opts).await;
-    large_batch(&make(), opts).await;
-    concurrent_batches(&make(), opts).await;
-    hostile_requests_fail_alone(&make(), opts).await;
-    deregistered_target_is_refused(&make(), opts).await;
+    run_all(&make(), opts).await;
 }
 
 fn smaller() -> ConformanceOptions {
