@@ -167,6 +167,15 @@ impl RegionTable {
         }
     }
 
+    /// Remote requests touching served regions right now.
+    pub fn pins(&self) -> u64 {
+        self.snapshot
+            .load()
+            .iter()
+            .map(|r| r.pins.load(Ordering::Relaxed))
+            .sum()
+    }
+
     /// Number of served regions.
     #[cfg(test)]
     pub fn len(&self) -> usize {

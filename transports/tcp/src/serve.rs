@@ -7,7 +7,9 @@
 //! buffered, so a burst of small requests is answered with few syscalls.
 
 use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::net::tcp::OwnedWriteHalf;
@@ -29,6 +31,51 @@ pub(crate) struct Server {
     pub regions: Arc<RegionTable>,
     /// This instance's token; requests naming another are refused.
     pub token: u64,
+    /// How long a write's payload may stall before the connection is cut (its region pin would
+    /// otherwise hold up deregistration forever).
+    pub timeout: Duration,
+}
+
+/// Progress of one served connection, watched by [`stall_watchdog`].
+#[derive(Default)]
+struct ConnProgress {
+    /// Payload bytes are awaited into exported memory (a pin is held).
+    receiving: AtomicBool,
+    /// Payloads completed.
+    done: AtomicU64,
+}
+
+impl ConnProgress {
+    /// Runs one payload read under the watchdog's eye.
+    async fn watch<T>(&self, read: impl std::future::Future<Output = T>) -> T {
+        self.receiving.store(true, Ordering::Relaxed);
+        let out = read.await;
+        self.receiving.store(false, Ordering::Relaxed);
+        self.done.fetch_add(1, Ordering::Relaxed);
+        out
+    }
+}
+
+/// Shuts the connection down when a payload makes no progress for `timeout`. Checks a counter
+/// every quarter timeout: nothing on the data path reads a clock.
+async fn stall_watchdog(progress: Arc<ConnProgress>, socket: socket2::Socket, timeout: Duration) {
+    let tick = (timeout / 4).max(Duration::from_millis(1));
+    let mut last = u64::MAX;
+    let mut stalled = Duration::ZERO;
+    loop {
+        tokio::time::sleep(tick).await;
+        let now = progress.done.load(Ordering::Relaxed);
+        if now != last || !progress.receiving.load(Ordering::Relaxed) {
+            last = now;
+            stalled = Duration::ZERO;
+            continue;
+        }
+        stalled += tick;
+        if stalled >= timeout {
+            let _ = socket.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+    }
 }
 
 /// Accepts connections until the listener fails or the task is aborted. Served connections
@@ -141,6 +188,19 @@ fn refusal(e: LookupError, h: &Header) -> (RefusalCode, String) {
 /// Serves one connection until it closes. Returns the reason it ended.
 pub(crate) async fn serve_connection(stream: TcpStream, server: &Server) -> io::Result<()> {
     let _ = stream.set_nodelay(true);
+    let progress = Arc::new(ConnProgress::default());
+    let watchdog = socket2::SockRef::from(&stream)
+        .try_clone()
+        .ok()
+        .map(|sock| tokio::spawn(stall_watchdog(progress.clone(), sock, server.timeout)));
+    let result = serve_frames(stream, server, &progress).await;
+    if let Some(w) = watchdog {
+        w.abort();
+    }
+    result
+}
+
+async fn serve_frames(stream: TcpStream, server: &Server, progress: &ConnProgress) -> io::Result<()> {
     let (r, mut w) = stream.into_split();
     let mut reader = FrameReader::new(r);
 
@@ -193,7 +253,7 @@ pub(crate) async fn serve_connection(stream: TcpStream, server: &Server) -> io::
             }
         };
         if h.token != server.token && matches!(h.opcode, Opcode::Write | Opcode::Read) {
-            reader.discard(h.payload_len()).await?;
+            progress.watch(reader.discard(h.payload_len())).await?;
             replies.flush(&mut w).await?;
             let msg = format!("request for instance {:#x}; this is {:#x}", h.token, server.token);
             send_error(&mut w, h.request_id, RefusalCode::WrongInstance, &msg).await?;
@@ -205,8 +265,9 @@ pub(crate) async fn serve_connection(stream: TcpStream, server: &Server) -> io::
                     // SAFETY: `pin` keeps the registered, exported region [addr, +len) mapped
                     // until the payload is in; remote writes are the purpose of exporting it.
                     let dst = unsafe { std::slice::from_raw_parts_mut(h.addr as usize as *mut u8, h.len as usize) };
-                    reader.payload_into(dst).await?;
+                    let received = progress.watch(reader.payload_into(dst)).await;
                     drop(pin);
+                    received?;
                     let ack = Header {
                         request_id: h.request_id,
                         token: server.token,
@@ -217,7 +278,7 @@ pub(crate) async fn serve_connection(stream: TcpStream, server: &Server) -> io::
                     replies.push(ack, RawPart { addr: 0, len: 0 }, None);
                 }
                 Err(e) => {
-                    reader.discard(h.len).await?;
+                    progress.watch(reader.discard(h.len)).await?;
                     replies.flush(&mut w).await?;
                     let (code, msg) = refusal(e, &h);
                     send_error(&mut w, h.request_id, code, &msg).await?;

@@ -82,6 +82,7 @@ impl TcpTransport {
         let server = Arc::new(Server {
             regions: Arc::new(RegionTable::default()),
             token: endpoint.token,
+            timeout: config.timeout,
         });
         let connections = Arc::new(Mutex::new(Vec::new()));
         let listener = handle.spawn(accept_loop(listener, server.clone(), connections.clone()));
@@ -107,6 +108,12 @@ impl TcpTransport {
     /// The endpoint this transport advertises.
     pub fn tcp_endpoint(&self) -> &TcpEndpoint {
         &self.endpoint
+    }
+
+    /// Remote requests reading or writing this transport's exported memory right now (for tests
+    /// and diagnostics).
+    pub fn remote_requests_in_progress(&self) -> u64 {
+        self.server.regions.pins()
     }
 
     /// The settings in force.

@@ -223,3 +223,42 @@ async fn protocol_violations_close_the_connection_but_not_the_server() {
     assert_eq!((h.opcode, payload.len()), (Opcode::ReadData, 96));
     t.untouched();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_write_payload_cannot_block_deregistration() {
+    let env = MapEnv::new([("TE_TCP_LISTEN", "127.0.0.1:0"), ("TE_TCP_TIMEOUT_MS", "300")]);
+    let t = Arc::new(TcpTransport::start(TcpConfig::from_env(&env).unwrap()).await.unwrap());
+    let mem = vec![0u8; 1 << 16].into_boxed_slice();
+    let region = RegionInfo {
+        id: RegionId(1),
+        base: mem.as_ptr() as u64,
+        len: mem.len() as u64,
+        location: MemoryLocation::HOST,
+        exported: true,
+    };
+    t.register(std::slice::from_ref(&region)).await.unwrap();
+    let mut s = TcpStream::connect(t.local_addr()).await.unwrap();
+    let tok = t.tcp_endpoint().token;
+    s.write_all(
+        &Header {
+            token: tok,
+            ..Header::new(Opcode::Hello)
+        }
+        .to_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply(&mut s).await.unwrap().0.opcode, Opcode::HelloAck);
+    // A valid write header announcing 64 KiB, then only 10 bytes, then silence: the target pins
+    // the region while it waits for the rest.
+    s.write_all(&req(Opcode::Write, 1, tok, region.base, 1 << 16))
+        .await
+        .unwrap();
+    s.write_all(&[1; 10]).await.unwrap();
+    while t.remote_requests_in_progress() == 0 {
+        tokio::task::yield_now().await;
+    }
+    // Deregistration still completes: the stalled connection is cut after the timeout.
+    t.deregister(std::slice::from_ref(&region)).await.unwrap();
+    expect_closed(&mut s).await;
+}
