@@ -1,4 +1,5 @@
-//! The local-copy transport: host memory to host memory between segments of one process.
+//! The local-copy transport: memory to memory between segments of one process, host memory by the
+//! CPU and device memory through the device plugins the engine loaded.
 //!
 //! Built as the seed's fixed design. One [`Peer::submit`](te_base::Peer::submit) handles a whole
 //! batch:
@@ -37,15 +38,32 @@
 //!
 //! # Device memory
 //!
-//! Only host memory is served ([`Capabilities`](te_base::Capabilities): host local and remote).
-//! Device regions may be registered (they are recorded), and a request touching one fails with
-//! `Error::WrongMemoryKind`; device copies belong to a device plugin.
+//! [`install`] takes the engine's loaded device plugins (`InstallContext::devices`); each memory
+//! kind with a plugin (CUDA, ROCm) is advertised in the capabilities, local and remote. A request
+//! whose source or destination region was registered as device memory (the location the engine
+//! classified once, at registration; the data path never asks a driver) goes to that plugin:
+//! - per batch, device requests are grouped by (plugin, direction, device) — the device side of a
+//!   host<->device copy, the source device of a device->device copy — sorted by destination and
+//!   coalesced like host fragments;
+//! - each group is one `copy_async` call with all its fragments (the plugin turns that into one
+//!   batched driver call where the driver has one), started before the host part of the batch is
+//!   copied, then waited on by the submitting thread with the region locks still held, so the batch
+//!   is complete when `submit` returns as for host memory;
+//! - a plugin error fails the requests of its group only.
+//!
+//! A batch whose requests touch the same memory (see above) runs request by request in index
+//! order, device requests through the plugin's synchronous copy; a device request whose own
+//! source and destination overlap fails (device copies have no `memmove` semantics). A device
+//! region of a kind with no plugin fails its requests with `Error::WrongMemoryKind`, naming the
+//! plugin that is not loaded, and device->device between two runtimes is refused the same way.
+//! Host-to-host batches take exactly the path described above.
 //!
 //! The engine installs the transport with [`install`]; [`copy`], [`plan`] and [`parts`] are
 //! public for the benchmarks.
 
 pub mod config;
 pub mod copy;
+mod device;
 mod domain;
 pub mod parts;
 mod peer;
@@ -66,9 +84,13 @@ pub use transport::LocalTransport;
 pub const NAME: &str = "local";
 
 /// Creates the local-copy transport from the engine's configuration (`TE_COPY_THREADS`,
-/// `TE_NT_COPY_MIN_BYTES`). Fails only on malformed configuration or if a helper thread cannot
-/// be started; the local copy is usable on every host.
+/// `TE_NT_COPY_MIN_BYTES`), serving device memory through `ctx.devices`. Fails only on malformed
+/// configuration or if a helper thread cannot be started; the local copy is usable on every host.
 pub async fn install(ctx: &te_base::InstallContext) -> te_base::Result<Arc<dyn te_base::Transport>> {
     let config = LocalConfig::from_env(&*ctx.env)?;
-    Ok(Arc::new(LocalTransport::new(config)?))
+    Ok(Arc::new(LocalTransport::with_devices(
+        config,
+        NtKernel::detect(),
+        &ctx.devices,
+    )?))
 }

@@ -4,12 +4,16 @@
 use std::cell::Cell;
 use std::sync::{Arc, Weak};
 
+use te_base::device::CopyFragment;
 use te_base::{BatchState, Error, Peer, Phase, ResolvedRequest, Result, SegmentDescriptor, SubmitContext};
 
 use crate::copy::{copy_with_threshold, store_fence};
+use crate::device::{copy_one, plan_groups, start_groups, DeviceFragment, Group};
 use crate::domain::Domain;
 use crate::parts::{run_range, split};
-use crate::plan::{coalesce, sources_meet_destinations, CopyOp, Fragment, PlanScratch, Spans};
+use crate::plan::{coalesce, sources_meet_destinations, Coalesced, CopyOp, Fragment, PlanScratch, Spans};
+use crate::pool::HeadsUp;
+use crate::resolve::Resolved;
 use crate::table::RegionTable;
 use crate::transport::Shared;
 
@@ -28,11 +32,28 @@ struct Scratch {
     ops: Vec<CopyOp>,
     cuts: Vec<crate::parts::Cursor>,
     plan: PlanScratch,
+    /// Requests with a device side, and their plan (empty for host-only batches).
+    device: DeviceScratch,
+}
+
+/// Planning vectors of the device path.
+#[derive(Default)]
+struct DeviceScratch {
+    frags: Vec<DeviceFragment>,
+    /// Every fragment of a batch with device requests, for the batch-wide overlap check.
+    all: Vec<Fragment>,
+    copies: Vec<CopyFragment>,
+    groups: Vec<Group>,
 }
 
 impl Scratch {
     fn trim(&mut self) {
-        if self.frags.capacity() > MAX_KEPT_FRAGMENTS || self.plan.capacity() > MAX_KEPT_FRAGMENTS {
+        let device = &self.device;
+        if self.frags.capacity() > MAX_KEPT_FRAGMENTS
+            || self.plan.capacity() > MAX_KEPT_FRAGMENTS
+            || device.frags.capacity() > MAX_KEPT_FRAGMENTS
+            || device.all.capacity() > MAX_KEPT_FRAGMENTS
+        {
             *self = Scratch::default();
         }
     }
@@ -93,96 +114,220 @@ impl LocalPeer {
         };
         let (local_table, remote_table) = if local_first { (a, b) } else { (b, a) };
 
-        let Scratch { frags, ops, cuts, plan } = scratch;
+        let Scratch {
+            frags,
+            ops,
+            cuts,
+            plan,
+            device,
+        } = scratch;
         frags.clear();
         frags.reserve(requests.len());
+        device.frags.clear();
         let mut failures: Vec<(usize, Error)> = Vec::new();
+        // Device groups whose copy failed: (their requests in `device.frags`, the plugin's error).
+        let mut group_failures: Vec<(std::ops::Range<usize>, Error)> = Vec::new();
         let mut spans = Spans::default();
         let mut resolver = crate::resolve::Resolver::new(
             local_table,
             remote_table,
             &self.descriptor.name,
             &self.descriptor.buffers,
+            &self.shared.devices,
         );
         for r in requests {
             match resolver.resolve(r) {
-                Ok(f) => {
+                Ok(Resolved::Host(f)) => {
                     spans.add(&f);
                     frags.push(f);
+                }
+                Ok(Resolved::Device(f)) => {
+                    spans.add(&f.as_fragment());
+                    device.frags.push(f);
                 }
                 Err(e) => failures.push((r.index as usize, e)),
             }
         }
 
-        let planned = coalesce(frags, plan, ops);
-        let in_order = match planned {
-            Err(_) => true,
-            Ok(_) => spans.may_overlap() && sources_meet_destinations(ops, plan),
-        };
-        let t1 = ctx.timer.lap(Phase::Plan, t0);
-
-        if in_order {
-            drop(heads_up.take());
-            frags.sort_unstable_by_key(|f| f.index);
-            for f in frags.iter() {
-                // SAFETY: both ranges were checked to lie in live registered regions that stay
-                // registered while we hold the read locks; `copy` (memmove) allows overlap, and
-                // running one request at a time on this thread leaves no concurrent access of ours.
-                unsafe {
-                    std::ptr::copy(f.src as usize as *const u8, f.dst as usize as *mut u8, f.len as usize);
-                }
-            }
-        } else if let Ok(plan) = planned {
-            let total = plan.total_bytes;
-            let parts = if workers <= 1 || total < config.fanout_min_bytes {
-                1
-            } else {
-                ((workers * PARTS_PER_WORKER) as u64).min(total / MIN_PART_BYTES).max(2) as usize
+        if device.frags.is_empty() {
+            let planned = coalesce(frags, plan, ops);
+            let in_order = match planned {
+                Err(_) => true,
+                Ok(_) => spans.may_overlap() && sources_meet_destinations(ops, plan),
             };
-            let (kernel, nt_min) = (self.shared.kernel, config.nt_copy_min_bytes);
-            if parts == 1 {
+            let t1 = ctx.timer.lap(Phase::Plan, t0);
+            if in_order {
                 drop(heads_up.take());
-                for op in ops.iter() {
-                    // SAFETY: ranges checked against live regions held by the read locks; the
-                    // planner proved no destination overlaps another copy's source or destination.
-                    unsafe {
-                        copy_with_threshold(
-                            kernel,
-                            nt_min,
-                            op.dst as usize as *mut u8,
-                            op.src as usize as *const u8,
-                            op.len as usize,
-                        )
-                    };
-                }
-                store_fence();
-            } else {
-                split(ops, total, parts, cuts);
-                let (ops, cuts) = (&ops[..], &cuts[..]);
-                let part = |k: usize| {
-                    // SAFETY: as above; the parts are disjoint byte ranges of the plan, so no two
-                    // workers write the same bytes.
-                    unsafe { run_range(ops, cuts[k], cuts[k + 1], kernel, nt_min) }
-                };
-                match heads_up.take() {
-                    Some(h) if config.fanout_needs_awake_helper => self.shared.pool.run_if_helped(h, parts, &part),
-                    h => {
-                        drop(h);
-                        self.shared.pool.run(parts, &part);
+                frags.sort_unstable_by_key(|f| f.index);
+                copy_in_order(frags);
+            } else if let Ok(planned) = planned {
+                self.copy_host(ops, planned, workers, heads_up.take(), cuts);
+            }
+            ctx.timer.lap(Phase::Submit, t1);
+        } else {
+            match plan_with_devices(frags, ops, plan, device, &spans) {
+                Some(host) => {
+                    plan_groups(&mut device.frags, &mut device.copies, &mut device.groups);
+                    let t1 = ctx.timer.lap(Phase::Plan, t0);
+                    // Device copies start first: they run on the device while this thread copies
+                    // host memory.
+                    // SAFETY: every copy lies in live registered regions of the kinds its group
+                    // names (held by the read locks until the waits below return), and the whole
+                    // batch was checked free of overlapping destinations and of sources meeting
+                    // destinations.
+                    let pending = unsafe { start_groups(&self.shared.devices, &device.groups, &device.copies) };
+                    if host.total_bytes > 0 {
+                        self.copy_host(ops, host, workers, heads_up.take(), cuts);
                     }
+                    for (group, started) in device.groups.iter().zip(pending) {
+                        if let Err(e) = started.and_then(|p| p.wait()) {
+                            group_failures.push((group.requests.clone(), e));
+                        }
+                    }
+                    ctx.timer.lap(Phase::Submit, t1);
+                }
+                None => {
+                    let t1 = ctx.timer.lap(Phase::Plan, t0);
+                    drop(heads_up.take());
+                    self.copy_in_order_with_devices(frags, &mut device.frags, &mut failures);
+                    ctx.timer.lap(Phase::Submit, t1);
                 }
             }
         }
-        ctx.timer.lap(Phase::Submit, t1);
+        drop(heads_up);
         drop(second_guard);
         drop(first_guard);
 
         for (index, error) in failures {
             batch.fail(index, error);
         }
+        for (requests, error) in group_failures {
+            batch.fail_many(device.frags[requests].iter().map(|f| f.index as usize), &error);
+        }
         // Failed requests are already settled and are skipped by this one counter update.
         batch.complete_many(requests.iter().map(|r| r.index as usize));
     }
+
+    /// Copies a planned host batch: inline, or fanned out over the helpers when it is large.
+    #[inline]
+    fn copy_host(
+        &self,
+        ops: &[CopyOp],
+        planned: Coalesced,
+        workers: usize,
+        heads_up: Option<HeadsUp<'_>>,
+        cuts: &mut Vec<crate::parts::Cursor>,
+    ) {
+        let config = &self.shared.config;
+        let total = planned.total_bytes;
+        let parts = if workers <= 1 || total < config.fanout_min_bytes {
+            1
+        } else {
+            ((workers * PARTS_PER_WORKER) as u64).min(total / MIN_PART_BYTES).max(2) as usize
+        };
+        let (kernel, nt_min) = (self.shared.kernel, config.nt_copy_min_bytes);
+        if parts == 1 {
+            drop(heads_up);
+            for op in ops.iter() {
+                // SAFETY: ranges checked against live regions held by the read locks; the
+                // planner proved no destination overlaps another copy's source or destination.
+                unsafe {
+                    copy_with_threshold(
+                        kernel,
+                        nt_min,
+                        op.dst as usize as *mut u8,
+                        op.src as usize as *const u8,
+                        op.len as usize,
+                    )
+                };
+            }
+            store_fence();
+        } else {
+            split(ops, total, parts, cuts);
+            let cuts = &cuts[..];
+            let part = |k: usize| {
+                // SAFETY: as above; the parts are disjoint byte ranges of the plan, so no two
+                // workers write the same bytes.
+                unsafe { run_range(ops, cuts[k], cuts[k + 1], kernel, nt_min) }
+            };
+            match heads_up {
+                Some(h) if config.fanout_needs_awake_helper => self.shared.pool.run_if_helped(h, parts, &part),
+                h => {
+                    drop(h);
+                    self.shared.pool.run(parts, &part);
+                }
+            }
+        }
+    }
+
+    /// Runs a batch with device requests whose requests touch the same memory: one request at a
+    /// time in ascending index, host ones with `memmove` semantics, device ones with the plugin's
+    /// synchronous copy. A failed device request fails alone.
+    fn copy_in_order_with_devices(
+        &self,
+        host: &mut [Fragment],
+        device: &mut [DeviceFragment],
+        failures: &mut Vec<(usize, Error)>,
+    ) {
+        host.sort_unstable_by_key(|f| f.index);
+        device.sort_unstable_by_key(|f| f.index);
+        let (mut h, mut d) = (host.iter().peekable(), device.iter().peekable());
+        loop {
+            let host_next = match (h.peek(), d.peek()) {
+                (Some(a), Some(b)) => a.index < b.index,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            if host_next {
+                if let Some(f) = h.next() {
+                    copy_in_order(std::slice::from_ref(f));
+                }
+            } else if let Some(f) = d.next() {
+                // SAFETY: both ranges lie in live registered regions of the kinds the fragment's
+                // group names, held by the read locks; one request at a time, so nothing of ours
+                // runs concurrently.
+                if let Err(e) = unsafe { copy_one(&self.shared.devices, f) } {
+                    failures.push((f.index as usize, e));
+                }
+            }
+        }
+    }
+}
+
+/// Copies fragments one at a time in the given order with `memmove` semantics (host memory).
+fn copy_in_order(frags: &[Fragment]) {
+    for f in frags.iter() {
+        // SAFETY: both ranges were checked to lie in live registered host regions that stay
+        // registered while the caller holds the read locks; `copy` (memmove) allows overlap, and
+        // running one request at a time on this thread leaves no concurrent access of ours.
+        unsafe {
+            std::ptr::copy(f.src as usize as *const u8, f.dst as usize as *mut u8, f.len as usize);
+        }
+    }
+}
+
+/// Plans a batch that has device requests. Host and device addresses share one address space, so
+/// the whole batch is checked at once for overlapping destinations and for sources meeting
+/// destinations; `None` means it must run request by request. Otherwise `ops` holds the host plan.
+fn plan_with_devices(
+    frags: &[Fragment],
+    ops: &mut Vec<CopyOp>,
+    plan: &mut PlanScratch,
+    device: &mut DeviceScratch,
+    spans: &Spans,
+) -> Option<Coalesced> {
+    device.all.clear();
+    device.all.extend_from_slice(frags);
+    device.all.extend(device.frags.iter().map(DeviceFragment::as_fragment));
+    let overlap = match coalesce(&device.all, plan, ops) {
+        Err(_) => true,
+        Ok(_) => spans.may_overlap() && sources_meet_destinations(ops, plan),
+    };
+    if overlap {
+        return None;
+    }
+    coalesce(frags, plan, ops).ok()
 }
 
 impl Peer for LocalPeer {

@@ -5,12 +5,24 @@
 //!
 //! Consecutive requests usually fall in the region the previous one used, so each side remembers
 //! its last region and only searches when the request leaves it.
+//!
+//! A request between two host regions is a [`Resolved::Host`] fragment for the CPU copy; one with a
+//! device side is a [`Resolved::Device`] fragment routed to the plugin of its memory kind, or fails
+//! with `Error::WrongMemoryKind` naming the plugin that is not loaded.
+
+/// Where a resolved request goes.
+pub(crate) enum Resolved {
+    /// Host to host: the CPU copy.
+    Host(Fragment),
+    /// At least one device side: a device plugin's copy.
+    Device(DeviceFragment),
+}
 
 use te_base::{Error, ExportedBuffer, ResolvedRequest, TransferOp};
 
+use crate::device::{DeviceFragment, DeviceRoutes, Side};
 use crate::plan::Fragment;
 use crate::table::{Entry, RegionTable};
-use crate::NAME;
 
 /// Resolves requests of one batch; the tables are read-locked by the caller for the whole batch.
 pub(crate) struct Resolver<'a> {
@@ -18,24 +30,27 @@ pub(crate) struct Resolver<'a> {
     remote: &'a RegionTable,
     segment: &'a str,
     exported: &'a [ExportedBuffer],
+    devices: &'a DeviceRoutes,
     last_local: usize,
     last_remote: usize,
 }
 
 impl<'a> Resolver<'a> {
     /// A resolver for requests from `local` to segment `segment`, whose live table is `remote` and
-    /// whose descriptor lists `exported`.
+    /// whose descriptor lists `exported`; device sides go to `devices`.
     pub fn new(
         local: &'a RegionTable,
         remote: &'a RegionTable,
         segment: &'a str,
         exported: &'a [ExportedBuffer],
+        devices: &'a DeviceRoutes,
     ) -> Self {
         Resolver {
             local,
             remote,
             segment,
             exported,
+            devices,
             last_local: usize::MAX,
             last_remote: usize::MAX,
         }
@@ -43,20 +58,21 @@ impl<'a> Resolver<'a> {
 
     /// The source and destination of `r`, or why it cannot be served.
     #[inline]
-    pub fn resolve(&mut self, r: &ResolvedRequest) -> Result<Fragment, Error> {
+    pub fn resolve(&mut self, r: &ResolvedRequest) -> Result<Resolved, Error> {
         if r.len == 0 {
             return Err(Error::ZeroLength {
                 index: r.index as usize,
             });
         }
         // A remembered region already passed every check below; only containment is new.
-        let local_hit = self
-            .local
-            .get(self.last_local)
-            .is_some_and(|e| e.id == r.local_region && e.contains(r.local_addr, r.len));
-        if !local_hit {
-            self.last_local = self.find_local(r)?;
-        }
+        let local = match self.local.get(self.last_local) {
+            Some(e) if e.id == r.local_region && e.contains(r.local_addr, r.len) => e,
+            _ => {
+                let (i, e) = self.find_local(r)?;
+                self.last_local = i;
+                e
+            }
+        };
         // The buffer the request names must hold the range (a consistency check of the request);
         // the live table below is what grants access.
         let named = self
@@ -66,30 +82,41 @@ impl<'a> Resolver<'a> {
         if !named {
             return Err(self.out_of_bounds(r));
         }
-        let remote_hit = self
-            .remote
-            .get(self.last_remote)
-            .is_some_and(|e| e.contains(r.remote_addr, r.len));
-        if !remote_hit {
-            self.last_remote = self.find_remote(r)?;
+        let remote = match self.remote.get(self.last_remote) {
+            Some(e) if e.contains(r.remote_addr, r.len) => e,
+            _ => {
+                let (i, e) = self.find_remote(r)?;
+                self.last_remote = i;
+                e
+            }
+        };
+        let (dst, src) = match r.op {
+            TransferOp::Write => (r.remote_addr, r.local_addr),
+            TransferOp::Read => (r.local_addr, r.remote_addr),
+        };
+        if local.host & remote.host {
+            return Ok(Resolved::Host(Fragment {
+                dst,
+                src,
+                len: r.len,
+                index: r.index,
+            }));
         }
-        Ok(match r.op {
-            TransferOp::Write => Fragment {
-                dst: r.remote_addr,
-                src: r.local_addr,
-                len: r.len,
-                index: r.index,
-            },
-            TransferOp::Read => Fragment {
-                dst: r.local_addr,
-                src: r.remote_addr,
-                len: r.len,
-                index: r.index,
-            },
-        })
+        let ((src_loc, src_side), (dst_loc, dst_side)) = match r.op {
+            TransferOp::Write => ((local.location, Side::Local), (remote.location, Side::Remote)),
+            TransferOp::Read => ((remote.location, Side::Remote), (local.location, Side::Local)),
+        };
+        let group = self.devices.route(src_loc, src_side, dst_loc, dst_side)?;
+        Ok(Resolved::Device(DeviceFragment {
+            group,
+            dst,
+            src,
+            len: r.len,
+            index: r.index,
+        }))
     }
 
-    fn find_local(&self, r: &ResolvedRequest) -> Result<usize, Error> {
+    fn find_local(&self, r: &ResolvedRequest) -> Result<(usize, &'a Entry), Error> {
         let (addr, len) = (r.local_addr, r.len);
         if addr.checked_add(len).is_none() {
             return Err(Error::LengthOverflow { addr, len });
@@ -109,24 +136,18 @@ impl<'a> Resolver<'a> {
                 region_len: e.end - e.base,
             });
         }
-        check_host(e, "local")?;
-        Ok(i)
+        Ok((i, e))
     }
 
-    fn find_remote(&self, r: &ResolvedRequest) -> Result<usize, Error> {
+    fn find_remote(&self, r: &ResolvedRequest) -> Result<(usize, &'a Entry), Error> {
         let (addr, len) = (r.remote_addr, r.len);
         // Unexported and unregistered memory read the same to a peer: out of bounds.
-        let found = self
-            .remote
+        let remote = self.remote;
+        remote
             .find(addr)
-            .filter(|&i| self.remote.get(i).is_some_and(|e| e.exported && e.contains(addr, len)));
-        let Some(i) = found else {
-            return Err(self.out_of_bounds(r));
-        };
-        if let Some(e) = self.remote.get(i) {
-            check_host(e, "remote")?;
-        }
-        Ok(i)
+            .and_then(|i| remote.get(i).map(|e| (i, e)))
+            .filter(|(_, e)| e.exported && e.contains(addr, len))
+            .ok_or_else(|| self.out_of_bounds(r))
     }
 }
 
@@ -143,16 +164,5 @@ impl Resolver<'_> {
             addr: r.remote_addr,
             len: r.len,
         }
-    }
-}
-
-fn check_host(e: &Entry, side: &str) -> Result<(), Error> {
-    if e.host {
-        Ok(())
-    } else {
-        Err(Error::WrongMemoryKind {
-            transport: NAME.to_owned(),
-            what: format!("{side} {}", e.location),
-        })
     }
 }

@@ -3,10 +3,12 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use te_base::device::DevicePlugin;
 use te_base::{Capabilities, Error, MemoryKinds, Peer, RegionInfo, Result, SegmentDescriptor, Transport};
 
 use crate::config::LocalConfig;
 use crate::copy::NtKernel;
+use crate::device::DeviceRoutes;
 use crate::domain::{Domain, LocalEndpoint};
 use crate::peer::LocalPeer;
 use crate::pool::CopyPool;
@@ -19,14 +21,18 @@ pub(crate) struct Shared {
     pub pool: CopyPool,
     pub config: LocalConfig,
     pub kernel: NtKernel,
+    /// Plugins for requests with a device side.
+    pub devices: DeviceRoutes,
 }
 
-/// Moves bytes between host memory of segments in this process by copying.
+/// Moves bytes between memory of segments in this process by copying.
 ///
 /// Each instance (one per engine) is a *domain*: it keeps its own table of registered regions and
 /// publishes a process token and domain id as its endpoint, so it reaches exactly the segments of
-/// this process. Device memory is not served here (requests touching it fail with
-/// [`Error::WrongMemoryKind`]); it moves through a device plugin.
+/// this process. Host memory is copied by the CPU; requests with a device side go through the
+/// device plugin of that memory kind given at construction (one batched copy per direction and
+/// device per batch). Without a plugin for a kind, requests touching it fail with
+/// [`Error::WrongMemoryKind`] naming the missing plugin.
 ///
 /// ```
 /// # tokio_test_block_on(async {
@@ -56,6 +62,12 @@ impl LocalTransport {
 
     /// A transport that copies with `kernel` (for tests and benchmarks comparing kernels).
     pub fn with_kernel(config: LocalConfig, kernel: NtKernel) -> Result<Self> {
+        Self::with_devices(config, kernel, &[])
+    }
+
+    /// A transport that also serves the device memory of `devices` (the first plugin of each
+    /// memory kind), as [`install`](crate::install) builds it from the engine's loaded plugins.
+    pub fn with_devices(config: LocalConfig, kernel: NtKernel, devices: &[Arc<dyn DevicePlugin>]) -> Result<Self> {
         config.validate()?;
         let pool = CopyPool::new(config.copy_threads - 1)?;
         Ok(LocalTransport {
@@ -64,6 +76,7 @@ impl LocalTransport {
                 pool,
                 config,
                 kernel,
+                devices: DeviceRoutes::new(devices),
             }),
         })
     }
@@ -129,10 +142,12 @@ impl Transport for LocalTransport {
         NAME
     }
 
+    /// Host memory, plus each device kind a plugin was given for.
     fn capabilities(&self) -> Capabilities {
+        let kinds: MemoryKinds = self.shared.devices.kinds();
         Capabilities {
-            local: MemoryKinds::HOST,
-            remote: MemoryKinds::HOST,
+            local: kinds,
+            remote: kinds,
         }
     }
 
@@ -144,9 +159,10 @@ impl Transport for LocalTransport {
         self.shared.domain.is_open() && self.target_of(peer).is_ok()
     }
 
-    /// Adds the regions to this domain's table (all or none). Device memory is accepted and
-    /// recorded, so a request touching it fails with a clear [`Error::WrongMemoryKind`] rather
-    /// than looking unregistered. The local copy needs no keys: every key is `null`.
+    /// Adds the regions to this domain's table (all or none), with the location the engine
+    /// classified. Device memory is recorded even without its plugin, so a request touching it
+    /// fails with a clear [`Error::WrongMemoryKind`] rather than looking unregistered. The local
+    /// copy needs no keys: every key is `null`.
     async fn register(&self, regions: &[RegionInfo]) -> Result<Vec<serde_json::Value>> {
         self.check_open()?;
         self.shared.domain.table.write().insert_batch(regions)?;
