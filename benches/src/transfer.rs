@@ -458,6 +458,15 @@ impl BaselineResult {
     }
 }
 
+/// The provider fi_pingpong runs on: the core of `--provider` (`tcp;ofi_rxm` -> `tcp`, `shm`),
+/// tcp when none is given, so the baseline is libfabric's own figure for the same provider.
+fn pingpong_provider(args: &Args) -> &str {
+    match args.provider.as_deref() {
+        Some(p) => p.split(';').next().unwrap_or(p),
+        None => "tcp",
+    }
+}
+
 fn baseline_command(b: Baseline, args: &Args) -> (&'static str, String) {
     let (size, blocks) = (args.block_bytes, args.total_bytes / args.block_bytes);
     match b {
@@ -473,9 +482,10 @@ fn baseline_command(b: Baseline, args: &Args) -> (&'static str, String) {
             ),
         ),
         Baseline::FiPingpong => (
-            "fi_pingpong (tcp, rdm)",
+            "fi_pingpong (rdm)",
             format!(
-                "fi_pingpong -p tcp -e rdm -S {size} -I {} 127.0.0.1",
+                "fi_pingpong -p {} -e rdm -S {size} -I {} 127.0.0.1",
+                pingpong_provider(args),
                 args.latency_samples.max(100)
             ),
         ),
@@ -544,11 +554,12 @@ fn run_baseline_once(b: Baseline, args: &Args) -> Result<BaselineSample, String>
         Baseline::FiPingpong => {
             let iters = args.latency_samples.max(100).to_string();
             let mut srv = Command::new("fi_pingpong");
-            srv.args(["-p", "tcp", "-e", "rdm", "-B", &port, "-S", &size, "-I", &iters]);
+            let provider = pingpong_provider(args);
+            srv.args(["-p", provider, "-e", "rdm", "-B", &port, "-S", &size, "-I", &iters]);
             let mut cli = Command::new("fi_pingpong");
             cli.args([
                 "-p",
-                "tcp",
+                provider,
                 "-e",
                 "rdm",
                 "-P",
