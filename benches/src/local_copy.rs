@@ -1,15 +1,30 @@
 //! `te-bench local-copy`: scattered fragments copied through the engine's local transport, with
 //! two baselines timed in the same run: a plain loop of memcpy over the same fragments, and one
-//! contiguous memcpy of the same total bytes.
+//! contiguous memcpy of the same total bytes. `--location cuda|hip` moves the fragments between
+//! host and device memory (or device and device) instead, against the runtime's own copies; see
+//! [`device`].
+
+mod device;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use te_core::config::MapEnv;
-use te_core::{HostBufferOptions, RegisterOptions, Registration, TransferEngine, TransferRequest};
+use te_core::{HostBufferOptions, MemoryLocation, RegisterOptions, Registration, TransferEngine, TransferRequest};
 
 use crate::util::{median, parse_list, pattern, print_json, runtime};
+
+/// Where the copied memory lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Location {
+    /// Host memory to host memory.
+    Host,
+    /// CUDA device memory (needs the NVIDIA driver at run time).
+    Cuda,
+    /// ROCm device memory through HIP (needs the HIP runtime at run time).
+    Hip,
+}
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -33,6 +48,33 @@ pub struct Args {
     /// One JSON object per size.
     #[arg(long)]
     json: bool,
+    /// Where the memory lives: host, or device memory of --device (cuda, hip).
+    #[arg(long, value_enum, default_value = "host")]
+    location: Location,
+    /// Device copies to measure: h2d, d2h, d2d or all (cuda and hip only).
+    #[arg(long, default_value = "all")]
+    direction: String,
+    /// Device ordinal for --location cuda|hip.
+    #[arg(long, default_value_t = 0)]
+    device: u32,
+    /// CUDA: one driver call per fragment instead of one cuMemcpyBatchAsync per batch.
+    #[arg(long)]
+    no_batch_memcpy: bool,
+}
+
+/// The medians of one (direction, fragment size) measurement.
+struct Measured {
+    fragments: usize,
+    total: u64,
+    engine: Duration,
+    memcpy_loop: Duration,
+    contiguous: Duration,
+    /// Mismatched bytes, with --verify.
+    mismatched: Option<u64>,
+    /// What the per-fragment baseline calls.
+    baseline: &'static str,
+    /// CUDA: whether batches went through cuMemcpyBatchAsync.
+    batch_memcpy: Option<bool>,
 }
 
 struct Setup {
@@ -71,6 +113,18 @@ pub fn run(args: Args) -> Result<(), String> {
     if sizes.contains(&0) || args.fragments == Some(0) || args.repeat == 0 {
         return Err("fragment sizes, --fragments and --repeat must be positive".into());
     }
+    let directions = match args.location {
+        Location::Host if args.direction != "all" => {
+            return Err("--direction applies to --location cuda or hip".into());
+        }
+        Location::Host => Vec::new(),
+        _ => device::directions(&args.direction)?,
+    };
+    // Fails with "cuda: not available: <reason>" before anything else is set up.
+    let runtime_dev = match args.location {
+        Location::Host => None,
+        location => Some(device::Runtime::load(location, !args.no_batch_memcpy)?),
+    };
     let rt = runtime()?;
     let mut vars: Vec<(String, String)> = std::env::vars().filter(|(k, _)| k.starts_with("TE_")).collect();
     if let Some(t) = args.threads {
@@ -87,116 +141,195 @@ pub fn run(args: Args) -> Result<(), String> {
                 .build(),
         )
         .map_err(|e| e.to_string())?;
+    let rows = sizes.len() * directions.len().max(1);
     let bar = if args.json {
         ProgressBar::hidden()
     } else {
-        ProgressBar::new((sizes.len() * args.repeat) as u64)
+        ProgressBar::new((rows * args.repeat) as u64)
     };
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").map_err(|e| e.to_string())?);
     if !args.json {
         println!(
-            "{:>9} {:>9} {:>12} {:>12} {:>9} {:>10} {:>11} {:>8} {:>10}",
-            "frag_B", "frags", "ns/frag", "overhead_ns", "GB/s", "loop_GB/s", "contig_GB/s", "x_loop", "mismatch"
+            "{:>5} {:>9} {:>9} {:>12} {:>12} {:>9} {:>10} {:>11} {:>8} {:>10}",
+            "dir",
+            "frag_B",
+            "frags",
+            "ns/frag",
+            "overhead_ns",
+            "GB/s",
+            "loop_GB/s",
+            "contig_GB/s",
+            "x_loop",
+            "mismatch"
         );
     }
-    for &frag in &sizes {
-        bar.set_message(format!("{frag} B"));
-        let n = args
-            .fragments
-            .unwrap_or_else(|| ((64u64 << 20) / frag).max(2048) as usize);
-        let slots = slots(n, frag);
-        let span = (n as u64) * (frag + 64);
-        let setup = rt
-            .block_on(async {
-                let src = engine
-                    .allocate_with(span as usize, prefault(), RegisterOptions::local_only())
-                    .await?;
-                let dst = engine.allocate(span as usize, prefault()).await?;
-                let baseline_dst = engine
-                    .allocate_with(span as usize, prefault(), RegisterOptions::local_only())
-                    .await?;
-                Ok::<_, te_core::Error>(Setup {
-                    src,
-                    dst,
-                    baseline_dst,
-                    slots,
-                })
-            })
-            .map_err(|e| e.to_string())?;
-        fill(&setup.src, 11);
-        // Opened after the allocation so the descriptor lists the destination.
-        let me = rt
-            .block_on(engine.open_segment(engine.segment_name()))
-            .map_err(|e| e.to_string())?;
-        let reqs: Vec<TransferRequest> = setup
-            .slots
-            .iter()
-            .map(|&(s, d)| TransferRequest::write(setup.src.addr() + s, me.id(), setup.dst.addr() + d, frag))
-            .collect();
-        let total = frag * n as u64;
-        let (mut eng, mut lp, mut contig) = (Vec::new(), Vec::new(), Vec::new());
-        let mut mismatched = 0u64;
-        // One untimed warm-up of each path so first-touch faults are not measured.
-        run_engine(&engine, &reqs)?;
-        memcpy_loop(&setup, frag);
-        contiguous(&setup, total);
-        for rep in 0..args.repeat {
-            if args.verify && rep == 0 {
-                zero(&setup.dst);
-                run_engine(&engine, &reqs)?;
-                mismatched += verify(&setup, frag);
+    let fragments_for = |frag: u64| {
+        args.fragments
+            .unwrap_or_else(|| ((64u64 << 20) / frag).max(2048) as usize)
+    };
+    let location_name = match args.location {
+        Location::Host => "host".to_string(),
+        Location::Cuda => format!("cuda:{}", args.device),
+        Location::Hip => format!("rocm:{}", args.device),
+    };
+    match &runtime_dev {
+        None => {
+            for &frag in &sizes {
+                bar.set_message(format!("{frag} B"));
+                let m = measure_host(&engine, &rt, frag, fragments_for(frag), &args, &bar)?;
+                report(&args, &bar, &location_name, "h2h", frag, &m)?;
             }
-            eng.push(run_engine(&engine, &reqs)?);
-            lp.push(memcpy_loop(&setup, frag));
-            contig.push(contiguous(&setup, total));
-            bar.inc(1);
         }
-        let (e, l, c) = (median(&mut eng), median(&mut lp), median(&mut contig));
-        let gbps = |d: Duration, b: u64| b as f64 / d.as_secs_f64() / 1e9;
-        let ns_per = e.as_nanos() as f64 / n as f64;
-        let overhead = (e.as_nanos() as f64 - l.as_nanos() as f64) / n as f64;
-        let row = serde_json::json!({
-            "bench": "local-copy",
-            "fragment_bytes": frag,
-            "fragments": n,
-            "threads": args.threads,
-            "repeat": args.repeat,
-            "ns_per_fragment": ns_per,
-            "overhead_ns_per_fragment": overhead,
-            "gbps": gbps(e, total),
-            "memcpy_loop_gbps": gbps(l, total),
-            "contiguous_gbps": gbps(c, total),
-            "ratio_vs_memcpy_loop": l.as_secs_f64() / e.as_secs_f64(),
-            "mismatched_bytes": if args.verify { Some(mismatched) } else { None },
-        });
-        if args.json {
-            print_json(&row);
-        } else {
-            bar.suspend(|| {
-                println!(
-                    "{:>9} {:>9} {:>12.1} {:>12.1} {:>9.2} {:>10.2} {:>11.2} {:>8.2} {:>10}",
-                    frag,
-                    n,
-                    ns_per,
-                    overhead,
-                    gbps(e, total),
-                    gbps(l, total),
-                    gbps(c, total),
-                    l.as_secs_f64() / e.as_secs_f64(),
-                    if args.verify {
-                        mismatched.to_string()
-                    } else {
-                        "-".into()
-                    }
-                )
-            });
-        }
-        if args.verify && mismatched > 0 {
-            return Err(format!("--verify: {mismatched} mismatched bytes at {frag} B fragments"));
+        Some(runtime_dev) => {
+            let location = match args.location {
+                Location::Hip => MemoryLocation::Rocm { device: args.device },
+                _ => MemoryLocation::Cuda { device: args.device },
+            };
+            for &direction in &directions {
+                for &frag in &sizes {
+                    let dir = device::short(direction);
+                    bar.set_message(format!("{dir} {frag} B"));
+                    let params = device::Params {
+                        engine: &engine,
+                        rt: &rt,
+                        runtime: runtime_dev,
+                        location,
+                        device: args.device,
+                        direction,
+                        frag,
+                        fragments: fragments_for(frag),
+                        repeat: args.repeat,
+                        verify: args.verify,
+                    };
+                    let m = device::measure(&params)?;
+                    bar.inc(args.repeat as u64);
+                    report(&args, &bar, &location_name, dir, frag, &m)?;
+                }
+            }
         }
     }
     bar.finish_and_clear();
     Ok(())
+}
+
+/// Prints one row (table or JSON); a --verify mismatch is an error after the row is out.
+fn report(args: &Args, bar: &ProgressBar, location: &str, dir: &str, frag: u64, m: &Measured) -> Result<(), String> {
+    let (e, l, c, n, total) = (m.engine, m.memcpy_loop, m.contiguous, m.fragments, m.total);
+    let gbps = |d: Duration, b: u64| b as f64 / d.as_secs_f64() / 1e9;
+    let ns_per = e.as_nanos() as f64 / n as f64;
+    let overhead = (e.as_nanos() as f64 - l.as_nanos() as f64) / n as f64;
+    let row = serde_json::json!({
+        "bench": "local-copy",
+        "location": location,
+        "direction": dir,
+        "fragment_bytes": frag,
+        "fragments": n,
+        "threads": args.threads,
+        "repeat": args.repeat,
+        "ns_per_fragment": ns_per,
+        "overhead_ns_per_fragment": overhead,
+        "gbps": gbps(e, total),
+        "memcpy_loop_gbps": gbps(l, total),
+        "contiguous_gbps": gbps(c, total),
+        "ratio_vs_memcpy_loop": l.as_secs_f64() / e.as_secs_f64(),
+        "ratio_vs_contiguous": c.as_secs_f64() / e.as_secs_f64(),
+        "baseline": m.baseline,
+        "batch_memcpy": m.batch_memcpy,
+        "mismatched_bytes": m.mismatched,
+    });
+    if args.json {
+        print_json(&row);
+    } else {
+        bar.suspend(|| {
+            println!(
+                "{:>5} {:>9} {:>9} {:>12.1} {:>12.1} {:>9.2} {:>10.2} {:>11.2} {:>8.2} {:>10}",
+                dir,
+                frag,
+                n,
+                ns_per,
+                overhead,
+                gbps(e, total),
+                gbps(l, total),
+                gbps(c, total),
+                l.as_secs_f64() / e.as_secs_f64(),
+                m.mismatched.map_or_else(|| "-".into(), |b| b.to_string())
+            )
+        });
+    }
+    match m.mismatched {
+        Some(bad) if bad > 0 => Err(format!(
+            "--verify: {bad} mismatched bytes at {frag} B fragments ({location}, {dir})"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Host to host at one fragment size.
+fn measure_host(
+    engine: &TransferEngine,
+    rt: &tokio::runtime::Runtime,
+    frag: u64,
+    n: usize,
+    args: &Args,
+    bar: &ProgressBar,
+) -> Result<Measured, String> {
+    let slots = slots(n, frag);
+    let span = (n as u64) * (frag + 64);
+    let setup = rt
+        .block_on(async {
+            let src = engine
+                .allocate_with(span as usize, prefault(), RegisterOptions::local_only())
+                .await?;
+            let dst = engine.allocate(span as usize, prefault()).await?;
+            let baseline_dst = engine
+                .allocate_with(span as usize, prefault(), RegisterOptions::local_only())
+                .await?;
+            Ok::<_, te_core::Error>(Setup {
+                src,
+                dst,
+                baseline_dst,
+                slots,
+            })
+        })
+        .map_err(|e| e.to_string())?;
+    fill(&setup.src, 11);
+    // Opened after the allocation so the descriptor lists the destination.
+    let me = rt
+        .block_on(engine.open_segment(engine.segment_name()))
+        .map_err(|e| e.to_string())?;
+    let reqs: Vec<TransferRequest> = setup
+        .slots
+        .iter()
+        .map(|&(s, d)| TransferRequest::write(setup.src.addr() + s, me.id(), setup.dst.addr() + d, frag))
+        .collect();
+    let total = frag * n as u64;
+    let (mut eng, mut lp, mut contig) = (Vec::new(), Vec::new(), Vec::new());
+    let mut mismatched = 0u64;
+    // One untimed warm-up of each path so first-touch faults are not measured.
+    run_engine(engine, &reqs)?;
+    memcpy_loop(&setup, frag);
+    contiguous(&setup, total);
+    for rep in 0..args.repeat {
+        if args.verify && rep == 0 {
+            zero(&setup.dst);
+            run_engine(engine, &reqs)?;
+            mismatched += verify(&setup, frag);
+        }
+        eng.push(run_engine(engine, &reqs)?);
+        lp.push(memcpy_loop(&setup, frag));
+        contig.push(contiguous(&setup, total));
+        bar.inc(1);
+    }
+    Ok(Measured {
+        fragments: n,
+        total,
+        engine: median(&mut eng),
+        memcpy_loop: median(&mut lp),
+        contiguous: median(&mut contig),
+        mismatched: args.verify.then_some(mismatched),
+        baseline: "memcpy per fragment",
+        batch_memcpy: None,
+    })
 }
 
 fn prefault() -> HostBufferOptions {
