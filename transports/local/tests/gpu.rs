@@ -111,7 +111,8 @@ fn gcd(a: usize, b: usize) -> usize {
 async fn transport_moves_every_direction_with_the_cuda_plugin() {
     let Some(cuda) = gpu() else { return };
     assert_eq!(cuda.memory_kind(), MemoryKind::Cuda);
-    let t = LocalTransport::with_devices(LocalConfig::default(), NtKernel::detect(), &[cuda.clone()]).unwrap();
+    let t =
+        LocalTransport::with_devices(LocalConfig::default(), NtKernel::detect(), std::slice::from_ref(&cuda)).unwrap();
     const LEN: usize = 4 << 20;
     let host_src = pattern(1, LEN);
     let mut host_dst = vec![0u8; LEN];
@@ -268,10 +269,11 @@ fn engine_round_trips_kv_fragments_through_device_memory() {
         let dev_a = DeviceBuffer::allocate(&cuda, 0, span).unwrap();
         let dev_b = DeviceBuffer::allocate(&cuda, 0, span).unwrap();
         let cuda0 = MemoryLocation::Cuda { device: 0 };
-        // SAFETY: both buffers are live device memory of device 0 and outlive their registrations
-        // (dropped at the end of this iteration, after every batch completed).
         let (reg_a, reg_b) = rt.block_on(async {
+            // SAFETY: both buffers are live device memory of device 0 and outlive their
+            // registrations (deregistered at the end of this iteration, after every batch).
             let a = unsafe { engine.register_raw(dev_a.addr(), span, cuda0, RegisterOptions::default()) }.await;
+            // SAFETY: as for `a`.
             let b = unsafe { engine.register_raw(dev_b.addr(), span, cuda0, RegisterOptions::default()) }.await;
             (a.unwrap(), b.unwrap())
         });
