@@ -458,6 +458,13 @@ impl BaselineResult {
     }
 }
 
+/// ucx_perftest's iteration count: at least 2,000 so its connection set-up and warm-up do not
+/// dominate (at 100 x 1 MiB it reports about a fifth of its steady rate here, which would
+/// flatter us).
+fn ucx_iterations(args: &Args) -> u64 {
+    (args.total_bytes / args.block_bytes).max(2000)
+}
+
 /// The provider fi_pingpong runs on: the core of `--provider` (`tcp;ofi_rxm` -> `tcp`, `shm`),
 /// tcp when none is given, so the baseline is libfabric's own figure for the same provider.
 fn pingpong_provider(args: &Args) -> &str {
@@ -468,7 +475,7 @@ fn pingpong_provider(args: &Args) -> &str {
 }
 
 fn baseline_command(b: Baseline, args: &Args) -> (&'static str, String) {
-    let (size, blocks) = (args.block_bytes, args.total_bytes / args.block_bytes);
+    let size = args.block_bytes;
     match b {
         Baseline::Iperf3 => (
             "iperf3",
@@ -478,7 +485,7 @@ fn baseline_command(b: Baseline, args: &Args) -> (&'static str, String) {
             "ucx_perftest ucp_put_bw (UCX_TLS=tcp)",
             format!(
                 "UCX_TLS=tcp ucx_perftest 127.0.0.1 -t ucp_put_bw -s {size} -n {}",
-                blocks.max(100)
+                ucx_iterations(args)
             ),
         ),
         Baseline::FiPingpong => (
@@ -526,7 +533,7 @@ fn run_baseline_once(b: Baseline, args: &Args) -> Result<BaselineSample, String>
             })
         }
         Baseline::Ucx => {
-            let iters = (args.total_bytes / args.block_bytes).max(100).to_string();
+            let iters = ucx_iterations(args).to_string();
             let mut srv = Command::new("ucx_perftest");
             srv.env("UCX_TLS", "tcp").args(["-p", &port]);
             let mut cli = Command::new("ucx_perftest");
