@@ -150,7 +150,10 @@ impl TransferEngineBuilder {
                 Err(e) => return Err(e),
             }
         }
-        let metadata = self.metadata.unwrap_or_else(|| Arc::new(InProcessStore::global()));
+        let metadata = match self.metadata {
+            Some(m) => m,
+            None => metadata_from_env(&*env).await?,
+        };
         TransferEngine::assemble(name, metadata, env, transports, statuses, plugins, phase_timing).await
     }
 }
@@ -159,4 +162,25 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "host".into())
+}
+
+/// `TE_METADATA`: `in-process` (default), `p2p` (this engine answers on `TE_P2P_LISTEN`), or
+/// `etcd` (`TE_ETCD_ENDPOINTS`, `TE_ETCD_PREFIX`; needs the `etcd` feature).
+async fn metadata_from_env(env: &dyn Env) -> Result<Arc<dyn MetadataStore>> {
+    let choice = parse_var::<String>(env, "TE_METADATA")?;
+    match choice.as_deref() {
+        None | Some("in-process") => Ok(Arc::new(InProcessStore::global())),
+        Some("p2p") => Ok(Arc::new(crate::metadata::p2p::P2pStore::from_env(env).await?)),
+        #[cfg(feature = "etcd")]
+        Some("etcd") => Ok(Arc::new(crate::metadata::etcd::EtcdStore::from_env(env).await?)),
+        Some(other) => Err(Error::config(
+            "TE_METADATA",
+            other,
+            if other == "etcd" {
+                "this build has no etcd support (cargo feature etcd)"
+            } else {
+                "expected in-process, p2p or etcd"
+            },
+        )),
+    }
 }
