@@ -184,6 +184,7 @@ async fn malformed_configuration_names_the_variable() {
         ("TE_TRANSPORTS", "warp-drive"),
         ("TE_COPY_THREADS", "0"),
         ("TE_COPY_THREADS", "2x"),
+        ("TE_METADATA", "zookeeper"),
     ] {
         let env = MapEnv::new([(var, value)]);
         let err = TransferEngine::builder()
