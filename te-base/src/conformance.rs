@@ -118,10 +118,14 @@ pub async fn region(t: &Arc<dyn Transport>, len: usize, exported: bool) -> (Test
 }
 
 /// Deregisters the suite's regions before their memory is freed, so a later check that gets the
-/// same addresses back registers them cleanly.
+/// same addresses back registers them cleanly. Best effort: a transport may still hold a refused
+/// request of the hostile check in flight (libfabric's shm provider never reports some refusals
+/// back), and refusing deregistration then is correct behaviour, not a conformance failure.
 pub async fn release(t: &Arc<dyn Transport>, regions: &[&TestRegion]) {
     let infos: Vec<RegionInfo> = regions.iter().map(|r| r.info.clone()).collect();
-    t.deregister(&infos).await.expect("deregister test regions");
+    if let Err(e) = t.deregister(&infos).await {
+        eprintln!("{}: conformance regions not released: {e}", t.name());
+    }
 }
 
 /// Builds the target's descriptor with the given exported regions.
