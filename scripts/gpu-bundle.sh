@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds what scripts/gpu-check.sh runs on a GPU machine (no Rust toolchain, no network there) and
-# collects it in one directory: the CUDA plugin's test executables, a release te-bench, the check
+# collects it in one directory: the CUDA plugin's test executables, the local transport's GPU test
+# executable, a release te-bench (with its cuda feature: local-copy --location cuda), the check
 # script and a manifest. Ship the directory and run `bash <dir>/gpu-check.sh` on the GPU host.
 #
 #   scripts/gpu-bundle.sh [DEST]        # DEST defaults to target/gpu-bundle
@@ -17,23 +18,38 @@ features=${TE_BENCH_FEATURES-cuda}
 rm -rf "$dest"
 mkdir -p "$dest/bin"
 
-echo "== building the CUDA plugin's tests (release)"
-cargo test -p te-plugin-cuda --release --no-run --message-format=json-render-diagnostics >"$dest/build-tests.json"
-# One executable per test target: the unit tests ("unit"), tests/gpu.rs, tests/no_driver.rs.
-python3 - "$dest" <<'EOF'
+# Copies the test executables of a release `cargo test --no-run` build into $dest/bin, named
+# <prefix>-<target> ("unit" for the library's own tests); only the targets listed, or all.
+bundle_tests() { # bundle_tests PACKAGE PREFIX [TARGET...]
+    local package=$1 prefix=$2
+    shift 2
+    cargo test -p "$package" --release --no-run --message-format=json-render-diagnostics >"$dest/build-tests.json"
+    python3 - "$dest" "$prefix" "$@" <<'EOF'
 import json, shutil, sys, os
-dest = sys.argv[1]
+dest, prefix, wanted = sys.argv[1], sys.argv[2], set(sys.argv[3:])
 for line in open(os.path.join(dest, "build-tests.json")):
     msg = json.loads(line)
     if msg.get("reason") != "compiler-artifact" or not msg.get("executable") or not msg["profile"]["test"]:
         continue
     target = msg["target"]
     name = "unit" if "lib" in target["kind"] else target["name"]
-    out = os.path.join(dest, "bin", f"te-plugin-cuda-{name}")
+    if wanted and name not in wanted:
+        continue
+    out = os.path.join(dest, "bin", f"{prefix}-{name}")
     shutil.copy2(msg["executable"], out)
     print(f"   {out}")
 EOF
-rm -f "$dest/build-tests.json"
+    rm -f "$dest/build-tests.json"
+}
+
+echo "== building the CUDA plugin's tests (release)"
+# One executable per test target: the unit tests ("unit"), tests/gpu.rs, tests/no_driver.rs.
+bundle_tests te-plugin-cuda te-plugin-cuda
+
+echo "== building the local transport's GPU tests (release)"
+# tests/gpu.rs only: device copies through the transport with the CUDA plugin and through the
+# engine (te-core with the local transport and the cuda feature).
+bundle_tests te-transport-local te-transport-local gpu
 
 echo "== building te-bench (release)"
 bench_features=""

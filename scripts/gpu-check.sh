@@ -4,11 +4,15 @@
 #
 #   bash gpu-check.sh            # from the bundle directory (or give its path)
 #
-# Steps: (1) what the host has; (2) the CUDA plugin's tests with TE_REQUIRE=cuda, so a missing GPU
-# fails instead of skipping; (3) the PCI bus id the plugin reports for the last GPU made visible
+# Steps: (1) what the host has; (2) the CUDA plugin's tests and the local transport's GPU tests
+# (device copies through the transport and through the engine) with TE_REQUIRE=cuda, so a missing
+# GPU fails instead of skipping; (3) the PCI bus id the plugin reports for the last GPU made visible
 # alone through CUDA_VISIBLE_DEVICES, against nvidia-smi's (a wrong id sends traffic to the wrong
-# NIC); (4) `te-bench local-copy --location cuda --verify --json` when this te-bench has it.
-# Logs and JSON go to $OUT (or <bundle>/results). Exit status: number of failed steps.
+# NIC); (4) `te-bench local-copy --location cuda --verify --json` (h2d, d2h, d2d; with and without
+# cuMemcpyBatchAsync) and the host figure for reference, when this te-bench has --location.
+# Logs and JSON go to $OUT (or <bundle>/results), six files at most: host.txt, gpu-tests.log,
+# bus-id-visible.log, local-copy.jsonl, local-copy.stderr, summary.txt.
+# Exit status: number of failed steps.
 set -u
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -37,20 +41,22 @@ step "host"
     nvidia-smi topo -m 2>&1 | head -20
 } 2>&1 | tee "$out/host.txt"
 
-step "CUDA plugin tests (TE_REQUIRE=cuda)"
+step "CUDA plugin and local transport GPU tests (TE_REQUIRE=cuda)"
 # One log for all of them: the device tool brings back at most 8 files from $OUT.
-: >"$out/plugin-tests.log"
-for bin in "$here"/bin/te-plugin-cuda-*; do
+: >"$out/gpu-tests.log"
+for bin in "$here"/bin/te-plugin-cuda-* "$here"/bin/te-transport-local-*; do
     [ -x "$bin" ] || continue
     name=$(basename "$bin")
-    echo "-- $name" | tee -a "$out/plugin-tests.log"
-    TE_REQUIRE=cuda timeout 300 "$bin" --test-threads=1 --nocapture 2>&1 | tee -a "$out/plugin-tests.log"
+    echo "-- $name" | tee -a "$out/gpu-tests.log"
+    TE_REQUIRE=cuda timeout 180 "$bin" --test-threads=1 --nocapture 2>&1 | tee -a "$out/gpu-tests.log"
     record "$name" "${PIPESTATUS[0]}"
 done
-if ! ls "$here"/bin/te-plugin-cuda-* >/dev/null 2>&1; then
-    echo "no test executables in $here/bin: rebuild the bundle"
-    record "plugin tests present" 1
-fi
+for want in te-plugin-cuda te-transport-local; do
+    if ! ls "$here"/bin/"$want"-* >/dev/null 2>&1; then
+        echo "no $want test executables in $here/bin: rebuild the bundle"
+        record "$want tests present" 1
+    fi
+done
 
 step "PCI bus id under CUDA_VISIBLE_DEVICES"
 gpu_bin="$here/bin/te-plugin-cuda-gpu"
@@ -73,12 +79,24 @@ fi
 step "te-bench local-copy --location cuda"
 bench="$here/te-bench"
 if [ -x "$bench" ] && "$bench" local-copy --help 2>/dev/null | grep -q -- '--location'; then
-    TE_REQUIRE=cuda timeout 240 "$bench" local-copy --location cuda --verify --json \
-        >"$out/local-copy-cuda.jsonl" 2>"$out/local-copy-cuda.stderr"
-    rc=$?
-    cat "$out/local-copy-cuda.jsonl"
-    tail -20 "$out/local-copy-cuda.stderr"
-    record "te-bench local-copy --location cuda --verify" $rc
+    : >"$out/local-copy.jsonl"
+    : >"$out/local-copy.stderr"
+    # 64 MiB per buffer by default (38,836 fragments of 1,728 B): past the last-level cache, and
+    # the per-fragment cuMemcpy baseline stays well under a minute per direction.
+    bench_run() { # bench_run LABEL TIMEOUT ARGS...
+        local label=$1 limit=$2
+        shift 2
+        echo "-- te-bench local-copy $*" | tee -a "$out/local-copy.stderr"
+        timeout "$limit" "$bench" local-copy --json "$@" >>"$out/local-copy.jsonl" 2>>"$out/local-copy.stderr"
+        record "$label" $?
+    }
+    bench_run "te-bench local-copy --location cuda --verify (h2d, d2h, d2d)" 240 \
+        --location cuda --direction all --verify --repeat 7
+    bench_run "te-bench local-copy --location cuda --no-batch-memcpy --verify" 120 \
+        --location cuda --direction all --no-batch-memcpy --verify --repeat 5 --fragment-bytes 1728
+    bench_run "te-bench local-copy --location host (reference)" 60 --location host --repeat 7
+    cat "$out/local-copy.jsonl"
+    tail -20 "$out/local-copy.stderr"
 else
     echo "skipped: this te-bench has no 'local-copy --location' (rebuild the bundle once it is wired)"
     summary+=("SKIP te-bench local-copy --location cuda")
