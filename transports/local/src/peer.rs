@@ -167,8 +167,11 @@ impl LocalPeer {
         } else {
             match plan_with_devices(frags, ops, plan, device, &spans) {
                 Some(host) => {
-                    plan_groups(&mut device.frags, &mut device.copies, &mut device.groups);
                     let t1 = ctx.timer.lap(Phase::Plan, t0);
+                    if host.total_bytes == 0 {
+                        // Nothing for the helpers: release them before waiting on the device.
+                        drop(heads_up.take());
+                    }
                     // Device copies start first: they run on the device while this thread copies
                     // host memory.
                     // SAFETY: every copy lies in live registered regions of the kinds its group
@@ -309,7 +312,8 @@ fn copy_in_order(frags: &[Fragment]) {
 
 /// Plans a batch that has device requests. Host and device addresses share one address space, so
 /// the whole batch is checked at once for overlapping destinations and for sources meeting
-/// destinations; `None` means it must run request by request. Otherwise `ops` holds the host plan.
+/// destinations; `None` means it must run request by request. Otherwise `device` holds the device
+/// groups and their copies, and `ops` the host plan.
 fn plan_with_devices(
     frags: &[Fragment],
     ops: &mut Vec<CopyOp>,
@@ -327,6 +331,26 @@ fn plan_with_devices(
     if overlap {
         return None;
     }
+    let first = device.frags.first()?.group;
+    if frags.is_empty() && device.frags.iter().all(|f| f.group == first) {
+        // One group and no host requests (the common case: a layer to or from one GPU): the
+        // batch-wide plan is already that group's coalesced copies.
+        device.copies.clear();
+        device.copies.extend(ops.iter().map(|o| CopyFragment {
+            dst: o.dst,
+            src: o.src,
+            len: o.len,
+        }));
+        device.groups.clear();
+        device.groups.push(Group {
+            key: first,
+            copies: 0..device.copies.len(),
+            requests: 0..device.frags.len(),
+        });
+        ops.clear();
+        return Some(Coalesced { total_bytes: 0 });
+    }
+    plan_groups(&mut device.frags, &mut device.copies, &mut device.groups);
     coalesce(frags, plan, ops).ok()
 }
 

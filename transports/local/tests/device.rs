@@ -671,3 +671,30 @@ async fn scattered_fragments_round_trip_byte_exact() {
         assert_eq!(calls[1].direction, CopyDirection::DeviceToHost);
     }
 }
+
+/// A batch to one device with no host requests takes the single-group plan: adjacent fragments
+/// still coalesce, in any submission order, and every byte lands.
+#[tokio::test]
+async fn a_single_group_batch_is_coalesced() {
+    let w = world().await;
+    let d = &w.desc;
+    // Four runs of four adjacent 1,000 B fragments, submitted shuffled; runs 1,000 B apart.
+    let mut reqs = Vec::new();
+    for k in [3u64, 0, 2, 1] {
+        for j in [1u64, 3, 0, 2] {
+            let off = k * 5000 + j * 1000;
+            let i = reqs.len() as u32;
+            reqs.push(req(d, i, TransferOp::Write, &w.a_host, off, &w.b_dev1, off + 7, 1000));
+        }
+    }
+    assert!(run(&w.peer, reqs).iter().all(is_done));
+    let calls = w.fake.async_calls();
+    assert_eq!(calls.len(), 1);
+    let lens: Vec<u64> = calls[0].fragments.iter().map(|f| f.len).collect();
+    assert_eq!(lens, vec![4000; 4]);
+    assert_eq!((calls[0].device, calls[0].direction), (1, CopyDirection::HostToDevice));
+    for k in 0..4usize {
+        let r = k * 5000..k * 5000 + 4000;
+        assert_eq!(&w.b_dev1.bytes()[r.start + 7..r.end + 7], &w.a_host.bytes()[r]);
+    }
+}
