@@ -9,7 +9,13 @@ use common::peer_process::PeerProcess;
 use common::*;
 use te_base::{RequestStatus, TransferOp};
 
+/// These tests assert bounded-time behaviour (a dead peer settles within the stall timeout, a
+/// survivor keeps progressing) with child processes; run concurrently on a 2-core machine they
+/// starve each other past those bounds, so they take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn each_provider(f: impl Fn(&str)) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     for p in PROVIDERS {
         if provider_present(p) {
             eprintln!("-- provider {p}");
