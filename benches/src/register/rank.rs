@@ -48,7 +48,7 @@ pub fn run_rank() -> Result<(), String> {
                 work_node_s: provider.work_node_s(),
             }
         }
-        other => return Err(not_available(other)),
+        TransportChoice::Efa | TransportChoice::Rdma => engine_rank(&spec, &mut input)?,
     };
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", serde_json::to_string(&result).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
@@ -104,13 +104,58 @@ fn regions(spec: &RankSpec) -> Vec<RegionInfo> {
         .collect()
 }
 
-/// The message for a provider this build cannot drive yet.
-pub fn not_available(transport: TransportChoice) -> String {
-    format!(
-        "transport {}: not available: the registration benchmark has no {} provider yet (the {} transport does not \
-         implement te_base::registration::RegistrationProvider); use --transport sim",
-        transport.name(),
-        transport.name(),
-        transport.name()
-    )
+/// A real transport: this rank builds an engine with only that transport and registers real,
+/// prefaulted host buffers through it (its registration pool, placement and provider), with the
+/// cell's cap and order given to the engine through its own variables.
+fn engine_rank(spec: &RankSpec, input: &mut impl BufRead) -> Result<RankResult, String> {
+    let name = spec.transport.name();
+    if spec.location != LocationChoice::Host {
+        return Err(format!(
+            "transport {name}: not available: device-memory registration through {name} needs the GPU plugin path, \
+             which this benchmark does not drive yet; use --location host"
+        ));
+    }
+    // The process-wide pool reads these once, at its first use, which is below.
+    std::env::set_var("TE_MAX_CONCURRENT_REG_MR", spec.cap.to_string());
+    std::env::set_var("TE_REG_ORDER", &spec.order);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let engine = rt
+        .block_on(
+            te_core::TransferEngine::builder()
+                .segment_name(format!("te-bench-register-{}-{}", spec.rank, std::process::id()))
+                .transports([name])
+                .build(),
+        )
+        .map_err(|e| e.to_string())?;
+    if let Some(reason) = engine
+        .transports()
+        .iter()
+        .find(|t| t.name == name)
+        .and_then(|t| t.unavailable.clone())
+    {
+        return Err(format!("transport {name}: not available: {reason}"));
+    }
+    let opts = te_core::HostBufferOptions {
+        prefault: true,
+        ..Default::default()
+    };
+    let buffers = spec
+        .sizes
+        .iter()
+        .map(|&len| te_core::HostBuffer::allocate(len as usize, opts).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (wall_s, registered) = timed_after_barrier(input, || {
+        rt.block_on(engine.register_host_buffers(buffers, te_core::RegisterOptions::default()))
+            .map_err(|e| e.to_string())
+    })?;
+    drop(registered);
+    Ok(RankResult {
+        rank: spec.rank,
+        wall_s,
+        work_node_s: wall_s,
+    })
 }
