@@ -232,7 +232,15 @@ pub(crate) fn install_from(ctx: &InstallContext) -> Result<FabricTransport> {
     // Rail-local placement needs the host's topology; a host whose sysfs cannot be read still
     // works, registering on every rail. A malformed placement variable is an error.
     let placement = match Topology::discover() {
-        Ok(topology) => Some(NicPlacement::from_env(topology, ctx.env.as_ref())?),
+        Ok(topology) => {
+            let mut placement = NicPlacement::from_env(topology, ctx.env.as_ref())?;
+            // GPU ordinals map to bus ids as the loaded runtime numbers them (after its
+            // visible-devices filtering), not by sysfs order.
+            for plugin in &ctx.devices {
+                placement.use_device_plugin(plugin.as_ref())?;
+            }
+            Some(placement)
+        }
         Err(e) => {
             tracing::warn!(error = %e, "efa: topology discovery failed; registering on every rail");
             None
