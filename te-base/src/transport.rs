@@ -78,7 +78,9 @@ pub trait Peer: Send + Sync + 'static {
 /// Per-call context of [`Peer::submit`].
 #[derive(Debug, Clone, Default)]
 pub struct SubmitContext {
-    /// Phase timer of the call (off unless `TE_PHASE_TIMING=1`).
+    /// Phase timer of the call (off unless `TE_PHASE_TIMING=1`). The transport records its own
+    /// [`crate::Phase::Plan`] and [`crate::Phase::Submit`]; the engine records resolve, build and
+    /// other around it.
     pub timer: PhaseTimer,
     /// The caller marked the submission as background work: nobody waits on it, so the transport
     /// should not borrow helper threads for it (the local copy stays inline).

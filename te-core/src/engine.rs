@@ -85,7 +85,8 @@ impl SegmentHandle {
 pub struct SubmitOptions {
     /// Work nobody waits on: the local copy stays inline.
     pub background: bool,
-    /// Record this call's phases into the caller's timer instead of the engine's.
+    /// Record this call's phases (the engine's resolve/build/other, the transport's plan/submit)
+    /// into the caller's timer instead of the engine's; the caller counts its own calls.
     pub timer: Option<PhaseTimer>,
 }
 
@@ -819,7 +820,7 @@ impl EngineInner {
             })
             .collect();
         drop(segs);
-        let t2 = timer.lap(Phase::Build, t1);
+        timer.lap(Phase::Build, t1);
         let mut failed = 0u64;
         for (g, (peer, seg_name)) in groups.into_iter().zip(routes) {
             if !peer.is_healthy() {
@@ -839,9 +840,15 @@ impl EngineInner {
                 state.fail_many(idx_copy.into_iter().map(|i| i as usize), &e);
             }
         }
+        // The transports recorded their own plan and submit inside the loop above; the engine's
+        // part after it is the counter update.
+        let t3 = timer.start();
         self.metrics.record_call(requests.len() as u64, bytes, failed);
-        timer.lap(Phase::Other, t2);
-        timer.count_call(requests.len());
+        timer.lap(Phase::Other, t3);
+        // A caller's own timer counts its own calls; the engine counts only into its own.
+        if opts.timer.is_none() {
+            timer.count_call(requests.len());
+        }
         Ok(Batch::new(state))
     }
 }

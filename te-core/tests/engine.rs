@@ -340,6 +340,8 @@ async fn a_callers_phase_timer_receives_the_call() {
         .wait()
         .await
         .unwrap();
-    assert_eq!(stats.report().calls, 1);
+    let r = stats.report();
+    assert!(r.total_nanos() > 0, "the engine's phases land in the caller's timer");
+    assert_eq!(r.calls, 0, "the caller counts its own calls");
     assert!(a.phase_report().is_none(), "the engine's own timer stays off");
 }

@@ -519,9 +519,18 @@ impl Store {
             return Ok(());
         }
         let timer = &self.inner.timer;
-        let t0 = timer.start();
-        let batch = self.inner.engine.submit(requests)?;
-        let t1 = timer.lap(te_base::Phase::Submit, t0);
+        // With the phase report on, the engine and its transport record into the store's timer,
+        // so resolve, plan and submit show the engine's own split (the seed's breakdown).
+        let batch = if timer.is_on() {
+            let opts = te_core::SubmitOptions {
+                background: false,
+                timer: Some(timer.clone()),
+            };
+            self.inner.engine.submit_with(requests, &opts)?
+        } else {
+            self.inner.engine.submit(requests)?
+        };
+        let t1 = timer.start();
         let outcome = batch.wait_blocking(None).expect("no timeout");
         timer.lap(te_base::Phase::Wait, t1);
         if let Err(BatchError { failures, .. }) = outcome {
