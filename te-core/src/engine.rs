@@ -812,20 +812,16 @@ impl EngineInner {
             timer: timer.clone(),
             background,
         };
-        let routes: Vec<(Arc<dyn Peer>, String)> = groups
-            .iter()
-            .map(|g| {
-                let seg = &segs[g.segment as usize];
-                (seg.routes[g.route as usize].peer.clone(), seg.descriptor.name.clone())
-            })
-            .collect();
+        let routes: Vec<Arc<OpenSegment>> = groups.iter().map(|g| segs[g.segment as usize].clone()).collect();
         drop(segs);
         timer.lap(Phase::Build, t1);
+        let single_group = groups.len() == 1;
         let mut failed = 0u64;
-        for (g, (peer, seg_name)) in groups.into_iter().zip(routes) {
+        for (g, seg) in groups.into_iter().zip(routes) {
+            let peer = &seg.routes[g.route as usize].peer;
             if !peer.is_healthy() {
                 let err = Error::PeerGone {
-                    peer: seg_name,
+                    peer: seg.descriptor.name.clone(),
                     reason: "connection lost; reopen the segment".into(),
                 };
                 failed += g.requests.len() as u64;
@@ -833,11 +829,20 @@ impl EngineInner {
                 continue;
             }
             let n = g.requests.len();
-            // A transport that returns Err started nothing; keep the indices to fail them.
-            let idx_copy: Vec<u32> = g.requests.iter().map(|r| r.index).collect();
+            // A transport that returns Err started nothing. With one group that is the whole
+            // batch; otherwise keep this group's indices to fail them.
+            let indices: Vec<u32> = if single_group {
+                Vec::new()
+            } else {
+                g.requests.iter().map(|r| r.index).collect()
+            };
             if let Err(e) = peer.submit(g.requests, &state, &ctx) {
                 failed += n as u64;
-                state.fail_many(idx_copy.into_iter().map(|i| i as usize), &e);
+                if single_group {
+                    state.fail_many(0..requests.len(), &e);
+                } else {
+                    state.fail_many(indices.into_iter().map(|i| i as usize), &e);
+                }
             }
         }
         // The transports recorded their own plan and submit inside the loop above; the engine's

@@ -345,3 +345,31 @@ async fn a_callers_phase_timer_receives_the_call() {
     assert_eq!(r.calls, 0, "the caller counts its own calls");
     assert!(a.phase_report().is_none(), "the engine's own timer stays off");
 }
+
+#[tokio::test]
+async fn a_transport_refusing_a_group_fails_exactly_its_requests() {
+    let manual = ManualTransport::new();
+    let a = TransferEngine::builder()
+        .segment_name("refusing")
+        .transports(Vec::<String>::new())
+        .with_transport(manual.clone())
+        .build()
+        .await
+        .unwrap();
+    let src = a.allocate(8192, opts()).await.unwrap();
+    let dst = a.allocate(8192, opts()).await.unwrap();
+    let me = a.open_segment("refusing").await.unwrap();
+    manual.refuse_submissions();
+    let reqs: Vec<TransferRequest> = (0..3u64)
+        .map(|i| TransferRequest::write(src.addr() + i * 64, me.id(), dst.addr() + i * 64, 64))
+        .collect();
+    let err = a.submit(&reqs).unwrap().wait().await.unwrap_err();
+    assert_eq!(err.progress.failed, 3);
+    assert!(err
+        .failures
+        .iter()
+        .all(|(_, e)| e.to_string().contains("refused the whole group")));
+    assert_eq!(a.metrics().failed_requests, 3);
+    // The pins were released with the failed batch: deregistration is allowed again.
+    src.deregister().await.unwrap();
+}

@@ -18,6 +18,7 @@ struct State {
     fail: Mutex<BTreeSet<u32>>,
     regions: Mutex<BTreeSet<u64>>,
     auto: AtomicBool,
+    refuse: AtomicBool,
 }
 
 #[derive(Default)]
@@ -46,6 +47,11 @@ impl ManualTransport {
     /// Completes every queued request (copying its bytes) or fails the marked ones.
     pub fn complete_all(&self) {
         self.state.complete_all();
+    }
+
+    /// From now on, `submit` refuses whole groups (starting nothing), as a transport may.
+    pub fn refuse_submissions(&self) {
+        self.state.refuse.store(true, Ordering::Release);
     }
 
     /// From now on, requests complete as they are submitted.
@@ -117,6 +123,9 @@ impl Peer for ManualPeer {
         &self.desc
     }
     fn submit(&self, requests: Vec<ResolvedRequest>, batch: &Arc<BatchState>, _ctx: &SubmitContext) -> Result<()> {
+        if self.state.refuse.load(Ordering::Acquire) {
+            return Err(Error::transport("manual", "refused the whole group"));
+        }
         self.state
             .queued
             .lock()
