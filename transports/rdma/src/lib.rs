@@ -18,7 +18,7 @@ pub mod verbs;
 use std::path::Path;
 use std::sync::Arc;
 
-use te_base::topology::Topology;
+use te_base::topology::{NicPlacement, Topology};
 use te_base::{Error, InstallContext, Result, Transport};
 
 use crate::config::RdmaConfig;
@@ -38,19 +38,22 @@ pub async fn install(ctx: &InstallContext) -> Result<Arc<dyn Transport>> {
     let config = RdmaConfig::from_env(ctx.env.as_ref())?;
     let verbs = LoadedVerbs::load()?;
     let devices = select_devices(&verbs, &config)?;
-    // Rail numbering and link rates come from te-base's topology; without it (unreadable sysfs)
-    // rails keep the device order and stripe evenly.
-    let topology = match Topology::discover() {
-        Ok(t) => Some(t),
+    // Rail numbering, link rates and rail-local placement come from te-base's topology; without
+    // it (unreadable sysfs) rails keep the device order, stripe evenly and every region is
+    // registered on every rail. A malformed placement variable is an error.
+    let placement = match Topology::discover() {
+        // `start` maps GPU ordinals through the plugins.
+        Ok(topology) => Some(NicPlacement::from_env(topology, ctx.env.as_ref())?),
         Err(e) => {
-            tracing::warn!("rdma: topology discovery failed, rails keep device order: {e}");
+            tracing::warn!("rdma: topology discovery failed; rails keep device order, regions go on every rail: {e}");
             None
         }
     };
     let transport = RdmaTransport::start(
         Arc::new(verbs),
         &devices,
-        topology.as_ref(),
+        placement,
+        ctx.devices.clone(),
         config,
         &ctx.segment_name,
         Path::new("/sys"),

@@ -1,8 +1,12 @@
-//! The verbs transport over any [`Verbs`] implementation: registration on every rail, connection
-//! through the handshake, the data path and the progress thread.
+//! The verbs transport over any [`Verbs`] implementation: rail-local registration (host and GPU
+//! memory), connection through the handshake, the data path and the progress thread.
 
+pub mod device_memory;
 mod handshake_io;
 mod peer;
+pub mod placement;
+#[cfg(test)]
+mod placement_tests;
 mod progress;
 pub mod rails;
 mod target;
@@ -19,11 +23,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
+use te_base::device::DevicePlugin;
 use te_base::registration::{deregister_regions, register_regions, DomainHandles, RegistrationPool};
-use te_base::topology::{common_rails, RailRate, StripePlanner, Topology};
-use te_base::{
-    Capabilities, Error, MemoryKind, MemoryKinds, Peer, RegionId, RegionInfo, Result, SegmentDescriptor, Transport,
-};
+use te_base::topology::{NicPlacement, RailRate, StripePlanner};
+use te_base::{Capabilities, Error, Peer, RegionId, RegionInfo, Result, SegmentDescriptor, Transport};
 
 use crate::config::RdmaConfig;
 use crate::protocol::handshake::{EndpointInfo, PROTOCOL_VERSION};
@@ -31,12 +34,18 @@ use crate::protocol::recovery::Backoff;
 use crate::protocol::remote_keys::{BufferKeys, RemoteKeyTable};
 use crate::verbs::{QpCaps, Verbs};
 use crate::NAME;
+use device_memory::DeviceMemory;
 use peer::{PeerInner, QpInner, QpSlot, RailPair, RdmaPeer, SlotRef};
+use placement::RailPlacement;
 use rails::{gid_ipv4, RailRegistrar, RailRegistration, RailSet};
 
-/// A registered region: its lkeys per rail and chunk, and the handles to release it.
+/// A registered region: the rails holding it, its lkeys per rail and chunk, and the handles to
+/// release it.
 pub(crate) struct LocalRegion<V: Verbs> {
     pub(crate) info: RegionInfo,
+    /// Rails holding the region, ascending, with their link rates.
+    pub(crate) rails: Vec<RailRate>,
+    /// `lkeys[rail][chunk]`; empty for rails not holding the region.
     pub(crate) lkeys: Vec<Vec<u32>>,
     handles: Mutex<Option<DomainHandles<RailRegistration<V>>>>,
 }
@@ -150,18 +159,38 @@ impl<V: Verbs> RdmaTransport<V> {
     /// Opens `devices` and starts the handshake listener and the progress thread. Must run inside
     /// a tokio runtime. `sysfs` is the sysfs root (`/sys`), for GID types and peer-memory modules.
     ///
-    /// With a `topology`, rails are numbered like te-base's rail map (NIC bus-id order) and carry
-    /// their link rates for striping.
+    /// With a `placement`, rails are numbered like te-base's rail map (NIC bus-id order), carry
+    /// their link rates for striping, and each region is registered only on the rails placement
+    /// chooses for it (NUMA-local for host memory, switch-local for GPU memory); without one,
+    /// on every rail. `plugins` are the engine's device plugins: GPU memory of their kind is
+    /// registered through dma-bufs they export.
     pub async fn start(
         verbs: Arc<V>,
         devices: &[String],
-        topology: Option<&Topology>,
+        placement: Option<NicPlacement>,
+        plugins: Vec<Arc<dyn DevicePlugin>>,
         config: RdmaConfig,
         segment_name: &str,
         sysfs: &Path,
     ) -> Result<Self> {
-        let devices = rails::order_by_topology(devices, topology);
+        let devices = rails::order_by_topology(devices, placement.as_ref().map(|p| p.topology()));
         let set = RailSet::open(verbs.clone(), &devices, &config, sysfs)?;
+        let placement = placement.map(|mut p| {
+            // GPU ordinals map to bus ids as the loaded runtime numbers them (after its
+            // visible-devices filtering), not by sysfs order.
+            for plugin in &plugins {
+                p.use_device_plugin(plugin.as_ref())?;
+            }
+            Ok::<_, Error>(p)
+        });
+        let placement = placement.transpose()?.and_then(|p| {
+            let names: Vec<&str> = set.rails.iter().map(|r| r.name.as_str()).collect();
+            let joined = RailPlacement::new(p, &names);
+            if joined.is_none() {
+                tracing::warn!("rdma: no topology NIC is an open rail; registering every region on every rail");
+            }
+            joined
+        });
         let bind = config
             .handshake_addr
             .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
@@ -187,13 +216,12 @@ impl<V: Verbs> RdmaTransport<V> {
             .min()
             .unwrap_or(0);
         let slice_size = config.slice_size.min(max_msg.max(4096));
-        let mut kinds = MemoryKinds::HOST;
-        if sysfs.join("module/nvidia_peermem").exists() {
-            kinds = kinds.with(MemoryKind::Cuda);
-        }
+        let peermem = sysfs.join("module/nvidia_peermem").exists();
+        let device = DeviceMemory::new(plugins, peermem, verbs.supports_dmabuf());
+        let kinds = device.kinds();
         let shared = Arc::new(Shared {
             verbs,
-            registrar: Arc::new(RailRegistrar::new(Arc::new(set))),
+            registrar: Arc::new(RailRegistrar::new(Arc::new(set), placement, device)),
             segment_name: segment_name.to_string(),
             instance: random_u64(),
             slice_size,
@@ -259,35 +287,54 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
     }
 
     async fn register(&self, regions: &[RegionInfo]) -> Result<Vec<serde_json::Value>> {
-        for r in regions {
-            if !self.shared.capabilities.local.contains(r.location.kind()) {
-                return Err(Error::WrongMemoryKind {
-                    transport: NAME.into(),
-                    what: r.location.to_string(),
-                });
+        let registrar = &self.shared.registrar;
+        // GPU regions: one dma-buf per region, shared by its rails, or peer memory, or a
+        // NotAvailable naming what is missing, before anything is registered.
+        let prepared = regions.iter().try_for_each(|r| {
+            if let Some(export) = registrar.device.prepare(r)? {
+                registrar.stage_export(r.id, export);
             }
+            Ok(())
+        });
+        if let Err(e) = prepared {
+            registrar.forget_exports(regions);
+            return Err(e);
         }
         let shared = self.shared.clone();
         let batch = regions.to_vec();
-        let handles = tokio::task::spawn_blocking(move || register_regions(shared.pool, &shared.registrar, batch))
-            .await
-            .map_err(|e| Error::transport(NAME, format!("registration task: {e}")))??;
-        let chunk = self.shared.rails().chunk;
+        let registered =
+            tokio::task::spawn_blocking(move || register_regions(shared.pool, &shared.registrar, batch)).await;
+        registrar.forget_exports(regions);
+        let handles = registered.map_err(|e| Error::transport(NAME, format!("registration task: {e}")))??;
+        let rail_set = self.shared.rails();
+        let chunk = rail_set.chunk;
         let mut keys = Vec::with_capacity(regions.len());
         let mut table = self.shared.regions.write();
         for (info, h) in regions.iter().zip(handles) {
             let mut per_rail: Vec<(usize, &RailRegistration<V>)> = h.iter().map(|(d, r)| (*d, r)).collect();
             per_rail.sort_by_key(|(d, _)| *d);
-            let lkeys: Vec<Vec<u32>> = per_rail
+            let mut lkeys: Vec<Vec<u32>> = vec![Vec::new(); rail_set.rails.len()];
+            for (d, r) in &per_rail {
+                lkeys[*d] = r.keys.iter().map(|k| k.lkey).collect();
+            }
+            let rails: Vec<RailRate> = per_rail
                 .iter()
-                .map(|(_, r)| r.keys.iter().map(|k| k.lkey).collect())
+                .map(|(d, _)| RailRate {
+                    rail: *d,
+                    rate_mbps: rail_set.rails[*d].rate_mbps,
+                })
                 .collect();
             let value = if info.exported {
                 let rkeys = per_rail
                     .iter()
                     .map(|(_, r)| r.keys.iter().map(|k| k.rkey).collect())
                     .collect();
-                serde_json::to_value(BufferKeys { chunk, rkeys }).expect("keys serialize")
+                let keys = BufferKeys {
+                    chunk,
+                    rails: rails.clone(),
+                    rkeys,
+                };
+                serde_json::to_value(keys).expect("keys serialize")
             } else {
                 serde_json::Value::Null
             };
@@ -296,6 +343,7 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
                 info.id,
                 Arc::new(LocalRegion {
                     info: info.clone(),
+                    rails,
                     lkeys,
                     handles: Mutex::new(Some(h)),
                 }),
@@ -334,17 +382,16 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
         let handshake_addr: SocketAddr = info.handshake.parse().expect("validated by from_value");
         let keys = RemoteKeyTable::from_descriptor(desc, NAME)?;
         let local_rails = &shared.rails().rails;
-        let as_rates = |n: usize| -> Vec<RailRate> { (0..n).map(|rail| RailRate { rail, rate_mbps: 0 }).collect() };
-        let mut common = Vec::new();
-        common_rails(&as_rates(local_rails.len()), &as_rates(info.rails.len()), &mut common);
-        let pairs: Vec<RailPair> = common
-            .iter()
-            .map(|c| RailPair {
-                local: c.rail,
-                remote: c.rail,
-            })
+        // Rail `i` talks to the peer's rail `i` (the same NIC position, the same switch rail in
+        // rail-optimized fabrics); which pairs a transfer uses depends on its two buffers.
+        let pairs: Vec<RailPair> = (0..local_rails.len().min(info.rails.len()))
+            .map(|i| RailPair { local: i, remote: i })
             .filter(|p| local_rails[p.local].port_attrs.link_layer == info.rails[p.remote].link_layer)
             .collect();
+        let mut pair_of_rail = vec![None; local_rails.len()];
+        for (i, p) in pairs.iter().enumerate() {
+            pair_of_rail[p.local] = Some(i);
+        }
         if pairs.is_empty() {
             return Err(Error::NoTransport {
                 segment: desc.name.clone(),
@@ -393,15 +440,6 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
             }
             return Err(e);
         }
-        // Weighted by the slower side of each pair; equal when either rate is unknown.
-        let pair_rates: Vec<RailRate> = pairs
-            .iter()
-            .enumerate()
-            .map(|(rail, p)| RailRate {
-                rail,
-                rate_mbps: local_rails[p.local].rate_mbps.min(info.rails[p.remote].rate_mbps),
-            })
-            .collect();
         let peer = Arc::new(PeerInner {
             shared: shared.clone(),
             descriptor: desc.clone(),
@@ -409,7 +447,7 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
             handshake_addr,
             keys,
             pairs,
-            pair_rates,
+            pair_of_rail,
             slots,
             qps_per_pair: q,
             rotation: AtomicUsize::new(0),

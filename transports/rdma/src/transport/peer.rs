@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use te_base::topology::{RailRate, Stripe, StripePlanner};
+use te_base::topology::{common_rails, RailRate, Stripe, StripePlanner};
 use te_base::{BatchState, Error, Peer, ResolvedRequest, Result, SegmentDescriptor, SubmitContext, TransferOp};
 
 use super::Shared;
@@ -71,7 +71,8 @@ pub(crate) struct PeerInner<V: Verbs> {
     pub(crate) handshake_addr: SocketAddr,
     pub(crate) keys: RemoteKeyTable,
     pub(crate) pairs: Vec<RailPair>,
-    pub(crate) pair_rates: Vec<RailRate>,
+    /// `pair_of_rail[local rail]`: the index in `pairs` of that rail's pair, if it has one.
+    pub(crate) pair_of_rail: Vec<Option<usize>>,
     pub(crate) slots: Vec<Arc<QpSlot<V>>>,
     pub(crate) qps_per_pair: usize,
     pub(crate) rotation: AtomicUsize,
@@ -292,6 +293,7 @@ impl<V: Verbs> PeerInner<V> {
         let regions = shared.regions.read();
         let mut out = Vec::with_capacity(requests.len());
         let mut stripes: Vec<Stripe> = Vec::with_capacity(self.pairs.len());
+        let mut common: Vec<RailRate> = Vec::with_capacity(self.pairs.len());
         let rotation = self.rotation.fetch_add(1, Ordering::Relaxed);
         let mut rr = rotation;
         for (position, r) in requests.iter().enumerate() {
@@ -338,16 +340,24 @@ impl<V: Verbs> PeerInner<V> {
                 TransferOp::Write => Opcode::RdmaWrite,
                 TransferOp::Read => Opcode::RdmaRead,
             };
-            // Integration point with te-base's topology: stripes over the rail pairs in proportion
-            // to their rates (equal when unknown).
-            // Requests too small to stripe rotate over the rail pairs.
+            // Only rails holding both buffers (and connected: same link layer) can serve the
+            // request; it is striped over them in proportion to the slower side's link rate
+            // (equal when unknown), and requests too small to stripe rotate over them.
+            let remote_rails = self.keys.rails(r.remote_buffer as usize);
+            common_rails(&region.rails, remote_rails, &mut common);
+            common.retain(|c| self.pair_of_rail.get(c.rail).is_some_and(Option::is_some));
+            if common.is_empty() {
+                fail(self.no_common_rail(region, r.remote_buffer, remote_rails));
+                continue;
+            }
             self.planner
-                .plan(r.len, &self.pair_rates, rotation.wrapping_add(position), &mut stripes);
+                .plan(r.len, &common, rotation.wrapping_add(position), &mut stripes);
             let start = out.len();
             let mut bad = None;
             for s in &stripes {
-                let pair = self.pairs[s.rail];
-                let first_slot = s.rail * self.qps_per_pair;
+                let pair_index = self.pair_of_rail[s.rail].expect("common rails have pairs");
+                let pair = self.pairs[pair_index];
+                let first_slot = pair_index * self.qps_per_pair;
                 let la = r.local_addr + s.offset;
                 let ra = r.remote_addr + s.offset;
                 slice(la, ra, s.len, shared.slice_size, local_grid, remote_grid, |p| {
@@ -390,6 +400,33 @@ impl<V: Verbs> PeerInner<V> {
             tracker.add_pieces(r.index, (out.len() - start) as u32);
         }
         out
+    }
+}
+
+impl<V: Verbs> PeerInner<V> {
+    /// The error of a request whose two buffers share no connected rail, naming both sides' rails.
+    fn no_common_rail(&self, local: &super::LocalRegion<V>, remote_buffer: u32, remote: &[RailRate]) -> Error {
+        let local_names: Vec<String> = local
+            .rails
+            .iter()
+            .map(|r| format!("{} ({})", r.rail, self.shared.rails().rails[r.rail].name))
+            .collect();
+        let remote_names: Vec<String> = remote
+            .iter()
+            .map(|r| match self.endpoint.rails.get(r.rail) {
+                Some(info) => format!("{} ({})", r.rail, info.device),
+                None => r.rail.to_string(),
+            })
+            .collect();
+        Error::Refused {
+            peer: self.name().to_string(),
+            reason: format!(
+                "no common rail: local region {:#x} is on rails [{}], remote buffer {remote_buffer} on rails [{}]",
+                local.info.base,
+                local_names.join(", "),
+                remote_names.join(", ")
+            ),
+        }
     }
 }
 

@@ -1,14 +1,20 @@
 //! Per-rail device resources (context, protection domain, completion queue, chosen port and GID)
-//! and memory registration on every rail through te-base's registration pool.
+//! and memory registration, on the rails placement chooses, through te-base's registration pool.
 
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+use te_base::device::DmaBufExport;
 use te_base::registration::RegistrationProvider;
 use te_base::topology::Topology;
-use te_base::{Error, RegionInfo, Result};
+use te_base::{Error, RegionId, RegionInfo, Result};
 
+use super::device_memory::DeviceMemory;
+use super::placement::RailPlacement;
 use crate::config::RdmaConfig;
 use crate::protocol::handshake::{gid_hex, RailInfo};
 use crate::protocol::mr_split;
@@ -256,17 +262,51 @@ impl<V: Verbs> Drop for RailSet<V> {
     }
 }
 
-/// Registration on every rail, through the pool: one pool item per region, each rail in turn.
-/// Exported regions grant remote read and write; others only local access.
+/// Registration through the pool on the rails placement chooses for each region (every rail
+/// without placement). Exported regions grant remote read and write; others only local access.
+/// GPU memory goes through a dma-buf when one was exported for the region, else as a plain
+/// registration of the device pointer (peer memory).
 pub struct RailRegistrar<V: Verbs> {
     /// The rails.
     pub set: Arc<RailSet<V>>,
+    placement: Option<RailPlacement>,
+    /// GPU registration routes.
+    pub device: DeviceMemory,
+    /// Dma-bufs of the regions of the batch being registered, shared by their rails.
+    exports: Mutex<HashMap<RegionId, Arc<DmaBufExport>>>,
 }
 
 impl<V: Verbs> RailRegistrar<V> {
-    /// Registers on `set`.
-    pub fn new(set: Arc<RailSet<V>>) -> Self {
-        RailRegistrar { set }
+    /// Registers on `set`, placed by `placement`.
+    pub fn new(set: Arc<RailSet<V>>, placement: Option<RailPlacement>, device: DeviceMemory) -> Self {
+        RailRegistrar {
+            set,
+            placement,
+            device,
+            exports: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The rails `region` is registered on, ascending.
+    pub fn rails_for(&self, region: &RegionInfo) -> Vec<usize> {
+        let n = self.set.rails.len();
+        match &self.placement {
+            Some(p) => p.rails_for(region, n),
+            None => (0..n).collect(),
+        }
+    }
+
+    /// Keeps `export` for `region` until [`RailRegistrar::forget_exports`].
+    pub fn stage_export(&self, region: RegionId, export: DmaBufExport) {
+        self.exports.lock().insert(region, Arc::new(export));
+    }
+
+    /// Drops the staged dma-bufs of `regions` (their MRs keep their own references).
+    pub fn forget_exports(&self, regions: &[RegionInfo]) {
+        let mut exports = self.exports.lock();
+        for r in regions {
+            exports.remove(&r.id);
+        }
     }
 }
 
@@ -281,20 +321,41 @@ impl<V: Verbs> RegistrationProvider for RailRegistrar<V> {
         self.set.rails.len()
     }
 
+    fn domains_for(&self, region: &RegionInfo) -> Vec<usize> {
+        self.rails_for(region)
+    }
+
     fn register(&self, domain: usize, region: &RegionInfo) -> Result<RailRegistration<V>> {
         let rail = &self.set.rails[domain];
         let access = Access {
             remote_write: region.exported,
             remote_read: region.exported,
         };
+        let export = self.exports.lock().get(&region.id).cloned();
         let mut reg = RailRegistration {
             mrs: Vec::new(),
             keys: Vec::new(),
         };
         for (addr, len) in mr_split::split(region.base, region.len, self.set.chunk) {
-            // SAFETY: the engine registers only memory it owns or was handed under
-            // `register_raw`'s contract, and calls deregister before that memory goes away.
-            match unsafe { self.set.verbs.reg_mr(rail.pd(), addr, len, access) } {
+            let made = match &export {
+                // SAFETY: the dma-buf covers the region (exported for `[base, base + len)`, the
+                // requested address `offset` bytes in) and the engine deregisters before freeing
+                // the device memory.
+                Some(e) => unsafe {
+                    self.set.verbs.reg_dmabuf_mr(
+                        rail.pd(),
+                        e.offset + (addr - region.base),
+                        len,
+                        addr,
+                        e.fd.as_raw_fd(),
+                        access,
+                    )
+                },
+                // SAFETY: the engine registers only memory it owns or was handed under
+                // `register_raw`'s contract, and calls deregister before that memory goes away.
+                None => unsafe { self.set.verbs.reg_mr(rail.pd(), addr, len, access) },
+            };
+            match made {
                 Ok((mr, keys)) => {
                     reg.mrs.push(mr);
                     reg.keys.push(keys);

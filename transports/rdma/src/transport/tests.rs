@@ -20,9 +20,9 @@ use crate::protocol::remote_keys::BufferKeys;
 use crate::verbs::fake::{Call, FakeDevice, RecordingVerbs};
 use crate::verbs::{Mtu, Opcode, WcStatus};
 
-type Fake = RdmaTransport<RecordingVerbs>;
+pub(super) type Fake = RdmaTransport<RecordingVerbs>;
 
-fn config() -> RdmaConfig {
+pub(super) fn config() -> RdmaConfig {
     RdmaConfig {
         handshake_addr: Some("127.0.0.1:0".parse().unwrap()),
         backoff_ms: (1, 4),
@@ -30,7 +30,7 @@ fn config() -> RdmaConfig {
     }
 }
 
-fn fabric(devices: Vec<FakeDevice>) -> Arc<RecordingVerbs> {
+pub(super) fn fabric(devices: Vec<FakeDevice>) -> Arc<RecordingVerbs> {
     Arc::new(RecordingVerbs::new(devices))
 }
 
@@ -40,6 +40,7 @@ async fn transport(verbs: &Arc<RecordingVerbs>, devices: &[&str], name: &str, co
         verbs.clone(),
         &devices,
         None,
+        Vec::new(),
         config,
         name,
         Path::new("/nonexistent-sysfs"),
@@ -49,15 +50,15 @@ async fn transport(verbs: &Arc<RecordingVerbs>, devices: &[&str], name: &str, co
     Arc::new(t)
 }
 
-struct Region {
-    buf: HostBuffer,
-    info: RegionInfo,
-    key: serde_json::Value,
+pub(super) struct Region {
+    pub(super) buf: HostBuffer,
+    pub(super) info: RegionInfo,
+    pub(super) key: serde_json::Value,
 }
 
 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-async fn region(t: &Fake, len: usize, exported: bool, seed: u8) -> Region {
+pub(super) async fn region(t: &Fake, len: usize, exported: bool, seed: u8) -> Region {
     let buf = HostBuffer::allocate(len, HostBufferOptions::default()).unwrap();
     // SAFETY: freshly allocated, `len` bytes, nothing else touches it yet.
     let bytes = unsafe { std::slice::from_raw_parts_mut(buf.as_ptr(), len) };
@@ -75,12 +76,12 @@ async fn region(t: &Fake, len: usize, exported: bool, seed: u8) -> Region {
     Region { buf, info, key }
 }
 
-fn bytes(r: &Region) -> &[u8] {
+pub(super) fn bytes(r: &Region) -> &[u8] {
     // SAFETY: live buffer; read after the batches touching it completed.
     unsafe { std::slice::from_raw_parts(r.buf.as_ptr(), r.buf.len()) }
 }
 
-fn descriptor(target: &Fake, name: &str, exported: &[&Region]) -> SegmentDescriptor {
+pub(super) fn descriptor(target: &Fake, name: &str, exported: &[&Region]) -> SegmentDescriptor {
     let mut d = SegmentDescriptor::new(name, 1);
     d.transports.push(TransportEndpoint {
         transport: "rdma".into(),
@@ -98,7 +99,15 @@ fn descriptor(target: &Fake, name: &str, exported: &[&Region]) -> SegmentDescrip
     d
 }
 
-fn write(index: u32, src: &Region, off: u64, dst: &Region, dst_buffer: u32, roff: u64, len: u64) -> ResolvedRequest {
+pub(super) fn write(
+    index: u32,
+    src: &Region,
+    off: u64,
+    dst: &Region,
+    dst_buffer: u32,
+    roff: u64,
+    len: u64,
+) -> ResolvedRequest {
     ResolvedRequest {
         index,
         op: TransferOp::Write,
@@ -110,7 +119,7 @@ fn write(index: u32, src: &Region, off: u64, dst: &Region, dst_buffer: u32, roff
     }
 }
 
-async fn run(peer: &Arc<dyn Peer>, reqs: Vec<ResolvedRequest>) -> Vec<RequestStatus> {
+pub(super) async fn run(peer: &Arc<dyn Peer>, reqs: Vec<ResolvedRequest>) -> Vec<RequestStatus> {
     let n = reqs.len();
     let state = BatchState::new(reqs.iter().map(|r| r.len).collect());
     peer.submit(reqs, &state, &SubmitContext::default()).unwrap();
@@ -129,7 +138,7 @@ async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-fn qps_created(calls: &[Call]) -> Vec<u32> {
+pub(super) fn qps_created(calls: &[Call]) -> Vec<u32> {
     calls
         .iter()
         .filter_map(|c| match c {
@@ -139,7 +148,7 @@ fn qps_created(calls: &[Call]) -> Vec<u32> {
         .collect()
 }
 
-fn transitions_of(calls: &[Call], qpn: u32) -> Vec<QpTransition> {
+pub(super) fn transitions_of(calls: &[Call], qpn: u32) -> Vec<QpTransition> {
     calls
         .iter()
         .filter_map(|c| match c {

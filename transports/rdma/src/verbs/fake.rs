@@ -24,8 +24,17 @@ pub enum Call {
     OpenDevice(String),
     /// `alloc_pd` on a device.
     AllocPd,
-    /// `reg_mr(addr, len)`.
-    RegMr { addr: u64, len: u64 },
+    /// `reg_mr(addr, len)` in a protection domain of `device`.
+    RegMr { device: String, addr: u64, len: u64 },
+    /// `reg_dmabuf_mr` in a protection domain of `device`: `len` bytes at `offset` into dma-buf
+    /// `fd`, addressed as `iova`.
+    RegDmabufMr {
+        device: String,
+        fd: i32,
+        offset: u64,
+        len: u64,
+        iova: u64,
+    },
     /// `dereg_mr(lkey)`.
     DeregMr { lkey: u32 },
     /// `create_cq(depth)`.
@@ -114,6 +123,10 @@ struct State {
     cqs: HashMap<u32, VecDeque<(Completion, u32)>>,
     fail_calls: HashMap<&'static str, i32>,
     fail_posts: HashMap<u32, i32>,
+    /// Device index of every PD, MR and QP, by handle.
+    device_of: HashMap<u32, u32>,
+    /// Whether `reg_dmabuf_mr` answers as a library without the verb would.
+    no_dmabuf: bool,
 }
 
 /// The recording fake. Handles are plain ids.
@@ -171,9 +184,31 @@ impl RecordingVerbs {
         self.state.lock().qps.get(&qpn).map(|q| q.machine.state())
     }
 
+    /// The library behaves as rdma-core < 34: `reg_dmabuf_mr` is not available.
+    pub fn without_dmabuf(self) -> Self {
+        self.state.lock().no_dmabuf = true;
+        self
+    }
+
+    /// The device a live MR (by lkey) or QP (by number) belongs to.
+    pub fn device_of(&self, handle: u32) -> Option<String> {
+        let s = self.state.lock();
+        s.device_of
+            .get(&handle)
+            .and_then(|&d| self.devices.get(d as usize))
+            .map(|d| d.name.clone())
+    }
+
     /// Number of live memory registrations.
     pub fn live_mrs(&self) -> usize {
         self.state.lock().mrs.len()
+    }
+
+    fn pd_device(&self, s: &State, pd: &Handle) -> Result<u32> {
+        s.device_of
+            .get(&pd.0)
+            .copied()
+            .ok_or_else(|| Error::transport("rdma", "fake: unknown protection domain"))
     }
 
     fn device(&self, name_or_ctx: u32) -> Result<&FakeDevice> {
@@ -191,6 +226,14 @@ fn injected(state: &mut State, name: &'static str) -> Result<()> {
         )),
         None => Ok(()),
     }
+}
+
+fn insert_mr(s: &mut State, device: u32, mr: FakeMr) -> (Handle, MrKeys) {
+    s.next_id += 1;
+    let key = s.next_id;
+    s.mrs.insert(key, mr);
+    s.device_of.insert(key, device);
+    (Handle(key), MrKeys { lkey: key, rkey: key })
 }
 
 fn covers(mr: &FakeMr, addr: u64, len: u64) -> bool {
@@ -260,22 +303,67 @@ impl Verbs for RecordingVerbs {
             .unwrap_or_default())
     }
 
-    fn alloc_pd(&self, _ctx: &Handle) -> Result<Handle> {
+    fn alloc_pd(&self, ctx: &Handle) -> Result<Handle> {
         let mut s = self.state.lock();
         s.calls.push(Call::AllocPd);
         injected(&mut s, "alloc_pd")?;
         s.next_id += 1;
-        Ok(Handle(s.next_id))
+        let id = s.next_id;
+        s.device_of.insert(id, ctx.0);
+        Ok(Handle(id))
     }
 
-    unsafe fn reg_mr(&self, _pd: &Handle, addr: u64, len: u64, access: Access) -> Result<(Handle, MrKeys)> {
+    unsafe fn reg_mr(&self, pd: &Handle, addr: u64, len: u64, access: Access) -> Result<(Handle, MrKeys)> {
         let mut s = self.state.lock();
-        s.calls.push(Call::RegMr { addr, len });
+        let device = self.pd_device(&s, pd)?;
+        s.calls.push(Call::RegMr {
+            device: self.devices[device as usize].name.clone(),
+            addr,
+            len,
+        });
         injected(&mut s, "reg_mr")?;
-        s.next_id += 1;
-        let key = s.next_id;
-        s.mrs.insert(key, FakeMr { addr, len, access });
-        Ok((Handle(key), MrKeys { lkey: key, rkey: key }))
+        Ok(insert_mr(&mut s, device, FakeMr { addr, len, access }))
+    }
+
+    unsafe fn reg_dmabuf_mr(
+        &self,
+        pd: &Handle,
+        offset: u64,
+        len: u64,
+        iova: u64,
+        fd: i32,
+        access: Access,
+    ) -> Result<(Handle, MrKeys)> {
+        let mut s = self.state.lock();
+        if s.no_dmabuf {
+            return Err(Error::not_available(
+                "rdma",
+                "libibverbs lacks ibv_reg_dmabuf_mr (needs rdma-core >= 34)",
+            ));
+        }
+        let device = self.pd_device(&s, pd)?;
+        s.calls.push(Call::RegDmabufMr {
+            device: self.devices[device as usize].name.clone(),
+            fd,
+            offset,
+            len,
+            iova,
+        });
+        injected(&mut s, "reg_dmabuf_mr")?;
+        // The fake's "device memory" is host memory addressed by `iova`, so work requests execute.
+        Ok(insert_mr(
+            &mut s,
+            device,
+            FakeMr {
+                addr: iova,
+                len,
+                access,
+            },
+        ))
+    }
+
+    fn supports_dmabuf(&self) -> bool {
+        !self.state.lock().no_dmabuf
     }
 
     fn dereg_mr(&self, mr: Handle) -> Result<()> {
@@ -297,11 +385,13 @@ impl Verbs for RecordingVerbs {
         Ok(Handle(id))
     }
 
-    fn create_qp(&self, _pd: &Handle, cq: &Handle, caps: QpCaps) -> Result<(Handle, u32)> {
+    fn create_qp(&self, pd: &Handle, cq: &Handle, caps: QpCaps) -> Result<(Handle, u32)> {
         let mut s = self.state.lock();
         injected(&mut s, "create_qp")?;
+        let device = self.pd_device(&s, pd)?;
         s.next_id += 1;
         let qpn = s.next_id;
+        s.device_of.insert(qpn, device);
         s.calls.push(Call::CreateQp { qpn, caps });
         s.qps.insert(
             qpn,

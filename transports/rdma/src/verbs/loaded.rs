@@ -48,6 +48,8 @@ struct Functions {
     dealloc_pd: unsafe extern "C" fn(*mut c_void) -> c_int,
     reg_mr: unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int) -> *mut ffi::ibv_mr,
     dereg_mr: unsafe extern "C" fn(*mut ffi::ibv_mr) -> c_int,
+    /// `ibv_reg_dmabuf_mr`: absent before rdma-core 34, so optional.
+    reg_dmabuf_mr: Option<unsafe extern "C" fn(*mut c_void, u64, usize, u64, c_int, c_int) -> *mut ffi::ibv_mr>,
     create_cq: unsafe extern "C" fn(*mut ffi::ibv_context, c_int, *mut c_void, *mut c_void, c_int) -> *mut ffi::ibv_cq,
     destroy_cq: unsafe extern "C" fn(*mut ffi::ibv_cq) -> c_int,
     create_qp: unsafe extern "C" fn(*mut c_void, *mut ffi::ibv_qp_init_attr) -> *mut ffi::ibv_qp,
@@ -157,6 +159,9 @@ impl LoadedVerbs {
             dealloc_pd: sym!("ibv_dealloc_pd"),
             reg_mr: sym!("ibv_reg_mr"),
             dereg_mr: sym!("ibv_dereg_mr"),
+            // SAFETY: declared with its C prototype from verbs.h (rdma-core >= 34); the library
+            // stays loaded in `_lib` for as long as the pointer is used.
+            reg_dmabuf_mr: unsafe { lib.get(b"ibv_reg_dmabuf_mr\0") }.ok().map(|s| *s),
             create_cq: sym!("ibv_create_cq"),
             destroy_cq: sym!("ibv_destroy_cq"),
             create_qp: sym!("ibv_create_qp"),
@@ -294,6 +299,38 @@ impl Verbs for LoadedVerbs {
             }
         };
         Ok((Mr(mr), keys))
+    }
+
+    unsafe fn reg_dmabuf_mr(
+        &self,
+        pd: &Pd,
+        offset: u64,
+        len: u64,
+        iova: u64,
+        fd: i32,
+        access: Access,
+    ) -> Result<(Mr, MrKeys)> {
+        let reg = self.f.reg_dmabuf_mr.ok_or_else(|| {
+            Error::not_available("rdma", "libibverbs lacks ibv_reg_dmabuf_mr (needs rdma-core >= 34)")
+        })?;
+        let len = usize::try_from(len).map_err(|_| Error::LengthOverflow { addr: iova, len })?;
+        // SAFETY: `pd` is live; the caller guarantees `fd` is a dma-buf covering the range for as
+        // long as the registration lives.
+        let mr = unsafe { reg(pd.0.as_ptr(), offset, len, iova, fd, conv::access_flags(access)) };
+        let mr = non_null("ibv_reg_dmabuf_mr", mr)?;
+        // SAFETY: a successful ibv_reg_dmabuf_mr returns a valid `ibv_mr` that lives until
+        // ibv_dereg_mr.
+        let keys = unsafe {
+            MrKeys {
+                lkey: (*mr.as_ptr()).lkey,
+                rkey: (*mr.as_ptr()).rkey,
+            }
+        };
+        Ok((Mr(mr), keys))
+    }
+
+    fn supports_dmabuf(&self) -> bool {
+        self.f.reg_dmabuf_mr.is_some()
     }
 
     fn dereg_mr(&self, mr: Mr) -> Result<()> {

@@ -278,6 +278,26 @@ pub trait Verbs: Send + Sync + 'static {
     /// The range must be memory of this process that stays mapped until [`Verbs::dereg_mr`]; with
     /// remote write access, peers may change its bytes at any time while it is registered.
     unsafe fn reg_mr(&self, pd: &Self::Pd, addr: u64, len: u64, access: Access) -> Result<(Self::Mr, MrKeys)>;
+    /// Registers `len` bytes of a dma-buf starting `offset` bytes into it, addressed by peers and
+    /// work requests as `iova` (`ibv_reg_dmabuf_mr`, rdma-core >= 34). [`Error::NotAvailable`]
+    /// when the library lacks the verb.
+    ///
+    /// # Safety
+    ///
+    /// `fd` must be a dma-buf whose range `[offset, offset + len)` stays allocated until
+    /// [`Verbs::dereg_mr`] (the registration keeps its own reference to the dma-buf, so `fd` may
+    /// be closed once this returns).
+    unsafe fn reg_dmabuf_mr(
+        &self,
+        pd: &Self::Pd,
+        offset: u64,
+        len: u64,
+        iova: u64,
+        fd: i32,
+        access: Access,
+    ) -> Result<(Self::Mr, MrKeys)>;
+    /// True when [`Verbs::reg_dmabuf_mr`] can succeed (the library has the verb).
+    fn supports_dmabuf(&self) -> bool;
     /// Releases a registration.
     fn dereg_mr(&self, mr: Self::Mr) -> Result<()>;
     /// Creates a completion queue of at least `depth` entries.
