@@ -21,12 +21,14 @@ use te_base::{Error, Result};
 
 use crate::verbs::{Gid, LinkLayer, Mtu};
 
-/// Version of the endpoint info and handshake messages.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Version of the endpoint info and handshake messages (2: rails carry their rail number).
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Largest handshake message accepted.
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 /// Most rails a segment may advertise.
 pub const MAX_RAILS: usize = 64;
+/// Largest rail number accepted (rail numbers are NIC positions on a host, or just past them).
+pub const MAX_RAIL_NUMBER: u32 = 1023;
 /// Most QP slots one request may carry.
 pub const MAX_SLOTS: usize = 4096;
 
@@ -35,6 +37,10 @@ const MASK_24: u32 = 0x00ff_ffff;
 /// One rail (device port) of a segment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RailInfo {
+    /// Rail number: the NIC's position in PCI bus-id order on its host (te-base's topology), so
+    /// rail `i` here pairs with the peer's rail `i` (the same switch rail in rail-optimized
+    /// fabrics) whatever position each side's transport holds it at. Buffer keys list these.
+    pub rail: u32,
     /// Device name (`mlx5_0`).
     pub device: String,
     /// Port number.
@@ -165,6 +171,15 @@ fn validate_rails(rails: &[RailInfo]) -> Result<()> {
         return Err(invalid(format!("{} rails (must be 1..={MAX_RAILS})", rails.len())));
     }
     for (i, r) in rails.iter().enumerate() {
+        if r.rail > MAX_RAIL_NUMBER {
+            return Err(invalid(format!(
+                "rail {i} has rail number {} (at most {MAX_RAIL_NUMBER})",
+                r.rail
+            )));
+        }
+        if rails[..i].iter().any(|o| o.rail == r.rail) {
+            return Err(invalid(format!("rail number {} is listed twice", r.rail)));
+        }
         if r.device.is_empty() || r.device.len() > 64 {
             return Err(invalid(format!("rail {i} has a bad device name")));
         }
@@ -311,6 +326,7 @@ mod tests {
 
     pub(crate) fn rail(device: &str, mtu: Mtu) -> RailInfo {
         RailInfo {
+            rail: device.rsplit('_').next().and_then(|n| n.parse().ok()).unwrap_or(0),
             device: device.into(),
             port: 1,
             link_layer: LinkLayer::Ethernet,
@@ -391,6 +407,15 @@ mod tests {
         assert!(
             EndpointInfo::from_value(&bad.to_value()).is_err(),
             "RoCE rail without GID"
+        );
+        let mut bad = info.clone();
+        bad.rails[1].rail = 0;
+        assert!(EndpointInfo::from_value(&bad.to_value()).is_err(), "rail number twice");
+        let mut bad = info.clone();
+        bad.rails[1].rail = MAX_RAIL_NUMBER + 1;
+        assert!(
+            EndpointInfo::from_value(&bad.to_value()).is_err(),
+            "rail number out of range"
         );
         let mut bad = info.to_value();
         bad["rails"][0]["mtu"] = serde_json::json!(1500);

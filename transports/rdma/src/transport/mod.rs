@@ -43,9 +43,9 @@ use rails::{gid_ipv4, RailRegistrar, RailRegistration, RailSet};
 /// release it.
 pub(crate) struct LocalRegion<V: Verbs> {
     pub(crate) info: RegionInfo,
-    /// Rails holding the region, ascending, with their link rates.
+    /// Rail numbers holding the region, ascending, with their link rates.
     pub(crate) rails: Vec<RailRate>,
-    /// `lkeys[rail][chunk]`; empty for rails not holding the region.
+    /// `lkeys[rail position][chunk]`; empty for rails not holding the region.
     pub(crate) lkeys: Vec<Vec<u32>>,
     handles: Mutex<Option<DomainHandles<RailRegistration<V>>>>,
 }
@@ -317,10 +317,12 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
             for (d, r) in &per_rail {
                 lkeys[*d] = r.keys.iter().map(|k| k.lkey).collect();
             }
+            // Listed by rail number, ascending; positions follow rail numbers (both bus-id order).
+            per_rail.sort_by_key(|(d, _)| rail_set.rails[*d].id);
             let rails: Vec<RailRate> = per_rail
                 .iter()
                 .map(|(d, _)| RailRate {
-                    rail: *d,
+                    rail: rail_set.rails[*d].id,
                     rate_mbps: rail_set.rails[*d].rate_mbps,
                 })
                 .collect();
@@ -382,15 +384,20 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
         let handshake_addr: SocketAddr = info.handshake.parse().expect("validated by from_value");
         let keys = RemoteKeyTable::from_descriptor(desc, NAME)?;
         let local_rails = &shared.rails().rails;
-        // Rail `i` talks to the peer's rail `i` (the same NIC position, the same switch rail in
-        // rail-optimized fabrics); which pairs a transfer uses depends on its two buffers.
-        let pairs: Vec<RailPair> = (0..local_rails.len().min(info.rails.len()))
-            .map(|i| RailPair { local: i, remote: i })
-            .filter(|p| local_rails[p.local].port_attrs.link_layer == info.rails[p.remote].link_layer)
+        // Rail number `i` talks to the peer's rail number `i` (the same NIC position, the same
+        // switch rail in rail-optimized fabrics), wherever each side holds it; which pairs a
+        // transfer uses depends on its two buffers.
+        let pairs: Vec<RailPair> = local_rails
+            .iter()
+            .enumerate()
+            .filter_map(|(local, rail)| {
+                let remote = info.rails.iter().position(|r| r.rail as usize == rail.id)?;
+                (rail.port_attrs.link_layer == info.rails[remote].link_layer).then_some(RailPair { local, remote })
+            })
             .collect();
-        let mut pair_of_rail = vec![None; local_rails.len()];
+        let mut pair_of_rail = vec![None; shared.rails().id_bound()];
         for (i, p) in pairs.iter().enumerate() {
-            pair_of_rail[p.local] = Some(i);
+            pair_of_rail[local_rails[p.local].id] = Some(i);
         }
         if pairs.is_empty() {
             return Err(Error::NoTransport {

@@ -71,7 +71,7 @@ pub(crate) struct PeerInner<V: Verbs> {
     pub(crate) handshake_addr: SocketAddr,
     pub(crate) keys: RemoteKeyTable,
     pub(crate) pairs: Vec<RailPair>,
-    /// `pair_of_rail[local rail]`: the index in `pairs` of that rail's pair, if it has one.
+    /// `pair_of_rail[rail number]`: the index in `pairs` of that rail's pair, if it has one.
     pub(crate) pair_of_rail: Vec<Option<usize>>,
     pub(crate) slots: Vec<Arc<QpSlot<V>>>,
     pub(crate) qps_per_pair: usize,
@@ -364,10 +364,10 @@ impl<V: Verbs> PeerInner<V> {
                     let local_addr = la + p.offset;
                     let remote_addr = ra + p.offset;
                     let lchunk = ((local_addr - region.info.base) / chunk) as usize;
-                    let rkey = match self.keys.rkey(r.remote_buffer as usize, pair.remote, remote_addr) {
+                    let rkey = match self.keys.rkey(r.remote_buffer as usize, s.rail, remote_addr) {
                         Ok(k) => k,
                         Err(_) => {
-                            bad = Some(pair.remote);
+                            bad = Some(s.rail);
                             return;
                         }
                     };
@@ -406,17 +406,23 @@ impl<V: Verbs> PeerInner<V> {
 impl<V: Verbs> PeerInner<V> {
     /// The error of a request whose two buffers share no connected rail, naming both sides' rails.
     fn no_common_rail(&self, local: &super::LocalRegion<V>, remote_buffer: u32, remote: &[RailRate]) -> Error {
+        let rails = self.shared.rails();
         let local_names: Vec<String> = local
             .rails
             .iter()
-            .map(|r| format!("{} ({})", r.rail, self.shared.rails().rails[r.rail].name))
+            .map(|r| match rails.position(r.rail) {
+                Some(p) => format!("{} ({})", r.rail, rails.rails[p].name),
+                None => r.rail.to_string(),
+            })
             .collect();
         let remote_names: Vec<String> = remote
             .iter()
-            .map(|r| match self.endpoint.rails.get(r.rail) {
-                Some(info) => format!("{} ({})", r.rail, info.device),
-                None => r.rail.to_string(),
-            })
+            .map(
+                |r| match self.endpoint.rails.iter().find(|i| i.rail as usize == r.rail) {
+                    Some(info) => format!("{} ({})", r.rail, info.device),
+                    None => r.rail.to_string(),
+                },
+            )
             .collect();
         Error::Refused {
             peer: self.name().to_string(),

@@ -22,6 +22,9 @@ use crate::verbs::{Access, DeviceAttrs, Gid, LinkLayer, MrKeys, PortAttrs, Verbs
 
 /// One device port in use.
 pub struct Rail<V: Verbs> {
+    /// Rail number (see [`RailInfo::rail`]): what buffer keys list and what pairs with the
+    /// peer's rail of the same number. The rail's position in [`RailSet::rails`] may differ.
+    pub id: usize,
     /// Device name.
     pub name: String,
     /// Port number.
@@ -49,6 +52,7 @@ impl<V: Verbs> Rail<V> {
     /// What peers learn about this rail.
     pub fn info(&self) -> RailInfo {
         RailInfo {
+            rail: self.id as u32,
             device: self.name.clone(),
             port: self.port,
             link_layer: self.port_attrs.link_layer,
@@ -140,11 +144,15 @@ pub fn choose_gid(link_layer: LinkLayer, entries: &[(u32, Gid, Option<String>)])
         .map(|e| e.0)
 }
 
+/// A device to open as a rail: name, link rate (Mbit/s, 0 when unknown) and rail number.
+pub type RailSpec = (String, u64, usize);
+
 /// Orders devices as te-base's topology numbers rails (NIC position in PCI bus-id order, so rail
 /// `i` of two identical nodes is the same NIC position, the same switch rail in rail-optimized
-/// fabrics), with each one's link rate. Devices the topology does not know keep their order, last,
-/// with rate 0.
-pub fn order_by_topology(devices: &[String], topology: Option<&Topology>) -> Vec<(String, u64)> {
+/// fabrics), with each one's link rate and rail number (its topology position). Devices the
+/// topology does not know keep their order, last, with rate 0, numbered after every topology NIC;
+/// without a topology, rails are numbered in the given order.
+pub fn order_by_topology(devices: &[String], topology: Option<&Topology>) -> Vec<RailSpec> {
     let mut out: Vec<(Option<usize>, usize, String, u64)> = devices
         .iter()
         .enumerate()
@@ -155,7 +163,11 @@ pub fn order_by_topology(devices: &[String], topology: Option<&Topology>) -> Vec
         })
         .collect();
     out.sort_by_key(|(idx, i, _, _)| (idx.is_none(), idx.unwrap_or(0), *i));
-    out.into_iter().map(|(_, _, d, r)| (d, r)).collect()
+    let known = topology.map_or(0, |t| t.nics.len());
+    out.into_iter()
+        .enumerate()
+        .map(|(position, (idx, _, d, r))| (d, r, idx.unwrap_or(known + position)))
+        .collect()
 }
 
 /// The IPv4 address inside an IPv4-mapped GID.
@@ -166,14 +178,14 @@ pub fn gid_ipv4(g: &Gid) -> Option<std::net::Ipv4Addr> {
 impl<V: Verbs> RailSet<V> {
     /// Opens `devices` (name, link rate), keeping the first active port of each, and creates a PD
     /// and CQ per rail.
-    pub fn open(verbs: Arc<V>, devices: &[(String, u64)], config: &RdmaConfig, sysfs: &Path) -> Result<Self> {
+    pub fn open(verbs: Arc<V>, devices: &[RailSpec], config: &RdmaConfig, sysfs: &Path) -> Result<Self> {
         let mut set = RailSet {
             verbs: verbs.clone(),
             rails: Vec::new(),
             chunk: u64::MAX,
         };
         let mut skipped = Vec::new();
-        for (name, rate_mbps) in devices {
+        for (name, rate_mbps, id) in devices {
             let ctx = verbs.open_device(name)?;
             let attrs = verbs.query_device(&ctx)?;
             let mut chosen = None;
@@ -223,6 +235,7 @@ impl<V: Verbs> RailSet<V> {
                 .chunk
                 .min(mr_split::chunk_size(attrs.max_mr_size, config.max_mr_size));
             set.rails.push(Rail {
+                id: *id,
                 name: name.clone(),
                 port,
                 port_attrs,
@@ -244,6 +257,18 @@ impl<V: Verbs> RailSet<V> {
             ));
         }
         Ok(set)
+    }
+}
+
+impl<V: Verbs> RailSet<V> {
+    /// The position in [`RailSet::rails`] of rail number `id`.
+    pub fn position(&self, id: usize) -> Option<usize> {
+        self.rails.iter().position(|r| r.id == id)
+    }
+
+    /// The largest rail number, plus one (for tables indexed by rail number).
+    pub fn id_bound(&self) -> usize {
+        self.rails.iter().map(|r| r.id + 1).max().unwrap_or(0)
     }
 }
 
@@ -403,10 +428,18 @@ mod tests {
         let topology = Topology::discover_from(&fixture).expect("te-base's RoCE fixture");
         let devices: Vec<String> = ["mlx5_3", "mlx5_9", "mlx5_0"].iter().map(|s| s.to_string()).collect();
         let ordered = order_by_topology(&devices, Some(&topology));
-        let names: Vec<&str> = ordered.iter().map(|(n, _)| n.as_str()).collect();
+        let names: Vec<&str> = ordered.iter().map(|(n, _, _)| n.as_str()).collect();
         assert_eq!(names, ["mlx5_0", "mlx5_3", "mlx5_9"], "bus-id order, unknown last");
         assert_eq!(ordered[0].1, 200_000, "HDR 200 Gb/s from sysfs");
         assert_eq!(ordered[2].1, 0);
+        let ids: Vec<usize> = ordered.iter().map(|r| r.2).collect();
+        assert_eq!(
+            ids,
+            [0, 3, 8 + 2],
+            "topology positions; unknown devices numbered past the 8 NICs"
+        );
+        let ids: Vec<usize> = order_by_topology(&devices, None).iter().map(|r| r.2).collect();
+        assert_eq!(ids, [0, 1, 2]);
         assert_eq!(
             order_by_topology(&devices, None)[0].0,
             "mlx5_3",
