@@ -8,6 +8,9 @@
 //!   state machine and its attributes, the connection handshake and MTU negotiation, work-request
 //!   batching with signalled completions, completion accounting, error classification and retry,
 //!   QP re-establishment with backoff, registration splitting and remote key lookup per rail.
+//! - [`transport`]: the transport over any [`verbs::Verbs`]: rails, rail-local registration
+//!   (te-base's `NicPlacement`; GPU memory through the device plugins' dma-bufs or peer memory),
+//!   connection, the data path over the rails both buffers are on, and the progress thread.
 //! - [`install`]: discovers devices and reports `rdma: not available: ...` where there are none.
 
 pub mod config;

@@ -279,7 +279,7 @@ pub trait Verbs: Send + Sync + 'static {
     /// remote write access, peers may change its bytes at any time while it is registered.
     unsafe fn reg_mr(&self, pd: &Self::Pd, addr: u64, len: u64, access: Access) -> Result<(Self::Mr, MrKeys)>;
     /// Registers `len` bytes of a dma-buf starting `offset` bytes into it, addressed by peers and
-    /// work requests as `iova` (`ibv_reg_dmabuf_mr`, rdma-core >= 34). [`Error::NotAvailable`]
+    /// work requests as `iova` (`ibv_reg_dmabuf_mr`, rdma-core >= 34). [`te_base::Error::NotAvailable`]
     /// when the library lacks the verb.
     ///
     /// # Safety
