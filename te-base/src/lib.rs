@@ -18,6 +18,7 @@ pub mod registration;
 pub mod request;
 pub mod segment;
 pub mod timing;
+pub mod token;
 pub mod topology;
 pub mod transport;
 

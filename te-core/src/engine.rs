@@ -170,7 +170,7 @@ impl TransferEngine {
             .map_err(|_| Error::not_available("engine", "must be built inside a tokio runtime"))?;
         let inner = Arc::new(EngineInner {
             name,
-            instance: random_u64(),
+            instance: te_base::token::random_token(),
             metadata,
             transports,
             statuses,
@@ -882,19 +882,4 @@ fn plugin_kind(name: &str) -> Option<MemoryKind> {
         "hip" => Some(MemoryKind::Rocm),
         _ => None,
     }
-}
-
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    // RandomState is seeded from the OS per process; mixing in the time and pid makes two
-    // engines in one process and across restarts distinct.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
 }

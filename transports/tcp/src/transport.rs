@@ -1,7 +1,6 @@
 //! The `Transport` implementation: its own I/O runtime, the listener, and the pool of peers.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -47,15 +46,6 @@ impl std::fmt::Debug for TcpTransport {
     }
 }
 
-fn random_token() -> u64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u32(std::process::id());
-    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-        h.write_u128(t.as_nanos());
-    }
-    h.finish() | 1
-}
-
 impl TcpTransport {
     /// Starts the transport: its I/O threads and its listener.
     pub async fn start(config: TcpConfig) -> Result<TcpTransport> {
@@ -77,7 +67,7 @@ impl TcpTransport {
             .map_err(|e| Error::io("tcp: reading the listening address", e))?;
         let endpoint = TcpEndpoint {
             addrs: advertised(local_addr, config.advertise.as_deref())?,
-            token: random_token(),
+            token: te_base::token::random_token(),
         };
         let server = Arc::new(Server {
             regions: Arc::new(RegionTable::default()),

@@ -14,7 +14,6 @@ mod target;
 mod tests;
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -73,18 +72,6 @@ pub(crate) struct Shared<V: Verbs> {
     progress_thread: Mutex<Option<std::thread::Thread>>,
     runtime: tokio::runtime::Handle,
     pool: &'static RegistrationPool,
-}
-
-fn random_u64() -> u64 {
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    h.write_u32(std::process::id());
-    h.finish()
 }
 
 impl<V: Verbs> Shared<V> {
@@ -223,7 +210,7 @@ impl<V: Verbs> RdmaTransport<V> {
             verbs,
             registrar: Arc::new(RailRegistrar::new(Arc::new(set), placement, device)),
             segment_name: segment_name.to_string(),
-            instance: random_u64(),
+            instance: te_base::token::random_token(),
             slice_size,
             advertised,
             capabilities: Capabilities {
@@ -235,7 +222,7 @@ impl<V: Verbs> RdmaTransport<V> {
             accepted: Mutex::new(HashMap::new()),
             broken: Mutex::new(Vec::new()),
             outstanding: AtomicUsize::new(0),
-            psn_state: AtomicU64::new(random_u64()),
+            psn_state: AtomicU64::new(te_base::token::random_token()),
             stop: AtomicBool::new(false),
             progress_thread: Mutex::new(None),
             runtime: tokio::runtime::Handle::current(),
