@@ -21,6 +21,17 @@ async fn engine(name: &str) -> TransferEngine {
         .expect("engine")
 }
 
+/// An engine whose only transport is the test's manual one.
+async fn manual_engine(name: &str, manual: &Arc<ManualTransport>) -> TransferEngine {
+    TransferEngine::builder()
+        .segment_name(name)
+        .transports(Vec::<String>::new())
+        .with_transport(manual.clone())
+        .build()
+        .await
+        .expect("engine")
+}
+
 fn opts() -> HostBufferOptions {
     HostBufferOptions::default()
 }
@@ -221,13 +232,7 @@ async fn phase_timing_is_off_by_default_and_counts_calls_when_on() {
 #[tokio::test]
 async fn deregistration_is_refused_while_in_flight_and_drop_defers_it() {
     let manual = ManualTransport::new();
-    let a = TransferEngine::builder()
-        .segment_name("inflight")
-        .transports(Vec::<String>::new())
-        .with_transport(manual.clone())
-        .build()
-        .await
-        .unwrap();
+    let a = manual_engine("inflight", &manual).await;
     let src = a.allocate(4096, opts()).await.unwrap();
     let dst = a.allocate(4096, opts()).await.unwrap();
     src.write_at(0, &[7u8; 64]).unwrap();
@@ -268,13 +273,7 @@ async fn deregistration_is_refused_while_in_flight_and_drop_defers_it() {
 #[tokio::test]
 async fn failed_requests_do_not_disturb_the_others() {
     let manual = ManualTransport::new();
-    let a = TransferEngine::builder()
-        .segment_name("partial")
-        .transports(Vec::<String>::new())
-        .with_transport(manual.clone())
-        .build()
-        .await
-        .unwrap();
+    let a = manual_engine("partial", &manual).await;
     let src = a.allocate(8192, opts()).await.unwrap();
     let dst = a.allocate(8192, opts()).await.unwrap();
     src.write_at(0, &[5u8; 8192]).unwrap();
@@ -349,13 +348,7 @@ async fn a_callers_phase_timer_receives_the_call() {
 #[tokio::test]
 async fn a_transport_refusing_a_group_fails_exactly_its_requests() {
     let manual = ManualTransport::new();
-    let a = TransferEngine::builder()
-        .segment_name("refusing")
-        .transports(Vec::<String>::new())
-        .with_transport(manual.clone())
-        .build()
-        .await
-        .unwrap();
+    let a = manual_engine("refusing", &manual).await;
     let src = a.allocate(8192, opts()).await.unwrap();
     let dst = a.allocate(8192, opts()).await.unwrap();
     let me = a.open_segment("refusing").await.unwrap();
