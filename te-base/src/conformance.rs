@@ -154,6 +154,14 @@ pub fn descriptor(pair: &ConformancePair, exported: &[(&TestRegion, &serde_json:
     d
 }
 
+/// Connects the initiator to the target's descriptor holding `exported`.
+pub async fn connect(pair: &ConformancePair, exported: &[(&TestRegion, &serde_json::Value)]) -> Arc<dyn Peer> {
+    pair.initiator
+        .connect(&descriptor(pair, exported))
+        .await
+        .expect("connect")
+}
+
 /// Submits and waits; returns the per-request statuses.
 pub async fn run_batch(
     peer: &Arc<dyn Peer>,
@@ -217,11 +225,7 @@ pub async fn write_read_sizes(pair: &ConformancePair, opts: &ConformanceOptions)
     let (src, _) = region(&pair.initiator, max + 64, false).await;
     let (back, _) = region(&pair.initiator, max + 64, false).await;
     let (dst, dkey) = region(&pair.target, max + 64, true).await;
-    let peer = pair
-        .initiator
-        .connect(&descriptor(pair, &[(&dst, &dkey)]))
-        .await
-        .expect("connect");
+    let peer = connect(pair, &[(&dst, &dkey)]).await;
     src.fill(1);
     let mut len = 1usize;
     let mut sizes = vec![];
@@ -272,11 +276,7 @@ pub async fn write_read_sizes(pair: &ConformancePair, opts: &ConformanceOptions)
 pub async fn unaligned_offsets(pair: &ConformancePair, opts: &ConformanceOptions) {
     let (src, _) = region(&pair.initiator, 1 << 16, false).await;
     let (dst, dkey) = region(&pair.target, 1 << 16, true).await;
-    let peer = pair
-        .initiator
-        .connect(&descriptor(pair, &[(&dst, &dkey)]))
-        .await
-        .expect("connect");
+    let peer = connect(pair, &[(&dst, &dkey)]).await;
     src.fill(2);
     dst.fill(3);
     let before = dst.bytes().to_vec();
@@ -319,11 +319,7 @@ pub async fn large_batch(pair: &ConformancePair, opts: &ConformanceOptions) {
     let (src, _) = region(&pair.initiator, total as usize, false).await;
     let (back, _) = region(&pair.initiator, total as usize, false).await;
     let (dst, dkey) = region(&pair.target, total as usize, true).await;
-    let peer = pair
-        .initiator
-        .connect(&descriptor(pair, &[(&dst, &dkey)]))
-        .await
-        .expect("connect");
+    let peer = connect(pair, &[(&dst, &dkey)]).await;
     src.fill(4);
     let mut offs = Vec::with_capacity(n);
     let mut o = 0;
@@ -367,11 +363,7 @@ pub async fn concurrent_batches(pair: &ConformancePair, opts: &ConformanceOption
     let chunk = 1u64 << 20;
     let (src, _) = region(&pair.initiator, (chunk * k as u64) as usize, false).await;
     let (dst, dkey) = region(&pair.target, (chunk * k as u64) as usize, true).await;
-    let peer = pair
-        .initiator
-        .connect(&descriptor(pair, &[(&dst, &dkey)]))
-        .await
-        .expect("connect");
+    let peer = connect(pair, &[(&dst, &dkey)]).await;
     src.fill(5);
     let mut batches = Vec::new();
     for b in 0..k as u64 {
@@ -407,11 +399,7 @@ pub async fn hostile_requests_fail_alone(pair: &ConformancePair, opts: &Conforma
     let (secret, _) = region(&pair.target, 1 << 16, false).await;
     secret.fill(9);
     let secret_before = secret.bytes().to_vec();
-    let peer = pair
-        .initiator
-        .connect(&descriptor(pair, &[(&dst, &dkey)]))
-        .await
-        .expect("connect");
+    let peer = connect(pair, &[(&dst, &dkey)]).await;
     src.fill(6);
     let good = req(0, TransferOp::Write, &src, 0, &dst, 0, 0, 4096);
     let past_end = req(1, TransferOp::Write, &src, 0, &dst, 0, (1 << 16) - 100, 4096);
@@ -467,11 +455,7 @@ pub async fn hostile_requests_fail_alone(pair: &ConformancePair, opts: &Conforma
 pub async fn deregistered_target_is_refused(pair: &ConformancePair, opts: &ConformanceOptions) {
     let (src, _) = region(&pair.initiator, 1 << 16, false).await;
     let (dst, dkey) = region(&pair.target, 1 << 16, true).await;
-    let peer = pair
-        .initiator
-        .connect(&descriptor(pair, &[(&dst, &dkey)]))
-        .await
-        .expect("connect");
+    let peer = connect(pair, &[(&dst, &dkey)]).await;
     pair.target
         .deregister(std::slice::from_ref(&dst.info))
         .await

@@ -54,6 +54,26 @@ pub struct RangedPut<'a> {
     pub depth: u32,
 }
 
+/// A whole object `(key, addr, len, depth)` as the single range that tiles it.
+pub(crate) fn whole_object_ranges(objs: &[(&str, u64, u64, u32)]) -> Vec<[Range; 1]> {
+    objs.iter()
+        .map(|&(_, addr, len, _)| [Range::new(0, len, addr)])
+        .collect()
+}
+
+/// The ranged puts of whole objects, borrowing the ranges from [`whole_object_ranges`].
+pub(crate) fn whole_object_puts<'a>(objs: &[(&'a str, u64, u64, u32)], ranges: &'a [[Range; 1]]) -> Vec<RangedPut<'a>> {
+    objs.iter()
+        .zip(ranges)
+        .map(|(&(key, _, len, depth), r)| RangedPut {
+            key,
+            object_len: len,
+            ranges: r,
+            depth,
+        })
+        .collect()
+}
+
 /// Counters of the store since open (tier byte counters are updated once per call).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoreStats {
@@ -325,17 +345,8 @@ impl Store {
 
     /// Puts whole objects from registered caller memory: `(key, addr, len, depth)` each.
     pub fn batch_put(&self, items: &[(&str, u64, u64, u32)]) -> Result<Vec<Result<()>>> {
-        let ranges: Vec<[Range; 1]> = items.iter().map(|&(_, a, l, _)| [Range::new(0, l, a)]).collect();
-        let puts: Vec<RangedPut<'_>> = items
-            .iter()
-            .zip(&ranges)
-            .map(|(&(key, _, len, depth), r)| RangedPut {
-                key,
-                object_len: len,
-                ranges: r,
-                depth,
-            })
-            .collect();
+        let ranges = whole_object_ranges(items);
+        let puts = whole_object_puts(items, &ranges);
         self.batch_put_ranges(&puts)
     }
 

@@ -11,7 +11,7 @@ use te_core::TransferRequest;
 use super::{Dram, RangedPut, Store};
 use crate::dram::tier::{DramState, ReserveError};
 use crate::error::{Result, StoreError};
-use crate::range_map::{check_put_ranges, map_range, Extent, Range};
+use crate::range_map::{check_put_ranges, map_range, Extent};
 use crate::ssd::log::AppendItem;
 use crate::ssd::record::align_up;
 
@@ -320,20 +320,8 @@ impl Store {
     /// watermark without evicting anything. Returns how many were promoted.
     pub(crate) fn promote(&self, objs: &[(&str, u64, u64, u32)]) -> u64 {
         let Some(d) = &self.inner.dram else { return 0 };
-        let ranges: Vec<[Range; 1]> = objs
-            .iter()
-            .map(|&(_, addr, len, _)| [Range::new(0, len, addr)])
-            .collect();
-        let items: Vec<RangedPut<'_>> = objs
-            .iter()
-            .zip(&ranges)
-            .map(|(&(key, _, len, depth), r)| RangedPut {
-                key,
-                object_len: len,
-                ranges: r,
-                depth,
-            })
-            .collect();
+        let ranges = super::whole_object_ranges(objs);
+        let items = super::whole_object_puts(objs, &ranges);
         let keys: Vec<usize> = (0..items.len()).collect();
         let mut errors: Vec<Option<StoreError>> = (0..items.len()).map(|_| None).collect();
         let mut overflow = Vec::new();
