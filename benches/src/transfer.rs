@@ -9,7 +9,10 @@
 //! Each repetition moves `--total-bytes` in `--block-bytes` requests as one batch (bandwidth and
 //! requests per second, medians over `--repeat`); then single-request round trips give p50/p99
 //! latency. `--verify` checks every byte against a position-dependent pattern. `--baseline` runs
-//! iperf3, ucx_perftest (ucp_put_bw over tcp) or fi_pingpong in the same run and reports the ratio.
+//! iperf3, ucx_perftest (ucp_put_bw over tcp), fi_pingpong, or the kernel's cross-memory copy of
+//! the same buffers ([`cma`]) in the same run and reports the ratio.
+
+mod cma;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -37,6 +40,9 @@ pub enum Baseline {
     Ucx,
     /// fi_pingpong on provider tcp (rdm endpoints), same block size: latency and rate.
     FiPingpong,
+    /// process_vm_writev/readv of the same bytes between the same two buffers (loopback target,
+    /// Linux): the single copy a shared-memory provider makes.
+    Cma,
 }
 
 #[derive(clap::Args)]
@@ -81,6 +87,10 @@ pub struct Args {
     /// Timed repetitions; medians are reported.
     #[arg(long, default_value_t = 5)]
     repeat: usize,
+    /// Batches per timed repetition, each waited for before the next is submitted. With a small
+    /// --total-bytes this streams one cache-resident buffer many times, as fi_pingpong does.
+    #[arg(long, default_value_t = 1)]
+    batches: u32,
     /// Single-request round trips timed for p50/p99.
     #[arg(long, default_value_t = 1000)]
     latency_samples: usize,
@@ -123,8 +133,8 @@ pub fn run(args: Args) -> Result<(), String> {
             args.total_bytes, args.block_bytes
         ));
     }
-    if args.repeat == 0 || args.lanes == 0 {
-        return Err("--repeat and --lanes must be at least 1".into());
+    if args.repeat == 0 || args.lanes == 0 || args.batches == 0 {
+        return Err("--repeat, --lanes and --batches must be at least 1".into());
     }
     let rt = runtime()?;
     if args.serve {
@@ -262,6 +272,9 @@ struct Measured {
 }
 
 async fn measure(args: &Args) -> Result<(), String> {
+    if args.baseline == Some(Baseline::Cma) && args.peer.is_some() {
+        return Err("--baseline cma copies into the loopback target process; it cannot be used with --peer".into());
+    }
     let (target, peer_addr) = match &args.peer {
         Some(p) => (None, p.clone()),
         None => {
@@ -295,7 +308,9 @@ async fn measure(args: &Args) -> Result<(), String> {
         .allocate(args.total_bytes as usize, HostBufferOptions::default())
         .await
         .map_err(|e| e.to_string())?;
-    if args.verify && args.op == TransferOp::Write {
+    // Always written, not only for --verify: an untouched anonymous buffer reads as the kernel's
+    // shared zero page, which is always cache-hot and would flatter every write.
+    if args.op == TransferOp::Write {
         fill(&local, WRITE_SEED)?;
     }
     let blocks = args.total_bytes / args.block_bytes;
@@ -310,6 +325,11 @@ async fn measure(args: &Args) -> Result<(), String> {
         })
         .collect();
 
+    let cma_pair = target.as_ref().map(|t| cma::CmaPair {
+        pid: t.child.id(),
+        local: local.addr(),
+        remote: remote.base,
+    });
     // Warm-up: connections, page faults.
     engine.transfer(&requests).await.map_err(|e| e.to_string())?;
     // Our runs and the baseline's alternate, so both see the same machine conditions.
@@ -317,18 +337,18 @@ async fn measure(args: &Args) -> Result<(), String> {
     let mut base_samples = Vec::new();
     for _ in 0..args.repeat {
         let t0 = Instant::now();
-        engine.transfer(&requests).await.map_err(|e| e.to_string())?;
+        for _ in 0..args.batches {
+            engine.transfer(&requests).await.map_err(|e| e.to_string())?;
+        }
         times.push(t0.elapsed());
         if let Some(b) = args.baseline {
-            base_samples.push(run_baseline_once(b, args)?);
+            base_samples.push(run_baseline_once(b, args, cma_pair)?);
         }
     }
-    let gbps_runs: Vec<f64> = times
-        .iter()
-        .map(|t| args.total_bytes as f64 / t.as_secs_f64() / 1e9)
-        .collect();
+    let per_run = args.total_bytes as f64 * args.batches as f64;
+    let gbps_runs: Vec<f64> = times.iter().map(|t| per_run / t.as_secs_f64() / 1e9).collect();
     let med = median(&mut times);
-    let requests_per_s = blocks as f64 / med.as_secs_f64();
+    let requests_per_s = (blocks * args.batches as u64) as f64 / med.as_secs_f64();
 
     let samples = args.latency_samples.min(requests.len()).max(1);
     let mut lat = Vec::with_capacity(samples);
@@ -488,6 +508,15 @@ fn baseline_command(b: Baseline, args: &Args) -> (&'static str, String) {
                 ucx_iterations(args)
             ),
         ),
+        Baseline::Cma => (
+            "kernel cross-memory copy",
+            format!(
+                "process_vm_{}v of the same {} bytes in {size} B calls, {} time(s)",
+                if args.op == TransferOp::Write { "write" } else { "read" },
+                args.total_bytes,
+                args.batches
+            ),
+        ),
         Baseline::FiPingpong => (
             "fi_pingpong (rdm)",
             format!(
@@ -499,11 +528,20 @@ fn baseline_command(b: Baseline, args: &Args) -> (&'static str, String) {
     }
 }
 
-/// Runs the baseline tool once (server and client on loopback).
-fn run_baseline_once(b: Baseline, args: &Args) -> Result<BaselineSample, String> {
+/// Runs the baseline once: a tool's server and client on loopback, or (`cma`) the kernel's copy
+/// between the measured buffers.
+fn run_baseline_once(b: Baseline, args: &Args, cma_pair: Option<cma::CmaPair>) -> Result<BaselineSample, String> {
     let port = free_port()?.to_string();
     let size = args.block_bytes.to_string();
     match b {
+        Baseline::Cma => {
+            let pair = cma_pair.ok_or("--baseline cma needs the loopback target process")?;
+            Ok(BaselineSample {
+                gbps: cma::run(pair, args.op, args.block_bytes, args.total_bytes, args.batches)?,
+                requests_per_s: None,
+                latency_us: None,
+            })
+        }
         Baseline::Iperf3 => {
             let mut srv = Command::new("iperf3");
             srv.args(["-s", "-1", "-B", "127.0.0.1", "-p", &port]);
@@ -607,6 +645,7 @@ fn report(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResul
         "total_bytes": args.total_bytes,
         "lanes": args.lanes,
         "repeat": args.repeat,
+        "batches": args.batches,
         "peer": if args.peer.is_some() { peer.to_string() } else { format!("loopback process at {peer}") },
         "gbps": gbps,
         "gbps_runs": m.gbps_runs,
