@@ -75,6 +75,8 @@ struct Measured {
     baseline: &'static str,
     /// CUDA: whether batches went through cuMemcpyBatchAsync.
     batch_memcpy: Option<bool>,
+    /// Engine nanoseconds per fragment by phase over the timed runs, with `TE_PHASE_TIMING=1`.
+    phases: Option<serde_json::Value>,
 }
 
 struct Setup {
@@ -236,6 +238,7 @@ fn report(args: &Args, bar: &ProgressBar, location: &str, dir: &str, frag: u64, 
         "baseline": m.baseline,
         "batch_memcpy": m.batch_memcpy,
         "mismatched_bytes": m.mismatched,
+        "phase_ns_per_fragment": m.phases,
     });
     if args.json {
         print_json(&row);
@@ -309,12 +312,13 @@ fn measure_host(
     run_engine(engine, &reqs)?;
     memcpy_loop(&setup, frag);
     contiguous(&setup, total);
-    for rep in 0..args.repeat {
-        if args.verify && rep == 0 {
-            zero(&setup.dst);
-            run_engine(engine, &reqs)?;
-            mismatched += verify(&setup, frag);
-        }
+    if args.verify {
+        zero(&setup.dst);
+        run_engine(engine, &reqs)?;
+        mismatched += verify(&setup, frag);
+    }
+    engine.reset_phase_report();
+    for _ in 0..args.repeat {
         eng.push(run_engine(engine, &reqs)?);
         lp.push(memcpy_loop(&setup, frag));
         contig.push(contiguous(&setup, total));
@@ -329,7 +333,23 @@ fn measure_host(
         mismatched: args.verify.then_some(mismatched),
         baseline: "memcpy per fragment",
         batch_memcpy: None,
+        phases: engine.phase_report().map(|p| phases_per_fragment(&p)),
     })
+}
+
+/// Nanoseconds per fragment of each engine phase (mean over the timed calls).
+pub(crate) fn phases_per_fragment(p: &te_core::PhaseReport) -> serde_json::Value {
+    let items = p.items.max(1) as f64;
+    let m: serde_json::Map<String, serde_json::Value> = te_core::Phase::ALL
+        .iter()
+        .map(|&ph| {
+            (
+                ph.name().to_string(),
+                serde_json::json!(p.nanos[ph as usize] as f64 / items),
+            )
+        })
+        .collect();
+    serde_json::Value::Object(m)
 }
 
 fn prefault() -> HostBufferOptions {
@@ -342,8 +362,12 @@ fn prefault() -> HostBufferOptions {
 fn run_engine(engine: &TransferEngine, reqs: &[TransferRequest]) -> Result<Duration, String> {
     let t0 = Instant::now();
     let batch = engine.submit(reqs).map_err(|e| e.to_string())?;
-    match batch.wait_blocking(None) {
-        Some(Ok(_)) => Ok(t0.elapsed()),
+    let outcome = batch.wait_blocking(None);
+    // Releasing the batch (its pins and statuses) is part of the engine's cost.
+    drop(batch);
+    let elapsed = t0.elapsed();
+    match outcome {
+        Some(Ok(_)) => Ok(elapsed),
         Some(Err(e)) => Err(e.to_string()),
         None => Err("batch did not complete".into()),
     }

@@ -227,6 +227,7 @@ pub(super) fn measure(p: &Params<'_>) -> Result<Measured, String> {
         mismatched = verify(p, &setup)?;
     }
     let (mut eng, mut lp, mut contig) = (Vec::new(), Vec::new(), Vec::new());
+    p.engine.reset_phase_report();
     for _ in 0..p.repeat {
         eng.push(run_engine(p.engine, &reqs)?);
         lp.push(loop_baseline(p, &setup)?);
@@ -241,6 +242,7 @@ pub(super) fn measure(p: &Params<'_>) -> Result<Measured, String> {
         mismatched: p.verify.then_some(mismatched),
         baseline: p.runtime.baseline_name(),
         batch_memcpy: p.runtime.batch_memcpy(),
+        phases: p.engine.phase_report().map(|r| super::phases_per_fragment(&r)),
     })
 }
 
