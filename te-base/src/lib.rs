@@ -17,6 +17,8 @@ pub mod metadata;
 pub mod registration;
 pub mod request;
 pub mod segment;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 pub mod timing;
 pub mod token;
 pub mod topology;

@@ -3,22 +3,9 @@
 //! over their standard input ([`node`], the `te-node` binary).
 
 pub mod etcd;
-pub mod netns;
 pub mod node;
 
-/// True if `TE_REQUIRE` (a comma-separated list) names `thing`: a missing `thing` must then fail
-/// the test instead of skipping it.
-pub fn required(thing: &str) -> bool {
-    std::env::var("TE_REQUIRE")
-        .map(|v| v.split(',').any(|r| r.trim() == thing))
-        .unwrap_or(false)
-}
-
-/// Skips (prints why and returns) or, when `TE_REQUIRE` names `thing`, panics.
-pub fn skip_or_fail(thing: &str, why: &str) {
-    assert!(!required(thing), "TE_REQUIRE names {thing}, but: {why}");
-    eprintln!("skipping: {thing} not available: {why}");
-}
+pub use te_base::test_support::{netns, required, skip_or_fail};
 
 /// The byte at `pos` of the verification pattern `seed`.
 pub fn pattern(seed: u64, pos: u64) -> u8 {

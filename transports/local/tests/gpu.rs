@@ -21,7 +21,7 @@ static NEXT_REGION: AtomicU64 = AtomicU64::new(1);
 const FRAGMENT_SIZES: [u64; 3] = [1_728, 8_448, 37_440];
 
 fn required() -> bool {
-    std::env::var("TE_REQUIRE").is_ok_and(|v| v.split(',').any(|s| s.trim() == "cuda"))
+    te_base::test_support::required("cuda")
 }
 
 fn gpu() -> Option<Arc<dyn DevicePlugin>> {

@@ -11,13 +11,8 @@ use std::sync::Arc;
 
 use te_base::config::MapEnv;
 use te_base::conformance::{run_all, ConformanceOptions, ConformancePair};
+use te_base::test_support::required;
 use te_base::InstallContext;
-
-fn required(what: &str) -> bool {
-    std::env::var("TE_REQUIRE")
-        .map(|v| v.split(',').any(|x| x.trim() == what))
-        .unwrap_or(false)
-}
 
 fn context(device: &str, segment: &str) -> InstallContext {
     let mut vars: std::collections::HashMap<String, String> = std::env::vars()

@@ -19,12 +19,7 @@ pub mod peer_process;
 /// The providers the suites run on.
 pub const PROVIDERS: [&str; 2] = ["tcp;ofi_rxm", "shm"];
 
-/// True when TE_REQUIRE names `what`.
-pub fn required(what: &str) -> bool {
-    std::env::var("TE_REQUIRE")
-        .map(|v| v.split(',').any(|w| w.trim() == what))
-        .unwrap_or(false)
-}
+pub use te_base::test_support::required;
 
 /// True if `provider` is usable here; otherwise prints why the test is skipped, or panics when
 /// TE_REQUIRE contains `libfabric`.

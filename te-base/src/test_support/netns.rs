@@ -140,7 +140,7 @@ pub fn network_or_skip(hosts: usize) -> Option<Network> {
     match Network::create(hosts) {
         Ok(n) => Some(n),
         Err(e) => {
-            crate::skip_or_fail("netns", &format!("{e} (needs root and iproute2)"));
+            super::skip_or_fail("netns", &format!("{e} (needs root and iproute2)"));
             None
         }
     }
