@@ -9,14 +9,14 @@ use parking_lot::{Mutex, RwLock};
 use te_base::config::Env;
 use te_base::{
     Batch, BatchReport, BatchState, Capabilities, Error, ExportedBuffer, HostBuffer, HostBufferOptions, MemoryKind,
-    MemoryLocation, MetadataStore, Peer, Phase, PhaseReport, PhaseStats, PhaseTimer, RegionId, RegionInfo,
-    ResolvedRequest, Result, SegmentDescriptor, SegmentId, SubmitContext, TransferRequest, Transport,
-    TransportEndpoint,
+    MemoryLocation, MetadataStore, Peer, Phase, PhaseReport, PhaseStats, PhaseTimer, RegionId, RegionInfo, Result,
+    SegmentDescriptor, SegmentId, SubmitContext, TransferRequest, Transport, TransportEndpoint,
 };
 
 use te_base::device::PluginAvailability;
 
 use crate::builder::TransferEngineBuilder;
+use crate::grouping::group_requests;
 use crate::handle::{RegisterOptions, Registration};
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::registry::{Pins, Region, Registry};
@@ -38,13 +38,14 @@ struct Route {
 }
 
 /// A segment opened by this engine.
-struct OpenSegment {
-    descriptor: Arc<SegmentDescriptor>,
+pub(crate) struct OpenSegment {
+    pub descriptor: Arc<SegmentDescriptor>,
     routes: Vec<Route>,
 }
 
 impl OpenSegment {
-    fn route_for(&self, local: MemoryKind, remote: MemoryKind) -> Option<usize> {
+    /// The first route whose transport moves `local` memory to and from `remote` memory.
+    pub fn route_for(&self, local: MemoryKind, remote: MemoryKind) -> Option<usize> {
         self.routes
             .iter()
             .position(|r| r.caps.local.contains(local) && r.caps.remote.contains(remote))
@@ -356,12 +357,6 @@ pub enum TransferError {
     /// Some requests failed; the others completed.
     #[error(transparent)]
     Failed(#[from] te_base::BatchError),
-}
-
-struct Group {
-    segment: u32,
-    route: u32,
-    requests: Vec<ResolvedRequest>,
 }
 
 impl EngineInner {
@@ -744,63 +739,7 @@ impl EngineInner {
             bytes += r.len;
         }
         let segs = self.segments.read();
-        let mut groups: Vec<Group> = Vec::new();
-        let mut last_group = usize::MAX;
-        let mut last_seg = u32::MAX;
-        let mut last_buf = usize::MAX;
-        let pins = self
-            .registry
-            .resolve_batch(requests.iter().map(|r| (r.local_addr, r.len)), |i, local| {
-                let r = &requests[i];
-                let seg = segs
-                    .get(r.segment.0 as usize)
-                    .ok_or_else(|| Error::UnknownSegment(format!("id {}", r.segment.0)))?;
-                let d = &seg.descriptor;
-                if last_seg != r.segment.0
-                    || last_buf >= d.buffers.len()
-                    || !d.buffers[last_buf].contains(r.remote_addr, r.len)
-                {
-                    last_buf = d.find_buffer(r.remote_addr, r.len)?;
-                }
-                let remote_kind = d.buffers[last_buf].location.kind();
-                let route = seg
-                    .route_for(local.location.kind(), remote_kind)
-                    .ok_or_else(|| Error::NoTransport {
-                        segment: d.name.clone(),
-                        reason: format!(
-                            "no connected transport moves {} to/from {} memory",
-                            local.location, remote_kind
-                        ),
-                    })? as u32;
-                if last_group >= groups.len()
-                    || groups[last_group].segment != r.segment.0
-                    || groups[last_group].route != route
-                {
-                    last_group = match groups.iter().position(|g| g.segment == r.segment.0 && g.route == route) {
-                        Some(g) => g,
-                        None => {
-                            let cap = if groups.is_empty() { requests.len() } else { 0 };
-                            groups.push(Group {
-                                segment: r.segment.0,
-                                route,
-                                requests: Vec::with_capacity(cap),
-                            });
-                            groups.len() - 1
-                        }
-                    };
-                }
-                last_seg = r.segment.0;
-                groups[last_group].requests.push(ResolvedRequest {
-                    index: i as u32,
-                    op: r.op,
-                    len: r.len,
-                    local_addr: r.local_addr,
-                    local_region: local.id,
-                    remote_addr: r.remote_addr,
-                    remote_buffer: last_buf as u32,
-                });
-                Ok(())
-            })?;
+        let (groups, pins) = group_requests(requests, &segs, self.registry.local_resolver())?;
         let t1 = timer.lap(Phase::Resolve, t0);
         let lens: Box<[u64]> = requests.iter().map(|r| r.len).collect();
         let state = BatchState::new(lens);

@@ -18,6 +18,7 @@
 
 mod builder;
 mod engine;
+mod grouping;
 mod handle;
 mod install;
 pub mod metadata;

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::{RwLock, RwLockReadGuard};
 use te_base::{Error, HostBuffer, RegionId, RegionInfo, Result};
 
 /// One registered region.
@@ -126,41 +126,67 @@ impl Registry {
         self.regions.read().clone()
     }
 
-    /// Resolves the local side of a batch under one shared lock: for each `(addr, len)` the
-    /// region holding it. Distinct regions are pinned (one counter update each) and returned
-    /// with the per-request region infos.
-    pub fn resolve_batch<'a>(
-        &self,
-        ranges: impl ExactSizeIterator<Item = (u64, u64)> + 'a,
-        mut each: impl FnMut(usize, &RegionInfo) -> Result<()>,
-    ) -> Result<Pins> {
-        let regions = self.regions.read();
-        let mut pinned: Vec<usize> = Vec::new();
-        let mut last: Option<usize> = None;
-        for (i, (addr, len)) in ranges.enumerate() {
-            let idx = match last {
-                Some(l) if regions[l].info.contains(addr, len) => l,
-                _ => {
-                    let idx = find(&regions, addr, len)?;
-                    if regions[idx].dying.load(Ordering::Acquire) {
-                        return Err(Error::Unregistered { addr, len });
-                    }
-                    if last != Some(idx) {
-                        pinned.push(idx);
-                    }
-                    last = Some(idx);
-                    idx
-                }
-            };
-            each(i, &regions[idx].info)?;
+    /// Resolves the local side of a batch under one shared lock, held until the returned
+    /// resolver is turned into [`Pins`].
+    pub fn local_resolver(&self) -> LocalResolver<'_> {
+        LocalResolver {
+            regions: self.regions.read(),
+            pinned: Vec::new(),
+            last: None,
+            base: 0,
+            span: 0,
         }
-        pinned.sort_unstable();
-        pinned.dedup();
-        let pins: Vec<Arc<Region>> = pinned.iter().map(|&i| regions[i].clone()).collect();
+    }
+}
+
+/// Resolves local ranges of one batch against the table (read-locked for its lifetime). Ranges
+/// usually fall in the region the previous one used, so that region's bounds are kept and only a
+/// range outside them searches; every distinct region found is pinned once.
+pub(crate) struct LocalResolver<'a> {
+    regions: RwLockReadGuard<'a, Vec<Arc<Region>>>,
+    pinned: Vec<usize>,
+    last: Option<usize>,
+    base: u64,
+    span: u64,
+}
+
+impl LocalResolver<'_> {
+    /// The region holding `[addr, addr + len)`, or why none does.
+    #[inline]
+    pub fn resolve(&mut self, addr: u64, len: u64) -> Result<&RegionInfo> {
+        let off = addr.wrapping_sub(self.base);
+        match self.last {
+            // Inside the last region: `off <= span` rules out addresses below its base (they wrap
+            // to huge offsets), and `len <= span - off` cannot overflow.
+            Some(i) if len != 0 && off <= self.span && len <= self.span - off => Ok(&self.regions[i].info),
+            _ => self.search(addr, len),
+        }
+    }
+
+    #[cold]
+    fn search(&mut self, addr: u64, len: u64) -> Result<&RegionInfo> {
+        let idx = find(&self.regions, addr, len)?;
+        let region = &self.regions[idx];
+        if region.dying.load(Ordering::Acquire) {
+            return Err(Error::Unregistered { addr, len });
+        }
+        // Deduplicated in `pins`: a batch may alternate between many regions.
+        self.pinned.push(idx);
+        self.last = Some(idx);
+        self.base = region.info.base;
+        self.span = region.info.len;
+        Ok(&region.info)
+    }
+
+    /// Pins every region resolved (one counter update each) and releases the lock.
+    pub fn pins(mut self) -> Pins {
+        self.pinned.sort_unstable();
+        self.pinned.dedup();
+        let pins: Vec<Arc<Region>> = self.pinned.iter().map(|&i| self.regions[i].clone()).collect();
         for r in &pins {
             r.in_flight.fetch_add(1, Ordering::AcqRel);
         }
-        Ok(Pins(pins))
+        Pins(pins)
     }
 }
 

@@ -1,0 +1,116 @@
+//! Resolving a batch: every request's local range to its registered region, its remote range to
+//! a buffer the target segment exports, and the pair to a route (a connected transport that moves
+//! those memory kinds); requests are grouped by (segment, route), one group per transport call.
+//!
+//! Consecutive requests usually share the local region, the remote buffer and the route, so the
+//! loop keeps the bounds of the last ones and compares against them; only a request that leaves
+//! them searches (binary search of the registry and of the descriptor's buffers).
+
+use std::sync::Arc;
+
+use te_base::{Error, MemoryKind, MemoryLocation, ResolvedRequest, Result, TransferRequest};
+
+use crate::engine::OpenSegment;
+use crate::registry::{LocalResolver, Pins};
+
+/// The requests of one batch that go to one segment over one route.
+pub(crate) struct Group {
+    pub segment: u32,
+    pub route: u32,
+    pub requests: Vec<ResolvedRequest>,
+}
+
+/// The remote side the previous request resolved to.
+struct RemoteCursor {
+    segment: u32,
+    local_kind: MemoryKind,
+    buffer: u32,
+    base: u64,
+    span: u64,
+    group: usize,
+}
+
+impl RemoteCursor {
+    /// True when `r`, whose local memory is of `local_kind`, goes where the previous request went.
+    #[inline]
+    fn holds(&self, r: &TransferRequest, local_kind: MemoryKind) -> bool {
+        let off = r.remote_addr.wrapping_sub(self.base);
+        r.segment.0 == self.segment && local_kind == self.local_kind && off <= self.span && r.len <= self.span - off
+    }
+}
+
+/// Resolves and groups `requests` (already checked for zero lengths and overflow). Fails on the
+/// first request that cannot be served, naming why; nothing is submitted then.
+pub(crate) fn group_requests(
+    requests: &[TransferRequest],
+    segments: &[Arc<OpenSegment>],
+    mut local: LocalResolver<'_>,
+) -> Result<(Vec<Group>, Pins)> {
+    let mut groups: Vec<Group> = Vec::new();
+    let mut cursor: Option<RemoteCursor> = None;
+    for (i, r) in requests.iter().enumerate() {
+        let region = local.resolve(r.local_addr, r.len)?;
+        let (local_region, local_location) = (region.id, region.location);
+        let local_kind = local_location.kind();
+        let at = match &cursor {
+            Some(c) if c.holds(r, local_kind) => c,
+            _ => cursor.insert(find_remote(r, local_location, segments, &mut groups, requests.len())?),
+        };
+        groups[at.group].requests.push(ResolvedRequest {
+            index: i as u32,
+            op: r.op,
+            len: r.len,
+            local_addr: r.local_addr,
+            local_region,
+            remote_addr: r.remote_addr,
+            remote_buffer: at.buffer,
+        });
+    }
+    Ok((groups, local.pins()))
+}
+
+/// Finds the exported buffer and the route of `r`, and the group it joins (a new one if none).
+#[cold]
+fn find_remote(
+    r: &TransferRequest,
+    local: MemoryLocation,
+    segments: &[Arc<OpenSegment>],
+    groups: &mut Vec<Group>,
+    batch_len: usize,
+) -> Result<RemoteCursor> {
+    let seg = segments
+        .get(r.segment.0 as usize)
+        .ok_or_else(|| Error::UnknownSegment(format!("id {}", r.segment.0)))?;
+    let d = &seg.descriptor;
+    let buffer = d.find_buffer(r.remote_addr, r.len)?;
+    let remote = &d.buffers[buffer];
+    let remote_kind = remote.location.kind();
+    let local_kind = local.kind();
+    let route = seg
+        .route_for(local_kind, remote_kind)
+        .ok_or_else(|| Error::NoTransport {
+            segment: d.name.clone(),
+            reason: format!("no connected transport moves {local} to/from {remote_kind} memory"),
+        })? as u32;
+    let group = match groups.iter().position(|g| g.segment == r.segment.0 && g.route == route) {
+        Some(g) => g,
+        None => {
+            // The first group usually takes the whole batch.
+            let cap = if groups.is_empty() { batch_len } else { 0 };
+            groups.push(Group {
+                segment: r.segment.0,
+                route,
+                requests: Vec::with_capacity(cap),
+            });
+            groups.len() - 1
+        }
+    };
+    Ok(RemoteCursor {
+        segment: r.segment.0,
+        local_kind,
+        buffer: buffer as u32,
+        base: remote.base,
+        span: remote.len,
+        group,
+    })
+}
