@@ -9,32 +9,43 @@
 //!   one registered, exported region fails with `Error::OutOfBounds` and is never served; the
 //!   other requests of the batch go on. The locks are held until the copies are done, so a region
 //!   cannot be deregistered (and freed) under a copy.
-//! - **Plan**: order by destination (a radix sort of compact keys; already sorted batches cost one
-//!   pass) and coalesce exactly adjacent fragments — source and destination both contiguous —
-//!   into one copy.
+//! - **Run in request order** while the batch stays on the submitting thread: each request is
+//!   resolved and copied at once, consecutive contiguous requests merged into one copy, without
+//!   sorting and without any overlap check, since running requests one after another in index
+//!   order is already the promised outcome (see below). Sorting would not pay here: it costs more
+//!   per fragment than the memcpy calls it could merge away.
+//! - **Plan** the rest of a large batch once a copy helper is awake (checked every 256
+//!   requests): order it by destination (a radix sort of compact keys; already sorted batches
+//!   cost one pass), prove that no two destinations overlap and no source meets a destination,
+//!   coalesce exactly adjacent fragments — source and destination both contiguous — into one
+//!   copy, and cut the copies into parts of equal bytes for the helpers. Batches with device
+//!   requests, and batches not in ascending request index, are planned whole.
 //! - **Copy** with non-temporal stores (AVX-512, AVX2 or SSE2, detected at run time; an ordinary
 //!   copy elsewhere) for copies of `TE_NT_COPY_MIN_BYTES` (2 KiB) and more, an ordinary `memcpy`
-//!   below, and one store fence per worker at the end.
-//! - **Fan out** batches of `TE_COPY_FANOUT_MIN_BYTES` (64 KiB) and more over a persistent pool
-//!   of `TE_COPY_THREADS - 1` helpers (the submitting thread works too; 1 means inline). Helpers
-//!   are told at the start of planning, and the copy is shared only with a helper that is awake
-//!   by the time the plan is ready ([`LocalConfig::fanout_needs_awake_helper`]), so a batch never
-//!   waits for a helper that cannot get a core. Background submissions stay inline.
-//! - **Complete** the batch once: failures by index, then one `complete_many`.
+//!   below, prefetching the start of the next copy while one runs, and one store fence per worker
+//!   at the end.
+//! - **Fan out** over a persistent pool of `TE_COPY_THREADS - 1` helpers (the submitting thread
+//!   works too; 1 means inline) batches of `TE_COPY_FANOUT_MIN_BYTES` (4 MiB) and more. Helpers
+//!   are told when the batch arrives, and the rest of the batch is shared only with a helper that
+//!   is already awake ([`LocalConfig::fanout_needs_awake_helper`]), so a batch never waits for a
+//!   helper that cannot get a core. Background submissions stay inline.
+//! - **Complete** the batch once: failures by index, then one counter update for the rest.
 //!
-//! Phase timings go to `Phase::Plan` (resolve and plan) and `Phase::Submit` (the copy) when the
-//! caller's timer is on; when it is off the clock is never read. Nothing is allocated per
+//! Phase timings go to `Phase::Plan` (taking the locks; resolving and planning a planned batch)
+//! and `Phase::Submit` (the copies, and the resolution interleaved with them in request order)
+//! when the caller's timer is on; when it is off the clock is never read. Nothing is allocated per
 //! fragment: planning vectors are per-thread scratch reused from batch to batch.
 //!
 //! # Requests that touch the same memory
 //!
 //! Requests of one batch are unordered, as on any transport. When two requests write the same
 //! destination bytes, or one reads bytes another writes (a segment copying within its own
-//! memory), the planner detects it and the batch is neither coalesced nor split: it runs on the
-//! submitting thread, request by request in ascending request index, each with `memmove`
-//! semantics, so a request may even copy onto an overlapping range of itself. The outcome is
-//! exactly that of the requests run one after another; there is never a data race. Such a batch
-//! uses no streaming stores.
+//! memory), the outcome is exactly that of the requests run one after another in ascending
+//! request index, each with `memmove` semantics, so a request may even copy onto an overlapping
+//! range of itself; there is never a data race. The request-order path gives that by
+//! construction (a copy that overlaps itself uses `memmove` and no streaming stores); the planner
+//! detects such a batch and, instead of coalescing or splitting it, runs it the same way on the
+//! submitting thread without streaming stores.
 //!
 //! # Device memory
 //!
@@ -70,6 +81,7 @@ mod peer;
 pub mod plan;
 mod pool;
 mod resolve;
+mod sequential;
 mod table;
 mod transport;
 

@@ -13,7 +13,8 @@ use crate::domain::Domain;
 use crate::parts::{run_range, split};
 use crate::plan::{coalesce, sources_meet_destinations, Coalesced, CopyOp, Fragment, PlanScratch, Spans};
 use crate::pool::HeadsUp;
-use crate::resolve::Resolved;
+use crate::resolve::{Resolved, Resolver};
+use crate::sequential::{copy_in_request_order, Stop};
 use crate::table::RegionTable;
 use crate::transport::Shared;
 
@@ -63,6 +64,17 @@ thread_local! {
     static SCRATCH: Cell<Scratch> = Cell::new(Scratch::default());
 }
 
+/// The per-thread vectors and failure lists the planned path works with.
+struct PlanState<'a> {
+    frags: &'a mut Vec<Fragment>,
+    ops: &'a mut Vec<CopyOp>,
+    cuts: &'a mut Vec<crate::parts::Cursor>,
+    plan: &'a mut PlanScratch,
+    device: &'a mut DeviceScratch,
+    failures: &'a mut Vec<(usize, Error)>,
+    group_failures: &'a mut Vec<(std::ops::Range<usize>, Error)>,
+}
+
 /// A segment of this process, reached by copying.
 pub(crate) struct LocalPeer {
     pub descriptor: SegmentDescriptor,
@@ -93,8 +105,9 @@ impl LocalPeer {
         let workers = if ctx.background { 1 } else { config.copy_threads };
         // Announce a large batch to the helpers now, so they are awake when the plan is ready.
         let mut heads_up = None;
+        let mut bytes = 0u64;
         if workers > 1 {
-            let bytes = requests.iter().fold(0u64, |sum, r| sum.saturating_add(r.len));
+            bytes = requests.iter().fold(0u64, |sum, r| sum.saturating_add(r.len));
             if bytes >= config.fanout_min_bytes {
                 heads_up = Some(self.shared.pool.heads_up(workers - 1));
             }
@@ -122,12 +135,10 @@ impl LocalPeer {
             device,
         } = scratch;
         frags.clear();
-        frags.reserve(requests.len());
         device.frags.clear();
         let mut failures: Vec<(usize, Error)> = Vec::new();
         // Device groups whose copy failed: (their requests in `device.frags`, the plugin's error).
         let mut group_failures: Vec<(std::ops::Range<usize>, Error)> = Vec::new();
-        let mut spans = Spans::default();
         let mut resolver = crate::resolve::Resolver::new(
             local_table,
             remote_table,
@@ -135,8 +146,116 @@ impl LocalPeer {
             &self.descriptor.buffers,
             &self.shared.devices,
         );
+
+        // In ascending request index (as the engine submits), the batch runs here request by
+        // request (see `sequential`) until a request has a device side or, for a large batch, a
+        // helper wakes up and enough is left to share: the rest is then planned below. Running the
+        // front first and the rest after is the order of their indices, so the promised outcome
+        // holds across the seam.
+        let by_index = requests.windows(2).all(|w| w[0].index < w[1].index);
+        let rest = if by_index {
+            let pool = &self.shared.pool;
+            let announced = heads_up.is_some();
+            // Bytes of the requests before `seen`, kept up to date at each check (one pass overall).
+            let (mut seen, mut before) = (0usize, 0u64);
+            let share_rest = |pos: usize| {
+                if !announced || (config.fanout_needs_awake_helper && !pool.helper_watching()) {
+                    return false;
+                }
+                before += requests[seen..pos]
+                    .iter()
+                    .fold(0u64, |sum, r| sum.saturating_add(r.len));
+                seen = pos;
+                bytes.saturating_sub(before) >= config.fanout_min_bytes
+            };
+            let t1 = ctx.timer.lap(Phase::Plan, t0);
+            // SAFETY: the tables stay read-locked until after the copies (the guards are dropped
+            // below), and this batch's destinations are written by no one else meanwhile.
+            let stop = unsafe {
+                copy_in_request_order(
+                    requests,
+                    &mut resolver,
+                    self.shared.kernel,
+                    config.nt_copy_min_bytes,
+                    &mut failures,
+                    share_rest,
+                )
+            };
+            ctx.timer.lap(Phase::Submit, t1);
+            match stop {
+                Stop::Done => &requests[requests.len()..],
+                Stop::At(pos) => &requests[pos..],
+            }
+        } else {
+            requests
+        };
+        if !rest.is_empty() {
+            let t0 = ctx.timer.start();
+            self.plan_and_copy(
+                rest,
+                &mut resolver,
+                workers,
+                heads_up.take(),
+                ctx,
+                t0,
+                PlanState {
+                    frags,
+                    ops,
+                    cuts,
+                    plan,
+                    device,
+                    failures: &mut failures,
+                    group_failures: &mut group_failures,
+                },
+            );
+        }
+        drop(heads_up);
+        drop(second_guard);
+        drop(first_guard);
+
+        for (index, error) in failures {
+            batch.fail(index, error);
+        }
+        for (requests, error) in group_failures {
+            batch.fail_many(device.frags[requests].iter().map(|f| f.index as usize), &error);
+        }
+        // Failed requests are already settled and are skipped by this one counter update. This
+        // thread is the only one settling these requests (the engine hands each request to one
+        // transport call, and the helpers only copy).
+        batch.complete_many_exclusive(requests.iter().map(|r| r.index as usize));
+    }
+
+    /// The planned path: resolves `requests`, then sorts and coalesces them (proving them free of
+    /// overlaps) and copies them, shared with awake helpers when large; or runs them one by one
+    /// in index order when they touch the same memory; device requests go to their plugins.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_and_copy(
+        &self,
+        requests: &[ResolvedRequest],
+        resolver: &mut Resolver<'_>,
+        workers: usize,
+        mut heads_up: Option<HeadsUp<'_>>,
+        ctx: &SubmitContext,
+        t0: Option<std::time::Instant>,
+        st: PlanState<'_>,
+    ) {
+        let PlanState {
+            frags,
+            ops,
+            cuts,
+            plan,
+            device,
+            failures,
+            group_failures,
+        } = st;
+        frags.reserve(requests.len());
+        let mut spans = Spans::default();
         for r in requests {
-            match resolver.resolve(r) {
+            let resolved = match resolver.resolve_cached_host(r) {
+                Some(f) => Ok(Resolved::Host(f)),
+                None => resolver.resolve(r),
+            };
+            match resolved {
                 Ok(Resolved::Host(f)) => {
                     spans.add(&f);
                     frags.push(f);
@@ -192,23 +311,11 @@ impl LocalPeer {
                 None => {
                     let t1 = ctx.timer.lap(Phase::Plan, t0);
                     drop(heads_up.take());
-                    self.copy_in_order_with_devices(frags, &mut device.frags, &mut failures);
+                    self.copy_in_order_with_devices(frags, &mut device.frags, failures);
                     ctx.timer.lap(Phase::Submit, t1);
                 }
             }
         }
-        drop(heads_up);
-        drop(second_guard);
-        drop(first_guard);
-
-        for (index, error) in failures {
-            batch.fail(index, error);
-        }
-        for (requests, error) in group_failures {
-            batch.fail_many(device.frags[requests].iter().map(|f| f.index as usize), &error);
-        }
-        // Failed requests are already settled and are skipped by this one counter update.
-        batch.complete_many(requests.iter().map(|r| r.index as usize));
     }
 
     /// Copies a planned host batch: inline, or fanned out over the helpers when it is large.

@@ -146,6 +146,11 @@ impl CopyPool {
         HeadsUp { shared: &self.shared }
     }
 
+    /// True when a helper is awake and watching for an announced job right now.
+    pub fn helper_watching(&self) -> bool {
+        self.shared.watching.load(Ordering::Acquire) > 0
+    }
+
     /// Like [`CopyPool::run`], but shares the work only if a helper is awake right now (after a
     /// [`CopyPool::heads_up`]); otherwise runs every part on this thread.
     ///

@@ -56,6 +56,37 @@ impl<'a> Resolver<'a> {
         }
     }
 
+    /// The fragment of `r` when it is host to host and lies in the regions the previous request
+    /// used (the common case: a few comparisons, no branch per check). `None` sends it to
+    /// [`Resolver::resolve`], which searches and says what is wrong.
+    #[inline]
+    pub fn resolve_cached_host(&self, r: &ResolvedRequest) -> Option<Fragment> {
+        let local = self.local.get(self.last_local)?;
+        // A remembered remote region was found exported and live by `find_remote`.
+        let remote = self.remote.get(self.last_remote)?;
+        let named = self.exported.get(r.remote_buffer as usize)?;
+        let ok = (r.len != 0)
+            & (local.id == r.local_region)
+            & local.host
+            & remote.host
+            & local.contains(r.local_addr, r.len)
+            & remote.contains(r.remote_addr, r.len)
+            & named.contains(r.remote_addr, r.len);
+        if !ok {
+            return None;
+        }
+        let (dst, src) = match r.op {
+            TransferOp::Write => (r.remote_addr, r.local_addr),
+            TransferOp::Read => (r.local_addr, r.remote_addr),
+        };
+        Some(Fragment {
+            dst,
+            src,
+            len: r.len,
+            index: r.index,
+        })
+    }
+
     /// The source and destination of `r`, or why it cannot be served.
     #[inline]
     pub fn resolve(&mut self, r: &ResolvedRequest) -> Result<Resolved, Error> {

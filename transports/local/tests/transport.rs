@@ -263,9 +263,30 @@ async fn phase_timer_records_plan_and_submit_only_when_on() {
     );
     assert!(batch.wait_blocking(None).unwrap().is_ok());
     let report = stats.report();
-    assert!(report.nanos[Phase::Plan as usize] > 0, "{report:?}");
     assert!(report.nanos[Phase::Submit as usize] > 0, "{report:?}");
     assert_eq!(report.nanos[Phase::Resolve as usize], 0);
+    // Out of index order the batch is planned (resolved and sorted before any copy): planning
+    // time is recorded.
+    stats.reset();
+    let reqs = (0..64u32)
+        .rev()
+        .map(|i| {
+            req(
+                i,
+                TransferOp::Write,
+                &s.src,
+                u64::from(i) * 64,
+                &s.dst,
+                0,
+                u64::from(i) * 64,
+                64,
+            )
+        })
+        .collect();
+    assert!(submit(&s.peer, reqs, &ctx).wait_blocking(None).unwrap().is_ok());
+    let report = stats.report();
+    assert!(report.nanos[Phase::Plan as usize] > 0, "{report:?}");
+    assert!(report.nanos[Phase::Submit as usize] > 0, "{report:?}");
     // Background work with the timer off: still copied, nothing recorded anywhere.
     let ctx = SubmitContext {
         timer: PhaseTimer::off(),
@@ -532,14 +553,63 @@ async fn overlapping_requests_run_in_index_order() {
                 (TransferOp::Read, false) => unreachable!("no such case"),
             }
         }
-        // Submitted in reverse: order is by request index, not by position in the vector.
-        reqs.reverse();
-        done(&run(&peer, reqs));
-        assert!(
-            mem.bytes() == &model[..],
-            "overlapping batch differs from the in-order model"
-        );
-        assert!(scratch.bytes() == &scratch_model[..]);
+        // In index order the batch takes the request-order path; reversed, the planned path (the
+        // order is by request index, not by position in the vector). Same outcome both ways.
+        for reversed in [false, true] {
+            mem.fill(3);
+            let mut batch = reqs.clone();
+            if reversed {
+                batch.reverse();
+            }
+            done(&run(&peer, batch));
+            assert!(
+                mem.bytes() == &model[..],
+                "overlapping batch (reversed: {reversed}) differs from the in-order model"
+            );
+            assert!(scratch.bytes() == &scratch_model[..]);
+        }
+    }
+}
+
+/// A batch in index order is copied request by request until a helper may take the rest (here
+/// at once: sharing does not wait for an awake helper), then the rest is planned. Across that
+/// seam the outcome is still that of the requests run in index order: a chain in which each
+/// request reads what the one before it wrote, and a scattered batch the helpers share.
+#[tokio::test]
+async fn batches_handed_to_the_planner_midway_keep_index_order() {
+    let t = transport(LocalConfig {
+        copy_threads: 2,
+        nt_copy_min_bytes: 0,
+        fanout_min_bytes: 1,
+        fanout_needs_awake_helper: false,
+    });
+    let mem = Buf::new(&t, 1 << 16, true).await;
+    let scratch = Buf::new(&t, 1 << 16, false).await;
+    let peer = t.connect(&descriptor("self", &t, &[&mem])).await.unwrap();
+    let n = 600u64;
+
+    // Request i copies block i onto block i + 1: block 0 spreads over every block.
+    mem.fill(7);
+    let mut model = mem.bytes().to_vec();
+    let chain: Vec<ResolvedRequest> = (0..n)
+        .map(|i| req(i as u32, TransferOp::Write, &mem, i * 64, &mem, 0, (i + 1) * 64, 64))
+        .collect();
+    for i in 0..n as usize {
+        model.copy_within(i * 64..i * 64 + 64, (i + 1) * 64);
+    }
+    done(&run(&peer, chain));
+    assert!(mem.bytes() == &model[..], "the chain differs from the in-order model");
+
+    // Scattered, non-overlapping: block i of scratch to a permuted block of mem.
+    scratch.fill(9);
+    let perm = |i: u64| (i * 7 + 3) % n;
+    let scattered: Vec<ResolvedRequest> = (0..n)
+        .map(|i| req(i as u32, TransferOp::Write, &scratch, i * 64, &mem, 0, perm(i) * 64, 64))
+        .collect();
+    done(&run(&peer, scattered));
+    for i in 0..n {
+        let (s, d) = ((i * 64) as usize, (perm(i) * 64) as usize);
+        assert_eq!(&mem.bytes()[d..d + 64], &scratch.bytes()[s..s + 64], "block {i}");
     }
 }
 
@@ -554,6 +624,24 @@ async fn writes_to_the_same_destination_are_ordered_by_index() {
     done(&run(&s.peer, reqs));
     let mut want = s.src.bytes()[5000..9096].to_vec();
     want[2048..2148].copy_from_slice(&s.src.bytes()[9000..9100]);
+    assert_eq!(&s.dst.bytes()[..4096], &want[..]);
+}
+
+/// The same, submitted in index order as the engine does: the batch takes the unsorted
+/// request-order path (and merges the contiguous pair 0-1), with the same outcome.
+#[tokio::test]
+async fn in_order_batches_with_repeated_destinations_end_as_run_one_by_one() {
+    let s = setup(LocalConfig::default(), 1 << 16).await;
+    let reqs = vec![
+        req(0, TransferOp::Write, &s.src, 0, &s.dst, 0, 0, 2048),
+        req(1, TransferOp::Write, &s.src, 2048, &s.dst, 0, 2048, 2048),
+        req(2, TransferOp::Write, &s.src, 9000, &s.dst, 0, 1000, 3000),
+        req(3, TransferOp::Write, &s.src, 20000, &s.dst, 0, 1500, 10),
+    ];
+    done(&run(&s.peer, reqs));
+    let mut want = s.src.bytes()[0..4096].to_vec();
+    want[1000..4000].copy_from_slice(&s.src.bytes()[9000..12000]);
+    want[1500..1510].copy_from_slice(&s.src.bytes()[20000..20010]);
     assert_eq!(&s.dst.bytes()[..4096], &want[..]);
 }
 
