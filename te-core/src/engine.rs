@@ -16,7 +16,7 @@ use te_base::{
 use te_base::device::PluginAvailability;
 
 use crate::builder::TransferEngineBuilder;
-use crate::grouping::group_requests;
+use crate::grouping::{group_requests, Grouped};
 use crate::handle::{RegisterOptions, Registration};
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::registry::{Pins, Region, Registry};
@@ -718,28 +718,8 @@ impl EngineInner {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed(format!("engine '{}'", self.name)));
         }
-        // Cheap shape checks first, so resolution only sees well-formed ranges.
-        let mut bytes = 0u64;
-        for (i, r) in requests.iter().enumerate() {
-            if r.len == 0 {
-                return Err(Error::ZeroLength { index: i });
-            }
-            if r.local_addr.checked_add(r.len).is_none() {
-                return Err(Error::LengthOverflow {
-                    addr: r.local_addr,
-                    len: r.len,
-                });
-            }
-            if r.remote_addr.checked_add(r.len).is_none() {
-                return Err(Error::LengthOverflow {
-                    addr: r.remote_addr,
-                    len: r.len,
-                });
-            }
-            bytes += r.len;
-        }
         let segs = self.segments.read();
-        let (groups, pins) = group_requests(requests, &segs, self.registry.local_resolver())?;
+        let Grouped { groups, pins, bytes } = group_requests(requests, &segs, self.registry.local_resolver())?;
         let t1 = timer.lap(Phase::Resolve, t0);
         let lens: Box<[u64]> = requests.iter().map(|r| r.len).collect();
         let state = BatchState::new(lens);

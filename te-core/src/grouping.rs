@@ -39,16 +39,31 @@ impl RemoteCursor {
     }
 }
 
-/// Resolves and groups `requests` (already checked for zero lengths and overflow). Fails on the
-/// first request that cannot be served, naming why; nothing is submitted then.
+/// A resolved batch: its groups, the pins on its local regions, and its bytes.
+pub(crate) struct Grouped {
+    pub groups: Vec<Group>,
+    pub pins: Pins,
+    pub bytes: u64,
+}
+
+/// Checks, resolves and groups `requests`. Fails on the first request that cannot be served,
+/// naming why (its shape first: a zero length, a range past the end of the address space);
+/// nothing is submitted then.
 pub(crate) fn group_requests(
     requests: &[TransferRequest],
     segments: &[Arc<OpenSegment>],
     mut local: LocalResolver<'_>,
-) -> Result<(Vec<Group>, Pins)> {
+) -> Result<Grouped> {
     let mut groups: Vec<Group> = Vec::new();
     let mut cursor: Option<RemoteCursor> = None;
+    let mut bytes = 0u64;
     for (i, r) in requests.iter().enumerate() {
+        let malformed =
+            (r.len == 0) | r.local_addr.checked_add(r.len).is_none() | r.remote_addr.checked_add(r.len).is_none();
+        if malformed {
+            return Err(shape_error(i, r));
+        }
+        bytes += r.len;
         let region = local.resolve(r.local_addr, r.len)?;
         let (local_region, local_location) = (region.id, region.location);
         let local_kind = local_location.kind();
@@ -66,7 +81,25 @@ pub(crate) fn group_requests(
             remote_buffer: at.buffer,
         });
     }
-    Ok((groups, local.pins()))
+    Ok(Grouped {
+        groups,
+        pins: local.pins(),
+        bytes,
+    })
+}
+
+/// What is wrong with the shape of request `index`.
+#[cold]
+fn shape_error(index: usize, r: &TransferRequest) -> Error {
+    if r.len == 0 {
+        return Error::ZeroLength { index };
+    }
+    let addr = if r.local_addr.checked_add(r.len).is_none() {
+        r.local_addr
+    } else {
+        r.remote_addr
+    };
+    Error::LengthOverflow { addr, len: r.len }
 }
 
 /// Finds the exported buffer and the route of `r`, and the group it joins (a new one if none).

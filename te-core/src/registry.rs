@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{RwLock, RwLockReadGuard};
-use te_base::{Error, HostBuffer, RegionId, RegionInfo, Result};
+use te_base::{Error, HostBuffer, MemoryLocation, RegionId, RegionInfo, Result};
 
 /// One registered region.
 #[derive(Debug)]
@@ -132,50 +132,62 @@ impl Registry {
         LocalResolver {
             regions: self.regions.read(),
             pinned: Vec::new(),
-            last: None,
             base: 0,
             span: 0,
+            last: None,
         }
     }
 }
 
 /// Resolves local ranges of one batch against the table (read-locked for its lifetime). Ranges
-/// usually fall in the region the previous one used, so that region's bounds are kept and only a
-/// range outside them searches; every distinct region found is pinned once.
+/// usually fall in the region the previous one used, so that region's bounds, id and location are
+/// kept by value and compared first; only a range outside them searches. Every distinct region
+/// found is pinned once.
 pub(crate) struct LocalResolver<'a> {
     regions: RwLockReadGuard<'a, Vec<Arc<Region>>>,
     pinned: Vec<usize>,
-    last: Option<usize>,
+    /// The last region found: its base, its length and what a request needs of it.
     base: u64,
     span: u64,
+    last: Option<LocalRegion>,
+}
+
+/// What resolving a local range yields: the region's id and where its memory lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LocalRegion {
+    pub id: RegionId,
+    pub location: MemoryLocation,
 }
 
 impl LocalResolver<'_> {
     /// The region holding `[addr, addr + len)`, or why none does.
     #[inline]
-    pub fn resolve(&mut self, addr: u64, len: u64) -> Result<&RegionInfo> {
+    pub fn resolve(&mut self, addr: u64, len: u64) -> Result<LocalRegion> {
         let off = addr.wrapping_sub(self.base);
         match self.last {
             // Inside the last region: `off <= span` rules out addresses below its base (they wrap
             // to huge offsets), and `len <= span - off` cannot overflow.
-            Some(i) if len != 0 && off <= self.span && len <= self.span - off => Ok(&self.regions[i].info),
+            Some(hit) if len != 0 && off <= self.span && len <= self.span - off => Ok(hit),
             _ => self.search(addr, len),
         }
     }
 
     #[cold]
-    fn search(&mut self, addr: u64, len: u64) -> Result<&RegionInfo> {
+    fn search(&mut self, addr: u64, len: u64) -> Result<LocalRegion> {
         let idx = find(&self.regions, addr, len)?;
         let region = &self.regions[idx];
         if region.dying.load(Ordering::Acquire) {
             return Err(Error::Unregistered { addr, len });
         }
+        let hit = LocalRegion {
+            id: region.info.id,
+            location: region.info.location,
+        };
+        (self.base, self.span) = (region.info.base, region.info.len);
         // Deduplicated in `pins`: a batch may alternate between many regions.
         self.pinned.push(idx);
-        self.last = Some(idx);
-        self.base = region.info.base;
-        self.span = region.info.len;
-        Ok(&region.info)
+        self.last = Some(hit);
+        Ok(hit)
     }
 
     /// Pins every region resolved (one counter update each) and releases the lock.
