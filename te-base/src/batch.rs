@@ -91,6 +91,11 @@ impl BatchState {
         self.lens.is_empty()
     }
 
+    /// Bytes over all requests of the batch.
+    pub fn total_bytes(&self) -> u64 {
+        self.total_bytes
+    }
+
     /// Length of request `index`.
     pub fn request_len(&self, index: usize) -> u64 {
         self.lens[index]
