@@ -106,7 +106,8 @@ impl LocalPeer {
         // Announce a large batch to the helpers now, so they are awake when the plan is ready.
         let mut heads_up = None;
         let mut bytes = 0u64;
-        if workers > 1 {
+        // The whole batch's bytes bound this group's: below the threshold, skip counting them.
+        if workers > 1 && batch.total_bytes() >= config.fanout_min_bytes {
             bytes = requests.iter().fold(0u64, |sum, r| sum.saturating_add(r.len));
             if bytes >= config.fanout_min_bytes {
                 heads_up = Some(self.shared.pool.heads_up(workers - 1));

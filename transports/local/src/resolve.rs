@@ -33,6 +33,10 @@ pub(crate) struct Resolver<'a> {
     devices: &'a DeviceRoutes,
     last_local: usize,
     last_remote: usize,
+    /// Copies of the last regions used (the fast path compares against them without indexing
+    /// the tables).
+    local_entry: Option<Entry>,
+    remote_entry: Option<Entry>,
 }
 
 impl<'a> Resolver<'a> {
@@ -53,6 +57,8 @@ impl<'a> Resolver<'a> {
             devices,
             last_local: usize::MAX,
             last_remote: usize::MAX,
+            local_entry: None,
+            remote_entry: None,
         }
     }
 
@@ -61,9 +67,9 @@ impl<'a> Resolver<'a> {
     /// [`Resolver::resolve`], which searches and says what is wrong.
     #[inline]
     pub fn resolve_cached_host(&self, r: &ResolvedRequest) -> Option<Fragment> {
-        let local = self.local.get(self.last_local)?;
+        let local = self.local_entry.as_ref()?;
         // A remembered remote region was found exported and live by `find_remote`.
-        let remote = self.remote.get(self.last_remote)?;
+        let remote = self.remote_entry.as_ref()?;
         let named = self.exported.get(r.remote_buffer as usize)?;
         let ok = (r.len != 0)
             & (local.id == r.local_region)
@@ -101,6 +107,7 @@ impl<'a> Resolver<'a> {
             _ => {
                 let (i, e) = self.find_local(r)?;
                 self.last_local = i;
+                self.local_entry = Some(*e);
                 e
             }
         };
@@ -118,6 +125,7 @@ impl<'a> Resolver<'a> {
             _ => {
                 let (i, e) = self.find_remote(r)?;
                 self.last_remote = i;
+                self.remote_entry = Some(*e);
                 e
             }
         };
