@@ -56,6 +56,10 @@ pub(crate) fn group_requests(
 ) -> Result<Grouped> {
     let mut groups: Vec<Group> = Vec::new();
     let mut cursor: Option<RemoteCursor> = None;
+    // The requests of the group being filled, held here rather than behind `groups[i]` so the
+    // loop pushes to a vector it owns; put back when another group is needed and at the end.
+    let mut open: Vec<ResolvedRequest> = Vec::new();
+    let mut open_group = usize::MAX;
     let mut bytes = 0u64;
     for (i, r) in requests.iter().enumerate() {
         let malformed =
@@ -69,9 +73,19 @@ pub(crate) fn group_requests(
         let local_kind = local_location.kind();
         let at = match &cursor {
             Some(c) if c.holds(r, local_kind) => c,
-            _ => cursor.insert(find_remote(r, local_location, segments, &mut groups, requests.len())?),
+            _ => {
+                let c = find_remote(r, local_location, segments, &mut groups, requests.len())?;
+                if c.group != open_group {
+                    if let Some(g) = groups.get_mut(open_group) {
+                        g.requests = std::mem::take(&mut open);
+                    }
+                    open = std::mem::take(&mut groups[c.group].requests);
+                    open_group = c.group;
+                }
+                cursor.insert(c)
+            }
         };
-        groups[at.group].requests.push(ResolvedRequest {
+        open.push(ResolvedRequest {
             index: i as u32,
             op: r.op,
             len: r.len,
@@ -80,6 +94,9 @@ pub(crate) fn group_requests(
             remote_addr: r.remote_addr,
             remote_buffer: at.buffer,
         });
+    }
+    if let Some(g) = groups.get_mut(open_group) {
+        g.requests = open;
     }
     Ok(Grouped {
         groups,

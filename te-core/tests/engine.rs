@@ -63,6 +63,61 @@ async fn moves_bytes_between_two_engines() {
     assert_eq!((m.batches, m.requests, m.bytes), (2, 272, 2 << 20));
 }
 
+/// One batch alternating between two target segments, two local regions and two exported
+/// buffers of one target: every request lands where it says (the engine regroups them per
+/// segment and switches regions and buffers request by request).
+#[tokio::test]
+async fn a_batch_interleaving_segments_regions_and_buffers_lands_every_request() {
+    let a = engine("mix-a").await;
+    let b = engine("mix-b").await;
+    let c = engine("mix-c").await;
+    let srcs = [
+        a.allocate(1 << 16, opts()).await.unwrap(),
+        a.allocate(1 << 16, opts()).await.unwrap(),
+    ];
+    let b_bufs = [
+        b.allocate(1 << 16, opts()).await.unwrap(),
+        b.allocate(1 << 16, opts()).await.unwrap(),
+    ];
+    let c_buf = c.allocate(1 << 16, opts()).await.unwrap();
+    for (k, s) in srcs.iter().enumerate() {
+        let data: Vec<u8> = (0..1 << 16).map(|i| (i * 3 + k * 101) as u8).collect();
+        s.write_at(0, &data).unwrap();
+    }
+    let (sb, sc) = (
+        a.open_segment("mix-b").await.unwrap(),
+        a.open_segment("mix-c").await.unwrap(),
+    );
+    // Request i: from source region i % 2, to b's buffer (i / 2) % 2 or to c, in 256 B blocks.
+    let n = 96u64;
+    let target = |i: u64| -> (te_core::SegmentId, u64) {
+        match i % 3 {
+            0 => (sb.id(), b_bufs[0].addr()),
+            1 => (sb.id(), b_bufs[1].addr()),
+            _ => (sc.id(), c_buf.addr()),
+        }
+    };
+    let reqs: Vec<TransferRequest> = (0..n)
+        .map(|i| {
+            let (seg, base) = target(i);
+            TransferRequest::write(srcs[(i % 2) as usize].addr() + i * 256, seg, base + i * 256, 256)
+        })
+        .collect();
+    let report = a.transfer(&reqs).await.unwrap();
+    assert_eq!((report.requests, report.bytes), (n as usize, n * 256));
+    for i in 0..n {
+        let mut want = vec![0u8; 256];
+        srcs[(i % 2) as usize].read_at(i * 256, &mut want).unwrap();
+        let mut got = vec![0u8; 256];
+        match i % 3 {
+            0 => b_bufs[0].read_at(i * 256, &mut got).unwrap(),
+            1 => b_bufs[1].read_at(i * 256, &mut got).unwrap(),
+            _ => c_buf.read_at(i * 256, &mut got).unwrap(),
+        }
+        assert_eq!(got, want, "request {i}");
+    }
+}
+
 #[tokio::test]
 async fn malformed_requests_are_refused_with_what_was_wrong() {
     let a = engine("bad-a").await;
