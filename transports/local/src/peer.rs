@@ -103,7 +103,8 @@ impl LocalPeer {
         let t0 = ctx.timer.start();
         let config = &self.shared.config;
         let workers = if ctx.background { 1 } else { config.copy_threads };
-        // Announce a large batch to the helpers now, so they are awake when the plan is ready.
+        // Announce a large batch to the helpers now, so one may be awake by the time the rest of
+        // the batch can be shared.
         let mut heads_up = None;
         let mut bytes = 0u64;
         // The whole batch's bytes bound this group's: below the threshold, skip counting them.
