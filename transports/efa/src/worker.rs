@@ -12,7 +12,7 @@
 use std::cell::{Cell, UnsafeCell};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,11 @@ const CQ_BATCH: usize = 64;
 const SPIN_POLLS: u32 = 256;
 /// How long an idle owner blocks before rechecking its stop flag.
 const IDLE_WAIT_MS: i32 = 100;
+/// How long [`RailWorker::stop`] waits for the owner thread before leaving it behind. An owner
+/// stuck inside a provider call cannot be interrupted: libfabric 1.17's shm provider spins on a
+/// lock in the peer's shared-memory region, and a peer killed while holding it leaves every
+/// later post to that peer spinning forever.
+const STOP_WAIT: Duration = Duration::from_secs(5);
 /// Polling providers: keep yielding (not napping) this long after the last activity.
 const POLL_QUIET: Duration = Duration::from_millis(50);
 /// Polling providers: a progress call that took this long did work for a peer (copied data into
@@ -185,6 +190,8 @@ struct Shared {
 pub(crate) struct RailWorker {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Disconnects when the owner thread ends (its sender is dropped, on unwinding too).
+    exited: Mutex<Option<mpsc::Receiver<()>>>,
 }
 
 impl RailWorker {
@@ -206,13 +213,18 @@ impl RailWorker {
             timeout,
         });
         let s = shared.clone();
+        let (exit_tx, exit_rx) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name(format!("te-efa-rail{index}"))
-            .spawn(move || Owner::new(s).run())
+            .spawn(move || {
+                let _exit = exit_tx;
+                Owner::new(s).run()
+            })
             .map_err(|e| Error::io("spawning the efa rail owner thread", e))?;
         Ok(RailWorker {
             shared,
             thread: Mutex::new(Some(thread)),
+            exited: Mutex::new(Some(exit_rx)),
         })
     }
 
@@ -242,12 +254,26 @@ impl RailWorker {
         }
     }
 
-    /// Stops the owner thread; requests still queued or in flight fail with `Closed`.
+    /// Stops the owner thread; requests still queued or in flight fail with `Closed`. Waits at
+    /// most [`STOP_WAIT`]: an owner stuck inside the provider is left behind (logged), with the
+    /// rail it holds, rather than hanging whoever drops the transport.
     pub(crate) fn stop(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         self.wake();
-        if let Some(t) = self.thread.lock().take() {
-            let _ = t.join();
+        let Some(thread) = self.thread.lock().take() else {
+            return;
+        };
+        let exited = self.exited.lock().take();
+        let ended = exited.is_none_or(|rx| rx.recv_timeout(STOP_WAIT) != Err(mpsc::RecvTimeoutError::Timeout));
+        if ended {
+            let _ = thread.join();
+        } else {
+            tracing::error!(
+                rail = %self.shared.rail.attrs.domain,
+                "efa: the rail's owner thread did not stop within {} s (stuck inside the provider, \
+                 as on shm after a peer died holding its region lock); leaving it behind",
+                STOP_WAIT.as_secs()
+            );
         }
     }
 }

@@ -94,9 +94,19 @@ fn writes_and_reads_between_processes() {
     });
 }
 
+/// On `tcp;ofi_rxm` only. libfabric 1.17's shm provider serialises access to a peer through a
+/// spinlock in that peer's shared-memory region, which the peer itself takes on every progress
+/// call: SIGKILL it while it holds the lock and every later post to it spins forever inside
+/// `fi_writemsg`, where no caller can interrupt it (seen once in CI: the rail's owner thread
+/// stuck in `__pthread_spin_lock`). No transport above the provider can bound that; docs/efa.md
+/// says so.
 #[test]
 fn killed_peer_fails_outstanding_requests_and_others_keep_working() {
     each_provider(|p| {
+        if p == "shm" {
+            eprintln!("-- shm: skipped, a killed shm peer can leave its region lock held (see above)");
+            return;
+        }
         let len = 64u64 << 20;
         let mut victim = PeerProcess::start(p, len, 1, &[]);
         let mut survivor = PeerProcess::start(p, 1 << 20, 1, &[]);
