@@ -59,19 +59,20 @@ pub(crate) unsafe fn copy_in_request_order(
             stop = Stop::At(pos);
             break;
         }
-        let f = match resolver.resolve_cached_host(r) {
-            Some(f) => f,
-            None => match resolver.resolve(r) {
-                Ok(Resolved::Host(f)) => f,
-                Ok(Resolved::Device(_)) => {
-                    stop = Stop::At(pos);
-                    break;
-                }
-                Err(e) => {
-                    failures.push((r.index as usize, e));
-                    continue;
-                }
-            },
+        let resolved = match resolver.resolve_cached_host(r) {
+            Some(f) => Ok(Resolved::Host(f)),
+            None => resolver.resolve(r),
+        };
+        let f = match resolved {
+            Ok(Resolved::Host(f)) => f,
+            Ok(Resolved::Device(_)) => {
+                stop = Stop::At(pos);
+                break;
+            }
+            Err(e) => {
+                failures.push((r.index as usize, e));
+                continue;
+            }
         };
         let next = CopyOp {
             dst: f.dst,
