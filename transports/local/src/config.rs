@@ -18,10 +18,10 @@ pub const DEFAULT_COPY_THREADS: usize = 2;
 pub const DEFAULT_NT_COPY_MIN_BYTES: u64 = 2 << 10;
 /// Default smallest rest of a batch handed to an awake helper. A batch starts on the submitting
 /// thread at once, so waking a helper costs nothing on the critical path; sharing costs sorting
-/// the rest (about 7 ns per fragment) and, for data already in this core's cache, the other core's
-/// slower access to it. Measured on 2 vCPUs: a cache-resident 3.5 MiB batch of 1,728 B fragments
-/// ran at 0.73x the memcpy loop when shared and 0.83x alone, while every batch of 14 MiB and more
-/// gained from sharing (1.6-1.9x).
+/// the rest (about 7 ns per fragment) and, for data already in this core's cache, did not pay on
+/// the 2 vCPUs measured: a cache-resident 3.5 MiB batch of 1,728 B fragments ran at 0.73x the
+/// memcpy loop when shared and 0.83x alone, while batches of 16.5 MiB and more ran at 1.56-1.95x
+/// shared.
 pub const DEFAULT_FANOUT_MIN_BYTES: u64 = 4 << 20;
 /// Upper bound of `TE_COPY_THREADS`; more workers than this is a typo, not a plan.
 pub const MAX_COPY_THREADS: usize = 64;
