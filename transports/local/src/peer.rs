@@ -253,11 +253,7 @@ impl LocalPeer {
         frags.reserve(requests.len());
         let mut spans = Spans::default();
         for r in requests {
-            let resolved = match resolver.resolve_cached_host(r) {
-                Some(f) => Ok(Resolved::Host(f)),
-                None => resolver.resolve(r),
-            };
-            match resolved {
+            match resolver.resolve(r) {
                 Ok(Resolved::Host(f)) => {
                     spans.add(&f);
                     frags.push(f);

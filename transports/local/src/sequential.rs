@@ -59,11 +59,7 @@ pub(crate) unsafe fn copy_in_request_order(
             stop = Stop::At(pos);
             break;
         }
-        let resolved = match resolver.resolve_cached_host(r) {
-            Some(f) => Ok(Resolved::Host(f)),
-            None => resolver.resolve(r),
-        };
-        let f = match resolved {
+        let f = match resolver.resolve(r) {
             Ok(Resolved::Host(f)) => f,
             Ok(Resolved::Device(_)) => {
                 stop = Stop::At(pos);
