@@ -1,7 +1,8 @@
 //! Helpers for the tests of every crate (feature `test-support`): whether a missing piece of the
-//! environment skips a test or fails it (`TE_REQUIRE`), and network namespaces standing in for
-//! hosts ([`netns`]).
+//! environment skips a test or fails it (`TE_REQUIRE`), network namespaces standing in for hosts
+//! ([`netns`]) and an etcd server started for a test ([`etcd`]).
 
+pub mod etcd;
 pub mod netns;
 
 /// True if `TE_REQUIRE` (a comma-separated list) names `thing`: a missing `thing` must then fail
@@ -16,4 +17,12 @@ pub fn required(thing: &str) -> bool {
 pub fn skip_or_fail(thing: &str, why: &str) {
     assert!(!required(thing), "TE_REQUIRE names {thing}, but: {why}");
     eprintln!("skipping: {thing} not available: {why}");
+}
+
+/// A TCP port free on loopback right now (for a server a test is about to start).
+pub fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("finding a free port: {e}"))
 }

@@ -227,79 +227,8 @@ async fn p2p_configuration_is_strict() {
 #[cfg(feature = "etcd")]
 mod etcd {
     use super::*;
+    use te_base::test_support::etcd::EtcdServer;
     use te_core::metadata::etcd::{EtcdConfig, EtcdStore, SegmentEvent};
-
-    /// An etcd-server on a free loopback port in a temporary directory; killed on drop.
-    pub struct EtcdServer {
-        child: std::process::Child,
-        dir: std::path::PathBuf,
-        pub endpoint: String,
-    }
-
-    impl Drop for EtcdServer {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
-
-    fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    }
-
-    /// Starts etcd, or returns `None` (with a message) when it is not installed and
-    /// `TE_REQUIRE` does not name etcd.
-    pub async fn start() -> Option<EtcdServer> {
-        let bin = std::env::var("TE_ETCD_BIN").unwrap_or_else(|_| "/usr/bin/etcd".into());
-        if !std::path::Path::new(&bin).exists() {
-            let required = std::env::var("TE_REQUIRE").unwrap_or_default();
-            assert!(
-                !required.split(',').any(|r| r.trim() == "etcd"),
-                "TE_REQUIRE names etcd but {bin} is missing (Debian package etcd-server)"
-            );
-            eprintln!("skipping: etcd not available ({bin} missing; install Debian's etcd-server)");
-            return None;
-        }
-        let (client, peer) = (free_port(), free_port());
-        let dir = std::env::temp_dir().join(format!("te-etcd-{}-{client}", std::process::id()));
-        let endpoint = format!("http://127.0.0.1:{client}");
-        let child = std::process::Command::new(&bin)
-            .arg("--data-dir")
-            .arg(dir.join("data"))
-            .arg("--name")
-            .arg("te-test")
-            .arg("--listen-client-urls")
-            .arg(&endpoint)
-            .arg("--advertise-client-urls")
-            .arg(&endpoint)
-            .arg("--listen-peer-urls")
-            .arg(format!("http://127.0.0.1:{peer}"))
-            .arg("--initial-advertise-peer-urls")
-            .arg(format!("http://127.0.0.1:{peer}"))
-            .arg("--initial-cluster")
-            .arg(format!("te-test=http://127.0.0.1:{peer}"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("start etcd");
-        let server = EtcdServer { child, dir, endpoint };
-        // Wait until it answers (it starts in about a second); bounded.
-        for _ in 0..200 {
-            if etcd_client::Client::connect([&server.endpoint], None).await.is_ok() {
-                let mut c = etcd_client::Client::connect([&server.endpoint], None).await.unwrap();
-                if c.status().await.is_ok() {
-                    return Some(server);
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("etcd did not come up on {}", server.endpoint);
-    }
 
     async fn store(server: &EtcdServer, prefix: &str, ttl: i64) -> EtcdStore {
         let mut c = EtcdConfig::new(vec![server.endpoint.clone()]);
@@ -324,7 +253,9 @@ mod etcd {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn etcd_passes_the_suite_and_sees_restarts_and_deaths() {
-        let Some(server) = start().await else { return };
+        let Some(server) = EtcdServer::start_on_loopback() else {
+            return;
+        };
         let a = store(&server, "/te-test/cluster-1", 10).await;
         let b = store(&server, "/te-test/cluster-1", 10).await;
         run_all(&a, &b, "etcd", Flags { shared_by_name: true }).await;
@@ -396,7 +327,10 @@ mod etcd {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn unreachable_etcd_is_an_error_not_a_hang() {
-        let mut c = EtcdConfig::new(vec![format!("http://127.0.0.1:{}", free_port())]);
+        let mut c = EtcdConfig::new(vec![format!(
+            "http://127.0.0.1:{}",
+            te_base::test_support::free_port().unwrap()
+        )]);
         c.timeout = Duration::from_millis(500);
         let err = EtcdStore::connect(c).await.unwrap_err();
         assert!(matches!(err, Error::Metadata(_) | Error::Timeout { .. }), "{err}");

@@ -2,10 +2,9 @@
 //! hosts ([`netns`]), an etcd server started for a test ([`etcd`]), and engine processes driven
 //! over their standard input ([`node`], the `te-node` binary).
 
-pub mod etcd;
 pub mod node;
 
-pub use te_base::test_support::{netns, required, skip_or_fail};
+pub use te_base::test_support::{etcd, netns, required, skip_or_fail};
 
 /// The byte at `pos` of the verification pattern `seed`.
 pub fn pattern(seed: u64, pos: u64) -> u8 {

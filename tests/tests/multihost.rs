@@ -85,7 +85,7 @@ fn scenario(meta: Meta) {
     let Some(net) = network_or_skip(HOSTS) else { return };
     let _etcd = match meta {
         Meta::P2p => None,
-        Meta::Etcd => match EtcdServer::start(Some(&net.bridge_ns()), &net.bridge_ip()) {
+        Meta::Etcd => match EtcdServer::start(&net.bridge_ns(), &net.bridge_ip()) {
             Ok(e) => Some(e),
             Err(e) => {
                 skip_or_fail("etcd", &e);

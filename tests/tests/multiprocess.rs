@@ -27,11 +27,7 @@ fn node(name: &str, port: u16, extra_env: &[(&str, &str)]) -> Node {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    te_base::test_support::free_port().unwrap()
 }
 
 fn both_ways(env: &[(&str, &str)]) {

@@ -1,4 +1,4 @@
-//! An etcd server started for one test, in a temporary directory, optionally inside a network
+//! An etcd server started for one test, in a temporary directory, on loopback or inside a network
 //! namespace. Killed and its directory removed on drop.
 
 use std::path::PathBuf;
@@ -27,19 +27,40 @@ impl Drop for EtcdServer {
 }
 
 impl EtcdServer {
-    /// Starts etcd listening on `ip` (client port 2379, peer port 2380), inside namespace `ns`
-    /// when given, and waits (bounded) until its client port accepts connections.
-    pub fn start(ns: Option<&str>, ip: &str) -> Result<EtcdServer, String> {
+    /// Starts etcd listening on `ip` (client port 2379, peer port 2380) inside namespace `ns`, and
+    /// waits (bounded) until it answers.
+    pub fn start(ns: &str, ip: &str) -> Result<EtcdServer, String> {
+        Self::start_at(Some(ns), ip, 2379, 2380)
+    }
+
+    /// Starts etcd on free loopback ports of this namespace, or returns `None` after printing why
+    /// (and panics instead when `TE_REQUIRE` names etcd).
+    pub fn start_on_loopback() -> Option<EtcdServer> {
+        let ports = super::free_port().and_then(|c| super::free_port().map(|p| (c, p)));
+        match ports.and_then(|(client, peer)| Self::start_at(None, "127.0.0.1", client, peer)) {
+            Ok(server) => Some(server),
+            Err(e) => {
+                super::skip_or_fail("etcd", &e);
+                None
+            }
+        }
+    }
+
+    fn start_at(ns: Option<&str>, ip: &str, client_port: u16, peer_port: u16) -> Result<EtcdServer, String> {
         let bin = etcd_bin();
         if !std::path::Path::new(&bin).exists() {
             return Err(format!("{bin} missing (Debian package etcd-server)"));
         }
-        let dir = std::env::temp_dir().join(format!("te-etcd-{}-{}", std::process::id(), ns.unwrap_or("root")));
+        let dir = std::env::temp_dir().join(format!(
+            "te-etcd-{}-{}-{client_port}",
+            std::process::id(),
+            ns.unwrap_or("root")
+        ));
         let _ = std::fs::remove_dir_all(&dir);
-        let endpoint = format!("http://{ip}:2379");
-        let peer = format!("http://{ip}:2380");
+        let endpoint = format!("http://{ip}:{client_port}");
+        let peer = format!("http://{ip}:{peer_port}");
         let mut cmd = match ns {
-            Some(ns) => crate::netns::Network::command_in(ns, &bin),
+            Some(ns) => super::netns::Network::command_in(ns, &bin),
             None => Command::new(&bin),
         };
         cmd.arg("--data-dir")
@@ -52,21 +73,21 @@ impl EtcdServer {
             .stderr(Stdio::null());
         let child = cmd.spawn().map_err(|e| format!("starting etcd: {e}"))?;
         let server = EtcdServer { child, dir, endpoint };
-        server.wait_ready(ns, ip)?;
+        server.wait_ready(ns, ip, client_port)?;
         Ok(server)
     }
 
-    fn wait_ready(&self, ns: Option<&str>, ip: &str) -> Result<(), String> {
+    fn wait_ready(&self, ns: Option<&str>, ip: &str, port: u16) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
-        let url = format!("http://{ip}:2379/health");
+        let url = format!("http://{ip}:{port}/health");
         while Instant::now() < deadline {
             // etcd answers /health once it serves clients; ask from inside its namespace.
             let mut probe = match ns {
-                Some(ns) => crate::netns::Network::command_in(ns, "bash"),
+                Some(ns) => super::netns::Network::command_in(ns, "bash"),
                 None => Command::new("bash"),
             };
             let ok = probe
-                .args(["-c", &format!("exec 3<>/dev/tcp/{ip}/2379 && printf 'GET /health HTTP/1.0\\r\\n\\r\\n' >&3 && grep -q true <&3")])
+                .args(["-c", &format!("exec 3<>/dev/tcp/{ip}/{port} && printf 'GET /health HTTP/1.0\\r\\n\\r\\n' >&3 && grep -q true <&3")])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status()
