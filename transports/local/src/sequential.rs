@@ -23,7 +23,7 @@ use crate::plan::CopyOp;
 use crate::resolve::{Resolved, Resolver};
 
 /// Requests between two looks at whether a helper woke up.
-pub(crate) const HELPER_CHECK_EVERY: usize = 256;
+const HELPER_CHECK_EVERY: usize = 256;
 
 /// Why [`copy_in_request_order`] stopped before the end of the batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
