@@ -74,6 +74,11 @@ pub enum Error {
     #[error("{what}: not available: {reason}")]
     NotAvailable { what: String, reason: String },
 
+    /// The peer did not prove it holds the shared key (or this side lacks it). Says nothing
+    /// about the key, tokens or instances.
+    #[error("peer '{peer}' refused: not authenticated ({reason})")]
+    Unauthenticated { peer: String, reason: String },
+
     /// The peer went away (connection closed, process killed, lease expired).
     #[error("peer '{peer}' went away: {reason}")]
     PeerGone { peer: String, reason: String },

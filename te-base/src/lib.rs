@@ -5,6 +5,7 @@
 //! topology discovery, the device-plugin trait and the transport conformance suite. Users depend
 //! on `te-core`, which re-exports what they need.
 
+pub mod auth;
 pub mod batch;
 pub mod config;
 #[cfg(feature = "conformance")]
@@ -12,6 +13,8 @@ pub mod conformance;
 pub mod device;
 pub mod error;
 pub mod host_buffer;
+#[cfg(feature = "listener")]
+pub mod listener;
 pub mod memory;
 pub mod metadata;
 pub mod registration;

@@ -1,0 +1,348 @@
+//! Peer authentication: a shared secret proved by a mutual HMAC-SHA256 challenge-response.
+//!
+//! Every listener of the engine (TCP transport, p2p metadata, rdma and efa handshakes, UMBP
+//! servers) uses this one mechanism, so there is one thing to review. With a key configured
+//! (`TE_AUTH_KEY_FILE`), connection set-up runs:
+//!
+//! ```text
+//! initiator                                   responder
+//!   nonce_i (32 random bytes)        ->
+//!                                    <-       nonce_r, mac_r = HMAC(key, "responder" | ctx | nonce_i | nonce_r)
+//!   checks mac_r
+//!   mac_i = HMAC(key, "initiator" | ctx | nonce_i | nonce_r)  ->
+//!                                             checks mac_i, then serves
+//! ```
+//!
+//! Both sides contribute a fresh nonce, so neither proof can be replayed on another connection;
+//! the role label keeps a responder's proof from being reflected back as an initiator's; `ctx`
+//! names the protocol (`"tcp"`, `"p2p"`...) so a proof for one listener is useless on another.
+//! Proofs are compared in constant time (`Mac::verify_slice`). The key never crosses the wire.
+//!
+//! The protocols carry the nonces and proofs in their own frames; this module is pure (no I/O) so
+//! it is tested without sockets.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use crate::config::Env;
+use crate::error::{Error, Result};
+
+/// Bytes of a nonce.
+pub const NONCE_LEN: usize = 32;
+/// Bytes of a proof (HMAC-SHA256).
+pub const PROOF_LEN: usize = 32;
+/// Shortest key accepted: 16 bytes (128 bits).
+pub const MIN_KEY_LEN: usize = 16;
+/// Longest key file read (a key is a secret, not a document).
+pub const MAX_KEY_LEN: usize = 4096;
+
+/// The variable naming the key file.
+pub const KEY_FILE_VAR: &str = "TE_AUTH_KEY_FILE";
+
+/// A random nonce.
+pub type Nonce = [u8; NONCE_LEN];
+/// A proof of holding the key.
+pub type Proof = [u8; PROOF_LEN];
+
+/// The shared secret. Cheap to clone; its `Debug` never shows the bytes.
+#[derive(Clone)]
+pub struct AuthKey(Arc<[u8]>);
+
+impl std::fmt::Debug for AuthKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AuthKey(<{} bytes>)", self.0.len())
+    }
+}
+
+/// Which side of a handshake a proof comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The side that connected.
+    Initiator,
+    /// The side that accepted.
+    Responder,
+}
+
+impl Role {
+    fn label(self) -> &'static [u8] {
+        match self {
+            Role::Initiator => b"te-auth-v1 initiator",
+            Role::Responder => b"te-auth-v1 responder",
+        }
+    }
+}
+
+impl AuthKey {
+    /// A key from raw bytes (at least [`MIN_KEY_LEN`]).
+    pub fn from_bytes(bytes: &[u8]) -> Result<AuthKey> {
+        if bytes.len() < MIN_KEY_LEN || bytes.len() > MAX_KEY_LEN {
+            return Err(Error::config(
+                KEY_FILE_VAR,
+                "<key>",
+                format!(
+                    "a key must be {MIN_KEY_LEN}..={MAX_KEY_LEN} bytes, this one is {}",
+                    bytes.len()
+                ),
+            ));
+        }
+        Ok(AuthKey(Arc::from(bytes)))
+    }
+
+    /// Reads a key file. Trailing newlines are not part of the key (keys are often written with
+    /// `echo`). A file readable by group or others is accepted with a warning.
+    pub fn from_file(path: &Path) -> Result<AuthKey> {
+        let shown = path.display().to_string();
+        let meta = std::fs::metadata(path).map_err(|e| Error::config(KEY_FILE_VAR, &shown, e.to_string()))?;
+        if meta.len() > MAX_KEY_LEN as u64 + 2 {
+            return Err(Error::config(
+                KEY_FILE_VAR,
+                &shown,
+                format!("{} bytes: a key file holds at most {MAX_KEY_LEN}", meta.len()),
+            ));
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            if meta.permissions().mode() & 0o077 != 0 {
+                tracing::warn!("{KEY_FILE_VAR}={shown} is readable by group or others; chmod 600 it");
+            }
+        }
+        let raw = std::fs::read(path).map_err(|e| Error::config(KEY_FILE_VAR, &shown, e.to_string()))?;
+        let mut key: &[u8] = &raw;
+        while let [rest @ .., b'\n' | b'\r'] = key {
+            key = rest;
+        }
+        AuthKey::from_bytes(key).map_err(|e| match e {
+            Error::Config { reason, .. } => Error::config(KEY_FILE_VAR, shown, reason),
+            other => other,
+        })
+    }
+
+    /// The key named by `TE_AUTH_KEY_FILE`, or `None` when it is unset.
+    pub fn from_env(env: &dyn Env) -> Result<Option<AuthKey>> {
+        match env.get(KEY_FILE_VAR) {
+            None => Ok(None),
+            Some(p) if p.is_empty() => Err(Error::config(KEY_FILE_VAR, "", "empty value")),
+            Some(p) => AuthKey::from_file(Path::new(&p)).map(Some),
+        }
+    }
+
+    fn mac(&self, role: Role, context: &str, initiator: &Nonce, responder: &Nonce) -> Hmac<Sha256> {
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
+        mac.update(role.label());
+        mac.update(&(context.len() as u32).to_le_bytes());
+        mac.update(context.as_bytes());
+        mac.update(initiator);
+        mac.update(responder);
+        mac
+    }
+
+    /// The proof `role` gives for the handshake of `context` with these nonces.
+    pub fn prove(&self, role: Role, context: &str, initiator: &Nonce, responder: &Nonce) -> Proof {
+        self.mac(role, context, initiator, responder)
+            .finalize()
+            .into_bytes()
+            .into()
+    }
+
+    /// Checks a proof from `role`, in constant time.
+    pub fn verify(&self, role: Role, context: &str, initiator: &Nonce, responder: &Nonce, proof: &[u8]) -> bool {
+        self.mac(role, context, initiator, responder)
+            .verify_slice(proof)
+            .is_ok()
+    }
+}
+
+/// A fresh nonce from the operating system's random source.
+pub fn nonce() -> Nonce {
+    let mut n = [0u8; NONCE_LEN];
+    getrandom::fill(&mut n).expect("the OS random source failed");
+    n
+}
+
+/// The initiator's side of one handshake.
+#[derive(Debug)]
+pub struct InitiatorHandshake {
+    key: AuthKey,
+    context: &'static str,
+    nonce: Nonce,
+}
+
+impl InitiatorHandshake {
+    /// Starts a handshake; send the returned nonce.
+    pub fn start(key: &AuthKey, context: &'static str) -> (InitiatorHandshake, Nonce) {
+        let n = nonce();
+        (
+            InitiatorHandshake {
+                key: key.clone(),
+                context,
+                nonce: n,
+            },
+            n,
+        )
+    }
+
+    /// Checks the responder's answer; on success returns the proof to send back.
+    pub fn finish(self, responder_nonce: &Nonce, responder_proof: &[u8], peer: &str) -> Result<Proof> {
+        if !self.key.verify(
+            Role::Responder,
+            self.context,
+            &self.nonce,
+            responder_nonce,
+            responder_proof,
+        ) {
+            return Err(Error::Unauthenticated {
+                peer: peer.to_string(),
+                reason: "the peer does not hold this engine's key".into(),
+            });
+        }
+        Ok(self
+            .key
+            .prove(Role::Initiator, self.context, &self.nonce, responder_nonce))
+    }
+}
+
+/// The responder's side of one handshake.
+#[derive(Debug)]
+pub struct ResponderHandshake {
+    key: AuthKey,
+    context: &'static str,
+    initiator: Nonce,
+    nonce: Nonce,
+}
+
+impl ResponderHandshake {
+    /// Answers an initiator's nonce; send the returned nonce and proof.
+    pub fn answer(key: &AuthKey, context: &'static str, initiator: &Nonce) -> (ResponderHandshake, Nonce, Proof) {
+        let n = nonce();
+        let proof = key.prove(Role::Responder, context, initiator, &n);
+        (
+            ResponderHandshake {
+                key: key.clone(),
+                context,
+                initiator: *initiator,
+                nonce: n,
+            },
+            n,
+            proof,
+        )
+    }
+
+    /// Checks the initiator's proof. The error says nothing about why beyond "refused".
+    pub fn check(self, initiator_proof: &[u8], peer: &str) -> Result<()> {
+        if self.key.verify(
+            Role::Initiator,
+            self.context,
+            &self.initiator,
+            &self.nonce,
+            initiator_proof,
+        ) {
+            Ok(())
+        } else {
+            Err(Error::Unauthenticated {
+                peer: peer.to_string(),
+                reason: "wrong key".into(),
+            })
+        }
+    }
+}
+
+/// Logs, once per process and listener kind, that a listener is open to anyone who reaches it.
+pub fn warn_unauthenticated(listener: &str, addrs: &str) {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static WARNED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+    if warned.get_or_insert_with(HashSet::new).insert(listener.to_string()) {
+        tracing::warn!(
+            "{listener} listens on {addrs} without authentication: anyone who can reach it may read and \
+             write exported memory; set {KEY_FILE_VAR} (see docs/security.md)"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(b: u8) -> AuthKey {
+        AuthKey::from_bytes(&[b; 32]).unwrap()
+    }
+
+    #[test]
+    fn matching_keys_complete_both_ways() {
+        let (k1, k2) = (key(1), key(1));
+        let (init, ni) = InitiatorHandshake::start(&k1, "tcp");
+        let (resp, nr, pr) = ResponderHandshake::answer(&k2, "tcp", &ni);
+        let pi = init.finish(&nr, &pr, "p").unwrap();
+        resp.check(&pi, "p").unwrap();
+    }
+
+    #[test]
+    fn wrong_key_context_or_reflection_is_refused() {
+        let (init, ni) = InitiatorHandshake::start(&key(1), "tcp");
+        let (_, nr, pr) = ResponderHandshake::answer(&key(2), "tcp", &ni);
+        assert!(matches!(init.finish(&nr, &pr, "p"), Err(Error::Unauthenticated { .. })));
+
+        let (init, ni) = InitiatorHandshake::start(&key(1), "tcp");
+        let (_, nr, pr) = ResponderHandshake::answer(&key(1), "p2p", &ni);
+        assert!(init.finish(&nr, &pr, "p").is_err(), "a proof for another protocol");
+
+        // A responder's proof sent back as the initiator's is refused (role labels differ).
+        let (_, ni) = InitiatorHandshake::start(&key(1), "tcp");
+        let (resp, _, pr) = ResponderHandshake::answer(&key(1), "tcp", &ni);
+        assert!(resp.check(&pr, "p").is_err());
+        // A proof from another connection (other nonces) is refused.
+        let (_, ni2) = InitiatorHandshake::start(&key(1), "tcp");
+        let (resp2, nr2, _) = ResponderHandshake::answer(&key(1), "tcp", &ni2);
+        let stale = key(1).prove(Role::Initiator, "tcp", &ni, &nr2);
+        assert!(resp2.check(&stale, "p").is_err());
+        assert!(resp_check_truncated(&key(1)));
+    }
+
+    fn resp_check_truncated(k: &AuthKey) -> bool {
+        let (init, ni) = InitiatorHandshake::start(k, "tcp");
+        let (resp, nr, pr) = ResponderHandshake::answer(k, "tcp", &ni);
+        let pi = init.finish(&nr, &pr, "p").unwrap();
+        resp.check(&pi[..16], "p").is_err()
+    }
+
+    #[test]
+    fn errors_and_debug_reveal_nothing() {
+        let k = AuthKey::from_bytes(b"0123456789abcdef-secret").unwrap();
+        assert!(!format!("{k:?}").contains("secret"));
+        let (_, ni) = InitiatorHandshake::start(&k, "tcp");
+        let (resp, _, _) = ResponderHandshake::answer(&k, "tcp", &ni);
+        let e = resp.check(&[0u8; 32], "peer").unwrap_err().to_string();
+        assert!(!e.contains("secret") && !e.contains("0123"), "{e}");
+    }
+
+    #[test]
+    fn key_files_are_read_strictly() {
+        let dir = std::env::temp_dir().join(format!("te-auth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good");
+        std::fs::write(&good, b"0123456789abcdef0123\n").unwrap();
+        let short = dir.join("short");
+        std::fs::write(&short, b"tiny\n").unwrap();
+        let a = AuthKey::from_file(&good).unwrap();
+        let b = AuthKey::from_bytes(b"0123456789abcdef0123").unwrap();
+        let (n1, n2) = (nonce(), nonce());
+        assert_ne!(n1, n2);
+        assert_eq!(
+            a.prove(Role::Initiator, "x", &n1, &n2),
+            b.prove(Role::Initiator, "x", &n1, &n2),
+            "the trailing newline is not part of the key"
+        );
+        let e = AuthKey::from_file(&short).unwrap_err();
+        assert!(e.to_string().contains(KEY_FILE_VAR), "{e}");
+        assert!(AuthKey::from_file(&dir.join("missing")).is_err());
+        let env = crate::config::MapEnv::new([(KEY_FILE_VAR, good.to_str().unwrap())]);
+        assert!(AuthKey::from_env(&env).unwrap().is_some());
+        assert!(AuthKey::from_env(&crate::config::MapEnv::default()).unwrap().is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
