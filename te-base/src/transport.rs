@@ -96,6 +96,9 @@ pub struct InstallContext {
     pub segment_name: String,
     /// Device-memory plugins that loaded (CUDA, HIP), for transports that move device memory.
     pub devices: Vec<Arc<dyn crate::device::DevicePlugin>>,
+    /// The shared key peers must prove (`TE_AUTH_KEY_FILE` or the builder's `auth_key`); `None`
+    /// leaves listeners open to anyone who reaches them (logged once at start).
+    pub auth: Option<crate::auth::AuthKey>,
 }
 
 impl std::fmt::Debug for InstallContext {

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use te_base::auth::AuthKey;
 use te_base::config::{parse_bool, parse_var, Env, ProcessEnv};
 use te_base::{Error, InstallContext, MetadataStore, Result, Transport};
 
@@ -16,6 +17,7 @@ pub struct TransferEngineBuilder {
     phase_timing: Option<bool>,
     only: Option<Vec<String>>,
     custom: Vec<Arc<dyn Transport>>,
+    auth: Option<AuthKey>,
 }
 
 impl Default for TransferEngineBuilder {
@@ -34,6 +36,7 @@ impl TransferEngineBuilder {
             phase_timing: None,
             only: None,
             custom: Vec::new(),
+            auth: None,
         }
     }
 
@@ -79,9 +82,21 @@ impl TransferEngineBuilder {
         self
     }
 
+    /// The shared key every peer must prove before it may touch this engine's memory (default:
+    /// the file `TE_AUTH_KEY_FILE` names; unset: listeners are open, logged once). See
+    /// `docs/security.md`.
+    pub fn auth_key(mut self, key: AuthKey) -> Self {
+        self.auth = Some(key);
+        self
+    }
+
     /// Installs the transports and publishes the (empty) descriptor.
     pub async fn build(self) -> Result<TransferEngine> {
         let env = self.env;
+        let auth = match self.auth {
+            Some(k) => Some(k),
+            None => AuthKey::from_env(&*env)?,
+        };
         let name = match self.name {
             Some(n) => n,
             None => match parse_var::<String>(&*env, "TE_SEGMENT_NAME")? {
@@ -118,6 +133,7 @@ impl TransferEngineBuilder {
         }
         let plugins = crate::install::load_plugins();
         let ctx = InstallContext {
+            auth: auth.clone(),
             env: env.clone(),
             segment_name: name.clone(),
             devices: plugins.iter().filter_map(|p| p.plugin().cloned()).collect(),
@@ -152,7 +168,7 @@ impl TransferEngineBuilder {
         }
         let metadata = match self.metadata {
             Some(m) => m,
-            None => metadata_from_env(&*env).await?,
+            None => metadata_from_env(&*env, auth.as_ref()).await?,
         };
         TransferEngine::assemble(name, metadata, env, transports, statuses, plugins, phase_timing).await
     }
@@ -166,11 +182,14 @@ fn hostname() -> String {
 
 /// `TE_METADATA`: `in-process` (default), `p2p` (this engine answers on `TE_P2P_LISTEN`), or
 /// `etcd` (`TE_ETCD_ENDPOINTS`, `TE_ETCD_PREFIX`; needs the `etcd` feature).
-async fn metadata_from_env(env: &dyn Env) -> Result<Arc<dyn MetadataStore>> {
+async fn metadata_from_env(env: &dyn Env, auth: Option<&AuthKey>) -> Result<Arc<dyn MetadataStore>> {
     let choice = parse_var::<String>(env, "TE_METADATA")?;
     match choice.as_deref() {
         None | Some("in-process") => Ok(Arc::new(InProcessStore::global())),
-        Some("p2p") => Ok(Arc::new(crate::metadata::p2p::P2pStore::from_env(env).await?)),
+        Some("p2p") => Ok(Arc::new(
+            crate::metadata::p2p::P2pStore::from_env(env, auth.cloned()).await?,
+        )),
+        // etcd authenticates its clients itself (TLS / users); the shared key is for our listeners.
         #[cfg(feature = "etcd")]
         Some("etcd") => Ok(Arc::new(crate::metadata::etcd::EtcdStore::from_env(env).await?)),
         Some(other) => Err(Error::config(

@@ -20,6 +20,7 @@
 //! use std::sync::Arc;
 //! use te_base::config::MapEnv;
 //! let ctx = te_base::InstallContext {
+//!     auth: None,
 //!     env: Arc::new(MapEnv::new([("TE_FABRIC_PROVIDER", "tcp;ofi_rxm")])),
 //!     segment_name: "node-a".into(),
 //!     devices: Vec::new(),

@@ -26,6 +26,7 @@ fn install_err(pairs: &[(&str, &str)]) -> te_base::Result<Arc<dyn te_base::Trans
         env.0.insert(k.to_string(), v.to_string());
     }
     let ctx = InstallContext {
+        auth: None,
         env: Arc::new(env),
         segment_name: "t".into(),
         devices: Vec::new(),

@@ -40,7 +40,7 @@ pub(crate) struct Shared {
 /// use te_base::config::MapEnv;
 /// use te_base::{InstallContext, Transport};
 ///
-/// let ctx = InstallContext { env: Arc::new(MapEnv::new([("TE_COPY_THREADS", "1")])), segment_name: "a".into(), devices: Vec::new() };
+/// let ctx = InstallContext { auth: None, env: Arc::new(MapEnv::new([("TE_COPY_THREADS", "1")])), segment_name: "a".into(), devices: Vec::new() };
 /// let transport = te_transport_local::install(&ctx).await.unwrap();
 /// assert_eq!(transport.name(), "local");
 /// # });

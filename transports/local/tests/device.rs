@@ -398,6 +398,7 @@ async fn capabilities_follow_the_loaded_plugins() {
 
     // The engine's install path hands the plugins over the same way.
     let ctx = te_base::InstallContext {
+        auth: None,
         env: Arc::new(te_base::config::MapEnv::new([("TE_COPY_THREADS", "1")])),
         segment_name: "a".into(),
         devices: vec![Arc::new(Fake(FakeDevice::new(MemoryKind::Cuda)))],

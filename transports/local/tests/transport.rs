@@ -155,6 +155,7 @@ async fn setup(config: LocalConfig, len: usize) -> Setup {
 #[tokio::test]
 async fn install_reads_the_environment_strictly() {
     let ctx = |pairs: &[(&str, &str)]| InstallContext {
+        auth: None,
         env: Arc::new(MapEnv(
             pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         )),

@@ -22,6 +22,7 @@ fn context(device: &str, segment: &str) -> InstallContext {
     vars.entry("TE_RDMA_HANDSHAKE_ADDR".into())
         .or_insert_with(|| "127.0.0.1:0".into());
     InstallContext {
+        auth: None,
         env: Arc::new(MapEnv(vars)),
         segment_name: segment.into(),
         devices: Vec::new(),

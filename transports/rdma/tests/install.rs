@@ -8,6 +8,7 @@ use te_base::{Error, InstallContext};
 
 fn ctx(env: MapEnv) -> InstallContext {
     InstallContext {
+        auth: None,
         env: Arc::new(env),
         segment_name: "install-test".into(),
         devices: Vec::new(),

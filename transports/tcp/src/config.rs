@@ -4,6 +4,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use te_base::config::{parse_bytes, parse_var, Env};
+use te_base::listener::ListenerLimits;
 use te_base::{Error, Result};
 
 use crate::wire::MAX_DATA_LEN;
@@ -40,6 +41,10 @@ pub struct TcpConfig {
     pub timeout: Duration,
     /// `TE_TCP_THREADS`: I/O threads of the transport's runtime.
     pub threads: usize,
+    /// The serving side's caps and deadlines: `TE_TCP_MAX_CONNECTIONS`,
+    /// `TE_TCP_MAX_CONNECTIONS_PER_SOURCE`, `TE_TCP_HANDSHAKE_TIMEOUT_MS`,
+    /// `TE_TCP_IDLE_TIMEOUT_MS`; its frame timeout is `timeout`.
+    pub limits: ListenerLimits,
 }
 
 impl Default for TcpConfig {
@@ -51,6 +56,7 @@ impl Default for TcpConfig {
             slice_bytes: DEFAULT_SLICE_BYTES,
             timeout: Duration::from_millis(DEFAULT_TIMEOUT_MS),
             threads: DEFAULT_THREADS,
+            limits: ListenerLimits::with_frame_timeout(Duration::from_millis(DEFAULT_TIMEOUT_MS)),
         }
     }
 }
@@ -106,6 +112,7 @@ impl TcpConfig {
             }
             c.threads = threads;
         }
+        c.limits = ListenerLimits::from_env(env, "TE_TCP", c.timeout)?;
         Ok(c)
     }
 }
@@ -144,6 +151,8 @@ mod tests {
             ("TE_TCP_TIMEOUT_MS", "0"),
             ("TE_TCP_ADVERTISE", "10.0.0.1,"),
             ("TE_TCP_THREADS", "0"),
+            ("TE_TCP_MAX_CONNECTIONS", "0"),
+            ("TE_TCP_IDLE_TIMEOUT_MS", "soon"),
         ] {
             let err = TcpConfig::from_env(&MapEnv::new([(var, bad)])).unwrap_err();
             assert!(err.to_string().contains(var), "{var}={bad}: {err}");

@@ -39,6 +39,23 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.end - self.start >= HEADER_LEN
     }
 
+    /// True if any byte of the next frame is buffered.
+    pub fn has_buffered_bytes(&self) -> bool {
+        self.end > self.start
+    }
+
+    /// Waits until at least one byte of the next frame is buffered. `Ok(false)` at a clean end of
+    /// stream. (The serving side waits here under its idle timeout, and reads the rest of the
+    /// header under its frame timeout.)
+    pub async fn fill(&mut self) -> io::Result<bool> {
+        if self.has_buffered_bytes() {
+            return Ok(true);
+        }
+        self.start = 0;
+        self.end = self.inner.read(&mut self.buf[..]).await?;
+        Ok(self.end > 0)
+    }
+
     /// The next header. `Ok(None)` at a clean end of stream between frames; a stream that ends
     /// inside a header is `UnexpectedEof`.
     pub async fn header(&mut self) -> io::Result<Option<Result<Header, WireError>>> {

@@ -62,6 +62,9 @@ pub(crate) struct Lane {
     /// Sending and receiving tasks still running; the last one out fails what is left.
     running: AtomicUsize,
     watchdog: Mutex<Option<AbortHandle>>,
+    /// How often an idle lane pings the target so its idle timeout does not cut the connection
+    /// (a third of the idle timeout the target announced); `None`: never.
+    ping_every: Option<Duration>,
 }
 
 /// Runs when an I/O task ends (returns, fails or is dropped by a runtime shutdown): the last one
@@ -94,7 +97,14 @@ impl Drop for TaskExit {
 
 impl Lane {
     /// Starts the lane's tasks on the current runtime over an established, greeted connection.
-    pub fn start(index: u64, peer: String, token: u64, stream: TcpStream, timeout: Duration) -> Arc<Lane> {
+    pub fn start(
+        index: u64,
+        peer: String,
+        token: u64,
+        stream: TcpStream,
+        timeout: Duration,
+        target_idle: Duration,
+    ) -> Arc<Lane> {
         let lane = Arc::new(Lane {
             index,
             peer,
@@ -107,6 +117,7 @@ impl Lane {
             socket: socket2::SockRef::from(&stream).try_clone().ok(),
             running: AtomicUsize::new(2),
             watchdog: Mutex::new(None),
+            ping_every: (!target_idle.is_zero()).then(|| (target_idle / 3).max(Duration::from_millis(1))),
         });
         let (r, w) = stream.into_split();
         let sending = TaskExit(lane.clone());
@@ -186,8 +197,17 @@ impl Lane {
     }
 }
 
-/// Waits for the next queued job and moves it to the in-flight queue.
-async fn next_job(lane: &Lane) -> Option<LaneJob> {
+/// What the sending task does next.
+enum Next {
+    /// Send a job's slices.
+    Job(LaneJob),
+    /// Nothing happened for a ping interval: keep the connection open.
+    Ping,
+}
+
+/// Waits for the next queued job and moves it to the in-flight queue; `None` when the lane is
+/// dead or closing.
+async fn next_job(lane: &Lane) -> Option<Next> {
     loop {
         {
             let mut q = lane.queues.lock();
@@ -204,13 +224,20 @@ async fn next_job(lane: &Lane) -> Option<LaneJob> {
                     continue;
                 }
                 q.in_flight.push_back(job.clone());
-                return Some(job);
+                return Some(Next::Job(job));
             }
             if lane.closing.load(Ordering::Acquire) {
                 return None;
             }
         }
-        lane.wake.notified().await;
+        match lane.ping_every {
+            Some(every) => {
+                if tokio::time::timeout(every, lane.wake.notified()).await.is_err() {
+                    return Some(Next::Ping);
+                }
+            }
+            None => lane.wake.notified().await,
+        }
     }
 }
 
@@ -218,7 +245,18 @@ async fn send_loop(lane: &Lane, mut w: OwnedWriteHalf) {
     let mut headers: Vec<[u8; HEADER_LEN]> = Vec::with_capacity(SEND_GROUP);
     let mut parts: Vec<RawPart> = Vec::with_capacity(2 * SEND_GROUP);
     let mut request_id = 0u64;
-    while let Some(job) = next_job(lane).await {
+    while let Some(next) = next_job(lane).await {
+        let job = match next {
+            Next::Job(job) => job,
+            Next::Ping => {
+                let ping = Header::new(Opcode::Ping).to_bytes();
+                if let Err(e) = crate::frame_io::write_all(&mut w, &ping).await {
+                    lane.kill(lane.gone(format!("send failed: {e}")));
+                    return;
+                }
+                continue;
+            }
+        };
         let plan = &job.plan;
         let mut cursor = LaneCursor::new(lane.index);
         let mut done = false;
@@ -355,6 +393,9 @@ async fn receive_frames(lane: &Lane, reader: &mut FrameReader<OwnedReadHalf>) ->
                         },
                     ),
                     RefusalCode::WrongInstance => return Err(protocol(format!("the peer restarted: {text}"))),
+                    RefusalCode::Unauthenticated => {
+                        return Err(protocol(format!("the peer refused this connection: {text}")))
+                    }
                     RefusalCode::Protocol => {
                         return Err(protocol(format!("the peer reports a protocol error: {text}")))
                     }

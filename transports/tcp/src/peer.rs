@@ -8,22 +8,42 @@ use crate::lane::{Lane, LaneJob};
 use crate::plan::{lane_share, Plan};
 use crate::regions::RegionTable;
 
-/// A peer segment reached over TCP.
-pub(crate) struct TcpPeer {
-    pub descriptor: SegmentDescriptor,
-    /// The initiator's registered regions, to check each request's local side.
-    pub local: Arc<RegionTable>,
+/// The lanes to one instance of a peer, shared by every [`TcpPeer`] opened on it.
+pub(crate) struct Connection {
     pub lanes: Vec<Arc<Lane>>,
-    pub slice: u64,
 }
 
-impl TcpPeer {
+impl Connection {
     /// Fails everything outstanding and stops the lanes.
     pub fn kill(&self, err: Error) {
         for lane in &self.lanes {
             lane.kill(err.clone());
         }
     }
+
+    /// True while every lane is alive.
+    pub fn is_healthy(&self) -> bool {
+        self.lanes.iter().all(|l| l.is_alive())
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // Lanes finish what they carry, then close their connections.
+        for lane in &self.lanes {
+            lane.close_when_idle();
+        }
+    }
+}
+
+/// A peer segment reached over TCP, as one descriptor describes it.
+pub(crate) struct TcpPeer {
+    /// The descriptor this peer was opened with: requests are checked against its buffers.
+    pub descriptor: SegmentDescriptor,
+    /// The initiator's registered regions, to check each request's local side.
+    pub local: Arc<RegionTable>,
+    pub connection: Arc<Connection>,
+    pub slice: u64,
 }
 
 impl Peer for TcpPeer {
@@ -78,9 +98,9 @@ impl Peer for TcpPeer {
                 reason: "its connection was lost; reconnect to its current instance".into(),
             });
         }
-        let lanes = self.lanes.len() as u64;
+        let lanes = self.connection.lanes.len() as u64;
         let (plan, total) = Plan::new(requests, batch.clone(), self.slice, lanes);
-        for (i, lane) in self.lanes.iter().enumerate() {
+        for (i, lane) in self.connection.lanes.iter().enumerate() {
             let slices = lane_share(total, i as u64, lanes);
             if slices > 0 {
                 lane.push(LaneJob {
@@ -93,15 +113,6 @@ impl Peer for TcpPeer {
     }
 
     fn is_healthy(&self) -> bool {
-        self.lanes.iter().all(|l| l.is_alive())
-    }
-}
-
-impl Drop for TcpPeer {
-    fn drop(&mut self) {
-        // Lanes finish what they carry, then close their connections.
-        for lane in &self.lanes {
-            lane.close_when_idle();
-        }
+        self.connection.is_healthy()
     }
 }

@@ -1,8 +1,19 @@
 //! The serving side: accepts connections and answers reads and writes into exported memory.
 //!
-//! Every request is checked against the region table (registered AND exported) and the instance
-//! token before any byte of memory is touched; anything else gets an ERROR frame back and is never
-//! served. A frame that breaks the protocol gets an ERROR frame and the connection is closed.
+//! Every connection faces a peer it does not trust:
+//! - it is admitted only under the connection caps (total and per source address), and accept
+//!   errors (`EMFILE`...) back off instead of spinning;
+//! - it must finish its HELLO, and prove the shared key when one is configured, within the
+//!   handshake deadline; refusals name no token, instance or key;
+//! - a watchdog cuts it when it waits longer than the idle timeout for the first byte of a frame,
+//!   or when a frame (the rest of a header, a payload, a reply write) makes no progress for the
+//!   frame timeout. Cutting drops the connection's future, which closes the socket and releases
+//!   every region pin it held (queued read replies included), so deregistration never waits on a
+//!   peer for longer than that;
+//! - every request is checked against the region table (registered AND exported) and the instance
+//!   token before any byte of memory is touched; anything else gets an ERROR frame and is never
+//!   served. A frame that breaks the protocol gets an ERROR frame and the connection is closed.
+//!
 //! Replies are queued and written with one vectored write when the next request is not already
 //! buffered, so a burst of small requests is answered with few syscalls.
 
@@ -12,68 +23,81 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use te_base::auth::{AuthKey, Nonce, ResponderHandshake, NONCE_LEN};
+use te_base::listener::{deadline, tune_socket, AcceptBackoff, ConnectionGate, ConnectionPermit, ListenerLimits};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 use crate::frame_io::{write_all, write_all_raw, FrameReader, RawPart};
 use crate::regions::{LookupError, RegionGuard, RegionTable};
-use crate::wire::{Header, Opcode, RefusalCode, HEADER_LEN};
+use crate::wire::{Header, Opcode, RefusalCode, HEADER_LEN, HELLO_AUTH_LEN, PROOF_LEN};
 
 /// Flush queued replies once this many are waiting.
 const MAX_QUEUED: usize = 32;
 /// Flush queued replies once their payloads reach this many bytes.
 const MAX_QUEUED_BYTES: u64 = 4 << 20;
+/// The authentication context of this listener (a proof for another protocol is useless here).
+pub(crate) const AUTH_CONTEXT: &str = "tcp";
 
 /// State shared by every served connection.
 pub(crate) struct Server {
     /// What may be touched.
     pub regions: Arc<RegionTable>,
-    /// This instance's token; requests naming another are refused.
+    /// This instance's token; requests naming another are refused (a restart guard, not a
+    /// capability: access is granted by `auth`).
     pub token: u64,
-    /// How long a write's payload may stall before the connection is cut (its region pin would
-    /// otherwise hold up deregistration forever).
-    pub timeout: Duration,
+    /// Caps and deadlines; `frame_timeout` is `TE_TCP_TIMEOUT_MS`.
+    pub limits: ListenerLimits,
+    /// The shared key initiators must prove; `None` serves anyone who connects.
+    pub auth: Option<AuthKey>,
+    /// Connections admitted now, in total and per source address.
+    pub gate: ConnectionGate,
 }
 
-/// Progress of one served connection, watched by [`stall_watchdog`].
+/// Progress of one served connection, watched by [`watchdog`]: two relaxed atomics per frame.
 #[derive(Default)]
 struct ConnProgress {
-    /// Payload bytes are awaited into exported memory (a pin is held).
-    receiving: AtomicBool,
-    /// Payloads completed.
-    done: AtomicU64,
+    /// A frame is under way (header started, payload, reply write); false while waiting for the
+    /// first byte of the next frame.
+    busy: AtomicBool,
+    /// Steps taken (each change of `busy` and each finished unit of work).
+    steps: AtomicU64,
 }
 
 impl ConnProgress {
-    /// Runs one payload read under the watchdog's eye.
-    async fn watch<T>(&self, read: impl std::future::Future<Output = T>) -> T {
-        self.receiving.store(true, Ordering::Relaxed);
-        let out = read.await;
-        self.receiving.store(false, Ordering::Relaxed);
-        self.done.fetch_add(1, Ordering::Relaxed);
-        out
+    fn mark(&self, busy: bool) {
+        self.busy.store(busy, Ordering::Relaxed);
+        self.steps.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// Shuts the connection down when a payload makes no progress for `timeout`. Checks a counter
-/// every quarter timeout: nothing on the data path reads a clock.
-async fn stall_watchdog(progress: Arc<ConnProgress>, socket: socket2::Socket, timeout: Duration) {
-    let tick = (timeout / 4).max(Duration::from_millis(1));
+/// Returns when the connection stalled: idle for the idle timeout, or inside a frame with no
+/// step for the frame timeout. Reads a counter every tick; nothing on the data path reads a clock.
+async fn watchdog(progress: &ConnProgress, limits: &ListenerLimits) -> io::Error {
+    let tick =
+        (limits.frame_timeout.min(limits.idle_timeout) / 4).clamp(Duration::from_millis(1), Duration::from_secs(1));
     let mut last = u64::MAX;
     let mut stalled = Duration::ZERO;
     loop {
         tokio::time::sleep(tick).await;
-        let now = progress.done.load(Ordering::Relaxed);
-        if now != last || !progress.receiving.load(Ordering::Relaxed) {
+        let now = progress.steps.load(Ordering::Relaxed);
+        if now != last {
             last = now;
             stalled = Duration::ZERO;
             continue;
         }
         stalled += tick;
-        if stalled >= timeout {
-            let _ = socket.shutdown(std::net::Shutdown::Both);
-            return;
+        let (limit, what) = if progress.busy.load(Ordering::Relaxed) {
+            (limits.frame_timeout, "a frame made no progress")
+        } else {
+            (limits.idle_timeout, "idle")
+        };
+        if stalled >= limit {
+            return io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{what} for {} ms; connection cut", limit.as_millis()),
+            );
         }
     }
 }
@@ -85,25 +109,35 @@ pub(crate) async fn accept_loop(
     server: Arc<Server>,
     connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
 ) {
+    let mut backoff = AcceptBackoff::default();
     loop {
-        match listener.accept().await {
-            Ok((stream, from)) => {
-                let server = server.clone();
-                let task = tokio::spawn(async move {
-                    if let Err(e) = serve_connection(stream, &server).await {
-                        tracing::debug!("tcp: connection from {from} ended: {e}");
-                    }
-                });
-                let mut conns = connections.lock();
-                conns.retain(|t| !t.is_finished());
-                conns.push(task);
-            }
+        let (stream, from) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(e) => {
-                // Out of descriptors and similar: keep serving the connections we have.
-                tracing::warn!("tcp: accept failed: {e}");
-                tokio::task::yield_now().await;
+                // Out of descriptors and similar: keep serving the connections we have, and
+                // wait before trying again (the pending connection keeps the listener readable).
+                backoff.failed("tcp transport", &e).await;
+                continue;
             }
-        }
+        };
+        backoff.reset();
+        let permit = match server.gate.admit(from.ip()) {
+            Ok(p) => p,
+            Err(why) => {
+                tracing::debug!("tcp: refusing a connection from {from}: {why:?}");
+                continue;
+            }
+        };
+        tune_socket(&stream, server.limits.frame_timeout);
+        let server = server.clone();
+        let task = tokio::spawn(async move {
+            if let Err(e) = serve_connection(stream, &server, permit).await {
+                tracing::debug!("tcp: connection from {from} ended: {e}");
+            }
+        });
+        let mut conns = connections.lock();
+        conns.retain(|t| !t.is_finished());
+        conns.push(task);
     }
 }
 
@@ -168,6 +202,17 @@ async fn send_error(w: &mut OwnedWriteHalf, request_id: u64, code: RefusalCode, 
     write_all(w, &frame).await
 }
 
+/// Sends a refusal that ends the connection and returns the error that ends it.
+async fn refuse(w: &mut OwnedWriteHalf, request_id: u64, code: RefusalCode, msg: &str) -> io::Error {
+    let kind = if code == RefusalCode::Unauthenticated {
+        io::ErrorKind::PermissionDenied
+    } else {
+        io::ErrorKind::InvalidData
+    };
+    let _ = send_error(w, request_id, code, msg).await;
+    io::Error::new(kind, msg.to_string())
+}
+
 fn refusal(e: LookupError, h: &Header) -> (RefusalCode, String) {
     match e {
         LookupError::ZeroLength => (RefusalCode::ZeroLength, "zero-length request".to_string()),
@@ -185,53 +230,98 @@ fn refusal(e: LookupError, h: &Header) -> (RefusalCode, String) {
     }
 }
 
-/// Serves one connection until it closes. Returns the reason it ended.
-pub(crate) async fn serve_connection(stream: TcpStream, server: &Server) -> io::Result<()> {
-    let _ = stream.set_nodelay(true);
-    let progress = Arc::new(ConnProgress::default());
-    let watchdog = socket2::SockRef::from(&stream)
-        .try_clone()
-        .ok()
-        .map(|sock| tokio::spawn(stall_watchdog(progress.clone(), sock, server.timeout)));
-    let result = serve_frames(stream, server, &progress).await;
-    if let Some(w) = watchdog {
-        w.abort();
-    }
+/// Serves one connection until it closes, breaks the protocol or stalls. Returns why it ended.
+pub(crate) async fn serve_connection(stream: TcpStream, server: &Server, permit: ConnectionPermit) -> io::Result<()> {
+    let progress = ConnProgress::default();
+    // Dropping `serve_frames` on a stall closes the socket and releases the pins it holds.
+    let result = tokio::select! {
+        r = serve_frames(stream, server, &progress) => r,
+        e = watchdog(&progress, &server.limits) => Err(e),
+    };
+    drop(permit);
     result
+}
+
+/// The HELLO exchange, authenticated when the server has a key. `Ok(false)`: the peer closed.
+async fn handshake<R>(reader: &mut FrameReader<R>, w: &mut OwnedWriteHalf, server: &Server) -> io::Result<bool>
+where
+    R: tokio::io::AsyncRead + Unpin,
+{
+    let hello = match reader.header().await? {
+        None => return Ok(false),
+        Some(Ok(h)) if h.opcode == Opcode::Hello => h,
+        Some(Ok(h)) => return Err(refuse(w, h.request_id, RefusalCode::Protocol, "expected HELLO").await),
+        Some(Err(e)) => return Err(refuse(w, 0, RefusalCode::Protocol, &e.to_string()).await),
+    };
+    let id = hello.request_id;
+    let offers_auth = match hello.len {
+        0 => false,
+        HELLO_AUTH_LEN => true,
+        _ => return Err(refuse(w, id, RefusalCode::Protocol, "malformed HELLO").await),
+    };
+    match (&server.auth, offers_auth) {
+        (Some(key), true) => {
+            let mut nonce: Nonce = [0u8; NONCE_LEN];
+            reader.payload_into(&mut nonce).await?;
+            let (pending, ours, proof) = ResponderHandshake::answer(key, AUTH_CONTEXT, &nonce);
+            let challenge = Header {
+                request_id: id,
+                len: (ours.len() + proof.len()) as u64,
+                ..Header::new(Opcode::Challenge)
+            };
+            let mut frame = challenge.to_bytes().to_vec();
+            frame.extend_from_slice(&ours);
+            frame.extend_from_slice(&proof);
+            write_all(w, &frame).await?;
+            let answer = match reader.header().await? {
+                Some(Ok(h)) if h.opcode == Opcode::Proof && h.len == PROOF_LEN => h,
+                None => return Ok(false),
+                _ => return Err(refuse(w, id, RefusalCode::Unauthenticated, "authentication failed").await),
+            };
+            let mut theirs = [0u8; PROOF_LEN as usize];
+            reader.payload_into(&mut theirs).await?;
+            if pending.check(&theirs, "initiator").is_err() || answer.request_id != id {
+                return Err(refuse(w, id, RefusalCode::Unauthenticated, "authentication failed").await);
+            }
+        }
+        (Some(_), false) => {
+            return Err(refuse(
+                w,
+                id,
+                RefusalCode::Unauthenticated,
+                "this target requires authentication",
+            )
+            .await)
+        }
+        // No key here: the initiator that wants proof refuses our plain HELLO_ACK itself.
+        (None, offers) => {
+            if offers {
+                reader.discard(HELLO_AUTH_LEN).await?;
+            }
+        }
+    }
+    if hello.token != server.token {
+        let msg = "the requested instance is gone: the target restarted";
+        return Err(refuse(w, id, RefusalCode::WrongInstance, msg).await);
+    }
+    let ack = Header {
+        request_id: id,
+        token: server.token,
+        addr: server.limits.idle_timeout.as_millis() as u64,
+        ..Header::new(Opcode::HelloAck)
+    };
+    write_all(w, &ack.to_bytes()).await?;
+    Ok(true)
 }
 
 async fn serve_frames(stream: TcpStream, server: &Server, progress: &ConnProgress) -> io::Result<()> {
     let (r, mut w) = stream.into_split();
     let mut reader = FrameReader::new(r);
 
-    // Handshake: the initiator names the instance it wants.
-    match reader.header().await? {
-        None => return Ok(()),
-        Some(Ok(h)) if h.opcode == Opcode::Hello && h.token == server.token => {
-            let ack = Header {
-                request_id: h.request_id,
-                token: server.token,
-                ..Header::new(Opcode::HelloAck)
-            };
-            write_all(&mut w, &ack.to_bytes()).await?;
-        }
-        Some(Ok(h)) if h.opcode == Opcode::Hello => {
-            let msg = format!(
-                "this instance is {:#x}, not {:#x}: the target restarted",
-                server.token, h.token
-            );
-            send_error(&mut w, h.request_id, RefusalCode::WrongInstance, &msg).await?;
-            return Err(io::Error::new(io::ErrorKind::InvalidData, msg));
-        }
-        Some(Ok(h)) => {
-            let msg = format!("expected HELLO, got {:?}", h.opcode);
-            send_error(&mut w, h.request_id, RefusalCode::Protocol, &msg).await?;
-            return Err(io::Error::new(io::ErrorKind::InvalidData, msg));
-        }
-        Some(Err(e)) => {
-            send_error(&mut w, 0, RefusalCode::Protocol, &e.to_string()).await?;
-            return Err(io::Error::new(io::ErrorKind::InvalidData, e));
-        }
+    progress.mark(true);
+    let limit = server.limits.handshake_timeout;
+    if !deadline(limit, "handshake", handshake(&mut reader, &mut w, server)).await? {
+        return Ok(());
     }
 
     let mut replies = Replies {
@@ -242,21 +332,25 @@ async fn serve_frames(stream: TcpStream, server: &Server, progress: &ConnProgres
     loop {
         if !reader.has_buffered_header() || replies.is_full() {
             replies.flush(&mut w).await?;
+            progress.mark(false);
         }
+        if !reader.has_buffered_bytes() && !reader.fill().await? {
+            return Ok(());
+        }
+        progress.mark(true);
         let h = match reader.header().await? {
             None => return replies.flush(&mut w).await,
             Some(Ok(h)) => h,
             Some(Err(e)) => {
                 replies.flush(&mut w).await?;
-                send_error(&mut w, 0, RefusalCode::Protocol, &e.to_string()).await?;
-                return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                return Err(refuse(&mut w, 0, RefusalCode::Protocol, &e.to_string()).await);
             }
         };
         if h.token != server.token && matches!(h.opcode, Opcode::Write | Opcode::Read) {
-            progress.watch(reader.discard(h.payload_len())).await?;
+            reader.discard(h.payload_len()).await?;
             replies.flush(&mut w).await?;
-            let msg = format!("request for instance {:#x}; this is {:#x}", h.token, server.token);
-            send_error(&mut w, h.request_id, RefusalCode::WrongInstance, &msg).await?;
+            let msg = "request for another instance: the target restarted";
+            send_error(&mut w, h.request_id, RefusalCode::WrongInstance, msg).await?;
             continue;
         }
         match h.opcode {
@@ -265,7 +359,7 @@ async fn serve_frames(stream: TcpStream, server: &Server, progress: &ConnProgres
                     // SAFETY: `pin` keeps the registered, exported region [addr, +len) mapped
                     // until the payload is in; remote writes are the purpose of exporting it.
                     let dst = unsafe { std::slice::from_raw_parts_mut(h.addr as usize as *mut u8, h.len as usize) };
-                    let received = progress.watch(reader.payload_into(dst)).await;
+                    let received = reader.payload_into(dst).await;
                     drop(pin);
                     received?;
                     let ack = Header {
@@ -278,7 +372,7 @@ async fn serve_frames(stream: TcpStream, server: &Server, progress: &ConnProgres
                     replies.push(ack, RawPart { addr: 0, len: 0 }, None);
                 }
                 Err(e) => {
-                    progress.watch(reader.discard(h.len)).await?;
+                    reader.discard(h.len).await?;
                     replies.flush(&mut w).await?;
                     let (code, msg) = refusal(e, &h);
                     send_error(&mut w, h.request_id, code, &msg).await?;
@@ -305,11 +399,11 @@ async fn serve_frames(stream: TcpStream, server: &Server, progress: &ConnProgres
                     send_error(&mut w, h.request_id, code, &msg).await?;
                 }
             },
+            Opcode::Ping => {}
             other => {
                 replies.flush(&mut w).await?;
                 let msg = format!("{other:?} is not a request");
-                send_error(&mut w, h.request_id, RefusalCode::Protocol, &msg).await?;
-                return Err(io::Error::new(io::ErrorKind::InvalidData, msg));
+                return Err(refuse(&mut w, h.request_id, RefusalCode::Protocol, &msg).await);
             }
         }
     }

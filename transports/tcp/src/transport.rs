@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
+use te_base::auth::{AuthKey, InitiatorHandshake, Nonce, NONCE_LEN};
+use te_base::listener::{tune_socket, ConnectionGate};
 use te_base::{
     Capabilities, Error, InstallContext, MemoryKinds, Peer, RegionInfo, Result, SegmentDescriptor, Transport,
 };
@@ -18,10 +20,10 @@ use tokio::task::JoinHandle;
 use crate::config::TcpConfig;
 use crate::endpoint::{advertised, TcpEndpoint};
 use crate::lane::Lane;
-use crate::peer::TcpPeer;
+use crate::peer::{Connection, TcpPeer};
 use crate::regions::RegionTable;
-use crate::serve::{accept_loop, Server};
-use crate::wire::{Header, Opcode, RefusalCode, HEADER_LEN, MAX_ERROR_LEN};
+use crate::serve::{accept_loop, Server, AUTH_CONTEXT};
+use crate::wire::{Header, Opcode, RefusalCode, CHALLENGE_LEN, HEADER_LEN, HELLO_AUTH_LEN, MAX_ERROR_LEN, PROOF_LEN};
 
 /// The TCP transport.
 pub struct TcpTransport {
@@ -34,7 +36,10 @@ pub struct TcpTransport {
     local: Arc<RegionTable>,
     listener: Mutex<Option<JoinHandle<()>>>,
     connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
-    peers: Mutex<HashMap<(String, u64), Weak<TcpPeer>>>,
+    /// Open connections by (address connected to, instance token the target acknowledged after
+    /// authenticating): what was verified, not what a descriptor claims.
+    pool: Mutex<HashMap<(SocketAddr, u64), Weak<Connection>>>,
+    auth: Option<AuthKey>,
 }
 
 impl std::fmt::Debug for TcpTransport {
@@ -47,8 +52,14 @@ impl std::fmt::Debug for TcpTransport {
 }
 
 impl TcpTransport {
-    /// Starts the transport: its I/O threads and its listener.
+    /// Starts the transport without a shared key: its I/O threads and its listener, open to
+    /// anyone who reaches it (logged once).
     pub async fn start(config: TcpConfig) -> Result<TcpTransport> {
+        TcpTransport::start_with_auth(config, None).await
+    }
+
+    /// Starts the transport; with `auth`, peers in both directions must prove the key.
+    pub async fn start_with_auth(config: TcpConfig, auth: Option<AuthKey>) -> Result<TcpTransport> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.threads)
             .thread_name("te-tcp")
@@ -69,10 +80,15 @@ impl TcpTransport {
             addrs: advertised(local_addr, config.advertise.as_deref())?,
             token: te_base::token::random_token(),
         };
+        if auth.is_none() {
+            te_base::auth::warn_unauthenticated("the tcp transport", &local_addr.to_string());
+        }
         let server = Arc::new(Server {
             regions: Arc::new(RegionTable::default()),
             token: endpoint.token,
-            timeout: config.timeout,
+            limits: config.limits,
+            auth: auth.clone(),
+            gate: ConnectionGate::new(&config.limits),
         });
         let connections = Arc::new(Mutex::new(Vec::new()));
         let listener = handle.spawn(accept_loop(listener, server.clone(), connections.clone()));
@@ -86,7 +102,8 @@ impl TcpTransport {
             local: Arc::new(RegionTable::with_private()),
             listener: Mutex::new(Some(listener)),
             connections,
-            peers: Mutex::new(HashMap::new()),
+            pool: Mutex::new(HashMap::new()),
+            auth,
         })
     }
 
@@ -111,8 +128,13 @@ impl TcpTransport {
         &self.config
     }
 
-    fn live_peers(&self) -> Vec<Arc<TcpPeer>> {
-        self.peers.lock().values().filter_map(Weak::upgrade).collect()
+    /// Connections served by the listener right now (for tests and diagnostics).
+    pub fn served_connections(&self) -> usize {
+        self.server.gate.open()
+    }
+
+    fn live_connections(&self) -> Vec<Arc<Connection>> {
+        self.pool.lock().values().filter_map(Weak::upgrade).collect()
     }
 }
 
@@ -124,8 +146,8 @@ impl Drop for TcpTransport {
         for c in self.connections.lock().drain(..) {
             c.abort();
         }
-        for p in self.live_peers() {
-            p.kill(Error::Closed("tcp transport".into()));
+        for c in self.live_connections() {
+            c.kill(Error::Closed("tcp transport".into()));
         }
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_background();
@@ -133,30 +155,38 @@ impl Drop for TcpTransport {
     }
 }
 
-/// Applies keepalive and a user timeout so the kernel also notices a peer that vanished silently.
-fn tune(stream: &TcpStream, timeout: Duration) {
-    let _ = stream.set_nodelay(true);
-    let sock = socket2::SockRef::from(stream);
-    let idle = (timeout / 2).max(Duration::from_secs(1));
-    let ka = socket2::TcpKeepalive::new().with_time(idle).with_interval(idle);
-    let _ = sock.set_tcp_keepalive(&ka);
-    #[cfg(target_os = "linux")]
-    let _ = sock.set_tcp_user_timeout(Some(timeout));
+/// A greeted connection.
+struct Greeted {
+    stream: TcpStream,
+    addr: SocketAddr,
+    /// The target's idle timeout, from its HELLO_ACK (zero: it does not cut idle connections).
+    idle: Duration,
 }
 
-/// Connects one lane: tries each address, greets the instance `ep.token` names.
-async fn connect_lane(peer: &str, ep: &TcpEndpoint, timeout: Duration) -> Result<TcpStream> {
+/// Connects one lane: tries each address, greets the instance `ep.token` names, and proves the
+/// key (and checks the target's proof) when this transport has one.
+async fn connect_lane(peer: &str, ep: &TcpEndpoint, timeout: Duration, auth: Option<&AuthKey>) -> Result<Greeted> {
     let mut failures = Vec::new();
     for addr in &ep.addrs {
-        match tokio::time::timeout(timeout, greet(*addr, ep.token)).await {
-            Ok(Ok(stream)) => {
-                tune(&stream, timeout);
-                return Ok(stream);
+        match tokio::time::timeout(timeout, greet(*addr, ep.token, auth)).await {
+            Ok(Ok((stream, idle))) => {
+                tune_socket(&stream, timeout);
+                return Ok(Greeted {
+                    stream,
+                    addr: *addr,
+                    idle,
+                });
             }
             Ok(Err(GreetError::Restarted(msg))) => {
                 return Err(Error::PeerGone {
                     peer: peer.to_string(),
                     reason: format!("{addr}: {msg}"),
+                })
+            }
+            Ok(Err(GreetError::Unauthenticated(reason))) => {
+                return Err(Error::Unauthenticated {
+                    peer: peer.to_string(),
+                    reason: format!("{addr}: {reason}"),
                 })
             }
             Ok(Err(GreetError::Other(msg))) => failures.push(format!("{addr}: {msg}")),
@@ -171,34 +201,76 @@ async fn connect_lane(peer: &str, ep: &TcpEndpoint, timeout: Duration) -> Result
 
 enum GreetError {
     Restarted(String),
+    Unauthenticated(String),
     Other(String),
 }
 
-async fn greet(addr: SocketAddr, token: u64) -> std::result::Result<TcpStream, GreetError> {
+async fn greet(
+    addr: SocketAddr,
+    token: u64,
+    auth: Option<&AuthKey>,
+) -> std::result::Result<(TcpStream, Duration), GreetError> {
     let other = |e: std::io::Error| GreetError::Other(e.to_string());
     let mut stream = TcpStream::connect(addr).await.map_err(other)?;
+    let pending = auth.map(|key| InitiatorHandshake::start(key, AUTH_CONTEXT));
     let hello = Header {
         token,
+        len: if pending.is_some() { HELLO_AUTH_LEN } else { 0 },
         ..Header::new(Opcode::Hello)
     };
-    stream.write_all(&hello.to_bytes()).await.map_err(other)?;
-    let mut raw = [0u8; HEADER_LEN];
-    stream.read_exact(&mut raw).await.map_err(other)?;
-    let reply = Header::decode(&raw).map_err(|e| GreetError::Other(format!("bad reply: {e}")))?;
+    let mut frame = hello.to_bytes().to_vec();
+    if let Some((_, nonce)) = &pending {
+        frame.extend_from_slice(nonce);
+    }
+    stream.write_all(&frame).await.map_err(other)?;
+    let mut reply = read_header(&mut stream).await?;
+    if let Some((handshake, _)) = pending {
+        if reply.opcode == Opcode::HelloAck {
+            return Err(GreetError::Unauthenticated(
+                "the target does not authenticate (it has no key)".into(),
+            ));
+        }
+        if reply.opcode == Opcode::Challenge && reply.len == CHALLENGE_LEN {
+            let mut body = [0u8; CHALLENGE_LEN as usize];
+            stream.read_exact(&mut body).await.map_err(other)?;
+            let (nonce, proof) = body.split_at(NONCE_LEN);
+            let nonce: Nonce = nonce.try_into().expect("split at the nonce length");
+            let ours = handshake
+                .finish(&nonce, proof, &addr.to_string())
+                .map_err(|_| GreetError::Unauthenticated("the target does not hold this engine's key".into()))?;
+            let answer = Header {
+                len: PROOF_LEN,
+                ..Header::new(Opcode::Proof)
+            };
+            let mut frame = answer.to_bytes().to_vec();
+            frame.extend_from_slice(&ours);
+            stream.write_all(&frame).await.map_err(other)?;
+            reply = read_header(&mut stream).await?;
+        }
+    }
     match reply.opcode {
-        Opcode::HelloAck if reply.token == token => Ok(stream),
+        Opcode::HelloAck if reply.token == token => Ok((stream, Duration::from_millis(reply.addr))),
         Opcode::Error => {
             let mut msg = vec![0u8; reply.len.min(MAX_ERROR_LEN) as usize];
             stream.read_exact(&mut msg).await.map_err(other)?;
             let text = String::from_utf8_lossy(&msg).into_owned();
-            if RefusalCode::from_u16(reply.code) == RefusalCode::WrongInstance {
-                Err(GreetError::Restarted(text))
-            } else {
-                Err(GreetError::Other(text))
+            match RefusalCode::from_u16(reply.code) {
+                RefusalCode::WrongInstance => Err(GreetError::Restarted(text)),
+                RefusalCode::Unauthenticated => Err(GreetError::Unauthenticated(text)),
+                _ => Err(GreetError::Other(text)),
             }
         }
         op => Err(GreetError::Other(format!("unexpected {op:?} reply to HELLO"))),
     }
+}
+
+async fn read_header(stream: &mut TcpStream) -> std::result::Result<Header, GreetError> {
+    let mut raw = [0u8; HEADER_LEN];
+    stream
+        .read_exact(&mut raw)
+        .await
+        .map_err(|e| GreetError::Other(e.to_string()))?;
+    Header::decode(&raw).map_err(|e| GreetError::Other(format!("bad reply: {e}")))
 }
 
 #[async_trait]
@@ -240,37 +312,25 @@ impl Transport for TcpTransport {
 
     async fn connect(&self, peer: &SegmentDescriptor) -> Result<Arc<dyn Peer>> {
         let ep = TcpEndpoint::of(peer)?;
-        let key = (peer.name.clone(), ep.token);
-        if let Some(existing) = self.peers.lock().get(&key).and_then(Weak::upgrade) {
-            if existing.is_healthy() {
-                return Ok(existing);
-            }
-        }
-        let name = peer.name.clone();
-        let lanes = self.config.lanes;
-        let timeout = self.config.timeout;
-        let lanes = self
-            .handle
-            .spawn(async move {
-                let mut out = Vec::with_capacity(lanes);
-                for i in 0..lanes {
-                    let stream = connect_lane(&name, &ep, timeout).await?;
-                    out.push(Lane::start(i as u64, name.clone(), ep.token, stream, timeout));
-                }
-                Ok::<_, Error>(out)
-            })
-            .await
-            .map_err(|e| Error::transport("tcp", format!("connect task failed: {e}")))??;
-        let connected = Arc::new(TcpPeer {
+        let pooled = {
+            let pool = self.pool.lock();
+            ep.addrs
+                .iter()
+                .filter_map(|a| pool.get(&(*a, ep.token)).and_then(Weak::upgrade))
+                .find(|c| c.is_healthy())
+        };
+        let connection = match pooled {
+            Some(c) => c,
+            None => self.open_connection(&peer.name, ep).await?,
+        };
+        // Every connect gets the descriptor it was given, so requests are checked against the
+        // peer's current buffers; the connection itself is shared.
+        Ok(Arc::new(TcpPeer {
             descriptor: peer.clone(),
             local: self.local.clone(),
-            lanes,
+            connection,
             slice: self.config.slice_bytes,
-        });
-        let mut pool = self.peers.lock();
-        pool.retain(|_, w| w.strong_count() > 0);
-        pool.insert(key, Arc::downgrade(&connected));
-        Ok(connected)
+        }))
     }
 
     async fn shutdown(&self) {
@@ -283,14 +343,46 @@ impl Transport for TcpTransport {
         for t in tasks {
             let _ = t.await;
         }
-        for p in self.live_peers() {
-            p.kill(Error::Closed("tcp transport".into()));
+        for c in self.live_connections() {
+            c.kill(Error::Closed("tcp transport".into()));
         }
     }
 }
 
-/// Starts the TCP transport with settings from `ctx.env`.
+impl TcpTransport {
+    /// Opens `lanes` greeted connections to the instance `ep` names and pools them.
+    async fn open_connection(&self, name: &str, ep: TcpEndpoint) -> Result<Arc<Connection>> {
+        let lanes = self.config.lanes;
+        let timeout = self.config.timeout;
+        let auth = self.auth.clone();
+        let peer = name.to_string();
+        let token = ep.token;
+        let (lanes, addr) = self
+            .handle
+            .spawn(async move {
+                let mut out = Vec::with_capacity(lanes);
+                let mut addr = None;
+                for i in 0..lanes {
+                    let g = connect_lane(&peer, &ep, timeout, auth.as_ref()).await?;
+                    addr.get_or_insert(g.addr);
+                    out.push(Lane::start(i as u64, peer.clone(), ep.token, g.stream, timeout, g.idle));
+                }
+                Ok::<_, Error>((out, addr))
+            })
+            .await
+            .map_err(|e| Error::transport("tcp", format!("connect task failed: {e}")))??;
+        let connection = Arc::new(Connection { lanes });
+        if let Some(addr) = addr {
+            let mut pool = self.pool.lock();
+            pool.retain(|_, w| w.strong_count() > 0);
+            pool.insert((addr, token), Arc::downgrade(&connection));
+        }
+        Ok(connection)
+    }
+}
+
+/// Starts the TCP transport with settings from `ctx.env` and the engine's key.
 pub async fn install(ctx: &InstallContext) -> Result<Arc<dyn Transport>> {
     let config = TcpConfig::from_env(ctx.env.as_ref())?;
-    Ok(Arc::new(TcpTransport::start(config).await?))
+    Ok(Arc::new(TcpTransport::start_with_auth(config, ctx.auth.clone()).await?))
 }

@@ -9,7 +9,8 @@
 //!      5     1  opcode
 //!      6     2  code: error code on ERROR frames, 0 otherwise
 //!      8     8  request id (per connection sequence number, echoed in the reply)
-//!     16     8  token: the target's instance token (a restarted target has a new one)
+//!     16     8  token: the target's instance token (a restarted target has a new one; an
+//!                   instance id, not a capability: access is granted by the shared key)
 //!     24     8  address in the target's exported memory
 //!     32     8  length in bytes (payload length for WRITE, READ_DATA and ERROR)
 //! ```
@@ -18,22 +19,30 @@ use std::fmt;
 
 /// Frame magic.
 pub const MAGIC: [u8; 4] = *b"TEtc";
-/// Wire version this build speaks.
-pub const VERSION: u8 = 1;
+/// Wire version this build speaks (2: authenticated HELLO, PING).
+pub const VERSION: u8 = 2;
 /// Size of every frame header.
 pub const HEADER_LEN: usize = 40;
 /// Largest data payload one frame may carry (slices are at most this long).
 pub const MAX_DATA_LEN: u64 = 1 << 30;
 /// Largest error message one frame may carry.
 pub const MAX_ERROR_LEN: u64 = 4096;
+/// Payload of a HELLO that starts authentication: the initiator's nonce.
+pub const HELLO_AUTH_LEN: u64 = te_base::auth::NONCE_LEN as u64;
+/// Payload of a CHALLENGE: the target's nonce, then its proof.
+pub const CHALLENGE_LEN: u64 = (te_base::auth::NONCE_LEN + te_base::auth::PROOF_LEN) as u64;
+/// Payload of a PROOF: the initiator's proof.
+pub const PROOF_LEN: u64 = te_base::auth::PROOF_LEN as u64;
 
 /// What a frame asks or answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Opcode {
-    /// Initiator -> target, first frame on a connection: `token` is the instance it expects.
+    /// Initiator -> target, first frame on a connection: `token` is the instance it expects; the
+    /// payload is empty, or the initiator's nonce when it authenticates.
     Hello = 1,
-    /// Target -> initiator: the hello was accepted.
+    /// Target -> initiator: the hello was accepted; `addr` is the target's idle timeout in ms
+    /// (the initiator pings idle connections well within it).
     HelloAck = 2,
     /// Initiator -> target: `len` payload bytes to store at `addr`.
     Write = 3,
@@ -45,6 +54,12 @@ pub enum Opcode {
     ReadData = 6,
     /// Target -> initiator: the request was refused; payload is a UTF-8 reason, `code` says why.
     Error = 7,
+    /// Target -> initiator, answering an authenticating HELLO: its nonce and its proof.
+    Challenge = 8,
+    /// Initiator -> target: the initiator's proof; HELLO_ACK (or an ERROR) follows.
+    Proof = 9,
+    /// Initiator -> target: keeps an idle connection open; no answer.
+    Ping = 10,
 }
 
 impl Opcode {
@@ -57,18 +72,28 @@ impl Opcode {
             5 => Opcode::Read,
             6 => Opcode::ReadData,
             7 => Opcode::Error,
+            8 => Opcode::Challenge,
+            9 => Opcode::Proof,
+            10 => Opcode::Ping,
             _ => return None,
         })
     }
 
     /// True if `len` counts payload bytes following the header.
     pub fn has_payload(self) -> bool {
-        matches!(self, Opcode::Write | Opcode::ReadData | Opcode::Error)
+        matches!(
+            self,
+            Opcode::Hello | Opcode::Write | Opcode::ReadData | Opcode::Error | Opcode::Challenge | Opcode::Proof
+        )
     }
 
     fn max_len(self) -> u64 {
         match self {
-            Opcode::Hello | Opcode::HelloAck => 0,
+            Opcode::Hello => HELLO_AUTH_LEN,
+            Opcode::HelloAck => 0,
+            Opcode::Challenge => CHALLENGE_LEN,
+            Opcode::Proof => PROOF_LEN,
+            Opcode::Ping => 0,
             Opcode::Error => MAX_ERROR_LEN,
             Opcode::Write | Opcode::WriteAck | Opcode::Read | Opcode::ReadData => MAX_DATA_LEN,
         }
@@ -87,6 +112,9 @@ pub enum RefusalCode {
     Protocol = 3,
     /// Zero-length request.
     ZeroLength = 4,
+    /// The initiator did not authenticate (or the target demands a key it lacks); the target
+    /// closes the connection after this frame.
+    Unauthenticated = 5,
 }
 
 impl RefusalCode {
@@ -96,6 +124,7 @@ impl RefusalCode {
             1 => RefusalCode::OutOfBounds,
             2 => RefusalCode::WrongInstance,
             4 => RefusalCode::ZeroLength,
+            5 => RefusalCode::Unauthenticated,
             _ => RefusalCode::Protocol,
         }
     }
@@ -252,6 +281,9 @@ mod tests {
             Just(Opcode::Read),
             Just(Opcode::ReadData),
             Just(Opcode::Error),
+            Just(Opcode::Challenge),
+            Just(Opcode::Proof),
+            Just(Opcode::Ping),
         ]
     }
 
@@ -264,7 +296,7 @@ mod tests {
                 request_id: id,
                 token,
                 addr,
-                len: len % (op.max_len() + 1),
+                len: len % op.max_len().saturating_add(1).max(1),
             };
             prop_assert_eq!(Header::decode(&h.to_bytes()), Ok(h));
             prop_assert_eq!(Header::decode_prefix(&h.to_bytes()), Ok(Some(h)));
@@ -300,10 +332,10 @@ mod tests {
         assert!(matches!(Header::decode(&b), Err(WireError::BadMagic(_))));
 
         let mut b = good;
-        b[4] = 2;
-        assert_eq!(Header::decode(&b), Err(WireError::BadVersion(2)));
+        b[4] = 1;
+        assert_eq!(Header::decode(&b), Err(WireError::BadVersion(1)));
 
-        for op in [0u8, 8, 200, 255] {
+        for op in [0u8, 11, 200, 255] {
             let mut b = good;
             b[5] = op;
             assert_eq!(Header::decode(&b), Err(WireError::BadOpcode(op)));
@@ -320,6 +352,9 @@ mod tests {
         assert!(matches!(Header::decode(&b), Err(WireError::Oversized { .. })));
 
         let mut b = Header::new(Opcode::Hello).to_bytes();
+        b[32] = HELLO_AUTH_LEN as u8 + 1;
+        assert!(matches!(Header::decode(&b), Err(WireError::Oversized { .. })));
+        let mut b = Header::new(Opcode::Ping).to_bytes();
         b[32] = 1;
         assert!(matches!(Header::decode(&b), Err(WireError::Oversized { .. })));
 

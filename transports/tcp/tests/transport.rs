@@ -281,7 +281,10 @@ async fn connecting_twice_reuses_the_lanes() {
     let d = descriptor("b", &b, &[&dst]);
     let p1 = a.connect(&d).await.unwrap();
     let p2 = a.connect(&d).await.unwrap();
-    assert!(Arc::ptr_eq(&p1, &p2));
+    // Two peers (each checks requests against the descriptor it was given), one connection.
+    assert!(!Arc::ptr_eq(&p1, &p2));
+    assert_eq!(b.served_connections(), 1);
+    assert!(p1.is_healthy() && p2.is_healthy());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -308,6 +311,7 @@ async fn unreachable_peer_is_peer_gone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_reads_the_environment() {
     let ctx = InstallContext {
+        auth: None,
         env: Arc::new(MapEnv::new([("TE_TCP_LANES", "0")])),
         segment_name: "x".into(),
         devices: Vec::new(),
@@ -315,6 +319,7 @@ async fn install_reads_the_environment() {
     let err = te_transport_tcp::install(&ctx).await.err().unwrap();
     assert!(err.to_string().contains("TE_TCP_LANES"));
     let ctx = InstallContext {
+        auth: None,
         env: Arc::new(MapEnv::new([("TE_TCP_LISTEN", "127.0.0.1:0")])),
         segment_name: "x".into(),
         devices: Vec::new(),

@@ -43,6 +43,7 @@ pub fn install(provider: &str, extra: &[(&str, &str)]) -> Arc<dyn Transport> {
         env.0.insert(k.to_string(), v.to_string());
     }
     let ctx = InstallContext {
+        auth: None,
         env: Arc::new(env),
         segment_name: "test".into(),
         devices: Vec::new(),

@@ -35,6 +35,7 @@ impl Client {
         let target = desc.buffers.first().ok_or("the target exports no buffer")?;
         let (remote_base, remote_len) = (target.base, target.len);
         let ctx = InstallContext {
+            auth: None,
             env: Arc::new(ProcessEnv),
             segment_name: format!("efa-client-{}", std::process::id()),
             devices: Vec::new(),

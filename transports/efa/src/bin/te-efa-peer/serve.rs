@@ -25,6 +25,7 @@ pub fn serve(bytes: usize, seed: u64) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let name = format!("efa-peer-{}", std::process::id());
     let ctx = InstallContext {
+        auth: None,
         env: Arc::new(ProcessEnv),
         segment_name: name.clone(),
         devices: Vec::new(),
