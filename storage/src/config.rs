@@ -10,7 +10,8 @@
 //! | `UMBP_DRAM_LOW_WATERMARK` | 0.85 | fraction eviction brings the arena down to |
 //! | `UMBP_EVICTION` | prefix | `lru`, `prefix` or `prefix:N` (window of N candidates) |
 //! | `UMBP_SSD_DIRS` | unset | comma-separated directories, one per drive (unset: no SSD tier) |
-//! | `UMBP_SSD_CAPACITY` | 64G | SSD bytes over all directories |
+//! | `UMBP_SSD_CAPACITY` | 90% of free | SSD bytes over all directories (default: 90% of each directory's filesystem free space at open, plus the log there) |
+//! | `UMBP_SSD_COMPACT_BELOW` | 0.5 | sealed segments with a smaller live fraction are compacted |
 //! | `UMBP_SSD_SEGMENT_BYTES` | 256M | size of one log segment file |
 //! | `UMBP_SSD_DIRECT` | auto | O_DIRECT: `auto`, `on`, `off` |
 //! | `UMBP_SSD_IO` | auto | `auto`, `uring`, `psync` |
@@ -72,6 +73,7 @@ pub struct StoreBuilder {
     eviction: Option<EvictionPolicy>,
     ssd_dirs: Option<Vec<PathBuf>>,
     ssd_capacity: Option<u64>,
+    compact_below: Option<f64>,
     ssd_segment_bytes: Option<u64>,
     ssd_direct: Option<DirectIo>,
     ssd_io: Option<IoBackend>,
@@ -111,6 +113,7 @@ impl StoreBuilder {
             eviction: None,
             ssd_dirs: None,
             ssd_capacity: None,
+            compact_below: None,
             ssd_segment_bytes: None,
             ssd_direct: None,
             ssd_io: None,
@@ -152,6 +155,9 @@ impl StoreBuilder {
     setter!(
         /// SSD bytes over all directories.
         ssd_capacity, ssd_capacity, u64);
+    setter!(
+        /// Sealed segments whose live bytes fall below this fraction are compacted.
+        compact_below, compact_below, f64);
     setter!(
         /// Size of one log segment.
         ssd_segment_bytes, ssd_segment_bytes, u64);
@@ -254,7 +260,10 @@ impl StoreBuilder {
         let ssd = if dirs.is_empty() {
             None
         } else {
-            let capacity = bytes(self.ssd_capacity, "UMBP_SSD_CAPACITY", 64 << 30)?;
+            let capacity = match self.ssd_capacity {
+                Some(c) => Some(c),
+                None => parse_bytes(env, "UMBP_SSD_CAPACITY")?,
+            };
             let segment_bytes = bytes(self.ssd_segment_bytes, "UMBP_SSD_SEGMENT_BYTES", 256 << 20)?;
             if segment_bytes < 16 * BLOCK || segment_bytes % BLOCK != 0 {
                 return Err(bad(
@@ -263,11 +272,22 @@ impl StoreBuilder {
                     "must be a multiple of 4096 of at least 64 KiB",
                 ));
             }
-            if capacity < segment_bytes {
+            if let Some(c) = capacity.filter(|&c| c < segment_bytes) {
                 return Err(bad(
                     "UMBP_SSD_CAPACITY",
-                    capacity.to_string(),
+                    c.to_string(),
                     "must hold at least one segment",
+                ));
+            }
+            let compact_below = match self.compact_below {
+                Some(v) => v,
+                None => parse_var::<f64>(env, "UMBP_SSD_COMPACT_BELOW")?.unwrap_or(0.5),
+            };
+            if !(0.0..1.0).contains(&compact_below) {
+                return Err(bad(
+                    "UMBP_SSD_COMPACT_BELOW",
+                    compact_below.to_string(),
+                    "must be a fraction in [0, 1)",
                 ));
             }
             let direct = match self.ssd_direct {
@@ -284,6 +304,7 @@ impl StoreBuilder {
                 segment_bytes,
                 direct,
                 io,
+                compact_below,
             })
         };
         let ssd_staging_bytes = bytes(self.staging_bytes, "UMBP_SSD_STAGING_BYTES", 32 << 20)?;
@@ -388,6 +409,7 @@ mod tests {
             ("UMBP_SSD_DIRECT", "sometimes"),
             ("UMBP_SSD_IO", "aio"),
             ("UMBP_SSD_CAPACITY", "1K"),
+            ("UMBP_SSD_COMPACT_BELOW", "1.5"),
         ] {
             let err = with(&[("UMBP_SSD_DIRS", "/tmp/x"), (var, value)]).config().unwrap_err();
             assert!(err.to_string().contains(var), "{var}={value:?}: {err}");

@@ -25,28 +25,35 @@ pub struct DramEntry {
     runs: Box<[PageRun]>,
     /// Logical time of the last access.
     pub last_access: AtomicU64,
-    /// False while its put is still copying in: invisible to readers, never evicted.
-    pub ready: bool,
-    /// Identifies the put that created it.
-    pub generation: u64,
+    /// The object's version (shared with the SSD log's sequence numbers): a copy never replaces
+    /// a newer one.
+    pub version: u64,
     /// True when the SSD tier holds this same version (written through, or promoted from it):
     /// demoting it needs no write.
     pub on_ssd: bool,
 }
 
+/// A reservation: space being copied into, invisible to readers and never evicted.
+#[derive(Debug)]
+struct Pending {
+    key: Arc<str>,
+    entry: DramEntry,
+}
+
 /// Why a reservation failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReserveError {
-    /// Another put of the key is still copying in.
-    Conflict,
     /// Not enough free pages (in few enough runs).
     NoSpace,
 }
 
-/// The arena's index and allocator.
+/// The arena's index and allocator. Committed objects and reservations are kept apart: a
+/// reservation never hides or frees the committed version of its key, and several puts (or a put
+/// and a promotion) of one key may copy at once; the newest version wins at commit.
 #[derive(Debug)]
 pub struct DramState {
     map: HashMap<Arc<str>, DramEntry>,
+    pending: HashMap<u64, Pending>,
     alloc: PageAllocator,
     base: u64,
     page: u64,
@@ -59,6 +66,7 @@ impl DramState {
     pub fn new(base: u64, capacity: u64, page: u64) -> Self {
         DramState {
             map: HashMap::new(),
+            pending: HashMap::new(),
             alloc: PageAllocator::new((capacity / page) as u32),
             base,
             page,
@@ -72,7 +80,7 @@ impl DramState {
         self.alloc.total_pages() as u64 * self.page
     }
 
-    /// Bytes allocated (whole pages).
+    /// Bytes allocated (whole pages, committed and reserved).
     pub fn used(&self) -> u64 {
         (self.alloc.total_pages() - self.alloc.free_pages()) as u64 * self.page
     }
@@ -82,43 +90,25 @@ impl DramState {
         len.div_ceil(self.page) * self.page
     }
 
-    /// Number of objects (ready or not).
+    /// Number of committed objects.
     pub fn len(&self) -> usize {
         self.map.len()
     }
 
-    /// True when no object is stored.
+    /// True when no object is committed.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
 
-    /// The ready entry of `key`.
+    /// The committed entry of `key`.
     #[inline]
     pub fn get(&self, key: &str) -> Option<&DramEntry> {
-        self.map.get(key).filter(|e| e.ready)
+        self.map.get(key)
     }
 
-    /// Reserves arena space for `key`, replacing a ready entry of it. The new entry is invisible
-    /// until [`DramState::commit`]. Returns its generation.
-    pub fn reserve(&mut self, key: &str, len: u64, depth: u32) -> Result<u64, ReserveError> {
-        if let Some(old) = self.map.get(key) {
-            if !old.ready {
-                return Err(ReserveError::Conflict);
-            }
-        }
-        self.reserve_unchecked(key, len, depth)
-    }
-
-    /// Like [`DramState::reserve`], but only when `key` is not in the arena at all (promotion must
-    /// never replace a newer version put meanwhile).
-    pub fn reserve_absent(&mut self, key: &str, len: u64, depth: u32) -> Result<u64, ReserveError> {
-        if self.map.contains_key(key) {
-            return Err(ReserveError::Conflict);
-        }
-        self.reserve_unchecked(key, len, depth)
-    }
-
-    fn reserve_unchecked(&mut self, key: &str, len: u64, depth: u32) -> Result<u64, ReserveError> {
+    /// Reserves arena space for version `version` of `key`. The committed entry of the key (if
+    /// any) stays visible until [`DramState::commit`]. Returns the reservation's generation.
+    pub fn reserve(&mut self, key: &str, len: u64, depth: u32, version: u64) -> Result<u64, ReserveError> {
         let pages = len.div_ceil(self.page);
         if pages == 0 || pages > u32::MAX as u64 {
             return Err(ReserveError::NoSpace);
@@ -149,30 +139,51 @@ impl DramState {
             extents,
             runs: runs.as_slice().into(),
             last_access: AtomicU64::new(0),
-            ready: false,
-            generation,
+            version,
             on_ssd: false,
         };
         self.runs = runs;
-        if let Some(old) = self.map.insert(Arc::from(key), entry) {
-            self.free_runs(&old);
-        }
+        self.pending.insert(
+            generation,
+            Pending {
+                key: Arc::from(key),
+                entry,
+            },
+        );
         Ok(generation)
     }
 
-    /// Publishes (`ok`) or drops the entry reserved for `key` by `generation`; `on_ssd` says the
-    /// SSD tier holds the same bytes.
-    pub fn commit(&mut self, key: &str, generation: u64, ok: bool, now: u64, on_ssd: bool) {
-        let Some(e) = self.map.get_mut(key) else { return };
-        if e.generation != generation {
-            return;
-        }
-        if ok {
-            e.ready = true;
-            e.on_ssd = on_ssd;
-            e.last_access.store(now, Ordering::Relaxed);
-        } else if let Some(old) = self.map.remove(key) {
-            self.free_runs(&old);
+    /// Where reservation `generation` copies to.
+    pub fn pending_extents(&self, generation: u64) -> Option<&[Extent]> {
+        self.pending.get(&generation).map(|p| &*p.entry.extents)
+    }
+
+    /// Ends reservation `generation`: when `ok`, `allowed` agrees and no newer version of the key
+    /// is committed, it becomes the key's committed entry (the older one's pages are freed;
+    /// readers of them hold this state's shared lock, so none is reading). Otherwise its pages
+    /// are freed. Returns true when it was published.
+    pub fn commit(
+        &mut self,
+        generation: u64,
+        ok: bool,
+        now: u64,
+        on_ssd: bool,
+        allowed: impl FnOnce(&str, u64) -> bool,
+    ) -> bool {
+        let Some(Pending { key, mut entry }) = self.pending.remove(&generation) else {
+            return false;
+        };
+        let newer_committed = self.map.get(&key).is_some_and(|e| e.version >= entry.version);
+        if ok && !newer_committed && allowed(&key, entry.version) {
+            entry.on_ssd = on_ssd;
+            entry.last_access.store(now, Ordering::Relaxed);
+            if let Some(old) = self.map.insert(key, entry) {
+                self.free_runs(&old);
+            }
+            true
+        } else {
+            self.free_runs(&entry);
+            false
         }
     }
 
@@ -182,22 +193,30 @@ impl DramState {
         }
     }
 
-    /// Removes `key`. `Err(Conflict)` while a put of it is copying in.
-    pub fn remove(&mut self, key: &str) -> Result<bool, ReserveError> {
-        match self.map.get(key) {
-            None => Ok(false),
-            Some(e) if !e.ready => Err(ReserveError::Conflict),
-            Some(_) => {
-                let e = self.map.remove(key).expect("present");
+    /// Removes the committed entry of `key`. False if there is none.
+    pub fn remove(&mut self, key: &str) -> bool {
+        match self.map.remove(key) {
+            None => false,
+            Some(e) => {
                 self.free_runs(&e);
-                Ok(true)
+                true
             }
         }
     }
 
-    /// Chooses ready objects to evict so that at least `bytes` are freed, by `policy`.
+    /// Removes the committed entry of `key` if its version is below `version` (a newer version
+    /// was stored elsewhere). True if one was removed.
+    pub fn remove_older(&mut self, key: &str, version: u64) -> bool {
+        if self.map.get(key).is_some_and(|e| e.version < version) {
+            self.remove(key)
+        } else {
+            false
+        }
+    }
+
+    /// Chooses committed objects to evict so that at least `bytes` are freed, by `policy`.
     pub fn victims(&self, policy: EvictionPolicy, bytes: u64, out: &mut Vec<Arc<str>>) {
-        let keys: Vec<&Arc<str>> = self.map.iter().filter(|(_, e)| e.ready).map(|(k, _)| k).collect();
+        let keys: Vec<&Arc<str>> = self.map.keys().collect();
         let mut cands: Vec<Candidate> = keys
             .iter()
             .enumerate()
@@ -224,7 +243,7 @@ impl DramState {
         Some(e)
     }
 
-    /// The entry of `key`, ready or not (for demotion).
+    /// The committed entry of `key` (for demotion).
     pub fn entry(&self, key: &str) -> Option<&DramEntry> {
         self.map.get(key)
     }
@@ -239,47 +258,49 @@ mod tests {
     }
 
     fn put(s: &mut DramState, key: &str, len: u64, depth: u32, now: u64) {
-        let g = s.reserve(key, len, depth).unwrap();
-        s.commit(key, g, true, now, false);
+        let v = now;
+        let g = s.reserve(key, len, depth, v).unwrap();
+        assert!(s.commit(g, true, now, false, |_, _| true));
     }
 
     #[test]
-    fn pending_entries_are_invisible_and_conflict() {
+    fn reservations_never_hide_the_committed_version() {
         let mut s = state();
-        let g = s.reserve("a", 5000, 0).unwrap();
-        assert!(s.get("a").is_none());
-        assert_eq!(s.reserve("a", 10, 0), Err(ReserveError::Conflict));
-        assert_eq!(s.remove("a"), Err(ReserveError::Conflict));
+        put(&mut s, "a", 4096, 0, 1);
+        let g = s.reserve("a", 5000, 0, 5).unwrap();
+        // The committed version stays readable while the new one copies in.
+        assert_eq!(s.get("a").unwrap().version, 1);
+        // A second writer of the same key is no conflict.
+        let g2 = s.reserve("a", 100, 0, 6).unwrap();
         let mut v = Vec::new();
         s.victims(EvictionPolicy::Lru, u64::MAX, &mut v);
-        assert!(v.is_empty(), "a pending entry is never a victim");
-        s.commit("a", g, true, 1, false);
-        let e = s.get("a").unwrap();
-        assert_eq!(e.extents.iter().map(|x| x.len).sum::<u64>(), 5000);
-        assert_eq!(s.used(), 8192);
-        assert_eq!(s.remove("a"), Ok(true));
+        assert_eq!(v.len(), 1, "reservations are never victims");
+        assert!(s.commit(g2, true, 2, false, |_, _| true));
+        // The older version finishing later does not replace the newer one.
+        assert!(!s.commit(g, true, 3, false, |_, _| true));
+        assert_eq!(s.get("a").unwrap().version, 6);
+        assert_eq!(s.used(), 4096);
+        assert!(s.remove("a"));
         assert_eq!(s.used(), 0);
     }
 
     #[test]
-    fn promotion_never_replaces_a_present_key() {
+    fn a_refused_or_failed_commit_frees_and_removes_are_final() {
         let mut s = state();
-        put(&mut s, "a", 4096, 0, 1);
-        assert_eq!(s.reserve_absent("a", 4096, 0), Err(ReserveError::Conflict));
-        assert!(s.reserve_absent("b", 4096, 0).is_ok());
-    }
-
-    #[test]
-    fn failed_commit_frees_and_replacement_reuses() {
-        let mut s = state();
-        let g = s.reserve("a", 4096, 0).unwrap();
-        s.commit("a", g, false, 1, false);
+        let g = s.reserve("a", 4096, 0, 1).unwrap();
+        assert!(!s.commit(g, false, 1, false, |_, _| true));
         assert!(s.is_empty());
         assert_eq!(s.used(), 0);
-        put(&mut s, "a", 4096, 0, 1);
-        put(&mut s, "a", 3 * 4096, 0, 2);
+        // A promotion the caller's check refuses (the SSD copy changed) is dropped.
+        let g = s.reserve("a", 4096, 0, 2).unwrap();
+        assert!(!s.commit(g, true, 1, false, |_, _| false));
+        assert!(s.get("a").is_none());
+        put(&mut s, "a", 4096, 0, 3);
+        put(&mut s, "a", 3 * 4096, 0, 4);
         assert_eq!(s.used(), 3 * 4096);
-        assert_eq!(s.reserve("big", 65 * 4096, 0), Err(ReserveError::NoSpace));
+        assert!(!s.remove_older("a", 4));
+        assert!(s.remove_older("a", 5));
+        assert_eq!(s.reserve("big", 65 * 4096, 0, 9), Err(ReserveError::NoSpace));
     }
 
     #[test]

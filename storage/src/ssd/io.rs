@@ -100,11 +100,16 @@ pub struct IoOp {
 
 const RING_ENTRIES: u32 = 256;
 
+/// Most times one batch retries `io_uring_enter` after EINTR/EAGAIN/EBUSY before it gives up on
+/// submitting more (requests already in flight are still waited for, see [`uring_run`]).
+const MAX_ENTER_RETRIES: u32 = 1 << 20;
+
 /// Submits batches of [`IoOp`]s.
 pub enum IoEngine {
     /// pread/pwrite, one op after another.
     Psync,
-    /// io_uring; rings are pooled so concurrent callers each get one.
+    /// io_uring; rings are pooled so concurrent callers each get one. A ring goes back to the
+    /// pool only with nothing in flight.
     Uring(Mutex<Vec<io_uring::IoUring>>),
 }
 
@@ -112,6 +117,14 @@ impl std::fmt::Debug for IoEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Test-only fault injection: reads that cover this file offset fail with EIO (a real EIO
+    /// cannot be produced on a healthy ext4/tmpfs file). Set and cleared by the thread that runs
+    /// the I/O.
+    pub(crate) static FAIL_READS_AT: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
 }
 
 impl IoEngine {
@@ -141,8 +154,18 @@ impl IoEngine {
         }
     }
 
-    /// Runs every op to completion. On failure returns the index of the first failed op.
+    /// Runs every op to completion. On failure returns the index of the first failed op (ops
+    /// after it may or may not have been done). Never returns while an op is still in flight.
     pub fn run(&self, ops: &[IoOp]) -> std::result::Result<(), (usize, std::io::Error)> {
+        #[cfg(test)]
+        if let Some(at) = FAIL_READS_AT.with(|f| f.get()) {
+            if let Some(i) = ops
+                .iter()
+                .position(|o| !o.write && o.offset <= at && at < o.offset + o.len as u64)
+            {
+                return Err((i, std::io::Error::from_raw_os_error(libc::EIO)));
+            }
+        }
         match self {
             IoEngine::Psync => ops
                 .iter()
@@ -155,6 +178,8 @@ impl IoEngine {
                     None => io_uring::IoUring::new(RING_ENTRIES).map_err(|e| (0, e))?,
                 };
                 let result = uring_run(&mut ring, ops);
+                // uring_run returns only once nothing it submitted is in flight and the completion
+                // queue is empty, so the ring is clean for the next caller.
                 pool.lock().push(ring);
                 result
             }
@@ -162,9 +187,18 @@ impl IoEngine {
     }
 }
 
-/// One op with pread/pwrite, looping over short transfers.
+/// True for errors after which the same call is simply tried again.
+fn retryable(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+    )
+}
+
+/// One op with pread/pwrite, looping over short transfers and EINTR/EAGAIN.
 fn psync(op: &IoOp) -> std::io::Result<()> {
     let mut done = 0usize;
+    let mut retries = 0u32;
     while done < op.len {
         // SAFETY: the caller guarantees `buf` is valid for `len` bytes for the duration of the
         // call; we pass a sub-range of it.
@@ -179,7 +213,8 @@ fn psync(op: &IoOp) -> std::io::Result<()> {
         };
         if n < 0 {
             let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
+            if retryable(&e) && retries < MAX_ENTER_RETRIES {
+                retries += 1;
                 continue;
             }
             return Err(e);
@@ -195,13 +230,27 @@ fn psync(op: &IoOp) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Runs `ops` on `ring`. Every request carries its op index as user data; a completion whose
+/// index is out of range or already completed is an error, never an index panic. The function
+/// returns only when every submitted request has completed: EINTR/EAGAIN/EBUSY from
+/// `io_uring_enter` are retried, a request that completes with EINTR/EAGAIN or short is finished
+/// with pread/pwrite, and if the ring itself keeps failing the process aborts rather than return
+/// while the kernel may still write into the caller's memory.
 fn uring_run(ring: &mut io_uring::IoUring, ops: &[IoOp]) -> std::result::Result<(), (usize, std::io::Error)> {
     use io_uring::{opcode, types};
     let mut next = 0usize;
     let mut in_flight = 0usize;
     let mut first_error: Option<(usize, std::io::Error)> = None;
+    let mut done = vec![false; ops.len()];
+    fn note(i: usize, e: std::io::Error, first_error: &mut Option<(usize, std::io::Error)>) {
+        if first_error.as_ref().is_none_or(|(j, _)| i < *j) {
+            *first_error = Some((i, e));
+        }
+    }
+    let mut enter_failures = 0u32;
     while next < ops.len() || in_flight > 0 {
-        {
+        // Stop submitting after a ring failure; still wait for what is in flight.
+        if enter_failures == 0 {
             let mut sq = ring.submission();
             while next < ops.len() && !sq.is_full() {
                 let op = &ops[next];
@@ -213,18 +262,47 @@ fn uring_run(ring: &mut io_uring::IoUring, ops: &[IoOp]) -> std::result::Result<
                 };
                 // SAFETY: the entry points into `ops[next].buf`, which the caller keeps valid until
                 // this function returns, and we wait for every submitted entry before returning.
-                unsafe { sq.push(&entry.user_data(next as u64)) }.expect("checked not full");
+                if unsafe { sq.push(&entry.user_data(next as u64)) }.is_err() {
+                    break;
+                }
                 next += 1;
                 in_flight += 1;
             }
         }
-        ring.submit_and_wait(1).map_err(|e| (next.saturating_sub(1), e))?;
+        if let Err(e) = ring.submit_and_wait(1) {
+            if !retryable(&e) {
+                enter_failures += 1;
+                if in_flight == 0 {
+                    // Nothing submitted is outstanding: report and leave the rest undone.
+                    note(next, e, &mut first_error);
+                    next = ops.len();
+                    break;
+                }
+                if enter_failures > 1000 {
+                    eprintln!("umbp: io_uring_enter keeps failing with {in_flight} request(s) in flight: {e}");
+                    std::process::abort();
+                }
+            } else if enter_failures > 0 {
+                enter_failures += 1;
+            }
+        }
         for cqe in ring.completion() {
-            in_flight -= 1;
             let i = cqe.user_data() as usize;
+            if i >= ops.len() || done[i] {
+                note(
+                    ops.len().saturating_sub(1),
+                    std::io::Error::other(format!("unexpected io_uring completion {i}")),
+                    &mut first_error,
+                );
+                continue;
+            }
+            done[i] = true;
+            in_flight -= 1;
             let res = cqe.result();
             let op = &ops[i];
-            let outcome = if res < 0 {
+            let outcome = if res == -libc::EINTR || res == -libc::EAGAIN {
+                psync(op)
+            } else if res < 0 {
                 Err(std::io::Error::from_raw_os_error(-res))
             } else if (res as usize) < op.len {
                 // Short transfer: finish the rest synchronously.
@@ -235,16 +313,24 @@ fn uring_run(ring: &mut io_uring::IoUring, ops: &[IoOp]) -> std::result::Result<
                     len: op.len - res as usize,
                     ..*op
                 };
-                psync(&rest)
+                if res == 0 && !op.write {
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("{} bytes short at offset {}", op.len, op.offset),
+                    ))
+                } else {
+                    psync(&rest)
+                }
             } else {
                 Ok(())
             };
             if let Err(e) = outcome {
-                if first_error.as_ref().is_none_or(|(j, _)| i < *j) {
-                    first_error = Some((i, e));
-                }
+                note(i, e, &mut first_error);
             }
         }
+    }
+    if next < ops.len() && first_error.is_none() {
+        first_error = Some((next, std::io::Error::other("io_uring submission stopped")));
     }
     first_error.map_or(Ok(()), Err)
 }

@@ -13,15 +13,26 @@ use te_base::Phase;
 use te_core::TransferRequest;
 
 use super::{RangedGet, Store};
-use crate::error::{Result, StoreError};
-use crate::range_map::{check_get_ranges, map_range};
-use crate::ssd::log::{ReadSpan, SsdEntry, SsdLog};
+use crate::error::{Result, StoreError, Tier};
+use crate::range_map::{check_get_ranges, map_range, Range};
+use crate::ssd::log::{LogCore, ReadSpan, SsdEntry};
 
 /// Where a key of a read was found.
 enum Found {
     Missing,
     Dram,
     Ssd(SsdEntry),
+    /// A data error decided at resolve time (buffer too small, damaged record).
+    Failed,
+}
+
+/// What a read call asks for.
+pub(crate) enum Wants<'a, 'b> {
+    /// Ranges of each object.
+    Ranges(&'b [RangedGet<'a>]),
+    /// Whole objects: `(key, addr, capacity)`; the size is taken under the same lookup as the
+    /// bytes.
+    Whole(&'b [(&'a str, u64, u64)]),
 }
 
 impl Store {
@@ -30,41 +41,114 @@ impl Store {
     /// a bad key) fail the whole call before any byte moves. Per key: the bytes delivered, or its
     /// data error (missing, corrupt, I/O).
     pub fn batch_get_ranges(&self, items: &[RangedGet<'_>]) -> Result<Vec<Result<u64>>> {
+        self.get_objects(Wants::Ranges(items))
+    }
+
+    pub(crate) fn get_objects(&self, wants: Wants<'_, '_>) -> Result<Vec<Result<u64>>> {
         self.check_open()?;
         let timer = self.inner.timer.clone();
         let t0 = timer.start();
-        Self::check_keys(items.iter().map(|i| i.key))?;
-        {
-            let callers = self.inner.callers.read();
-            for (k, it) in items.iter().enumerate() {
-                callers.check(k, it.ranges)?;
+        let n = match &wants {
+            Wants::Ranges(items) => items.len(),
+            Wants::Whole(items) => items.len(),
+        };
+        match &wants {
+            Wants::Ranges(items) => {
+                Self::check_keys(items.iter().map(|i| i.key))?;
+                let callers = self.inner.callers.read();
+                for (k, it) in items.iter().enumerate() {
+                    callers.check(k, it.ranges)?;
+                }
             }
+            Wants::Whole(items) => Self::check_keys(items.iter().map(|i| i.0))?,
         }
         let t1 = timer.lap(Phase::Classify, t0);
 
         let now = self.now();
-        let mut found: Vec<Found> = Vec::with_capacity(items.len());
+        let mut found: Vec<Found> = Vec::with_capacity(n);
+        let mut errors: Vec<Option<StoreError>> = (0..n).map(|_| None).collect();
+        let mut whole: Vec<[Range; 1]> = Vec::new();
         let mut scratch = Vec::new();
         let dram_guard = self.inner.dram.as_ref().map(|d| d.state.read());
         {
+            // Both tiers are resolved under their shared locks held together: a put or remove
+            // (which takes the DRAM lock exclusively) is either wholly before or after this.
             let ssd_index = self.inner.ssd.as_ref().map(|s| s.log.index());
-            for (k, it) in items.iter().enumerate() {
-                if let Some(e) = dram_guard.as_ref().and_then(|d| d.get(it.key)) {
-                    check_get_ranges(k, e.len, it.ranges, &mut scratch)?;
-                    e.last_access.store(now, Ordering::Relaxed);
-                    found.push(Found::Dram);
-                } else if let Some(e) = ssd_index.as_ref().and_then(|s| s.get(it.key)) {
-                    check_get_ranges(k, e.payload_len, it.ranges, &mut scratch)?;
-                    found.push(Found::Ssd(e.clone()));
-                } else {
-                    check_get_ranges(k, u64::MAX, it.ranges, &mut scratch)?;
-                    found.push(Found::Missing);
+            if let Wants::Whole(items) = &wants {
+                whole.reserve(n);
+                for (k, &(key, addr, cap)) in items.iter().enumerate() {
+                    let len = if let Some(e) = dram_guard.as_ref().and_then(|d| d.get(key)) {
+                        e.last_access.store(now, Ordering::Relaxed);
+                        found.push(Found::Dram);
+                        Some(e.len)
+                    } else if let Some(e) = ssd_index.as_ref().and_then(|s| s.get(key)) {
+                        found.push(Found::Ssd(e.clone()));
+                        Some(e.payload_len)
+                    } else {
+                        found.push(Found::Missing);
+                        None
+                    };
+                    let len = len.unwrap_or(0);
+                    if len > cap {
+                        errors[k] = Some(StoreError::BufferTooSmall {
+                            key: key.to_owned(),
+                            need: len,
+                            have: cap,
+                        });
+                        found[k] = Found::Failed;
+                    }
+                    whole.push([Range::new(0, len, addr)]);
+                }
+            }
+            let views: Vec<(&str, &[Range])> = match &wants {
+                Wants::Ranges(items) => items.iter().map(|i| (i.key, i.ranges)).collect(),
+                Wants::Whole(items) => items.iter().zip(&whole).map(|(i, r)| (i.0, &r[..])).collect(),
+            };
+            if let Wants::Ranges(_) = &wants {
+                for (k, &(key, ranges)) in views.iter().enumerate() {
+                    if let Some(e) = dram_guard.as_ref().and_then(|d| d.get(key)) {
+                        check_get_ranges(k, e.len, ranges, &mut scratch)?;
+                        e.last_access.store(now, Ordering::Relaxed);
+                        found.push(Found::Dram);
+                    } else if let Some(e) = ssd_index.as_ref().and_then(|s| s.get(key)) {
+                        check_get_ranges(k, e.payload_len, ranges, &mut scratch)?;
+                        found.push(Found::Ssd(e.clone()));
+                    } else {
+                        check_get_ranges(k, u64::MAX, ranges, &mut scratch)?;
+                        found.push(Found::Missing);
+                    }
+                }
+            } else {
+                let callers = self.inner.callers.read();
+                for (k, &(_, ranges)) in views.iter().enumerate() {
+                    if matches!(found[k], Found::Dram | Found::Ssd(_)) {
+                        callers.check(k, ranges)?;
+                    }
+                }
+            }
+            for (k, f) in found.iter_mut().enumerate() {
+                if let Found::Ssd(e) = f {
+                    if e.is_damaged() {
+                        errors[k] = Some(StoreError::Corrupt {
+                            key: views[k].0.to_owned(),
+                            tier: Tier::Ssd,
+                            detail: "the record's header failed its CRC32C".into(),
+                        });
+                        *f = Found::Failed;
+                    }
                 }
             }
         }
+        let items: Vec<RangedGet<'_>> = match &wants {
+            Wants::Ranges(items) => items.to_vec(),
+            Wants::Whole(items) => items
+                .iter()
+                .zip(&whole)
+                .map(|(i, r)| RangedGet { key: i.0, ranges: r })
+                .collect(),
+        };
         let t2 = timer.lap(Phase::Resolve, t1);
 
-        let mut errors: Vec<Option<StoreError>> = (0..items.len()).map(|_| None).collect();
         let mut dram_bytes = 0u64;
         if let Some(guard) = dram_guard {
             let n: usize = items
@@ -95,13 +179,13 @@ impl Store {
             drop(guard);
         }
 
-        let ssd_bytes = self.read_from_ssd(items, &found, &mut errors)?;
+        let ssd_bytes = self.read_from_ssd(&items, &found, &mut errors)?;
         let t3 = timer.start();
         let mut results = Vec::with_capacity(items.len());
         for (k, (it, f)) in items.iter().zip(found).enumerate() {
             results.push(match (errors[k].take(), f) {
                 (Some(e), _) => Err(e),
-                (None, Found::Missing) => Err(StoreError::NotFound { key: it.key.to_owned() }),
+                (None, Found::Missing | Found::Failed) => Err(StoreError::NotFound { key: it.key.to_owned() }),
                 (None, _) => Ok(it.ranges.iter().map(|r| r.len).sum()),
             });
         }
@@ -147,7 +231,7 @@ impl Store {
                 let k = keys[next];
                 let Found::Ssd(e) = &found[k] else { unreachable!() };
                 let (s0, r0, c0) = (spans.len(), range_at.len(), cursor);
-                SsdLog::plan_ranges(
+                LogCore::plan_ranges(
                     entries.len(),
                     items[k].ranges.iter().map(|r| (r.offset, r.len)),
                     &mut spans,
@@ -213,7 +297,7 @@ impl Store {
             timer.lap(Phase::Build, t2);
             self.run_batch(&requests, &owner, errors)?;
             // Whole objects read as one span from block 0 are promoted from staging into DRAM.
-            let mut promote: Vec<(&str, u64, u64, u32)> = Vec::new();
+            let mut promote: Vec<(&str, u64, u64, u32, u64)> = Vec::new();
             for (c, &k) in chunk_keys.iter().enumerate() {
                 if errors[k].is_some() {
                     continue;
@@ -228,6 +312,7 @@ impl Store {
                         slot.addr() + spans[s0].staging_offset,
                         e.payload_len,
                         e.depth,
+                        e.seq(),
                     ));
                 }
             }

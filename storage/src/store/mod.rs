@@ -21,7 +21,7 @@ use te_core::{
 };
 
 use crate::config::{StoreBuilder, StoreConfig};
-use crate::dram::tier::{DramState, ReserveError};
+use crate::dram::tier::DramState;
 use crate::error::{Result, StoreError};
 use crate::eviction::EvictionPolicy;
 use crate::range_map::Range;
@@ -95,16 +95,30 @@ pub struct StoreStats {
     pub ssd_delivered_bytes: u64,
     /// Objects demoted from DRAM to SSD.
     pub demoted: u64,
-    /// Objects evicted from DRAM without an SSD copy.
+    /// Objects evicted from DRAM without an SSD copy (no SSD tier).
     pub dropped: u64,
+    /// Demotions that failed (the object stayed in DRAM).
+    pub demotion_failed: u64,
     /// Objects promoted from SSD to DRAM.
     pub promoted: u64,
     /// Keys put successfully.
     pub puts_ok: u64,
     /// Keys whose put failed.
     pub puts_failed: u64,
-    /// Records dropped at open as torn or corrupt.
+    /// Torn tails truncated at open.
     pub ssd_torn_dropped: u64,
+    /// Damaged records found at open (their keys read `Corrupt`).
+    pub ssd_corrupt_records: u64,
+    /// Bytes of SSD segment files.
+    pub ssd_file_bytes: u64,
+    /// Bytes the SSD tier may use.
+    pub ssd_capacity_bytes: u64,
+    /// Segments compacted and deleted.
+    pub ssd_segments_compacted: u64,
+    /// Bytes rewritten by compaction.
+    pub ssd_compaction_written_bytes: u64,
+    /// Segment bytes deleted by compaction.
+    pub ssd_compaction_freed_bytes: u64,
     /// The SSD I/O engine (`uring`, `psync`), empty without SSD.
     pub ssd_io_engine: String,
     /// True when the SSD files use O_DIRECT.
@@ -117,6 +131,7 @@ struct Counters {
     ssd_delivered_bytes: AtomicU64,
     demoted: AtomicU64,
     dropped: AtomicU64,
+    demotion_failed: AtomicU64,
     promoted: AtomicU64,
     puts_ok: AtomicU64,
     puts_failed: AtomicU64,
@@ -145,6 +160,8 @@ pub(crate) struct Inner {
     pub(crate) ssd: Option<Ssd>,
     callers: RwLock<CallerTable>,
     clock: AtomicU64,
+    /// Object versions when there is no SSD log (with one, its sequence numbers are used).
+    versions: AtomicU64,
     pub(crate) timer: PhaseTimer,
     stats: Option<Arc<PhaseStats>>,
     counters: Counters,
@@ -240,6 +257,7 @@ impl Store {
                 ssd,
                 callers: RwLock::new(CallerTable::default()),
                 clock: AtomicU64::new(1),
+                versions: AtomicU64::new(1),
                 timer,
                 stats,
                 counters: Counters::default(),
@@ -303,6 +321,15 @@ impl Store {
         self.inner.clock.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// A new object version, above every version stored (the SSD log's sequence numbers when
+    /// there is one, so versions compare across tiers and restarts).
+    pub(crate) fn next_version(&self) -> u64 {
+        match &self.inner.ssd {
+            Some(s) => s.log.next_seq(),
+            None => self.inner.versions.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
     /// True if `key` is in any tier.
     pub fn exists(&self, key: &str) -> bool {
         if let Some(d) = &self.inner.dram {
@@ -326,19 +353,19 @@ impl Store {
             .count()
     }
 
-    /// Removes `key` from every tier. False if it was in none.
+    /// Removes `key` from every tier. False if it was in none. Both tiers drop the key under
+    /// the DRAM lock, so no promotion or demotion can bring the removed version back; the SSD
+    /// record is marked dead on disk before this returns.
     pub fn remove(&self, key: &str) -> Result<bool> {
         self.check_open()?;
-        let mut found = false;
-        if let Some(d) = &self.inner.dram {
-            match d.state.write().remove(key) {
-                Ok(f) => found |= f,
-                Err(ReserveError::Conflict) => return Err(StoreError::WriteConflict { key: key.to_owned() }),
-                Err(ReserveError::NoSpace) => {}
-            }
-        }
-        if let Some(s) = &self.inner.ssd {
-            found |= s.log.remove(key)?;
+        Self::check_keys(std::iter::once(key))?;
+        let mut dram = self.inner.dram.as_ref().map(|d| d.state.write());
+        let mut found = dram.as_mut().is_some_and(|st| st.remove(key));
+        let old = self.inner.ssd.as_ref().and_then(|s| s.log.unpublish(key));
+        drop(dram);
+        if let (Some(old), Some(s)) = (old, &self.inner.ssd) {
+            found = true;
+            s.log.retire(&old)?;
         }
         Ok(found)
     }
@@ -351,43 +378,11 @@ impl Store {
     }
 
     /// Gets whole objects into registered caller buffers: `(key, addr, capacity)` each. Per key:
-    /// the object's length, or its data error (`BufferTooSmall` when it does not fit).
+    /// the object's length, or its data error (`BufferTooSmall` when it does not fit). The size
+    /// and the bytes come from one lookup, so a concurrent put never yields a truncated or mixed
+    /// object.
     pub fn batch_get(&self, items: &[(&str, u64, u64)]) -> Result<Vec<Result<u64>>> {
-        let sizes = self.object_lens(items.iter().map(|i| i.0));
-        let mut ranges: Vec<[Range; 1]> = Vec::with_capacity(items.len());
-        let mut results: Vec<Option<Result<u64>>> = Vec::with_capacity(items.len());
-        for (&(key, addr, cap), size) in items.iter().zip(&sizes) {
-            match size {
-                None => {
-                    results.push(Some(Err(StoreError::NotFound { key: key.to_owned() })));
-                    ranges.push([Range::new(0, 1, addr)]);
-                }
-                Some(n) if *n > cap => {
-                    results.push(Some(Err(StoreError::BufferTooSmall {
-                        key: key.to_owned(),
-                        need: *n,
-                        have: cap,
-                    })));
-                    ranges.push([Range::new(0, 1, addr)]);
-                }
-                Some(n) => {
-                    results.push(None);
-                    ranges.push([Range::new(0, *n, addr)]);
-                }
-            }
-        }
-        let gets: Vec<RangedGet<'_>> = items
-            .iter()
-            .zip(&ranges)
-            .zip(&results)
-            .filter(|(_, r)| r.is_none())
-            .map(|((&(key, _, _), ranges), _)| RangedGet { key, ranges })
-            .collect();
-        let mut got = self.batch_get_ranges(&gets)?.into_iter();
-        Ok(results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| got.next().expect("one result per get")))
-            .collect())
+        self.get_objects(get::Wants::Whole(items))
     }
 
     /// The object lengths of `keys` (None where absent), under one shared lock per tier.
@@ -420,17 +415,38 @@ impl Store {
 
     /// Gets one whole object into a new vector.
     pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
-        let Some(len) = self.object_lens(std::iter::once(key))[0] else {
+        let Some(mut len) = self.object_lens(std::iter::once(key))[0] else {
             return Err(StoreError::NotFound { key: key.to_owned() });
         };
-        let mut out = vec![0u8; len as usize];
-        let addr = out.as_mut_ptr() as u64;
-        let temp = self.temp_register(addr, len).await?;
-        let got = self.batch_get(&[(key, addr, len)]);
-        self.temp_release(temp).await?;
-        let n = got?.remove(0)?;
-        out.truncate(n as usize);
-        Ok(out)
+        // The object may be replaced by a larger one between the size lookup and the read: retry
+        // with the new size a bounded number of times.
+        for _ in 0..8 {
+            let mut out = vec![0u8; len.max(1) as usize];
+            let addr = out.as_mut_ptr() as u64;
+            let temp = self.temp_register(addr, out.len() as u64).await?;
+            let got = self.batch_get(&[(key, addr, out.len() as u64)]);
+            self.temp_release(temp).await?;
+            match got?.remove(0) {
+                Ok(n) => {
+                    out.truncate(n as usize);
+                    return Ok(out);
+                }
+                Err(StoreError::BufferTooSmall { need, .. }) => len = need,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StoreError::WriteConflict { key: key.to_owned() })
+    }
+
+    /// Runs compaction of the SSD log now (it also runs in the background): every sealed
+    /// segment whose live fraction is below `UMBP_SSD_COMPACT_BELOW`, or with `force` every one
+    /// with any dead byte. Returns the number of segments compacted.
+    pub fn compact(&self, force: bool) -> Result<u64> {
+        self.check_open()?;
+        match &self.inner.ssd {
+            Some(s) => s.log.compact(force),
+            None => Ok(0),
+        }
     }
 
     async fn temp_register(&self, addr: u64, len: u64) -> Result<Option<u64>> {
@@ -483,6 +499,7 @@ impl Store {
             ssd_delivered_bytes: c.ssd_delivered_bytes.load(Ordering::Relaxed),
             demoted: c.demoted.load(Ordering::Relaxed),
             dropped: c.dropped.load(Ordering::Relaxed),
+            demotion_failed: c.demotion_failed.load(Ordering::Relaxed),
             promoted: c.promoted.load(Ordering::Relaxed),
             puts_ok: c.puts_ok.load(Ordering::Relaxed),
             puts_failed: c.puts_failed.load(Ordering::Relaxed),
@@ -500,6 +517,12 @@ impl Store {
             s.ssd_read_bytes = k.bytes_read.load(Ordering::Relaxed);
             s.ssd_written_bytes = k.bytes_written.load(Ordering::Relaxed);
             s.ssd_torn_dropped = k.torn_dropped.load(Ordering::Relaxed);
+            s.ssd_corrupt_records = k.corrupt_records.load(Ordering::Relaxed);
+            s.ssd_file_bytes = ssd.log.file_bytes();
+            s.ssd_capacity_bytes = ssd.log.capacity();
+            s.ssd_segments_compacted = k.segments_compacted.load(Ordering::Relaxed);
+            s.ssd_compaction_written_bytes = k.compaction_written.load(Ordering::Relaxed);
+            s.ssd_compaction_freed_bytes = k.compaction_freed.load(Ordering::Relaxed);
             s.ssd_io_engine = ssd.log.io_engine().to_owned();
             s.ssd_direct_io = ssd.log.direct_io();
         }
@@ -555,7 +578,7 @@ impl Store {
         Ok(())
     }
 
-    fn check_keys<'a>(keys: impl Iterator<Item = &'a str>) -> Result<()> {
+    pub(crate) fn check_keys<'a>(keys: impl Iterator<Item = &'a str>) -> Result<()> {
         for (i, k) in keys.enumerate() {
             if k.is_empty() || k.len() > MAX_KEY_LEN {
                 return Err(StoreError::BadKey {

@@ -58,42 +58,59 @@ impl Store {
             }
         }
         timer.lap(Phase::Classify, t0);
+        let versions: Vec<u64> = items.iter().map(|_| self.next_version()).collect();
         let mut errors: Vec<Option<StoreError>> = (0..items.len()).map(|_| None).collect();
         let all: Vec<usize> = (0..items.len()).collect();
-        let mut to_ssd: Vec<usize> = Vec::new();
-        let write_through = self.inner.cfg.write_through && self.inner.ssd.is_some();
+        let has_ssd = self.inner.ssd.is_some();
+        let write_through = self.inner.cfg.write_through && has_ssd;
         match &self.inner.dram {
+            Some(d) if write_through => {
+                // SSD first: DRAM never holds a version the SSD write then failed to store.
+                self.put_ssd(items, &all, &versions, &mut errors)?;
+                let stored: Vec<usize> = all.iter().copied().filter(|&k| errors[k].is_none()).collect();
+                let mut overflow = Vec::new();
+                let mut dram_errors: Vec<Option<StoreError>> = (0..items.len()).map(|_| None).collect();
+                self.put_dram(
+                    d,
+                    items,
+                    &stored,
+                    &versions,
+                    Source::Caller,
+                    true,
+                    &mut dram_errors,
+                    &mut overflow,
+                );
+                // The SSD holds the new version either way: no older DRAM copy may stay.
+                self.drop_older_dram(d, items, &stored, &versions);
+            }
             Some(d) => {
-                self.put_dram(d, items, &all, Source::Caller, write_through, &mut errors, &mut to_ssd);
-                if write_through {
-                    to_ssd = (0..items.len()).filter(|&k| errors[k].is_none()).collect();
-                }
-            }
-            None => to_ssd = all,
-        }
-        if !to_ssd.is_empty() {
-            if self.inner.ssd.is_some() {
-                self.put_ssd(items, &to_ssd, &mut errors)?;
-            } else {
-                for k in to_ssd {
-                    errors[k].get_or_insert(StoreError::NoSpace {
-                        key: items[k].key.to_owned(),
-                        len: items[k].object_len,
-                    });
-                }
-            }
-        }
-        if write_through {
-            // A key whose SSD write failed is not durable: take its DRAM copy back out so the
-            // call's result and the store agree.
-            if let Some(d) = &self.inner.dram {
-                let mut st = d.state.write();
-                for (k, it) in items.iter().enumerate() {
-                    if errors[k].is_some() {
-                        let _ = st.remove(it.key);
+                let mut overflow = Vec::new();
+                self.put_dram(
+                    d,
+                    items,
+                    &all,
+                    &versions,
+                    Source::Caller,
+                    false,
+                    &mut errors,
+                    &mut overflow,
+                );
+                if !overflow.is_empty() {
+                    if has_ssd {
+                        self.put_ssd(items, &overflow, &versions, &mut errors)?;
+                        let stored: Vec<usize> = overflow.iter().copied().filter(|&k| errors[k].is_none()).collect();
+                        self.drop_older_dram(d, items, &stored, &versions);
+                    } else {
+                        for k in overflow {
+                            errors[k].get_or_insert(StoreError::NoSpace {
+                                key: items[k].key.to_owned(),
+                                len: items[k].object_len,
+                            });
+                        }
                     }
                 }
             }
+            None => self.put_ssd(items, &all, &versions, &mut errors)?,
         }
         let failed = errors.iter().filter(|e| e.is_some()).count() as u64;
         let c = &self.inner.counters;
@@ -104,13 +121,28 @@ impl Store {
         Ok(errors.into_iter().map(|e| e.map_or(Ok(()), Err)).collect())
     }
 
-    /// Puts `keys` of `items` into DRAM. Keys that DRAM cannot hold go to `overflow`.
+    /// Removes DRAM copies of `keys` older than the versions just stored on SSD.
+    fn drop_older_dram(&self, d: &Dram, items: &[RangedPut<'_>], keys: &[usize], versions: &[u64]) {
+        if keys.is_empty() {
+            return;
+        }
+        let mut st = d.state.write();
+        for &k in keys {
+            st.remove_older(items[k].key, versions[k]);
+        }
+    }
+
+    /// Puts `keys` of `items` into DRAM as versions `versions[k]`. Keys that DRAM cannot hold go
+    /// to `overflow`. A version older than the committed one is dropped (a newer put won).
+    /// Promotions (`Source::Staging`) never evict, and commit only while the SSD log still holds
+    /// exactly the version they read.
     #[allow(clippy::too_many_arguments)]
     fn put_dram(
         &self,
         d: &Dram,
         items: &[RangedPut<'_>],
         keys: &[usize],
+        versions: &[u64],
         source: Source,
         on_ssd: bool,
         errors: &mut [Option<StoreError>],
@@ -135,40 +167,31 @@ impl Store {
         let mut reserved: Vec<(usize, u64)> = Vec::with_capacity(keys.len());
         for &k in keys {
             let it = &items[k];
-            let mut attempt = match source {
-                Source::Caller => st.reserve(it.key, it.object_len, it.depth),
-                Source::Staging => st.reserve_absent(it.key, it.object_len, it.depth),
-            };
-            if attempt == Err(ReserveError::NoSpace)
-                && matches!(source, Source::Caller)
-                && st.footprint(it.object_len) <= cap
-            {
+            let mut attempt = st.reserve(it.key, it.object_len, it.depth, versions[k]);
+            if attempt.is_err() && matches!(source, Source::Caller) && st.footprint(it.object_len) <= cap {
                 // Fragmented or over the low watermark: evict for this object and retry once.
                 let fp = st.footprint(it.object_len);
                 self.demote(d, &mut st, fp);
-                attempt = st.reserve(it.key, it.object_len, it.depth);
+                attempt = st.reserve(it.key, it.object_len, it.depth, versions[k]);
             }
             match attempt {
                 Ok(g) => reserved.push((k, g)),
-                Err(ReserveError::Conflict) => {
-                    errors[k] = Some(StoreError::WriteConflict { key: it.key.to_owned() });
-                }
                 Err(ReserveError::NoSpace) => overflow.push(k),
             }
         }
         let n: usize = reserved.iter().map(|&(k, _)| items[k].ranges.len()).sum();
         let mut requests: Vec<TransferRequest> = Vec::with_capacity(n);
         let mut owner: Vec<u32> = Vec::with_capacity(n);
-        for &(k, _) in &reserved {
-            let e = st.entry(items[k].key).expect("reserved under this lock");
+        for &(k, g) in &reserved {
+            let extents = st.pending_extents(g).expect("reserved under this lock");
             for r in items[k].ranges {
-                map_range(&e.extents, r, |arena, src, len| {
+                map_range(extents, r, |arena, src, len| {
                     requests.push(TransferRequest::write(src, own, arena, len));
                     owner.push(k as u32);
                 });
             }
         }
-        // Reserved entries are invisible and never evicted, so their copies run without the lock.
+        // Reservations are invisible and never evicted, so their copies run without the lock.
         drop(st);
         if let Err(e) = self.run_batch(&requests, &owner, errors) {
             for &(k, _) in &reserved {
@@ -176,69 +199,102 @@ impl Store {
             }
         }
         let mut st = d.state.write();
+        // A promotion commits only if the SSD log still holds the version it read (no remove or
+        // newer put happened since): checked under the DRAM lock, which removes also hold.
+        let ssd_index = match source {
+            Source::Staging => self.inner.ssd.as_ref().map(|s| s.log.index()),
+            Source::Caller => None,
+        };
         let mut stored = 0;
         for &(k, g) in &reserved {
             let ok = errors[k].is_none();
-            stored += ok as u64;
-            st.commit(items[k].key, g, ok, now, on_ssd);
+            let published = st.commit(g, ok, now, on_ssd, |key, version| match &ssd_index {
+                None => true,
+                Some(index) => index.get(key).is_some_and(|e| e.seq() == version && !e.is_damaged()),
+            });
+            stored += published as u64;
         }
         stored
     }
 
     /// Evicts at least `bytes` from DRAM by the tier's policy, writing objects the SSD tier does
-    /// not hold yet straight from the arena to the SSD log (the arena is 4 KiB-aligned).
+    /// not hold yet straight from the arena to the SSD log (the arena is 4 KiB-aligned). An
+    /// object whose demotion fails stays in DRAM (counted in `demotion_failed`).
     fn demote(&self, d: &Dram, st: &mut DramState, bytes: u64) {
         let mut victims = Vec::new();
         st.victims(d.policy, bytes, &mut victims);
         if victims.is_empty() {
             return;
         }
-        let mut demoted = 0u64;
-        let mut dropped = 0u64;
-        match &self.inner.ssd {
-            Some(ssd) => {
-                let need_write: Vec<usize> = (0..victims.len())
-                    .filter(|&i| st.entry(&victims[i]).is_some_and(|e| !e.on_ssd))
-                    .collect();
-                let items: Vec<AppendItem<'_>> = need_write
-                    .iter()
-                    .map(|&i| {
-                        let e = st.entry(&victims[i]).expect("victim");
-                        AppendItem {
-                            key: &victims[i],
-                            len: e.len,
-                            depth: e.depth,
-                        }
-                    })
-                    .collect();
-                let payloads: Vec<&[Extent]> = need_write
-                    .iter()
-                    .map(|&i| &*st.entry(&victims[i]).expect("victim").extents)
-                    .collect();
-                // SAFETY: arena extents start on page boundaries (pages are multiples of 4 KiB),
-                // every page is readable to its end, and the write lock we hold keeps them
-                // unchanged until the append returns.
-                let results = unsafe { ssd.log.append(&items, &payloads) };
-                let failed = results.iter().filter(|r| r.is_err()).count() as u64;
-                if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
-                    tracing::warn!("demotion of {failed} object(s) to SSD failed; dropping them: {e}");
-                }
-                dropped += failed;
-                demoted += victims.len() as u64 - failed;
-            }
-            None => dropped += victims.len() as u64,
-        }
-        for v in &victims {
-            st.evict(v);
-        }
         let c = &self.inner.counters;
-        c.demoted.fetch_add(demoted, Ordering::Relaxed);
-        c.dropped.fetch_add(dropped, Ordering::Relaxed);
+        let Some(ssd) = &self.inner.ssd else {
+            for v in &victims {
+                st.evict(v);
+            }
+            c.dropped.fetch_add(victims.len() as u64, Ordering::Relaxed);
+            return;
+        };
+        // Objects whose version (or a newer one) the SSD log already holds need no write.
+        let need_write: Vec<usize> = {
+            let index = ssd.log.index();
+            (0..victims.len())
+                .filter(|&i| {
+                    let e = st.entry(&victims[i]).expect("victim");
+                    !index
+                        .get(&victims[i])
+                        .is_some_and(|x| !x.is_damaged() && x.seq() >= e.version)
+                })
+                .collect()
+        };
+        let items: Vec<AppendItem<'_>> = need_write
+            .iter()
+            .map(|&i| {
+                let e = st.entry(&victims[i]).expect("victim");
+                AppendItem {
+                    key: &victims[i],
+                    len: e.len,
+                    depth: e.depth,
+                    seq: e.version,
+                }
+            })
+            .collect();
+        let payloads: Vec<&[Extent]> = need_write
+            .iter()
+            .map(|&i| &*st.entry(&victims[i]).expect("victim").extents)
+            .collect();
+        // SAFETY: arena extents start on page boundaries (pages are multiples of 4 KiB), every
+        // page is readable to its end, and the write lock we hold keeps them unchanged until the
+        // append returns.
+        let results = unsafe { ssd.log.append(&items, &payloads) };
+        let mut keep = vec![false; victims.len()];
+        let mut failed = 0u64;
+        for (&i, r) in need_write.iter().zip(&results) {
+            if let Err(e) = r {
+                if failed == 0 {
+                    tracing::warn!("demotion to SSD failed; keeping the object in DRAM: {e}");
+                }
+                keep[i] = true;
+                failed += 1;
+            }
+        }
+        for (v, keep) in victims.iter().zip(keep) {
+            if !keep {
+                st.evict(v);
+            }
+        }
+        c.demoted.fetch_add(victims.len() as u64 - failed, Ordering::Relaxed);
+        c.demotion_failed.fetch_add(failed, Ordering::Relaxed);
     }
 
     /// Writes `keys` of `items` to the SSD log through staging: caller bytes are copied into a
     /// staging slot by the engine, then appended from there.
-    fn put_ssd(&self, items: &[RangedPut<'_>], keys: &[usize], errors: &mut [Option<StoreError>]) -> Result<()> {
+    fn put_ssd(
+        &self,
+        items: &[RangedPut<'_>],
+        keys: &[usize],
+        versions: &[u64],
+        errors: &mut [Option<StoreError>],
+    ) -> Result<()> {
         let ssd = self.inner.ssd.as_ref().expect("caller checked");
         let own = self.inner.own;
         let slot = ssd.staging.acquire();
@@ -290,6 +346,7 @@ impl Store {
                     key: items[k].key,
                     len: items[k].object_len,
                     depth: items[k].depth,
+                    seq: versions[k],
                 })
                 .collect();
             let extents: Vec<[Extent; 1]> = ok
@@ -317,14 +374,26 @@ impl Store {
     }
 
     /// Copies whole objects just read from SSD (in staging) into DRAM, if they fit under the high
-    /// watermark without evicting anything. Returns how many were promoted.
-    pub(crate) fn promote(&self, objs: &[(&str, u64, u64, u32)]) -> u64 {
+    /// watermark without evicting anything: `(key, staging addr, len, depth, version)` each.
+    /// Returns how many were promoted (a key put or removed meanwhile is not).
+    pub(crate) fn promote(&self, objs: &[(&str, u64, u64, u32, u64)]) -> u64 {
         let Some(d) = &self.inner.dram else { return 0 };
-        let ranges = super::whole_object_ranges(objs);
-        let items = super::whole_object_puts(objs, &ranges);
+        let plain: Vec<(&str, u64, u64, u32)> = objs.iter().map(|&(k, a, l, dp, _)| (k, a, l, dp)).collect();
+        let versions: Vec<u64> = objs.iter().map(|o| o.4).collect();
+        let ranges = super::whole_object_ranges(&plain);
+        let items = super::whole_object_puts(&plain, &ranges);
         let keys: Vec<usize> = (0..items.len()).collect();
         let mut errors: Vec<Option<StoreError>> = (0..items.len()).map(|_| None).collect();
         let mut overflow = Vec::new();
-        self.put_dram(d, &items, &keys, Source::Staging, true, &mut errors, &mut overflow)
+        self.put_dram(
+            d,
+            &items,
+            &keys,
+            &versions,
+            Source::Staging,
+            true,
+            &mut errors,
+            &mut overflow,
+        )
     }
 }
