@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use te_base::{Error, ExportedBuffer, MemoryLocation, MetadataStore, SegmentDescriptor, TransportEndpoint};
-use te_core::metadata::p2p::P2pStore;
+use te_core::metadata::p2p::{P2pConfig, P2pStore};
 use te_core::metadata::InProcessStore;
 
 /// What differs between backends.
@@ -207,18 +207,344 @@ async fn p2p_rejects_hostile_answers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p2p_configuration_is_strict() {
     use te_base::config::MapEnv;
-    let err = P2pStore::from_env(&MapEnv::new([("TE_P2P_LISTEN", "nowhere")]))
+    let err = P2pStore::from_env(&MapEnv::new([("TE_P2P_LISTEN", "nowhere")]), None)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("TE_P2P_LISTEN"));
-    let err = P2pStore::from_env(&MapEnv::new([("TE_P2P_TIMEOUT_MS", "0")]))
+    let err = P2pStore::from_env(&MapEnv::new([("TE_P2P_TIMEOUT_MS", "0")]), None)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("TE_P2P_TIMEOUT_MS"));
-    let ok = P2pStore::from_env(&MapEnv::new([("TE_P2P_LISTEN", "127.0.0.1:0")]))
+    let ok = P2pStore::from_env(&MapEnv::new([("TE_P2P_LISTEN", "127.0.0.1:0")]), None)
         .await
         .unwrap();
     assert!(ok.local_addr().ip().is_loopback());
+}
+
+// ---------------------------------------------------------------------------------------------
+// p2p with a shared key, limits and hostile peers
+
+const SECRET_INSTANCE: u64 = 987_654_321_987;
+
+fn key(byte: u8) -> te_base::auth::AuthKey {
+    te_base::auth::AuthKey::from_bytes(&[byte; 32]).unwrap()
+}
+
+fn p2p_config(auth: Option<te_base::auth::AuthKey>) -> P2pConfig {
+    let mut c = P2pConfig::new("127.0.0.1:0".parse().unwrap(), Duration::from_secs(5));
+    c.auth = auth;
+    c
+}
+
+/// Reads what a server sends until it closes (at most 64 KiB, within 5 s).
+async fn read_to_close(s: &mut tokio::net::TcpStream) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut chunk = [0u8; 4096];
+        while out.len() < 64 << 10 {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the server kept the connection open");
+    out
+}
+
+fn reveals_nothing(bytes: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(bytes);
+    !text.contains(&SECRET_INSTANCE.to_string()) && !text.contains("127.0.0.1:9") && !text.contains("secret-seg")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p2p_with_a_key_serves_only_peers_that_prove_it() {
+    use te_core::metadata::p2p::frame::{self, Op, Status};
+    use tokio::io::AsyncWriteExt;
+
+    let server = P2pStore::start(p2p_config(Some(key(1)))).await.unwrap();
+    let d = descriptor("secret-seg", SECRET_INSTANCE, 2);
+    server.publish(&d).await.unwrap();
+    let addr = server.local_addr().to_string();
+
+    // The same key: served.
+    let friend = P2pStore::start(p2p_config(Some(key(1)))).await.unwrap();
+    assert_eq!(friend.fetch(&addr).await.unwrap(), d);
+    assert_eq!(friend.fetch(&format!("secret-seg@{addr}")).await.unwrap(), d);
+
+    // Another key, or none: refused, and the error says nothing that grants access.
+    let stranger = P2pStore::start(p2p_config(Some(key(2)))).await.unwrap();
+    let open = P2pStore::start(p2p_config(None)).await.unwrap();
+    for (who, store) in [("wrong key", &stranger), ("no key", &open)] {
+        for name in [addr.clone(), format!("secret-seg@{addr}"), format!("ghost@{addr}")] {
+            let err = store.fetch(&name).await.unwrap_err();
+            assert!(matches!(err, Error::Unauthenticated { .. }), "{who}: {err}");
+            assert!(reveals_nothing(err.to_string().as_bytes()), "{who}: {err}");
+        }
+    }
+    // A client with a key does not trust a server without one.
+    open.publish(&descriptor("open-seg", 3, 1)).await.unwrap();
+    let err = friend.fetch(&open.local_addr().to_string()).await.unwrap_err();
+    assert!(matches!(err, Error::Unauthenticated { .. }), "{err}");
+
+    // On the wire: a bare GET, a GET after HELLO without proof, a forged proof and garbage each
+    // get the same fixed refusal, then a closed connection.
+    let refusal = frame::encode_answer(Status::Unauthenticated, b"authentication required").unwrap();
+    let hello = frame::encode_request(Op::Hello, &[5u8; 32]).unwrap();
+    let get = frame::encode_request(Op::Get, b"").unwrap();
+    let forged = frame::encode_request(Op::Proof, &[0u8; 32]).unwrap();
+    let attempts: Vec<(&str, Vec<u8>)> = vec![
+        ("bare GET", get.clone()),
+        ("GET after HELLO", [hello.clone(), get.clone()].concat()),
+        ("forged proof", [hello.clone(), forged, get.clone()].concat()),
+        ("garbage", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
+    ];
+    for (what, bytes) in attempts {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(&bytes).await.unwrap();
+        let got = read_to_close(&mut s).await;
+        assert!(reveals_nothing(&got), "{what}: {}", String::from_utf8_lossy(&got));
+        // Only a challenge (nonce and proof of the server) may precede the refusal.
+        let mut rest = &got[..];
+        if bytes.starts_with(&hello) {
+            let (a, used) = frame::decode_answer(rest, 64).unwrap().unwrap();
+            assert_eq!((a.status, a.payload.len()), (Status::Challenge, 64), "{what}");
+            rest = &rest[used..];
+        }
+        assert_eq!(rest, &refusal[..], "{what}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p2p_listener_caps_connections_and_times_out_handshakes() {
+    let mut c = p2p_config(Some(key(1)));
+    c.limits.max_per_source = 2;
+    c.limits.handshake_timeout = Duration::from_millis(300);
+    let server = P2pStore::start(c).await.unwrap();
+    server.publish(&descriptor("capped", 1, 1)).await.unwrap();
+    let addr = server.local_addr().to_string();
+    let friend = P2pStore::start(p2p_config(Some(key(1)))).await.unwrap();
+
+    // Two silent connections hold the source's places; a third is closed at once, unanswered.
+    let mut idle1 = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut idle2 = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut third = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let started = std::time::Instant::now();
+    assert!(
+        read_to_close(&mut third).await.is_empty(),
+        "over the cap: closed without an answer"
+    );
+    assert!(friend.fetch(&addr).await.is_err(), "the source is at its cap");
+    // The silent ones are refused when the handshake deadline passes, which frees their places.
+    for idle in [&mut idle1, &mut idle2] {
+        let got = read_to_close(idle).await;
+        assert!(got.ends_with(b"authentication required"), "{got:?}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    // A permit is released right after the server's close; a few quick tries cover that moment.
+    let mut fetched = None;
+    for _ in 0..50 {
+        if let Ok(d) = friend.fetch(&addr).await {
+            fetched = Some(d);
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(fetched.map(|d| d.name), Some("capped".to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p2p_answer_cap_is_configurable_and_strict() {
+    use te_base::config::MapEnv;
+    for bad in ["abc", "0", "100", " 4096", "99999999999"] {
+        let err = P2pConfig::from_env(&MapEnv::new([("TE_P2P_MAX_ANSWER_BYTES", bad)]), None).unwrap_err();
+        assert!(err.to_string().contains("TE_P2P_MAX_ANSWER_BYTES"), "{bad}: {err}");
+    }
+    let c = P2pConfig::from_env(&MapEnv::new([("TE_P2P_MAX_ANSWER_BYTES", "4096")]), None).unwrap();
+    assert_eq!(c.max_answer_bytes, 4096);
+    let err = P2pConfig::from_env(&MapEnv::new([("TE_P2P_MAX_CONNECTIONS_PER_SOURCE", "0")]), None).unwrap_err();
+    assert!(err.to_string().contains("TE_P2P_MAX_CONNECTIONS_PER_SOURCE"), "{err}");
+
+    // A descriptor larger than the reader's cap is refused by the reader, not truncated.
+    let server = p2p().await;
+    let big = descriptor("big", 1, 200);
+    assert!(big.to_json().len() > 4096);
+    server.publish(&big).await.unwrap();
+    let mut small = p2p_config(None);
+    small.max_answer_bytes = 4096;
+    let reader = P2pStore::start(small).await.unwrap();
+    let err = reader.fetch(&server.local_addr().to_string()).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Metadata(_)) && err.to_string().contains("4096"),
+        "{err}"
+    );
+}
+
+/// Counts the bytes allocated and not yet freed by the current thread, and their peak, so a test
+/// can measure what one fetch costs without the noise of the other tests of this binary.
+mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    pub struct Counting;
+
+    thread_local! {
+        static LIVE: Cell<isize> = const { Cell::new(0) };
+        static PEAK: Cell<isize> = const { Cell::new(0) };
+    }
+
+    fn add(delta: isize) {
+        // `try_with`: no panic while the thread's locals are being torn down.
+        let _ = LIVE.try_with(|l| {
+            let now = l.get() + delta;
+            l.set(now);
+            let _ = PEAK.try_with(|p| p.set(p.get().max(now)));
+        });
+    }
+
+    /// Starts a measurement on this thread.
+    pub fn reset() {
+        let live = LIVE.with(Cell::get);
+        PEAK.with(|p| p.set(live));
+    }
+
+    /// The peak since [`reset`], over what was live then.
+    pub fn peak_growth() -> usize {
+        let base = LIVE.with(Cell::get);
+        (PEAK.with(Cell::get) - base).max(0) as usize
+    }
+
+    // SAFETY: every call is forwarded unchanged to the system allocator; the counters are plain
+    // thread-local cells (const-initialized, no destructor, no allocation).
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            add(layout.size() as isize);
+            // SAFETY: the caller's contract for `alloc` is passed on unchanged.
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            add(layout.size() as isize);
+            // SAFETY: as for `alloc`.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            add(-(layout.size() as isize));
+            // SAFETY: `ptr` came from `System` with this layout (every allocation goes through it).
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            add(new_size as isize - layout.size() as isize);
+            // SAFETY: as for `dealloc`; `new_size` is the caller's.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: counting::Counting = counting::Counting;
+
+/// A hostile peer (a plain thread with a std socket) answering one connection with `answer`,
+/// written in `chunk`-byte pieces `pause` apart, until the client goes away.
+fn hostile_peer(answer: Vec<u8>, chunk: usize, pause: Duration) -> (String, std::thread::JoinHandle<()>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let t = std::thread::spawn(move || {
+        let Ok((mut s, _)) = listener.accept() else { return };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let mut req = [0u8; 8];
+        let _ = s.read_exact(&mut req);
+        for piece in answer.chunks(chunk.max(1)) {
+            if s.write_all(piece).is_err() {
+                return;
+            }
+            if !pause.is_zero() {
+                std::thread::sleep(pause);
+            }
+        }
+    });
+    (addr, t)
+}
+
+fn answer_with(announced: u32, body: &[u8]) -> Vec<u8> {
+    let mut v = b"TEmd\x01\x00".to_vec();
+    v.extend_from_slice(&announced.to_le_bytes());
+    v.extend_from_slice(body);
+    v
+}
+
+/// Hostile answers cost at most about twice the answer cap (allocation peak of the fetching
+/// thread) and are refused within the fetch timeout.
+#[test]
+fn p2p_hostile_answers_cost_bounded_memory_and_time() {
+    const CAP: usize = 1 << 20;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = p2p_config(None);
+        c.max_answer_bytes = CAP;
+        c.timeout = Duration::from_millis(1500);
+        let client = P2pStore::start(c).await.unwrap();
+
+        let deep = {
+            let mut body = br#"{"version":1,"name":"x","instance":1,"transports":[{"transport":"t","info":"#.to_vec();
+            body.resize(CAP - 2, b'[');
+            body
+        };
+        let cases: Vec<(&str, Vec<u8>, usize, Duration)> = vec![
+            // Announces 4 GiB and sends 8 MiB: refused on the header.
+            (
+                "oversized announcement",
+                answer_with(u32::MAX, &vec![b' '; 8 * CAP]),
+                64 << 10,
+                Duration::ZERO,
+            ),
+            // Announces the cap, then drips: the fetch times out having kept only what arrived.
+            (
+                "slow drip",
+                answer_with(CAP as u32, &[b' '; 4096]),
+                16,
+                Duration::from_millis(20),
+            ),
+            // Announces the cap and stops after a few bytes, keeping the connection open.
+            (
+                "stalled",
+                answer_with(CAP as u32, b"{\"version\":"),
+                1 << 16,
+                Duration::from_secs(2),
+            ),
+            // Exactly the cap of nesting: serde_json's recursion limit refuses it.
+            (
+                "deep nesting",
+                answer_with(deep.len() as u32, &deep),
+                64 << 10,
+                Duration::ZERO,
+            ),
+        ];
+        for (what, answer, chunk, pause) in cases {
+            let (addr, peer) = hostile_peer(answer, chunk, pause);
+            counting::reset();
+            let started = std::time::Instant::now();
+            let err = client.fetch(&addr).await.unwrap_err();
+            let took = started.elapsed();
+            let peak = counting::peak_growth();
+            assert!(
+                matches!(
+                    err,
+                    Error::Metadata(_) | Error::InvalidDescriptor(_) | Error::Timeout { .. }
+                ),
+                "{what}: {err}"
+            );
+            assert!(took < Duration::from_millis(2500), "{what}: refused after {took:?}");
+            assert!(peak <= 2 * CAP + (256 << 10), "{what}: peak {peak} bytes (cap {CAP})");
+            eprintln!("{what}: {err} after {took:?}, peak {peak} bytes");
+            peer.join().unwrap();
+        }
+    });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,12 +9,25 @@
 //! - a plain name is answered from the descriptors published in this process, or
 //!   `UnknownSegment`.
 //!
-//! Wire format (little-endian), one request per round trip:
+//! Wire format (little-endian), one `GET` per connection:
 //! ```text
-//! request:  "TEmd" version:u8=1 op:u8=1(GET) name_len:u16 name
-//! response: "TEmd" version:u8=1 status:u8 (0 ok, 1 unknown segment, 2 refused) len:u32 payload
+//! request:  "TEmd" version:u8=1 op:u8 len:u16 payload
+//!           op 1 GET (payload: segment name), 2 HELLO (initiator nonce), 3 PROOF (initiator proof)
+//! answer:   "TEmd" version:u8=1 status:u8 len:u32 payload
+//!           status 0 ok (descriptor JSON), 1 unknown segment, 2 refused (UTF-8 reason),
+//!           3 unauthenticated (fixed text), 4 challenge (responder nonce | responder proof)
 //! ```
-//! The payload is the descriptor's JSON (validated by the reader) or a UTF-8 reason.
+//! With a shared key ([`te_base::auth`], context `"p2p"`), a connection runs
+//! `HELLO -> CHALLENGE -> PROOF` before its `GET`; anything else first is answered
+//! `unauthenticated` and the connection is closed, so a peer without the key learns nothing
+//! (no descriptor, no token, no instance id, not even whether a name exists). The client checks the
+//! server's proof too: a server without the key cannot hand it a forged descriptor.
+//!
+//! The framing ([`frame`]) is pure (no I/O) and property-tested; the socket code below only moves
+//! the bytes it asks for. The server caps connections (total and per source), and bounds the
+//! handshake, reading the request and writing the answer by deadlines (`TE_P2P_*`, see
+//! [`P2pConfig::from_env`]). The client reads an answer of at most `TE_P2P_MAX_ANSWER_BYTES`,
+//! growing its buffer as bytes arrive (never by the announced size), within `TE_P2P_TIMEOUT_MS`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -23,24 +36,261 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::RwLock;
+use te_base::auth::{warn_unauthenticated, AuthKey, InitiatorHandshake, ResponderHandshake, NONCE_LEN, PROOF_LEN};
 use te_base::config::{parse_var, Env};
+use te_base::listener::{deadline, tune_socket, AcceptBackoff, ConnectionGate, ListenerLimits};
 use te_base::{Error, MetadataStore, Result, SegmentDescriptor};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-const MAGIC: [u8; 4] = *b"TEmd";
-const VERSION: u8 = 1;
-const OP_GET: u8 = 1;
-const STATUS_OK: u8 = 0;
-const STATUS_UNKNOWN: u8 = 1;
-const STATUS_REFUSED: u8 = 2;
-/// Largest descriptor accepted (bounds a hostile peer's answer).
-const MAX_PAYLOAD: u32 = 256 << 20;
+use self::frame::{AnswerHead, Op, RequestHead, Status};
+
 /// Default listening address of the store.
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:0";
 /// Default time allowed for one remote fetch.
 pub const DEFAULT_TIMEOUT_MS: u64 = 5000;
+/// Default largest answer a fetch accepts (`TE_P2P_MAX_ANSWER_BYTES`).
+pub const DEFAULT_MAX_ANSWER_BYTES: usize = 4 << 20;
+/// The context of the p2p handshake's proofs (a proof for another listener is useless here).
+pub const AUTH_CONTEXT: &str = "p2p";
+/// Largest answer read during the handshake (a challenge or a short refusal).
+const MAX_HANDSHAKE_ANSWER: usize = 4096;
+/// First allocation of an answer's buffer; it then grows (doubling, never past the announced
+/// length) only as bytes arrive.
+const FIRST_CHUNK: usize = 16 << 10;
+/// What an unauthenticated peer is told, always the same.
+const UNAUTHENTICATED_TEXT: &str = "authentication required";
+
+/// The framing of the p2p protocol: pure encoders and decoders, no I/O.
+pub mod frame {
+    /// The first bytes of every frame.
+    pub const MAGIC: [u8; 4] = *b"TEmd";
+    /// The protocol version.
+    pub const VERSION: u8 = 1;
+    /// Bytes of a request header.
+    pub const REQUEST_HEAD: usize = 8;
+    /// Bytes of an answer header.
+    pub const ANSWER_HEAD: usize = 10;
+
+    /// A request's operation.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Op {
+        /// Fetch a descriptor (payload: segment name, empty for the primary one).
+        Get,
+        /// Start the handshake (payload: the initiator's nonce).
+        Hello,
+        /// Finish the handshake (payload: the initiator's proof).
+        Proof,
+    }
+
+    impl Op {
+        fn code(self) -> u8 {
+            match self {
+                Op::Get => 1,
+                Op::Hello => 2,
+                Op::Proof => 3,
+            }
+        }
+        fn from_code(c: u8) -> Option<Op> {
+            Some(match c {
+                1 => Op::Get,
+                2 => Op::Hello,
+                3 => Op::Proof,
+                _ => return None,
+            })
+        }
+    }
+
+    /// An answer's status.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Status {
+        /// The descriptor's JSON follows.
+        Ok,
+        /// No such segment.
+        Unknown,
+        /// Refused (a UTF-8 reason follows).
+        Refused,
+        /// The peer did not authenticate.
+        Unauthenticated,
+        /// The responder's nonce and proof follow.
+        Challenge,
+    }
+
+    impl Status {
+        fn code(self) -> u8 {
+            match self {
+                Status::Ok => 0,
+                Status::Unknown => 1,
+                Status::Refused => 2,
+                Status::Unauthenticated => 3,
+                Status::Challenge => 4,
+            }
+        }
+        fn from_code(c: u8) -> Option<Status> {
+            Some(match c {
+                0 => Status::Ok,
+                1 => Status::Unknown,
+                2 => Status::Refused,
+                3 => Status::Unauthenticated,
+                4 => Status::Challenge,
+                _ => return None,
+            })
+        }
+    }
+
+    /// What is wrong with a frame.
+    #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+    #[non_exhaustive]
+    pub enum FrameError {
+        /// The bytes are not a p2p metadata frame (another protocol, or another version).
+        #[error("not the p2p metadata protocol (magic or version)")]
+        Protocol,
+        /// An operation or status this build does not know.
+        #[error("unknown {what} code {code}")]
+        UnknownCode {
+            /// `"operation"` or `"status"`.
+            what: &'static str,
+            /// The code received.
+            code: u8,
+        },
+        /// The announced payload is larger than the reader accepts.
+        #[error("announced a {len}-byte payload (max {max})")]
+        TooLong {
+            /// Announced length.
+            len: u64,
+            /// Largest accepted.
+            max: u64,
+        },
+    }
+
+    /// A decoded request header.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct RequestHead {
+        /// The operation.
+        pub op: Op,
+        /// Bytes of payload that follow.
+        pub len: usize,
+    }
+
+    /// A decoded answer header.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct AnswerHead {
+        /// The status.
+        pub status: Status,
+        /// Bytes of payload that follow.
+        pub len: usize,
+    }
+
+    /// A whole answer, borrowed from the bytes it was decoded from.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Answer<'a> {
+        /// The status.
+        pub status: Status,
+        /// The payload.
+        pub payload: &'a [u8],
+    }
+
+    /// Encodes a request. `None` when the payload does not fit the 16-bit length.
+    pub fn encode_request(op: Op, payload: &[u8]) -> Option<Vec<u8>> {
+        let len = u16::try_from(payload.len()).ok()?;
+        let mut v = Vec::with_capacity(REQUEST_HEAD + payload.len());
+        v.extend_from_slice(&MAGIC);
+        v.push(VERSION);
+        v.push(op.code());
+        v.extend_from_slice(&len.to_le_bytes());
+        v.extend_from_slice(payload);
+        Some(v)
+    }
+
+    /// Decodes a request header.
+    pub fn decode_request_head(head: &[u8; REQUEST_HEAD]) -> Result<RequestHead, FrameError> {
+        if head[..4] != MAGIC || head[4] != VERSION {
+            return Err(FrameError::Protocol);
+        }
+        let op = Op::from_code(head[5]).ok_or(FrameError::UnknownCode {
+            what: "operation",
+            code: head[5],
+        })?;
+        Ok(RequestHead {
+            op,
+            len: u16::from_le_bytes([head[6], head[7]]) as usize,
+        })
+    }
+
+    /// Encodes an answer. `None` when the payload does not fit the 32-bit length.
+    pub fn encode_answer(status: Status, payload: &[u8]) -> Option<Vec<u8>> {
+        let len = u32::try_from(payload.len()).ok()?;
+        let mut v = Vec::with_capacity(ANSWER_HEAD + payload.len());
+        v.extend_from_slice(&encode_answer_head(status, len));
+        v.extend_from_slice(payload);
+        Some(v)
+    }
+
+    /// Encodes an answer header announcing `len` bytes of payload.
+    pub fn encode_answer_head(status: Status, len: u32) -> [u8; ANSWER_HEAD] {
+        let mut h = [0u8; ANSWER_HEAD];
+        h[..4].copy_from_slice(&MAGIC);
+        h[4] = VERSION;
+        h[5] = status.code();
+        h[6..].copy_from_slice(&len.to_le_bytes());
+        h
+    }
+
+    /// Decodes an answer header, refusing a payload longer than `max` before anything is
+    /// allocated for it.
+    pub fn decode_answer_head(head: &[u8; ANSWER_HEAD], max: usize) -> Result<AnswerHead, FrameError> {
+        if head[..4] != MAGIC || head[4] != VERSION {
+            return Err(FrameError::Protocol);
+        }
+        let status = Status::from_code(head[5]).ok_or(FrameError::UnknownCode {
+            what: "status",
+            code: head[5],
+        })?;
+        let len = u32::from_le_bytes([head[6], head[7], head[8], head[9]]);
+        if len as u64 > max as u64 {
+            return Err(FrameError::TooLong {
+                len: len as u64,
+                max: max as u64,
+            });
+        }
+        Ok(AnswerHead {
+            status,
+            len: len as usize,
+        })
+    }
+
+    /// Decodes a whole answer from the front of `bytes`: `Ok(None)` when more bytes are needed,
+    /// else the answer and the bytes it used.
+    pub fn decode_answer(bytes: &[u8], max: usize) -> Result<Option<(Answer<'_>, usize)>, FrameError> {
+        let Some(head) = bytes.first_chunk::<ANSWER_HEAD>() else {
+            return Ok(None);
+        };
+        let h = decode_answer_head(head, max)?;
+        let end = ANSWER_HEAD + h.len;
+        Ok(bytes.get(ANSWER_HEAD..end).map(|payload| {
+            (
+                Answer {
+                    status: h.status,
+                    payload,
+                },
+                end,
+            )
+        }))
+    }
+
+    /// Decodes a whole request from the front of `bytes`: `Ok(None)` when more bytes are needed,
+    /// else the operation, its payload and the bytes used.
+    #[allow(clippy::type_complexity)]
+    pub fn decode_request(bytes: &[u8]) -> Result<Option<((Op, &[u8]), usize)>, FrameError> {
+        let Some(head) = bytes.first_chunk::<REQUEST_HEAD>() else {
+            return Ok(None);
+        };
+        let h = decode_request_head(head)?;
+        let end = REQUEST_HEAD + h.len;
+        Ok(bytes.get(REQUEST_HEAD..end).map(|p| ((h.op, p), end)))
+    }
+}
 
 #[derive(Default)]
 struct Published {
@@ -48,18 +298,81 @@ struct Published {
     primary: Option<String>,
 }
 
+/// Everything the p2p store is configured with.
+#[derive(Debug, Clone)]
+pub struct P2pConfig {
+    /// `TE_P2P_LISTEN` (default `0.0.0.0:0`).
+    pub listen: SocketAddr,
+    /// `TE_P2P_TIMEOUT_MS` (default 5000): one remote fetch, all included; on the serving side,
+    /// reading one request and writing one answer.
+    pub timeout: Duration,
+    /// `TE_P2P_MAX_ANSWER_BYTES` (default 4 MiB): the largest answer a fetch reads.
+    pub max_answer_bytes: usize,
+    /// `TE_P2P_MAX_CONNECTIONS`, `TE_P2P_MAX_CONNECTIONS_PER_SOURCE`,
+    /// `TE_P2P_HANDSHAKE_TIMEOUT_MS` of the listener.
+    pub limits: ListenerLimits,
+    /// The shared key (context `"p2p"`); `None` serves anyone (warned once at bind).
+    pub auth: Option<AuthKey>,
+}
+
+impl P2pConfig {
+    /// Defaults: listen on `listen`, fetches time out after `timeout`, no key.
+    pub fn new(listen: SocketAddr, timeout: Duration) -> Self {
+        P2pConfig {
+            listen,
+            timeout,
+            max_answer_bytes: DEFAULT_MAX_ANSWER_BYTES,
+            limits: ListenerLimits::with_frame_timeout(timeout),
+            auth: None,
+        }
+    }
+
+    /// Reads `TE_P2P_LISTEN`, `TE_P2P_TIMEOUT_MS`, `TE_P2P_MAX_ANSWER_BYTES` and the listener
+    /// limits (`TE_P2P_MAX_CONNECTIONS`...), strictly.
+    pub fn from_env(env: &dyn Env, auth: Option<AuthKey>) -> Result<Self> {
+        let listen = match parse_var::<SocketAddr>(env, "TE_P2P_LISTEN")? {
+            Some(a) => a,
+            None => DEFAULT_LISTEN.parse().expect("valid default address"),
+        };
+        let ms = parse_var::<u64>(env, "TE_P2P_TIMEOUT_MS")?.unwrap_or(DEFAULT_TIMEOUT_MS);
+        if ms == 0 {
+            return Err(Error::config("TE_P2P_TIMEOUT_MS", "0", "must be at least 1"));
+        }
+        let timeout = Duration::from_millis(ms);
+        let max_answer_bytes = match parse_var::<usize>(env, "TE_P2P_MAX_ANSWER_BYTES")? {
+            None => DEFAULT_MAX_ANSWER_BYTES,
+            Some(n) if n < 1024 || n > u32::MAX as usize => {
+                return Err(Error::config(
+                    "TE_P2P_MAX_ANSWER_BYTES",
+                    n.to_string(),
+                    format!("must be 1024..={}", u32::MAX),
+                ))
+            }
+            Some(n) => n,
+        };
+        Ok(P2pConfig {
+            listen,
+            timeout,
+            max_answer_bytes,
+            limits: ListenerLimits::from_env(env, "TE_P2P", timeout)?,
+            auth,
+        })
+    }
+}
+
 /// The peer-to-peer metadata store of one engine.
 pub struct P2pStore {
     local_addr: SocketAddr,
     published: Arc<RwLock<Published>>,
     server: JoinHandle<()>,
-    timeout: Duration,
+    config: P2pConfig,
 }
 
 impl std::fmt::Debug for P2pStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("P2pStore")
             .field("local_addr", &self.local_addr)
+            .field("authenticated", &self.config.auth.is_some())
             .finish()
     }
 }
@@ -71,38 +384,40 @@ impl Drop for P2pStore {
 }
 
 impl P2pStore {
-    /// Listens on `addr` and serves published descriptors from a task of the current runtime.
+    /// Listens on `addr` without a key and serves published descriptors from a task of the
+    /// current runtime (defaults for everything else).
     pub async fn bind(addr: SocketAddr, timeout: Duration) -> Result<P2pStore> {
+        P2pStore::start(P2pConfig::new(addr, timeout)).await
+    }
+
+    /// Listens as `config` says, from a task of the current runtime.
+    pub async fn start(config: P2pConfig) -> Result<P2pStore> {
         tokio::runtime::Handle::try_current()
             .map_err(|_| Error::Metadata("p2p: the store must be created inside a tokio runtime".into()))?;
+        let addr = config.listen;
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|e| Error::io(format!("p2p metadata: listening on {addr}"), e))?;
         let local_addr = listener
             .local_addr()
             .map_err(|e| Error::io("p2p metadata: reading the listening address", e))?;
+        if config.auth.is_none() {
+            warn_unauthenticated("p2p metadata", &local_addr.to_string());
+        }
         let published = Arc::new(RwLock::new(Published::default()));
-        let server = tokio::spawn(serve(listener, published.clone(), timeout));
+        let server = tokio::spawn(serve(listener, published.clone(), config.clone()));
         Ok(P2pStore {
             local_addr,
             published,
             server,
-            timeout,
+            config,
         })
     }
 
-    /// Listens on `TE_P2P_LISTEN` (default `0.0.0.0:0`); remote fetches time out after
-    /// `TE_P2P_TIMEOUT_MS` (default 5000).
-    pub async fn from_env(env: &dyn Env) -> Result<P2pStore> {
-        let addr = match parse_var::<SocketAddr>(env, "TE_P2P_LISTEN")? {
-            Some(a) => a,
-            None => DEFAULT_LISTEN.parse().expect("valid default address"),
-        };
-        let ms = parse_var::<u64>(env, "TE_P2P_TIMEOUT_MS")?.unwrap_or(DEFAULT_TIMEOUT_MS);
-        if ms == 0 {
-            return Err(Error::config("TE_P2P_TIMEOUT_MS", "0", "must be at least 1"));
-        }
-        P2pStore::bind(addr, Duration::from_millis(ms)).await
+    /// Reads [`P2pConfig::from_env`] and starts the store; `auth` is the shared key peers must
+    /// prove (and this store proves to them when it fetches).
+    pub async fn from_env(env: &dyn Env, auth: Option<AuthKey>) -> Result<P2pStore> {
+        P2pStore::start(P2pConfig::from_env(env, auth)?).await
     }
 
     /// Where this store listens: peers fetch this engine's descriptor at this address.
@@ -116,14 +431,22 @@ impl P2pStore {
         } else {
             format!("p2p fetch of '{segment}' from {addr}")
         };
-        let after_ms = self.timeout.as_millis() as u64;
-        let text = tokio::time::timeout(self.timeout, get(addr, segment))
+        let timeout = self.config.timeout;
+        let after_ms = timeout.as_millis() as u64;
+        let client = Client {
+            addr,
+            auth: self.config.auth.as_ref(),
+            max_answer: self.config.max_answer_bytes,
+        };
+        let bytes = tokio::time::timeout(timeout, client.get(segment))
             .await
             .map_err(|_| Error::Timeout {
                 what: what.clone(),
                 after_ms,
             })??;
-        let d = SegmentDescriptor::from_json(&text)?;
+        // Typed parse straight from the bytes (serde_json's recursion limit refuses deep nesting).
+        let d = SegmentDescriptor::from_json(&bytes)?;
+        drop(bytes);
         if !segment.is_empty() && d.name != segment {
             return Err(Error::InvalidDescriptor(format!(
                 "{what}: the peer answered with segment '{}'",
@@ -147,76 +470,252 @@ fn remote_name(name: &str) -> Option<(&str, &str)> {
     Some((segment, addr))
 }
 
-async fn get(addr: &str, segment: &str) -> Result<Vec<u8>> {
-    let io = |e: std::io::Error| Error::Metadata(format!("p2p: {addr}: {e}"));
-    if segment.len() > u16::MAX as usize {
-        return Err(Error::Metadata(format!(
-            "p2p: segment name of {} bytes is too long",
-            segment.len()
-        )));
+/// Reads exactly `len` bytes, growing the buffer only as they arrive (a peer announcing more than
+/// it sends costs what it sent, not what it announced).
+async fn read_payload<R: AsyncRead + Unpin>(stream: &mut R, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::with_capacity(len.min(FIRST_CHUNK));
+    // Each pass reads at least one byte or ends: at most `len` passes.
+    while buf.len() < len {
+        if buf.len() == buf.capacity() {
+            let more = buf.len().max(FIRST_CHUNK).min(len - buf.len());
+            buf.reserve_exact(more);
+        }
+        let room = (buf.capacity() - buf.len()).min(len - buf.len());
+        let mut limited = (&mut *stream).take(room as u64);
+        if limited.read_buf(&mut buf).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
     }
-    let mut stream = TcpStream::connect(addr).await.map_err(io)?;
-    let mut req = Vec::with_capacity(8 + segment.len());
-    req.extend_from_slice(&MAGIC);
-    req.push(VERSION);
-    req.push(OP_GET);
-    req.extend_from_slice(&(segment.len() as u16).to_le_bytes());
-    req.extend_from_slice(segment.as_bytes());
-    stream.write_all(&req).await.map_err(io)?;
-    let mut head = [0u8; 10];
-    stream.read_exact(&mut head).await.map_err(io)?;
-    if head[..4] != MAGIC || head[4] != VERSION {
-        return Err(Error::Metadata(format!(
-            "p2p: {addr} does not speak the p2p metadata protocol"
-        )));
+    Ok(buf)
+}
+
+/// One fetch's connection, from the client side.
+struct Client<'a> {
+    addr: &'a str,
+    auth: Option<&'a AuthKey>,
+    max_answer: usize,
+}
+
+impl Client<'_> {
+    fn io(&self, e: std::io::Error) -> Error {
+        Error::Metadata(format!("p2p: {}: {e}", self.addr))
     }
-    let len = u32::from_le_bytes([head[6], head[7], head[8], head[9]]);
-    if len > MAX_PAYLOAD {
-        return Err(Error::Metadata(format!(
-            "p2p: {addr} announced a {len}-byte answer (max {MAX_PAYLOAD})"
-        )));
+
+    fn unauthenticated(&self, reason: &str) -> Error {
+        Error::Unauthenticated {
+            peer: self.addr.to_string(),
+            reason: reason.into(),
+        }
     }
-    let mut payload = vec![0u8; len as usize];
-    stream.read_exact(&mut payload).await.map_err(io)?;
-    match head[5] {
-        STATUS_OK => Ok(payload),
-        STATUS_UNKNOWN => Err(Error::UnknownSegment(if segment.is_empty() {
-            addr.to_string()
-        } else {
-            format!("{segment}@{addr}")
-        })),
-        _ => Err(Error::Metadata(format!(
-            "p2p: {addr} refused: {}",
-            String::from_utf8_lossy(&payload)
-        ))),
+
+    async fn send(&self, stream: &mut TcpStream, op: Op, payload: &[u8]) -> Result<()> {
+        let req = frame::encode_request(op, payload)
+            .ok_or_else(|| Error::Metadata(format!("p2p: a request of {} bytes is too long", payload.len())))?;
+        stream.write_all(&req).await.map_err(|e| self.io(e))
+    }
+
+    async fn receive(&self, stream: &mut TcpStream, max: usize) -> Result<(Status, Vec<u8>)> {
+        let mut head = [0u8; frame::ANSWER_HEAD];
+        stream.read_exact(&mut head).await.map_err(|e| self.io(e))?;
+        let AnswerHead { status, len } =
+            frame::decode_answer_head(&head, max).map_err(|e| Error::Metadata(format!("p2p: {}: {e}", self.addr)))?;
+        let payload = read_payload(stream, len).await.map_err(|e| self.io(e))?;
+        Ok((status, payload))
+    }
+
+    /// The peer's reason, shortened and stripped of control characters.
+    fn reason(payload: &[u8]) -> String {
+        String::from_utf8_lossy(&payload[..payload.len().min(200)])
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect()
+    }
+
+    async fn authenticate(&self, stream: &mut TcpStream, key: &AuthKey) -> Result<()> {
+        let (hs, nonce_i) = InitiatorHandshake::start(key, AUTH_CONTEXT);
+        self.send(stream, Op::Hello, &nonce_i).await?;
+        let (status, payload) = self.receive(stream, MAX_HANDSHAKE_ANSWER).await?;
+        match status {
+            Status::Challenge if payload.len() == NONCE_LEN + PROOF_LEN => {
+                let (nonce_r, proof_r) = payload.split_at(NONCE_LEN);
+                let nonce_r: &[u8; NONCE_LEN] = nonce_r.try_into().expect("split at NONCE_LEN");
+                let proof = hs.finish(nonce_r, proof_r, self.addr)?;
+                self.send(stream, Op::Proof, &proof).await
+            }
+            Status::Challenge => Err(Error::Metadata(format!(
+                "p2p: {}: a challenge of {} bytes (expected {})",
+                self.addr,
+                payload.len(),
+                NONCE_LEN + PROOF_LEN
+            ))),
+            Status::Refused | Status::Unauthenticated => {
+                Err(self.unauthenticated("the peer does not authenticate (it has no shared key configured)"))
+            }
+            other => Err(Error::Metadata(format!(
+                "p2p: {}: answered the handshake with {other:?}",
+                self.addr
+            ))),
+        }
+    }
+
+    async fn get(&self, segment: &str) -> Result<Vec<u8>> {
+        if segment.len() > u16::MAX as usize {
+            return Err(Error::Metadata(format!(
+                "p2p: segment name of {} bytes is too long",
+                segment.len()
+            )));
+        }
+        let mut stream = TcpStream::connect(self.addr).await.map_err(|e| self.io(e))?;
+        if let Some(key) = self.auth {
+            self.authenticate(&mut stream, key).await?;
+        }
+        self.send(&mut stream, Op::Get, segment.as_bytes()).await?;
+        let (status, payload) = self.receive(&mut stream, self.max_answer).await?;
+        match status {
+            Status::Ok => Ok(payload),
+            Status::Unknown => Err(Error::UnknownSegment(if segment.is_empty() {
+                self.addr.to_string()
+            } else {
+                format!("{segment}@{}", self.addr)
+            })),
+            Status::Unauthenticated => {
+                Err(self
+                    .unauthenticated("the peer requires the shared key (TE_AUTH_KEY_FILE) and this engine has none"))
+            }
+            Status::Refused => Err(Error::Metadata(format!(
+                "p2p: {} refused: {}",
+                self.addr,
+                Self::reason(&payload)
+            ))),
+            Status::Challenge => Err(Error::Metadata(format!(
+                "p2p: {}: answered a request with a challenge",
+                self.addr
+            ))),
+        }
     }
 }
 
-async fn serve(listener: TcpListener, published: Arc<RwLock<Published>>, timeout: Duration) {
+async fn serve(listener: TcpListener, published: Arc<RwLock<Published>>, config: P2pConfig) {
+    let gate = ConnectionGate::new(&config.limits);
+    let mut backoff = AcceptBackoff::default();
+    let config = Arc::new(config);
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::task::yield_now().await;
-            continue;
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => {
+                backoff.reset();
+                c
+            }
+            Err(e) => {
+                backoff.failed("p2p metadata", &e).await;
+                continue;
+            }
         };
+        let permit = match gate.admit(peer.ip()) {
+            Ok(p) => p,
+            Err(why) => {
+                tracing::debug!("p2p metadata: closing a connection from {peer}: {why:?}");
+                continue;
+            }
+        };
+        tune_socket(&stream, config.timeout);
         let published = published.clone();
+        let config = config.clone();
         tokio::spawn(async move {
-            // A peer that sends nothing cannot hold the task forever.
-            let _ = tokio::time::timeout(timeout, answer(stream, &published)).await;
+            let _permit = permit;
+            if let Err(e) = answer(stream, &published, &config).await {
+                tracing::debug!("p2p metadata: connection from {peer}: {e}");
+            }
         });
     }
 }
 
-async fn answer(mut stream: TcpStream, published: &RwLock<Published>) -> std::io::Result<()> {
-    let mut head = [0u8; 8];
-    stream.read_exact(&mut head).await?;
-    let name_len = u16::from_le_bytes([head[6], head[7]]) as usize;
-    let mut name = vec![0u8; name_len];
-    stream.read_exact(&mut name).await?;
-    let (status, payload): (u8, Arc<str>) = if head[..4] != MAGIC || head[4] != VERSION || head[5] != OP_GET {
-        (STATUS_REFUSED, "bad request header".into())
-    } else {
-        match std::str::from_utf8(&name) {
-            Err(_) => (STATUS_REFUSED, "segment name is not UTF-8".into()),
+/// Reads one request within `limit`.
+async fn read_request(stream: &mut TcpStream, limit: Duration) -> std::io::Result<(RequestHead, Vec<u8>)> {
+    deadline(limit, "p2p request", async {
+        let mut head = [0u8; frame::REQUEST_HEAD];
+        stream.read_exact(&mut head).await?;
+        let h =
+            frame::decode_request_head(&head).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        let payload = read_payload(stream, h.len).await?;
+        Ok((h, payload))
+    })
+    .await
+}
+
+async fn write_answer(stream: &mut TcpStream, status: Status, payload: &[u8], limit: Duration) -> std::io::Result<()> {
+    let (status, payload) = match u32::try_from(payload.len()) {
+        Ok(_) => (status, payload),
+        Err(_) => (Status::Refused, &b"the descriptor does not fit one answer"[..]),
+    };
+    let head = frame::encode_answer_head(status, payload.len() as u32);
+    deadline(limit, "p2p answer", async {
+        stream.write_all(&head).await?;
+        stream.write_all(payload).await?;
+        stream.shutdown().await
+    })
+    .await
+}
+
+/// Runs the server's side of the handshake; `Ok(false)` when the peer was refused (and told so).
+async fn authenticate_peer(
+    stream: &mut TcpStream,
+    key: &AuthKey,
+    peer: &str,
+    limit: Duration,
+) -> std::io::Result<bool> {
+    let (h, nonce_i) = read_request(stream, limit).await?;
+    let Ok(nonce_i) = <[u8; NONCE_LEN]>::try_from(nonce_i.as_slice()) else {
+        return Ok(false);
+    };
+    if h.op != Op::Hello {
+        return Ok(false);
+    }
+    let (hs, nonce_r, proof_r) = ResponderHandshake::answer(key, AUTH_CONTEXT, &nonce_i);
+    let mut challenge = Vec::with_capacity(NONCE_LEN + PROOF_LEN);
+    challenge.extend_from_slice(&nonce_r);
+    challenge.extend_from_slice(&proof_r);
+    let head = frame::encode_answer_head(Status::Challenge, challenge.len() as u32);
+    deadline(limit, "p2p challenge", async {
+        stream.write_all(&head).await?;
+        stream.write_all(&challenge).await
+    })
+    .await?;
+    let (h, proof_i) = read_request(stream, limit).await?;
+    Ok(h.op == Op::Proof && hs.check(&proof_i, peer).is_ok())
+}
+
+async fn answer(mut stream: TcpStream, published: &RwLock<Published>, config: &P2pConfig) -> std::io::Result<()> {
+    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+    let timeout = config.timeout;
+    if let Some(key) = &config.auth {
+        let hs = config.limits.handshake_timeout;
+        let ok = deadline(hs, "p2p handshake", authenticate_peer(&mut stream, key, &peer, hs)).await;
+        if !matches!(ok, Ok(true)) {
+            // Whatever went wrong, the peer hears the same words and nothing else.
+            let _ = write_answer(
+                &mut stream,
+                Status::Unauthenticated,
+                UNAUTHENTICATED_TEXT.as_bytes(),
+                timeout,
+            )
+            .await;
+            return ok.map(|_| ());
+        }
+    }
+    let (h, name) = match read_request(&mut stream, timeout).await {
+        Ok(r) => r,
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            return write_answer(&mut stream, Status::Refused, b"bad request header", timeout).await;
+        }
+        Err(e) => return Err(e),
+    };
+    let (status, payload): (Status, Arc<str>) = match h.op {
+        Op::Hello | Op::Proof => (
+            Status::Refused,
+            "this peer has no shared key configured (TE_AUTH_KEY_FILE)".into(),
+        ),
+        Op::Get => match std::str::from_utf8(&name) {
+            Err(_) => (Status::Refused, "segment name is not UTF-8".into()),
             Ok(name) => {
                 let p = published.read();
                 let key = if name.is_empty() {
@@ -225,20 +724,13 @@ async fn answer(mut stream: TcpStream, published: &RwLock<Published>) -> std::io
                     Some(name)
                 };
                 match key.and_then(|k| p.by_name.get(k)) {
-                    Some(json) => (STATUS_OK, json.clone()),
-                    None => (STATUS_UNKNOWN, "".into()),
+                    Some(json) => (Status::Ok, json.clone()),
+                    None => (Status::Unknown, "".into()),
                 }
             }
-        }
+        },
     };
-    let mut head = [0u8; 10];
-    head[..4].copy_from_slice(&MAGIC);
-    head[4] = VERSION;
-    head[5] = status;
-    head[6..].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-    stream.write_all(&head).await?;
-    stream.write_all(payload.as_bytes()).await?;
-    stream.shutdown().await
+    write_answer(&mut stream, status, payload.as_bytes(), timeout).await
 }
 
 #[async_trait]
@@ -250,6 +742,15 @@ impl MetadataStore for P2pStore {
     async fn publish(&self, descriptor: &SegmentDescriptor) -> Result<()> {
         descriptor.validate()?;
         let json: Arc<str> = descriptor.to_json().into();
+        if json.len() > self.config.max_answer_bytes {
+            tracing::warn!(
+                "p2p: the descriptor of '{}' is {} bytes, more than TE_P2P_MAX_ANSWER_BYTES={} \
+                 (peers with that limit will refuse it)",
+                descriptor.name,
+                json.len(),
+                self.config.max_answer_bytes
+            );
+        }
         let mut p = self.published.write();
         p.by_name.insert(descriptor.name.clone(), json);
         if p.primary.is_none() {
@@ -292,5 +793,123 @@ mod tests {
         assert_eq!(remote_name("a:b"), None);
         assert_eq!(remote_name(":80"), None);
         assert_eq!(remote_name("host:99999"), None);
+    }
+
+    mod framing {
+        use super::super::frame::*;
+        use proptest::prelude::*;
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![Just(Op::Get), Just(Op::Hello), Just(Op::Proof)]
+        }
+
+        fn status() -> impl Strategy<Value = Status> {
+            prop_oneof![
+                Just(Status::Ok),
+                Just(Status::Unknown),
+                Just(Status::Refused),
+                Just(Status::Unauthenticated),
+                Just(Status::Challenge),
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64), max in 0usize..64) {
+                if let Ok(Some((_, used))) = decode_request(&bytes) {
+                    prop_assert!(used <= bytes.len());
+                }
+                if let Ok(Some((a, used))) = decode_answer(&bytes, max) {
+                    prop_assert!(used <= bytes.len() && a.payload.len() <= max);
+                }
+            }
+
+            #[test]
+            fn arbitrary_headers_never_panic(mut head in any::<[u8; ANSWER_HEAD]>(), magic in any::<bool>(), max in any::<usize>()) {
+                if magic {
+                    head[..4].copy_from_slice(&MAGIC);
+                    head[4] = VERSION;
+                }
+                if let Ok(h) = decode_answer_head(&head, max) {
+                    prop_assert!(h.len <= max);
+                }
+                let req: [u8; REQUEST_HEAD] = head[..REQUEST_HEAD].try_into().unwrap();
+                let _ = decode_request_head(&req);
+            }
+
+            #[test]
+            fn requests_round_trip(op in op(), payload in proptest::collection::vec(any::<u8>(), 0..300), cut in any::<prop::sample::Index>()) {
+                let bytes = encode_request(op, &payload).unwrap();
+                let ((o, p), used) = decode_request(&bytes).unwrap().unwrap();
+                prop_assert_eq!((o, p, used), (op, &payload[..], bytes.len()));
+                // Any strict prefix asks for more; trailing bytes are left alone.
+                let cut = cut.index(bytes.len());
+                prop_assert_eq!(decode_request(&bytes[..cut]).unwrap(), None);
+                let mut longer = bytes.clone();
+                longer.extend_from_slice(b"next");
+                prop_assert_eq!(decode_request(&longer).unwrap().unwrap().1, bytes.len());
+            }
+
+            #[test]
+            fn answers_round_trip_within_the_cap(status in status(), payload in proptest::collection::vec(any::<u8>(), 0..300), cut in any::<prop::sample::Index>()) {
+                let bytes = encode_answer(status, &payload).unwrap();
+                let (a, used) = decode_answer(&bytes, payload.len()).unwrap().unwrap();
+                prop_assert_eq!((a.status, a.payload, used), (status, &payload[..], bytes.len()));
+                let cut = cut.index(bytes.len());
+                prop_assert_eq!(decode_answer(&bytes[..cut], payload.len()).unwrap_or(None), None);
+                if !payload.is_empty() {
+                    let too_long = decode_answer(&bytes, payload.len() - 1).unwrap_err();
+                    prop_assert!(
+                        matches!(too_long, FrameError::TooLong { .. }),
+                        "{:?}",
+                        too_long
+                    );
+                }
+            }
+        }
+
+        #[test]
+        fn other_protocols_and_codes_are_named() {
+            assert_eq!(decode_request(b"GET / HTTP/1.1\r\n"), Err(FrameError::Protocol));
+            assert_eq!(
+                decode_request(b"TEmd\x01\x09\x00\x00"),
+                Err(FrameError::UnknownCode {
+                    what: "operation",
+                    code: 9
+                })
+            );
+            assert_eq!(
+                decode_answer(b"TEmd\x01\x07\x00\x00\x00\x00", 10),
+                Err(FrameError::UnknownCode {
+                    what: "status",
+                    code: 7
+                })
+            );
+            assert!(encode_request(Op::Get, &vec![0u8; 1 << 16]).is_none());
+        }
+    }
+
+    #[tokio::test]
+    async fn payloads_grow_with_the_bytes_not_the_announcement() {
+        use tokio::io::AsyncWriteExt;
+        // A peer announcing 1 GiB that sends 100 bytes and closes costs about 100 bytes.
+        let (mut tx, mut rx) = tokio::io::duplex(1 << 16);
+        tx.write_all(&[7u8; 100]).await.unwrap();
+        drop(tx);
+        let err = read_payload(&mut rx, 1 << 30).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
+        // A complete payload of 1 MiB + 1 arrives whole, in a buffer no larger than it.
+        let len = (1 << 20) + 1;
+        let (mut tx, mut rx) = tokio::io::duplex(1 << 16);
+        let writer = tokio::spawn(async move {
+            let data: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            tx.write_all(&data).await.unwrap();
+            tx.write_all(b"extra").await.unwrap();
+        });
+        let got = read_payload(&mut rx, len).await.unwrap();
+        writer.await.unwrap();
+        assert_eq!(got.len(), len);
+        assert!(got.capacity() <= len, "{} > {len}", got.capacity());
+        assert!(got.iter().enumerate().all(|(i, b)| *b == i as u8));
     }
 }
