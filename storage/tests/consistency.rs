@@ -1,0 +1,393 @@
+//! Per-key linearizability under concurrency: threads put, overwrite, remove and read (whole and
+//! ranged) a few keys on a tiny DRAM tier over SSD, so objects are demoted and promoted all the
+//! time. Every call is recorded with a start and an end tick of one global counter; afterwards
+//! every get is checked against the history of its key:
+//!
+//! - it returns a version whose put started before the get ended and was not overwritten by a
+//!   write (put or remove) that started after the put ended and ended before the get started;
+//!   NotFound likewise needs such a remove (or no completed put at all);
+//! - a get that starts after another get ended never returns an older version than it (a version
+//!   whose put ended before the other's put started);
+//! - the bytes are exactly that version's, whole (a whole get has the version's length), never a
+//!   mix of versions.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use umbp::{EvictionPolicy, Range, RangedGet, RangedPut, StoreError};
+
+const KEYS: usize = 10;
+const LAYER: u64 = 3000;
+const MAX_LAYERS: u64 = 10;
+const THREADS: usize = 4;
+const RUN: Duration = Duration::from_secs(3);
+const MAX_OPS_PER_THREAD: usize = 20_000;
+
+/// Layers of version `v` (2..=10), so versions differ in length and truncation shows.
+fn layers_of(v: u32) -> u64 {
+    2 + (v as u64 * 7) % (MAX_LAYERS - 1)
+}
+
+/// Byte `o` of version `v` of key `k`: each layer starts with a tag (version, layer, key), the
+/// rest is a position- and version-dependent pattern.
+fn content(k: usize, v: u32, o: u64) -> u8 {
+    let in_layer = o % LAYER;
+    if in_layer < 12 {
+        let tag = [v, (o / LAYER) as u32, k as u32];
+        return tag[(in_layer / 4) as usize].to_le_bytes()[(in_layer % 4) as usize];
+    }
+    let seed = (k as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (v as u64).wrapping_mul(0xD1B5_4A32_D192_ED03);
+    (seed.wrapping_add(o.wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 29) as u8 ^ o as u8
+}
+
+fn key(k: usize) -> String {
+    format!("key-{k}")
+}
+
+fn tag_at(buf: &[u8]) -> (u32, u32, u32) {
+    let w = |i: usize| u32::from_le_bytes(buf[4 * i..4 * i + 4].try_into().unwrap());
+    (w(0), w(1), w(2))
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Put {
+        version: u32,
+    },
+    Remove,
+    /// `None`: NotFound.
+    Get {
+        saw: Option<u32>,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    op: Op,
+    start: u64,
+    end: u64,
+}
+
+struct Log {
+    per_key: Vec<Mutex<Vec<Event>>>,
+    tick: AtomicU64,
+}
+
+impl Log {
+    fn tick(&self) -> u64 {
+        self.tick.fetch_add(1, Ordering::SeqCst)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let store = with_ssd(160 << 10, dir.path())
+        .high_watermark(0.75)
+        .low_watermark(0.5)
+        .eviction(EvictionPolicy::Lru)
+        .staging_slots(4)
+        .open()
+        .await
+        .unwrap();
+    let log = Arc::new(Log {
+        per_key: (0..KEYS).map(|_| Mutex::new(Vec::new())).collect(),
+        tick: AtomicU64::new(1),
+    });
+    let versions = Arc::new(AtomicU32::new(1));
+    let mut bufs = Vec::new();
+    for _ in 0..THREADS {
+        // Source object, whole-get target, ranged-get target.
+        bufs.push(Buf::new(&store, (3 * MAX_LAYERS * LAYER) as usize).await);
+    }
+    let deadline = Instant::now() + RUN;
+    let threads: Vec<_> = bufs
+        .into_iter()
+        .enumerate()
+        .map(|(t, mut buf)| {
+            let (store, log, versions) = (store.clone(), log.clone(), versions.clone());
+            std::thread::spawn(move || {
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1) * 0x2545_F491_4F6C_DD1D;
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                let base = buf.addr();
+                let src = 0u64;
+                let whole_at = MAX_LAYERS * LAYER;
+                let ranged_at = 2 * MAX_LAYERS * LAYER;
+                let mut problems = Vec::new();
+                for _ in 0..MAX_OPS_PER_THREAD {
+                    if Instant::now() >= deadline {
+                        break;
+                    }
+                    let k = (next() % KEYS as u64) as usize;
+                    let name = key(k);
+                    let dice = next() % 100;
+                    if dice < 35 {
+                        let v = versions.fetch_add(1, Ordering::Relaxed);
+                        let len = layers_of(v) * LAYER;
+                        for o in 0..len {
+                            buf.data[(src + o) as usize] = content(k, v, o);
+                        }
+                        // A few ranges per layer, as a connector offloads a page.
+                        let ranges: Vec<Range> = (0..len / LAYER)
+                            .flat_map(|l| {
+                                [
+                                    Range::new(l * LAYER, 1000, base + src + l * LAYER),
+                                    Range::new(l * LAYER + 1000, LAYER - 1000, base + src + l * LAYER + 1000),
+                                ]
+                            })
+                            .collect();
+                        let start = log.tick();
+                        let r = store
+                            .batch_put_ranges(&[RangedPut {
+                                key: &name,
+                                object_len: len,
+                                ranges: &ranges,
+                                depth: (v % 4) as u32,
+                            }])
+                            .unwrap()
+                            .remove(0);
+                        let end = log.tick();
+                        match r {
+                            Ok(()) => log.per_key[k].lock().unwrap().push(Event {
+                                op: Op::Put { version: v },
+                                start,
+                                end,
+                            }),
+                            Err(e) => problems.push(format!("put {name} v{v}: {e}")),
+                        }
+                    } else if dice < 45 {
+                        let start = log.tick();
+                        let r = store.remove(&name);
+                        let end = log.tick();
+                        match r {
+                            Ok(_) => log.per_key[k].lock().unwrap().push(Event {
+                                op: Op::Remove,
+                                start,
+                                end,
+                            }),
+                            Err(e) => problems.push(format!("remove {name}: {e}")),
+                        }
+                    } else if dice < 75 {
+                        let cap = MAX_LAYERS * LAYER;
+                        buf.data[whole_at as usize..(whole_at + cap) as usize].fill(0xEE);
+                        let start = log.tick();
+                        let r = store.batch_get(&[(&name, base + whole_at, cap)]).unwrap().remove(0);
+                        let end = log.tick();
+                        let saw = match r {
+                            Ok(n) => {
+                                let got = &buf.data[whole_at as usize..(whole_at + n) as usize];
+                                let (v, _, kk) = tag_at(got);
+                                if kk as usize != k || n != layers_of(v) * LAYER {
+                                    problems.push(format!(
+                                        "whole get {name}: {n} bytes, tag says v{v} of key {kk} (truncated or foreign)"
+                                    ));
+                                    continue;
+                                }
+                                if let Some(o) = (0..n).find(|&o| got[o as usize] != content(k, v, o)) {
+                                    problems.push(format!("whole get {name} v{v}: wrong byte at {o} (mixed versions)"));
+                                    continue;
+                                }
+                                Some(v)
+                            }
+                            Err(StoreError::NotFound { .. }) => None,
+                            Err(e) => {
+                                problems.push(format!("whole get {name}: {e}"));
+                                continue;
+                            }
+                        };
+                        log.per_key[k].lock().unwrap().push(Event {
+                            op: Op::Get { saw },
+                            start,
+                            end,
+                        });
+                    } else {
+                        // Layers 1 and 0 (every version has both) into separate places, plus a
+                        // range that crosses from layer 0 into layer 1.
+                        let ranges = [
+                            Range::new(LAYER, LAYER, base + ranged_at),
+                            Range::new(0, 100, base + ranged_at + LAYER),
+                            Range::new(LAYER - 50, 40, base + ranged_at + LAYER + 200),
+                        ];
+                        buf.data[ranged_at as usize..(ranged_at + 2 * LAYER) as usize].fill(0xEE);
+                        let start = log.tick();
+                        let r = store
+                            .batch_get_ranges(&[RangedGet {
+                                key: &name,
+                                ranges: &ranges,
+                            }])
+                            .unwrap()
+                            .remove(0);
+                        let end = log.tick();
+                        let saw = match r {
+                            Ok(n) => {
+                                assert_eq!(n, LAYER + 140);
+                                let d = &buf.data[ranged_at as usize..];
+                                let (v1, l1, k1) = tag_at(&d[..12]);
+                                let (v0, l0, k0) = tag_at(&d[LAYER as usize..LAYER as usize + 12]);
+                                if (v0, l0, k0 as usize, l1, k1 as usize) != (v1, 0, k, 1, k) {
+                                    problems.push(format!("ranged get {name}: layer tags v{v1}/{l1} and v{v0}/{l0}"));
+                                    continue;
+                                }
+                                let v = v0;
+                                let ok = (0..LAYER).all(|o| d[o as usize] == content(k, v, LAYER + o))
+                                    && (0..100).all(|o| d[(LAYER + o) as usize] == content(k, v, o))
+                                    && (0..40).all(|o| d[(LAYER + 200 + o) as usize] == content(k, v, LAYER - 50 + o));
+                                if !ok {
+                                    problems.push(format!("ranged get {name} v{v}: wrong bytes"));
+                                    continue;
+                                }
+                                Some(v)
+                            }
+                            Err(StoreError::NotFound { .. }) => None,
+                            Err(e) => {
+                                problems.push(format!("ranged get {name}: {e}"));
+                                continue;
+                            }
+                        };
+                        log.per_key[k].lock().unwrap().push(Event {
+                            op: Op::Get { saw },
+                            start,
+                            end,
+                        });
+                    }
+                }
+                problems
+            })
+        })
+        .collect();
+    let mut problems = Vec::new();
+    for t in threads {
+        problems.extend(t.join().unwrap());
+    }
+    let stats = store.stats();
+    let mut gets = 0usize;
+    let mut stale = Vec::new();
+    for (k, events) in log.per_key.iter().enumerate() {
+        let events = events.lock().unwrap().clone();
+        gets += events.iter().filter(|e| matches!(e.op, Op::Get { .. })).count();
+        stale.extend(check_key(k, &events));
+    }
+    println!(
+        "{gets} gets checked; stats: demoted {}, promoted {}, demotion failed {}, puts ok {}",
+        stats.demoted, stats.promoted, stats.demotion_failed, stats.puts_ok
+    );
+    assert!(
+        stats.demoted > 0 && stats.promoted > 0,
+        "the run must move objects between tiers: {stats:?}"
+    );
+    assert!(gets > 100, "only {gets} gets ran");
+    assert!(
+        problems.is_empty(),
+        "{} wrong results, first: {:?}",
+        problems.len(),
+        &problems[..problems.len().min(5)]
+    );
+    assert!(
+        stale.is_empty(),
+        "{} stale results, first: {:?}",
+        stale.len(),
+        &stale[..stale.len().min(5)]
+    );
+}
+
+/// Checks every get of one key against its writes; returns a line per illegal result.
+fn check_key(k: usize, events: &[Event]) -> Vec<String> {
+    let mut writes: Vec<Event> = events
+        .iter()
+        .copied()
+        .filter(|e| !matches!(e.op, Op::Get { .. }))
+        .collect();
+    // The initial state: absent, as if removed before everything.
+    writes.push(Event {
+        op: Op::Remove,
+        start: 0,
+        end: 0,
+    });
+    let put_of: HashMap<u32, Event> = writes
+        .iter()
+        .filter_map(|w| match w.op {
+            Op::Put { version } => Some((version, *w)),
+            _ => None,
+        })
+        .collect();
+    // For "no write both started after W ended and ended before G started": the latest start of
+    // the writes that ended before a tick.
+    let mut by_end: Vec<(u64, u64)> = writes.iter().map(|w| (w.end, w.start)).collect();
+    by_end.sort_unstable();
+    let mut max_start = Vec::with_capacity(by_end.len());
+    let mut m = 0;
+    for &(_, s) in &by_end {
+        m = m.max(s);
+        max_start.push(m);
+    }
+    let latest_overwrite = |before: u64| {
+        let i = by_end.partition_point(|&(e, _)| e < before);
+        if i == 0 {
+            0
+        } else {
+            max_start[i - 1]
+        }
+    };
+    let removes: Vec<Event> = writes.iter().copied().filter(|w| matches!(w.op, Op::Remove)).collect();
+    let mut gets: Vec<(Event, Option<Event>)> = Vec::new();
+    let mut out = Vec::new();
+    for g in events.iter().filter(|e| matches!(e.op, Op::Get { .. })) {
+        let Op::Get { saw } = g.op else { unreachable!() };
+        let m = latest_overwrite(g.start);
+        match saw {
+            Some(v) => match put_of.get(&v) {
+                None => out.push(format!("key {k}: get {g:?} saw v{v}, which was never put successfully")),
+                Some(w) if w.start > g.end => out.push(format!("key {k}: get {g:?} saw v{v} before its put {w:?}")),
+                Some(w) if m > w.end => out.push(format!(
+                    "key {k}: get {g:?} saw v{v} (put {w:?}), overwritten by a write that started at {m}"
+                )),
+                Some(w) => gets.push((*g, Some(*w))),
+            },
+            None => {
+                if removes.iter().any(|r| r.start < g.end && r.end >= m) {
+                    gets.push((*g, None));
+                } else {
+                    out.push(format!(
+                        "key {k}: get {g:?} saw NotFound, but a put completed after every remove"
+                    ));
+                }
+            }
+        }
+    }
+    // No get returns something older than what an earlier (finished) get returned.
+    let mut seen: Vec<(u64, u64)> = gets.iter().filter_map(|(g, w)| w.map(|w| (g.end, w.start))).collect();
+    seen.sort_unstable();
+    let mut prefix = Vec::with_capacity(seen.len());
+    let mut m = 0;
+    for &(_, s) in &seen {
+        m = m.max(s);
+        prefix.push(m);
+    }
+    for (g, w) in &gets {
+        let i = seen.partition_point(|&(e, _)| e < g.start);
+        if i == 0 {
+            continue;
+        }
+        let newest_seen_start = prefix[i - 1];
+        match w {
+            Some(w) if w.end < newest_seen_start => out.push(format!(
+                "key {k}: get {g:?} returned the put {w:?}, older than one an earlier get returned (started {newest_seen_start})"
+            )),
+            None if !removes.iter().any(|r| r.start < g.end && r.end > newest_seen_start) => out.push(format!(
+                "key {k}: get {g:?} returned NotFound, but an earlier get saw a put that started at {newest_seen_start} after every remove"
+            )),
+            _ => {}
+        }
+    }
+    out
+}
