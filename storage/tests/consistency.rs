@@ -112,7 +112,7 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
         .map(|(t, mut buf)| {
             let (store, log, versions) = (store.clone(), log.clone(), versions.clone());
             std::thread::spawn(move || {
-                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t as u64 + 1) * 0x2545_F491_4F6C_DD1D;
+                let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ ((t as u64 + 1) * 0x2545_F491_4F6C_DD1D);
                 let mut next = move || {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;
@@ -152,7 +152,7 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
                                 key: &name,
                                 object_len: len,
                                 ranges: &ranges,
-                                depth: (v % 4) as u32,
+                                depth: v % 4,
                             }])
                             .unwrap()
                             .remove(0);

@@ -233,7 +233,7 @@ fn psync(op: &IoOp) -> std::io::Result<()> {
 /// Runs `ops` on `ring`. Every request carries its op index as user data; a completion whose
 /// index is out of range or already completed is an error, never an index panic. The function
 /// returns only when every submitted request has completed: EINTR/EAGAIN/EBUSY from
-/// `io_uring_enter` are retried, a request that completes with EINTR/EAGAIN or short is finished
+/// `io_uring_enter` are retried, a request that completes with EINTR/EAGAIN/ECANCELED or short is finished
 /// with pread/pwrite, and if the ring itself keeps failing the process aborts rather than return
 /// while the kernel may still write into the caller's memory.
 fn uring_run(ring: &mut io_uring::IoUring, ops: &[IoOp]) -> std::result::Result<(), (usize, std::io::Error)> {
@@ -300,7 +300,10 @@ fn uring_run(ring: &mut io_uring::IoUring, ops: &[IoOp]) -> std::result::Result<
             in_flight -= 1;
             let res = cqe.result();
             let op = &ops[i];
-            let outcome = if res == -libc::EINTR || res == -libc::EAGAIN {
+            // EINTR/EAGAIN, and ECANCELED (the kernel cancels requests it punted to a worker when
+            // the submitting thread takes a signal; we never cancel any): the positioned op is
+            // simply done again.
+            let outcome = if res == -libc::EINTR || res == -libc::EAGAIN || res == -libc::ECANCELED {
                 psync(op)
             } else if res < 0 {
                 Err(std::io::Error::from_raw_os_error(-res))
