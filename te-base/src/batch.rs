@@ -313,11 +313,6 @@ impl Batch {
         Batch { state }
     }
 
-    /// The shared state (for transports and tests).
-    pub fn state(&self) -> &Arc<BatchState> {
-        &self.state
-    }
-
     /// Non-blocking: counts by state.
     pub fn poll(&self) -> BatchProgress {
         self.state.progress()

@@ -539,7 +539,15 @@ impl EngineInner {
             .collect();
         self.registry.insert(regions.clone())?;
         if reg.export {
-            self.publish().await?;
+            if let Err(e) = self.publish().await {
+                // The caller gets no handle: the regions must not stay reachable. Withdraw them
+                // from every transport before returning, then try to publish without them.
+                self.roll_back(&regions).await;
+                if let Err(e2) = self.publish().await {
+                    tracing::warn!("republishing after a failed registration failed too: {e2}");
+                }
+                return Err(e);
+            }
         }
         let weak = Arc::downgrade(me);
         Ok(regions
@@ -593,11 +601,35 @@ impl EngineInner {
         }
     }
 
-    pub(crate) async fn deregister_idle(&self, region: &Arc<Region>) -> Result<()> {
-        let _control = self.control.lock().await;
-        if let Some(r) = self.registry.remove_idle(region.info.id, region.info.base)? {
+    /// Removes regions registered by a call that then failed. Regions a batch already uses
+    /// (someone guessed the address) are marked dying and released when it completes.
+    async fn roll_back(&self, regions: &[Arc<Region>]) {
+        for r in regions {
+            match self.registry.remove_idle(r.info.id, r.info.base) {
+                Ok(Some(r)) => self.deregister_transports(&r.info).await,
+                Ok(None) => {}
+                Err(_) => self.registry.mark_dying(r.info.id, r.info.base),
+            }
+        }
+    }
+
+    /// Deregisters an idle region. The control lock covers only the table update and the
+    /// publish; the transports' deregistration, which may wait for remote requests to drain
+    /// (bounded by each transport's timeout), runs outside it, so `allocate` and `register`
+    /// never wait behind a slow peer.
+    pub(crate) async fn deregister_idle(self: &Arc<Self>, region: &Arc<Region>) -> Result<()> {
+        let removed = match self.registry.remove_idle(region.info.id, region.info.base) {
+            Ok(r) => r,
+            Err(e) => {
+                // The handle is consumed: release the region once its transfers complete.
+                self.release_on_drop(region.clone());
+                return Err(e);
+            }
+        };
+        if let Some(r) = removed {
             self.deregister_transports(&r.info).await;
             if r.info.exported {
+                let _control = self.control.lock().await;
                 self.publish().await?;
             }
         }
@@ -624,22 +656,27 @@ impl EngineInner {
         }
     }
 
-    /// Transport deregistration must not wait on I/O (Transport::deregister contract), so it runs
-    /// to completion right here; memory owned by the regions is freed after it.
+    /// Hands the release to the engine's runtime: dropping a handle (or finishing the last batch
+    /// on a dropped region) never blocks its thread, whatever a remote peer does. Memory owned by
+    /// the regions is freed only after every transport let go of it; if the runtime shuts down
+    /// first, the memory is leaked rather than freed while a transport might still touch it.
     fn finish_release(self: &Arc<Self>, regions: Vec<Arc<Region>>) {
-        let exported = regions.iter().any(|r| r.info.exported);
-        for r in &regions {
-            futures::executor::block_on(self.deregister_transports(&r.info));
-        }
-        drop(regions);
-        if exported {
-            let me = self.clone();
-            self.runtime.spawn(async move {
+        let me = self.clone();
+        let infos: Vec<RegionInfo> = regions.iter().map(|r| r.info.clone()).collect();
+        let exported = infos.iter().any(|r| r.exported);
+        let mut keep = LeakUnlessReleased(Some(regions));
+        self.runtime.spawn(async move {
+            for info in &infos {
+                me.deregister_transports(info).await;
+            }
+            drop(keep.0.take());
+            if exported {
+                let _control = me.control.lock().await;
                 if let Err(e) = me.publish().await {
                     tracing::warn!("republishing descriptor after deregistration failed: {e}");
                 }
-            });
-        }
+            }
+        });
     }
 
     async fn open_segment(&self, name: &str) -> Result<SegmentHandle> {
@@ -774,6 +811,22 @@ impl EngineInner {
             timer.count_call(requests.len());
         }
         Ok(Batch::new(state))
+    }
+}
+
+/// Regions on their way out: freed once the transports released them, leaked if the release task
+/// is dropped unfinished (its runtime shut down), since a transport might still touch them.
+struct LeakUnlessReleased(Option<Vec<Arc<Region>>>);
+
+impl Drop for LeakUnlessReleased {
+    fn drop(&mut self) {
+        if let Some(regions) = self.0.take() {
+            tracing::warn!(
+                "{} region(s) leaked: the engine's runtime shut down during their release",
+                regions.len()
+            );
+            std::mem::forget(regions);
+        }
     }
 }
 

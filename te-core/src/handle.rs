@@ -32,9 +32,10 @@ impl RegisterOptions {
 
 /// A region registered with a [`crate::TransferEngine`].
 ///
-/// Dropping it deregisters the region. If transfers on it are still in flight, the region stops
-/// accepting new transfers at once and is deregistered (and engine-allocated memory freed) when
-/// the last one completes. [`Registration::deregister`] instead refuses while in flight.
+/// Dropping it deregisters the region without blocking the dropping thread: the release runs on
+/// the engine's runtime. If transfers on it are still in flight, the region stops accepting new
+/// transfers at once and is deregistered (and engine-allocated memory freed) when the last one
+/// completes. [`Registration::deregister`] reports that case as an error.
 #[derive(Debug)]
 pub struct Registration {
     pub(crate) region: Arc<Region>,
@@ -119,9 +120,11 @@ impl Registration {
         Ok(())
     }
 
-    /// Deregisters now. Refused with [`te_base::Error::InFlight`] while transfers use the
-    /// region (the handle stays valid then).
-    pub async fn deregister(&self) -> Result<()> {
+    /// Deregisters now and consumes the handle. While transfers use the region this is refused
+    /// with [`te_base::Error::InFlight`]; the region then stops accepting new transfers at once
+    /// and is released when the last one completes, as on drop. Waits on remote peers only
+    /// within the transports' own deadlines, and never under the engine's control lock.
+    pub async fn deregister(self) -> Result<()> {
         let Some(engine) = self.engine.upgrade() else {
             self.released.store(true, Ordering::Release);
             return Ok(());
