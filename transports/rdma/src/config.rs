@@ -3,8 +3,10 @@
 //! meaning is the same.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use te_base::config::{parse_bytes, parse_var, parse_var_with_alias, Env};
+use te_base::listener::ListenerLimits;
 use te_base::{Error, Result};
 
 use crate::protocol::qp_state::ConnectParams;
@@ -40,7 +42,19 @@ pub struct RdmaConfig {
     pub handshake_addr: Option<SocketAddr>,
     /// QP attributes.
     pub connect: ConnectParams,
+    /// The handshake listener's limits: `TE_RDMA_MAX_CONNECTIONS`,
+    /// `TE_RDMA_MAX_CONNECTIONS_PER_SOURCE` (handshake connections at once) and
+    /// `TE_RDMA_HANDSHAKE_TIMEOUT_MS` (accept to authenticated); each message read or written
+    /// has [`HANDSHAKE_FRAME_TIMEOUT`].
+    pub listener: ListenerLimits,
+    /// Target-side QPs one source address may hold at once (`TE_RDMA_MAX_QPS_PER_SOURCE`).
+    pub max_qps_per_source: usize,
 }
+
+/// Time one handshake message may take to arrive or leave.
+pub const HANDSHAKE_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default of `TE_RDMA_MAX_QPS_PER_SOURCE`: two engines' worth of the largest request.
+pub const DEFAULT_MAX_QPS_PER_SOURCE: usize = 2 * crate::protocol::handshake::MAX_SLOTS;
 
 impl Default for RdmaConfig {
     fn default() -> Self {
@@ -57,6 +71,8 @@ impl Default for RdmaConfig {
             backoff_ms: (10, 5000),
             handshake_addr: None,
             connect: ConnectParams::default(),
+            listener: ListenerLimits::with_frame_timeout(HANDSHAKE_FRAME_TIMEOUT),
+            max_qps_per_source: DEFAULT_MAX_QPS_PER_SOURCE,
         }
     }
 }
@@ -132,6 +148,16 @@ impl RdmaConfig {
         }
         c.backoff_ms = (lo, hi);
         c.handshake_addr = parse_var::<SocketAddr>(env, "TE_RDMA_HANDSHAKE_ADDR")?;
+        c.listener = ListenerLimits::from_env(env, "TE_RDMA", HANDSHAKE_FRAME_TIMEOUT)?;
+        let per_source = parse_var::<usize>(env, "TE_RDMA_MAX_QPS_PER_SOURCE")?;
+        if let Some(v) = ranged(
+            "TE_RDMA_MAX_QPS_PER_SOURCE",
+            per_source,
+            1,
+            crate::transport::MAX_ACCEPTED_QPS,
+        )? {
+            c.max_qps_per_source = v;
+        }
 
         let p = &mut c.connect;
         if let Some(mtu) = parse_var_with_alias::<u32>(env, "TE_RDMA_MTU", "MC_MTU")? {
@@ -194,6 +220,9 @@ mod tests {
         for (var, bad) in [
             ("TE_RDMA_QPS_PER_PEER", "0"),
             ("TE_RDMA_QPS_PER_PEER", "two"),
+            ("TE_RDMA_MAX_QPS_PER_SOURCE", "0"),
+            ("TE_RDMA_MAX_CONNECTIONS_PER_SOURCE", "0"),
+            ("TE_RDMA_HANDSHAKE_TIMEOUT_MS", "soon"),
             ("TE_RDMA_DEVICES", "mlx5_0,,mlx5_1"),
             ("TE_RDMA_SIGNAL_EVERY", "100000"),
             ("TE_RDMA_MTU", "1500"),

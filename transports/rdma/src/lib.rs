@@ -60,6 +60,7 @@ pub async fn install(ctx: &InstallContext) -> Result<Arc<dyn Transport>> {
         config,
         &ctx.segment_name,
         Path::new("/sys"),
+        ctx.auth.clone(),
     )
     .await?;
     Ok(Arc::new(transport))

@@ -15,14 +15,28 @@
 //! connections with mismatched MTUs fail, which Mooncake hit in production).
 //!
 //! Messages travel as a 4-byte big-endian length and JSON; every field is validated on receipt.
+//!
+//! Trust (docs/rdma.md, "Who may connect"): with a shared key, a handshake connection opens with
+//! [`AuthMessage`]s (`Hello` -> `Challenge` -> `Proof`, te-base's mutual HMAC challenge-response
+//! with context `"rdma"`) before the [`ConnectRequest`]; a target answers anything else with
+//! [`ConnectResponse::Unauthenticated`] and closes. Whatever the key, a request carries the
+//! initiator's `from_claim`, a secret drawn per transport start and never published: the first
+//! request of a (segment name, instance) binds that pair to its claim, and a later request for the
+//! pair with another claim is refused, so claiming a peer's name does not replace its QPs.
 
 use serde::{Deserialize, Serialize};
 use te_base::{Error, Result};
 
 use crate::verbs::{Gid, LinkLayer, Mtu};
 
-/// Version of the endpoint info and handshake messages (2: rails carry their rail number).
-pub const PROTOCOL_VERSION: u32 = 2;
+/// Version of the endpoint info and handshake messages (2: rails carry their rail number; 3:
+/// requests carry a claim, connections may open with authentication).
+pub const PROTOCOL_VERSION: u32 = 3;
+/// Largest message of the authentication exchange (and the largest first message a target with a
+/// key reads from a peer that has not proved anything yet).
+pub const MAX_AUTH_MESSAGE_BYTES: usize = 1024;
+/// The context of the handshake's proofs.
+pub const AUTH_CONTEXT: &str = "rdma";
 /// Largest handshake message accepted.
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 /// Most rails a segment may advertise.
@@ -103,8 +117,11 @@ pub struct ConnectRequest {
     pub version: u32,
     /// Initiator's segment name.
     pub from_segment: String,
-    /// Initiator's instance (QPs of an older instance are released).
+    /// Initiator's instance (QPs of an older instance from the same source address are released).
     pub from_instance: u64,
+    /// The initiator's claim on (`from_segment`, `from_instance`): 64 hex digits drawn per
+    /// transport start, never published. Requests for the pair with another claim are refused.
+    pub from_claim: String,
     /// Target transport instance the initiator read from the endpoint info; a restarted target
     /// refuses.
     pub to_instance: u64,
@@ -127,6 +144,66 @@ pub enum ConnectResponse {
         /// Why.
         reason: String,
     },
+    /// The target requires the shared key and the connection did not prove it. Says nothing else.
+    Unauthenticated,
+}
+
+/// The authentication exchange that opens a connection when a key is configured. Nonces and
+/// proofs are 64 hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AuthMessage {
+    /// Initiator -> target: the initiator's nonce.
+    Hello {
+        /// Initiator nonce.
+        nonce: String,
+    },
+    /// Target -> initiator: the target's nonce and proof.
+    Challenge {
+        /// Target nonce.
+        nonce: String,
+        /// Target proof.
+        proof: String,
+    },
+    /// Initiator -> target: the initiator's proof.
+    Proof {
+        /// Initiator proof.
+        proof: String,
+    },
+}
+
+/// The first message on a handshake connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Opening {
+    /// An authentication message.
+    Auth(AuthMessage),
+    /// A connection request (no authentication).
+    Connect(ConnectRequest),
+}
+
+/// Decodes the first message of a connection: authentication or a request.
+pub fn decode_opening(body: &[u8]) -> Result<Opening> {
+    if let Ok(a) = serde_json::from_slice::<AuthMessage>(body) {
+        return Ok(Opening::Auth(a));
+    }
+    decode::<ConnectRequest>(body).map(Opening::Connect)
+}
+
+/// 32 bytes as 64 lowercase hex digits.
+pub fn hex32(bytes: &[u8; 32]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Parses 64 hex digits; `what` names the field in the error.
+pub fn parse_hex32(text: &str, what: &str) -> Result<[u8; 32]> {
+    let bad = || invalid(format!("{what} is not 64 hex digits"));
+    if text.len() != 64 || !text.is_ascii() {
+        return Err(bad());
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(out)
 }
 
 /// The path MTU both sides program: the smaller of the two offers.
@@ -247,6 +324,7 @@ impl ConnectRequest {
         if self.from_segment.is_empty() || self.from_segment.len() > 1024 {
             return Err(invalid("bad initiator segment name".into()));
         }
+        parse_hex32(&self.from_claim, "the initiator's claim")?;
         validate_rails(&self.rails)?;
         validate_offers(&self.qps, self.rails.len(), target_rails)
     }
@@ -261,6 +339,12 @@ impl ConnectResponse {
                 return Err(Error::Refused {
                     peer: "rdma handshake".into(),
                     reason: reason.clone(),
+                })
+            }
+            ConnectResponse::Unauthenticated => {
+                return Err(Error::Unauthenticated {
+                    peer: "rdma handshake".into(),
+                    reason: "the target requires the shared key (TE_AUTH_KEY_FILE)".into(),
                 })
             }
         };
@@ -342,6 +426,7 @@ mod tests {
             version: PROTOCOL_VERSION,
             from_segment: "a".into(),
             from_instance: 1,
+            from_claim: "ab".repeat(32),
             to_instance: 2,
             rails: vec![rail("mlx5_0", Mtu::M4096)],
             qps: vec![QpOffer {
@@ -496,6 +581,116 @@ mod tests {
                 proptest::prop_assert_eq!(ok, qpn != 0 && qpn < 1 << 24 && psn < 1 << 24 && rail < 2);
             }
         }
+    }
+
+    fn rail_strategy() -> impl proptest::strategy::Strategy<Value = RailInfo> {
+        use proptest::prelude::*;
+        (
+            0u32..2000,
+            "[a-z0-9_]{0,70}",
+            any::<u8>(),
+            any::<bool>(),
+            any::<u16>(),
+            any::<[u8; 16]>(),
+            prop_oneof![Just(Mtu::M256), Just(Mtu::M1024), Just(Mtu::M4096)],
+            any::<u64>(),
+        )
+            .prop_map(|(rail, device, port, ib, lid, gid, mtu, rate_mbps)| RailInfo {
+                rail,
+                device,
+                port,
+                link_layer: if ib { LinkLayer::Infiniband } else { LinkLayer::Ethernet },
+                lid,
+                gid: gid_hex(&Gid(gid)),
+                mtu,
+                rate_mbps,
+            })
+    }
+
+    fn request_strategy() -> impl proptest::strategy::Strategy<Value = ConnectRequest> {
+        use proptest::prelude::*;
+        let offer = (any::<u32>(), any::<u16>(), any::<u16>(), any::<u32>(), any::<u32>()).prop_map(
+            |(slot, initiator_rail, target_rail, qpn, psn)| QpOffer {
+                slot,
+                initiator_rail,
+                target_rail,
+                qpn,
+                psn,
+                mtu: Mtu::M2048,
+            },
+        );
+        (
+            any::<u32>(),
+            "\\PC{0,40}",
+            any::<u64>(),
+            any::<[u8; 32]>(),
+            any::<u64>(),
+            proptest::collection::vec(rail_strategy(), 0..4),
+            proptest::collection::vec(offer, 0..6),
+        )
+            .prop_map(
+                |(version, from_segment, from_instance, claim, to_instance, rails, qps)| ConnectRequest {
+                    version,
+                    from_segment,
+                    from_instance,
+                    from_claim: hex32(&claim),
+                    to_instance,
+                    rails,
+                    qps,
+                },
+            )
+    }
+
+    proptest::proptest! {
+        /// Whatever a request holds, it survives the frame intact (validation is a separate step).
+        #[test]
+        fn requests_round_trip_through_frames(req in request_strategy()) {
+            let framed = encode(&req);
+            let n = frame_len(framed[..4].try_into().unwrap()).unwrap();
+            proptest::prop_assert_eq!(n, framed.len() - 4);
+            proptest::prop_assert_eq!(decode::<ConnectRequest>(&framed[4..]).unwrap(), req.clone());
+            proptest::prop_assert_eq!(decode_opening(&framed[4..]).unwrap(), Opening::Connect(req.clone()));
+            let _ = req.validate(4);
+        }
+
+        #[test]
+        fn auth_messages_round_trip(a in proptest::prelude::any::<[u8; 32]>(), b in proptest::prelude::any::<[u8; 32]>()) {
+            for m in [
+                AuthMessage::Hello { nonce: hex32(&a) },
+                AuthMessage::Challenge { nonce: hex32(&a), proof: hex32(&b) },
+                AuthMessage::Proof { proof: hex32(&b) },
+            ] {
+                let framed = encode(&m);
+                proptest::prop_assert_eq!(decode_opening(&framed[4..]).unwrap(), Opening::Auth(m));
+            }
+            proptest::prop_assert_eq!(parse_hex32(&hex32(&a), "x").unwrap(), a);
+        }
+
+        /// Arbitrary bytes never panic the opening decoder, the hex parser or the answer check.
+        #[test]
+        fn hostile_openings_are_errors_not_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512), text in "\\PC{0,80}") {
+            let _ = decode_opening(&bytes);
+            let _ = parse_hex32(&text, "x");
+            let _ = parse_hex32(&String::from_utf8_lossy(&bytes), "x");
+            if let Ok(resp) = decode::<ConnectResponse>(&bytes) {
+                let _ = resp.accepted_for(&request(), 2);
+            }
+        }
+    }
+
+    #[test]
+    fn claims_and_auth_fields_are_validated() {
+        let mut bad = request();
+        bad.from_claim = "zz".repeat(32);
+        assert!(bad.validate(1).is_err());
+        bad.from_claim = "ab".repeat(31);
+        assert!(bad.validate(1).is_err());
+        // Multi-byte characters whose byte length is 64 are refused, not sliced mid-character.
+        assert!(parse_hex32(&"é".repeat(32), "x").is_err());
+        assert!(matches!(
+            ConnectResponse::Unauthenticated.accepted_for(&request(), 1),
+            Err(Error::Unauthenticated { .. })
+        ));
     }
 
     #[test]

@@ -1,34 +1,68 @@
 //! The handshake carrier: one TCP exchange per connect (or QP re-establishment) with the address
-//! the peer advertises in its descriptor. Framing and validation live in
-//! [`crate::protocol::handshake`]; this file only moves the bytes.
+//! the peer advertises in its descriptor. Framing, validation and the authentication messages live
+//! in [`crate::protocol::handshake`]; this file only moves the bytes, within deadlines, and never
+//! allocates more than has arrived.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use te_base::auth::{AuthKey, InitiatorHandshake};
 use te_base::{Error, Result};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::protocol::handshake::{decode, encode, frame_len, ConnectRequest, ConnectResponse};
+use crate::protocol::handshake::{
+    decode, encode, frame_len, hex32, parse_hex32, AuthMessage, ConnectRequest, ConnectResponse, AUTH_CONTEXT,
+    MAX_AUTH_MESSAGE_BYTES,
+};
 
-/// How long one handshake exchange may take.
+/// How long one handshake exchange may take, all included.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Reads one framed message.
-pub async fn read_message<T: for<'de> Deserialize<'de>>(stream: &mut TcpStream) -> Result<T> {
+/// First allocation of a message body; it grows only as bytes arrive.
+const FIRST_CHUNK: usize = 4096;
+
+fn invalid(what: String) -> Error {
+    Error::InvalidDescriptor(format!("rdma: {what}"))
+}
+
+/// Reads one framed body of at most `max` bytes, growing the buffer as bytes arrive.
+pub async fn read_body<R: AsyncRead + Unpin>(stream: &mut R, max: usize) -> Result<Vec<u8>> {
     let mut header = [0u8; 4];
     stream
         .read_exact(&mut header)
         .await
         .map_err(|e| Error::io("rdma handshake: reading frame header", e))?;
     let n = frame_len(header)?;
-    let mut body = vec![0u8; n];
-    stream
-        .read_exact(&mut body)
-        .await
-        .map_err(|e| Error::io("rdma handshake: reading frame body", e))?;
-    decode(&body)
+    if n > max {
+        return Err(invalid(format!("handshake frame of {n} bytes (max {max} here)")));
+    }
+    let mut body = Vec::with_capacity(n.min(FIRST_CHUNK));
+    // Each pass reads at least one byte or ends: at most `n` passes.
+    while body.len() < n {
+        if body.len() == body.capacity() {
+            body.reserve_exact(body.len().max(FIRST_CHUNK).min(n - body.len()));
+        }
+        let room = (body.capacity() - body.len()).min(n - body.len());
+        let got = (&mut *stream)
+            .take(room as u64)
+            .read_buf(&mut body)
+            .await
+            .map_err(|e| Error::io("rdma handshake: reading frame body", e))?;
+        if got == 0 {
+            return Err(Error::io(
+                "rdma handshake: reading frame body",
+                std::io::ErrorKind::UnexpectedEof.into(),
+            ));
+        }
+    }
+    Ok(body)
+}
+
+/// Reads one framed message of at most `max` bytes.
+pub async fn read_message<T: for<'de> Deserialize<'de>, R: AsyncRead + Unpin>(stream: &mut R, max: usize) -> Result<T> {
+    decode(&read_body(stream, max).await?)
 }
 
 /// Writes one framed message.
@@ -39,16 +73,55 @@ pub async fn write_message<T: Serialize>(stream: &mut TcpStream, message: &T) ->
         .map_err(|e| Error::io("rdma handshake: writing", e))
 }
 
-/// Sends `request` to the target's listener at `addr` and returns its answer.
-pub async fn exchange(addr: SocketAddr, peer: &str, request: &ConnectRequest) -> Result<ConnectResponse> {
+/// The initiator's side of the authentication exchange.
+async fn authenticate(stream: &mut TcpStream, key: &AuthKey, peer: &str) -> Result<()> {
+    let (hs, nonce_i) = InitiatorHandshake::start(key, AUTH_CONTEXT);
+    write_message(stream, &AuthMessage::Hello { nonce: hex32(&nonce_i) }).await?;
+    let body = read_body(stream, MAX_AUTH_MESSAGE_BYTES).await?;
+    let (nonce_r, proof_r) = match decode::<AuthMessage>(&body) {
+        Ok(AuthMessage::Challenge { nonce, proof }) => (
+            parse_hex32(&nonce, "the target's nonce")?,
+            parse_hex32(&proof, "the target's proof")?,
+        ),
+        _ => {
+            // A target without a key answers `Refused`; anything else is as good as that.
+            return Err(Error::Unauthenticated {
+                peer: peer.to_string(),
+                reason: "the target does not authenticate (no shared key configured there)".into(),
+            });
+        }
+    };
+    let proof = hs.finish(&nonce_r, &proof_r, peer)?;
+    write_message(stream, &AuthMessage::Proof { proof: hex32(&proof) }).await
+}
+
+/// Sends `request` to the target's listener at `addr` (authenticating first when `auth` is set)
+/// and returns its answer.
+pub async fn exchange(
+    addr: SocketAddr,
+    peer: &str,
+    request: &ConnectRequest,
+    auth: Option<&AuthKey>,
+) -> Result<ConnectResponse> {
     let gone = |e: String| Error::PeerGone {
         peer: peer.to_string(),
         reason: format!("rdma handshake with {addr}: {e}"),
     };
     let work = async {
         let mut stream = TcpStream::connect(addr).await.map_err(|e| gone(e.to_string()))?;
+        if let Some(key) = auth {
+            authenticate(&mut stream, key, peer).await?;
+        }
         write_message(&mut stream, request).await?;
-        read_message::<ConnectResponse>(&mut stream).await
+        let response =
+            read_message::<ConnectResponse, _>(&mut stream, crate::protocol::handshake::MAX_MESSAGE_BYTES).await?;
+        if response == ConnectResponse::Unauthenticated {
+            return Err(Error::Unauthenticated {
+                peer: peer.to_string(),
+                reason: "the target requires the shared key (TE_AUTH_KEY_FILE)".into(),
+            });
+        }
+        Ok(response)
     };
     match tokio::time::timeout(HANDSHAKE_TIMEOUT, work).await {
         Ok(r) => r,
@@ -56,5 +129,39 @@ pub async fn exchange(addr: SocketAddr, peer: &str, request: &ConnectRequest) ->
             what: format!("rdma handshake with '{peer}' at {addr}"),
             after_ms: HANDSHAKE_TIMEOUT.as_millis() as u64,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn bodies_grow_with_the_bytes_not_the_announcement() {
+        // Announces the maximum, sends 10 bytes and closes: an error, having held about 10 bytes.
+        let (mut tx, mut rx) = tokio::io::duplex(1 << 12);
+        let mut frame = (crate::protocol::handshake::MAX_MESSAGE_BYTES as u32)
+            .to_be_bytes()
+            .to_vec();
+        frame.extend_from_slice(b"{\"version\"");
+        tx.write_all(&frame).await.unwrap();
+        drop(tx);
+        assert!(read_body(&mut rx, usize::MAX).await.is_err());
+        // Over the caller's cap: refused before reading the body.
+        let (mut tx, mut rx) = tokio::io::duplex(1 << 12);
+        tx.write_all(&2000u32.to_be_bytes()).await.unwrap();
+        let err = read_body(&mut rx, MAX_AUTH_MESSAGE_BYTES).await.unwrap_err();
+        assert!(err.to_string().contains("2000"), "{err}");
+        // A whole body arrives whole, in a buffer no larger than it.
+        let (mut tx, mut rx) = tokio::io::duplex(1 << 12);
+        let body = vec![b'7'; 100_000];
+        let writer = tokio::spawn(async move {
+            tx.write_all(&(body.len() as u32).to_be_bytes()).await.unwrap();
+            tx.write_all(&body).await.unwrap();
+        });
+        let got = read_body(&mut rx, usize::MAX).await.unwrap();
+        writer.await.unwrap();
+        assert_eq!(got.len(), 100_000);
+        assert!(got.capacity() <= 100_000);
     }
 }

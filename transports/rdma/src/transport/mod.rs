@@ -10,6 +10,7 @@ mod placement_tests;
 mod progress;
 pub mod rails;
 mod target;
+pub(crate) use target::MAX_ACCEPTED_QPS;
 #[cfg(test)]
 mod tests;
 
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
+use te_base::auth::AuthKey;
 use te_base::device::DevicePlugin;
 use te_base::registration::{deregister_regions, register_regions, DomainHandles, RegistrationPool};
 use te_base::topology::{NicPlacement, RailRate, StripePlanner};
@@ -62,8 +64,12 @@ pub(crate) struct Shared<V: Verbs> {
     pub(crate) regions: RwLock<HashMap<RegionId, Arc<LocalRegion<V>>>>,
     /// Initiator QPs by QP number, for completion dispatch.
     pub(crate) qps: RwLock<HashMap<u32, SlotRef<V>>>,
-    /// Target-side QPs accepted through the handshake.
-    pub(crate) accepted: Mutex<HashMap<(String, u32), target::AcceptedQp<V>>>,
+    /// Target-side QPs accepted through the handshake, and the claims binding them.
+    pub(crate) accepted: Mutex<target::Accepted<V>>,
+    /// The shared key handshake peers must prove (`None`: anyone who reaches the listener).
+    pub(crate) auth: Option<AuthKey>,
+    /// This transport's claim on its (segment name, instance) at targets; never published.
+    pub(crate) claim: [u8; 32],
     /// Slots waiting for re-establishment.
     pub(crate) broken: Mutex<Vec<SlotRef<V>>>,
     outstanding: AtomicUsize,
@@ -110,9 +116,7 @@ impl<V: Verbs> Shared<V> {
 
 impl<V: Verbs> Drop for Shared<V> {
     fn drop(&mut self) {
-        for (_, a) in self.accepted.get_mut().drain() {
-            a.destroy(&*self.verbs);
-        }
+        self.accepted.get_mut().destroy_all(&*self.verbs);
         let left: Vec<(RegionInfo, DomainHandles<RailRegistration<V>>)> = self
             .regions
             .get_mut()
@@ -150,7 +154,9 @@ impl<V: Verbs> RdmaTransport<V> {
     /// their link rates for striping, and each region is registered only on the rails placement
     /// chooses for it (NUMA-local for host memory, switch-local for GPU memory); without one,
     /// on every rail. `plugins` are the engine's device plugins: GPU memory of their kind is
-    /// registered through dma-bufs they export.
+    /// registered through dma-bufs they export. `auth` is the shared key handshake peers must
+    /// prove (and this side proves to them); without it the listener is open (warned once).
+    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         verbs: Arc<V>,
         devices: &[String],
@@ -159,6 +165,7 @@ impl<V: Verbs> RdmaTransport<V> {
         config: RdmaConfig,
         segment_name: &str,
         sysfs: &Path,
+        auth: Option<AuthKey>,
     ) -> Result<Self> {
         let devices = rails::order_by_topology(devices, placement.as_ref().map(|p| p.topology()));
         let set = RailSet::open(verbs.clone(), &devices, &config, sysfs)?;
@@ -219,7 +226,9 @@ impl<V: Verbs> RdmaTransport<V> {
             },
             regions: RwLock::new(HashMap::new()),
             qps: RwLock::new(HashMap::new()),
-            accepted: Mutex::new(HashMap::new()),
+            accepted: Mutex::new(target::Accepted::default()),
+            claim: te_base::auth::nonce(),
+            auth,
             broken: Mutex::new(Vec::new()),
             outstanding: AtomicUsize::new(0),
             psn_state: AtomicU64::new(te_base::token::random_token()),
@@ -231,7 +240,11 @@ impl<V: Verbs> RdmaTransport<V> {
         });
         let thread = progress::spawn(Arc::downgrade(&shared))?;
         *shared.progress_thread.lock() = Some(thread);
-        let listener = tokio::spawn(target::serve(Arc::downgrade(&shared), listener));
+        if shared.auth.is_none() {
+            te_base::auth::warn_unauthenticated("rdma handshake", &advertised.to_string());
+        }
+        let limits = shared.config.listener;
+        let listener = tokio::spawn(target::serve(Arc::downgrade(&shared), listener, limits));
         Ok(RdmaTransport { shared, listener })
     }
 
@@ -456,7 +469,7 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
             })
             .collect();
         let request = peer.request(offers);
-        let response = handshake_io::exchange(handshake_addr, &desc.name, &request).await?;
+        let response = handshake_io::exchange(handshake_addr, &desc.name, &request, shared.auth.as_ref()).await?;
         let answers = response.accepted_for(&request, peer.endpoint.rails.len())?;
         for ((slot, mine), theirs) in peer.slots.iter().zip(&request.qps).zip(answers) {
             let mut inner = slot.inner.lock();

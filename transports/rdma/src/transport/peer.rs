@@ -95,6 +95,7 @@ impl<V: Verbs> PeerInner<V> {
             version: PROTOCOL_VERSION,
             from_segment: self.shared.segment_name.clone(),
             from_instance: self.shared.instance,
+            from_claim: crate::protocol::handshake::hex32(&self.shared.claim),
             to_instance: self.endpoint.instance,
             rails: self.shared.rails().rails.iter().map(|r| r.info()).collect(),
             qps: offers,
@@ -247,7 +248,14 @@ impl<V: Verbs> PeerInner<V> {
         let result = match prepared {
             Ok(offer) => {
                 let request = self.request(vec![offer]);
-                match super::handshake_io::exchange(self.handshake_addr, self.name(), &request).await {
+                match super::handshake_io::exchange(
+                    self.handshake_addr,
+                    self.name(),
+                    &request,
+                    self.shared.auth.as_ref(),
+                )
+                .await
+                {
                     Ok(resp) => resp
                         .accepted_for(&request, self.endpoint.rails.len())
                         .map(|qps| (offer, qps[0])),

@@ -150,7 +150,7 @@ async fn start_on(
     plugins: Vec<Arc<dyn DevicePlugin>>,
     sysfs: &Path,
 ) -> Arc<Fake> {
-    let t = RdmaTransport::start(verbs.clone(), devices, placement, plugins, config(), name, sysfs)
+    let t = RdmaTransport::start(verbs.clone(), devices, placement, plugins, config(), name, sysfs, None)
         .await
         .expect("start over the fake");
     Arc::new(t)
@@ -395,6 +395,7 @@ async fn gpu_memory_falls_back_to_peer_memory_and_is_otherwise_not_available() {
         config(),
         "a",
         with_peermem.path(),
+        None,
     )
     .await
     .unwrap();
@@ -432,9 +433,18 @@ async fn gpu_memory_falls_back_to_peer_memory_and_is_otherwise_not_available() {
     ];
     for (verbs, plugins, missing) in cases {
         let plugin_count = plugins.len();
-        let t = RdmaTransport::start(verbs.clone(), &devices, None, plugins, config(), "b", no_peermem.path())
-            .await
-            .unwrap();
+        let t = RdmaTransport::start(
+            verbs.clone(),
+            &devices,
+            None,
+            plugins,
+            config(),
+            "b",
+            no_peermem.path(),
+            None,
+        )
+        .await
+        .unwrap();
         let err = t.register(&[region_info(&buf, CUDA0, true)]).await.unwrap_err();
         let Error::NotAvailable { what, reason } = &err else {
             panic!("expected NotAvailable, got {err}");

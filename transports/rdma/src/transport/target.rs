@@ -1,14 +1,28 @@
 //! The target side of the handshake: accepts connection requests, creates and connects the
 //! target's QPs, and answers with their numbers, PSNs and the negotiated MTU.
+//!
+//! Facing whoever reaches the listener: connections are capped in total and per source address,
+//! the opening (authentication when a key is configured) has the handshake deadline and each
+//! message the frame deadline, accept errors back off, and a peer that proved nothing reads at
+//! most [`MAX_AUTH_MESSAGE_BYTES`] and hears only "unauthenticated". QPs are bound to the
+//! (segment name, instance) that created them and to its claim (see [`judge_claim`]), and each
+//! source address holds at most `TE_RDMA_MAX_QPS_PER_SOURCE` of them.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Weak;
 
-use te_base::Result;
+use te_base::auth::{AuthKey, ResponderHandshake};
+use te_base::listener::{deadline, tune_socket, AcceptBackoff, ConnectionGate, ListenerLimits};
+use te_base::{Error, Result};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::handshake_io::{read_message, write_message, HANDSHAKE_TIMEOUT};
+use super::handshake_io::{read_body, write_message};
 use super::Shared;
-use crate::protocol::handshake::{mtu_offer, negotiate_mtu, ConnectRequest, ConnectResponse, QpOffer};
+use crate::protocol::handshake::{
+    decode, decode_opening, hex32, mtu_offer, negotiate_mtu, parse_hex32, AuthMessage, ConnectRequest, ConnectResponse,
+    Opening, QpOffer, AUTH_CONTEXT, MAX_AUTH_MESSAGE_BYTES, MAX_MESSAGE_BYTES,
+};
 use crate::protocol::qp_state::{connect_transitions, LocalQpEnd, QpMachine, RemoteQpEnd};
 use crate::verbs::{QpCaps, Verbs};
 
@@ -18,7 +32,7 @@ pub(crate) const MAX_ACCEPTED_QPS: usize = 1 << 16;
 /// A QP this side created for a peer's slot.
 pub(crate) struct AcceptedQp<V: Verbs> {
     qp: V::Qp,
-    instance: u64,
+    source: IpAddr,
 }
 
 impl<V: Verbs> AcceptedQp<V> {
@@ -29,72 +43,295 @@ impl<V: Verbs> AcceptedQp<V> {
     }
 }
 
+/// Who holds a (segment name, instance): the claim its first request presented and where from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Claim {
+    pub(crate) secret: [u8; 32],
+    pub(crate) source: IpAddr,
+}
+
+/// The target side's QPs: by (initiator segment, instance, slot), and the claims binding each
+/// (segment, instance) to its initiator.
+pub(crate) struct Accepted<V: Verbs> {
+    pub(crate) qps: HashMap<(String, u64, u32), AcceptedQp<V>>,
+    pub(crate) claims: HashMap<(String, u64), Claim>,
+}
+
+impl<V: Verbs> Default for Accepted<V> {
+    fn default() -> Self {
+        Accepted {
+            qps: HashMap::new(),
+            claims: HashMap::new(),
+        }
+    }
+}
+
+impl<V: Verbs> Accepted<V> {
+    /// Destroys every QP (transport teardown).
+    pub(crate) fn destroy_all(&mut self, verbs: &V) {
+        for (_, a) in self.qps.drain() {
+            a.destroy(verbs);
+        }
+        self.claims.clear();
+    }
+
+    /// Destroys the QPs of (segment, instance) and forgets its claim.
+    fn retire(&mut self, segment: &str, instance: u64, verbs: &V) {
+        self.claims.remove(&(segment.to_string(), instance));
+        let keys: Vec<_> = self
+            .qps
+            .keys()
+            .filter(|(s, i, _)| s == segment && *i == instance)
+            .cloned()
+            .collect();
+        for k in keys {
+            if let Some(a) = self.qps.remove(&k) {
+                a.destroy(verbs);
+            }
+        }
+    }
+}
+
+/// What to do with a request's claim on (segment, instance).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Another initiator holds the pair: refuse, touch nothing.
+    Taken,
+    /// Go ahead; then retire these older instances of the same segment (restarts seen from the
+    /// same source address).
+    Proceed { retire: Vec<u64> },
+}
+
+fn same_secret(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    // Constant time: the difference is folded over every byte.
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The claim rule, pure. A (segment, instance) belongs to the claim its first request presented:
+/// a request with another claim is refused (anyone can read a name and an instance from a
+/// descriptor; only the initiator knows its claim). A new instance of a segment replaces the
+/// older instances' QPs only when it comes from the address those came from (the engine
+/// restarted on its host); from elsewhere it gets its own QPs beside them, and the per-source
+/// quota bounds what either can hold.
+pub(crate) fn judge_claim(
+    claims: &HashMap<(String, u64), Claim>,
+    segment: &str,
+    instance: u64,
+    claim: &Claim,
+) -> Verdict {
+    if let Some(held) = claims.get(&(segment.to_string(), instance)) {
+        if !same_secret(&held.secret, &claim.secret) {
+            return Verdict::Taken;
+        }
+    }
+    let retire = claims
+        .iter()
+        .filter(|((s, i), c)| s == segment && *i != instance && c.source == claim.source)
+        .map(|((_, i), _)| *i)
+        .collect();
+    Verdict::Proceed { retire }
+}
+
 /// Accepts handshake connections until the transport goes away.
-pub(crate) async fn serve<V: Verbs>(shared: Weak<Shared<V>>, listener: TcpListener) {
+pub(crate) async fn serve<V: Verbs>(shared: Weak<Shared<V>>, listener: TcpListener, limits: ListenerLimits) {
+    let gate = ConnectionGate::new(&limits);
+    let mut backoff = AcceptBackoff::default();
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, from) = match listener.accept().await {
+            Ok(c) => {
+                backoff.reset();
+                c
+            }
             Err(e) => {
                 // Out of descriptors or similar: do not spin on it.
-                tracing::warn!("rdma handshake listener: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                backoff.failed("rdma handshake listener", &e).await;
                 continue;
             }
         };
         if shared.strong_count() == 0 {
             return;
         }
-        tokio::spawn(handle(shared.clone(), stream));
+        let permit = match gate.admit(from.ip()) {
+            Ok(p) => p,
+            Err(why) => {
+                tracing::debug!("rdma handshake: closing a connection from {from}: {why:?}");
+                continue;
+            }
+        };
+        tune_socket(&stream, limits.frame_timeout);
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            handle(shared, stream, from.ip(), limits).await;
+        });
     }
 }
 
-async fn handle<V: Verbs>(shared: Weak<Shared<V>>, mut stream: TcpStream) {
-    // A client that connects and says nothing must not hold a task forever.
-    let request = match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_message::<ConnectRequest>(&mut stream)).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            tracing::debug!("rdma handshake: unreadable request: {e}");
-            return;
+fn timed_out(e: std::io::Error) -> Error {
+    Error::io("rdma handshake", e)
+}
+
+/// The target's side of the authentication exchange, after the initiator's `Hello`.
+async fn authenticate(stream: &mut TcpStream, key: &AuthKey, hello: AuthMessage, peer: &str) -> Result<()> {
+    let AuthMessage::Hello { nonce } = hello else {
+        return Err(Error::Unauthenticated {
+            peer: peer.into(),
+            reason: "no hello".into(),
+        });
+    };
+    let nonce_i = parse_hex32(&nonce, "nonce")?;
+    let (hs, nonce_r, proof_r) = ResponderHandshake::answer(key, AUTH_CONTEXT, &nonce_i);
+    let challenge = AuthMessage::Challenge {
+        nonce: hex32(&nonce_r),
+        proof: hex32(&proof_r),
+    };
+    write_message(stream, &challenge).await?;
+    match decode::<AuthMessage>(&read_body(stream, MAX_AUTH_MESSAGE_BYTES).await?)? {
+        AuthMessage::Proof { proof } => hs.check(&parse_hex32(&proof, "proof")?, peer),
+        _ => Err(Error::Unauthenticated {
+            peer: peer.into(),
+            reason: "no proof".into(),
+        }),
+    }
+}
+
+/// Reads the request of one connection: after authentication when `auth` is set. `Err` carries
+/// the answer to give instead (if any).
+async fn opening(
+    stream: &mut TcpStream,
+    auth: Option<&AuthKey>,
+    source: IpAddr,
+    limits: &ListenerLimits,
+) -> std::result::Result<ConnectRequest, Option<ConnectResponse>> {
+    let peer = source.to_string();
+    let first_max = if auth.is_some() {
+        MAX_AUTH_MESSAGE_BYTES
+    } else {
+        MAX_MESSAGE_BYTES
+    };
+    let first = deadline(limits.handshake_timeout, "rdma handshake opening", async {
+        Ok(read_body(stream, first_max).await)
+    })
+    .await;
+    let first = match first {
+        Ok(Ok(body)) => decode_opening(&body),
+        Ok(Err(e)) => Err(e),
+        Err(e) => Err(timed_out(e)),
+    };
+    match (auth, first) {
+        (Some(key), Ok(Opening::Auth(hello))) => {
+            let proved = deadline(limits.handshake_timeout, "rdma handshake authentication", async {
+                Ok(authenticate(stream, key, hello, &peer).await)
+            })
+            .await;
+            match proved {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!("rdma handshake: {peer} did not authenticate: {e}");
+                    return Err(Some(ConnectResponse::Unauthenticated));
+                }
+                Err(_) => return Err(Some(ConnectResponse::Unauthenticated)),
+            }
+            let request = deadline(limits.frame_timeout, "rdma handshake request", async {
+                Ok(read_body(stream, MAX_MESSAGE_BYTES).await)
+            })
+            .await;
+            match request {
+                Ok(Ok(body)) => decode::<ConnectRequest>(&body).map_err(|e| {
+                    tracing::debug!("rdma handshake: unreadable request from {peer}: {e}");
+                    Some(ConnectResponse::Refused { reason: e.to_string() })
+                }),
+                _ => Err(None),
+            }
         }
-        Err(_) => return,
+        (Some(_), other) => {
+            if let Err(e) = other {
+                tracing::debug!("rdma handshake: unreadable opening from {peer}: {e}");
+            }
+            Err(Some(ConnectResponse::Unauthenticated))
+        }
+        (None, Ok(Opening::Connect(r))) => Ok(r),
+        (None, Ok(Opening::Auth(_))) => Err(Some(ConnectResponse::Refused {
+            reason: "this target has no shared key configured (TE_AUTH_KEY_FILE)".into(),
+        })),
+        (None, Err(e)) => {
+            tracing::debug!("rdma handshake: unreadable request from {peer}: {e}");
+            Err(None)
+        }
+    }
+}
+
+async fn handle<V: Verbs>(shared: Weak<Shared<V>>, mut stream: TcpStream, source: IpAddr, limits: ListenerLimits) {
+    let auth = match shared.upgrade() {
+        Some(s) => s.auth.clone(),
+        None => return,
     };
-    let Some(shared) = shared.upgrade() else { return };
-    let response = match accept(&shared, &request) {
-        Ok(qps) => ConnectResponse::Accepted { qps },
-        Err(e) => ConnectResponse::Refused { reason: e.to_string() },
+    let response = match opening(&mut stream, auth.as_ref(), source, &limits).await {
+        Ok(request) => {
+            let Some(shared) = shared.upgrade() else { return };
+            match accept(&shared, &request, source) {
+                Ok(qps) => ConnectResponse::Accepted { qps },
+                Err(e) => ConnectResponse::Refused { reason: e.to_string() },
+            }
+        }
+        Err(Some(answer)) => answer,
+        Err(None) => return,
     };
-    drop(shared);
-    if let Err(e) = write_message(&mut stream, &response).await {
-        tracing::debug!("rdma handshake: answering {}: {e}", request.from_segment);
+    let written = deadline(limits.frame_timeout, "rdma handshake answer", async {
+        Ok(write_message(&mut stream, &response).await)
+    })
+    .await;
+    if !matches!(written, Ok(Ok(()))) {
+        tracing::debug!("rdma handshake: answering {source} failed or timed out");
     }
 }
 
 /// Creates, connects and records a QP for every requested slot (replacing the QP a slot had, which
 /// is how one failed QP is re-established). All or nothing.
-fn accept<V: Verbs>(shared: &Shared<V>, req: &ConnectRequest) -> Result<Vec<QpOffer>> {
+fn accept<V: Verbs>(shared: &Shared<V>, req: &ConnectRequest, source: IpAddr) -> Result<Vec<QpOffer>> {
     let rails = &shared.rails().rails;
     req.validate(rails.len())?;
     if req.to_instance != shared.instance {
-        return Err(te_base::Error::Refused {
+        return Err(Error::Refused {
             peer: shared.segment_name.clone(),
-            reason: format!(
-                "request for instance {:#x}, this is {:#x} (stale descriptor)",
-                req.to_instance, shared.instance
-            ),
+            reason: "the request is for another instance of this segment (stale descriptor: it restarted)".into(),
         });
     }
+    let claim = Claim {
+        secret: parse_hex32(&req.from_claim, "the initiator's claim")?,
+        source,
+    };
+    let taken = || Error::Refused {
+        peer: shared.segment_name.clone(),
+        reason: format!(
+            "segment '{}' is connected here by another initiator with the same instance",
+            req.from_segment
+        ),
+    };
     {
         // Bound what anyone who can reach the listener may make us allocate.
         let accepted = shared.accepted.lock();
-        let replaced = req
-            .qps
-            .iter()
-            .filter(|q| accepted.contains_key(&(req.from_segment.clone(), q.slot)))
-            .count();
-        if accepted.len() + req.qps.len() - replaced > MAX_ACCEPTED_QPS {
-            return Err(te_base::Error::Refused {
+        if judge_claim(&accepted.claims, &req.from_segment, req.from_instance, &claim) == Verdict::Taken {
+            return Err(taken());
+        }
+        let key = |slot: u32| (req.from_segment.clone(), req.from_instance, slot);
+        let replaced: Vec<&AcceptedQp<V>> = req.qps.iter().filter_map(|q| accepted.qps.get(&key(q.slot))).collect();
+        let total = accepted.qps.len() + req.qps.len() - replaced.len();
+        if total > MAX_ACCEPTED_QPS {
+            return Err(Error::Refused {
                 peer: shared.segment_name.clone(),
-                reason: format!("already serving {} QPs (limit {MAX_ACCEPTED_QPS})", accepted.len()),
+                reason: format!("already serving {} QPs (limit {MAX_ACCEPTED_QPS})", accepted.qps.len()),
+            });
+        }
+        let from_source = accepted.qps.values().filter(|a| a.source == source).count();
+        let replaced_here = replaced.iter().filter(|a| a.source == source).count();
+        if from_source + req.qps.len() - replaced_here > shared.config.max_qps_per_source {
+            return Err(Error::Refused {
+                peer: shared.segment_name.clone(),
+                reason: format!(
+                    "this source address holds {from_source} QPs here (TE_RDMA_MAX_QPS_PER_SOURCE={})",
+                    shared.config.max_qps_per_source
+                ),
             });
         }
     }
@@ -152,28 +389,88 @@ fn accept<V: Verbs>(shared: &Shared<V>, req: &ConnectRequest) -> Result<Vec<QpOf
         return Err(e);
     }
     let mut accepted = shared.accepted.lock();
-    // QPs of an earlier instance of the same peer are dead weight now.
-    let stale: Vec<(String, u32)> = accepted
-        .iter()
-        .filter(|((seg, _), a)| *seg == req.from_segment && a.instance != req.from_instance)
-        .map(|(k, _)| k.clone())
-        .collect();
-    for k in stale {
-        if let Some(a) = accepted.remove(&k) {
-            a.destroy(&*shared.verbs);
+    // Judged again: another request for the pair may have won while the QPs were created.
+    let retire = match judge_claim(&accepted.claims, &req.from_segment, req.from_instance, &claim) {
+        Verdict::Taken => {
+            for (_, qp) in created {
+                let _ = shared.verbs.destroy_qp(qp);
+            }
+            return Err(taken());
         }
+        Verdict::Proceed { retire } => retire,
+    };
+    // QPs of an earlier instance of the same peer, from its host, are dead weight now.
+    for old in retire {
+        accepted.retire(&req.from_segment, old, &*shared.verbs);
     }
+    accepted
+        .claims
+        .entry((req.from_segment.clone(), req.from_instance))
+        .or_insert(claim);
     for (slot, qp) in created {
-        let key = (req.from_segment.clone(), slot);
-        if let Some(old) = accepted.insert(
-            key,
-            AcceptedQp {
-                qp,
-                instance: req.from_instance,
-            },
-        ) {
+        let key = (req.from_segment.clone(), req.from_instance, slot);
+        if let Some(old) = accepted.qps.insert(key, AcceptedQp { qp, source }) {
             old.destroy(&*shared.verbs);
         }
     }
     Ok(answers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([10, 0, 0, last])
+    }
+
+    #[test]
+    fn claims_bind_a_name_and_instance_to_their_first_initiator() {
+        let mut claims = HashMap::new();
+        let owner = Claim {
+            secret: [1; 32],
+            source: ip(1),
+        };
+        assert_eq!(
+            judge_claim(&claims, "a", 7, &owner),
+            Verdict::Proceed { retire: vec![] }
+        );
+        claims.insert(("a".to_string(), 7), owner);
+        // The owner again (re-establishing a QP, adding slots): fine.
+        assert_eq!(
+            judge_claim(&claims, "a", 7, &owner),
+            Verdict::Proceed { retire: vec![] }
+        );
+        // Same name and instance, another claim, from anywhere: refused.
+        for source in [ip(1), ip(2)] {
+            let thief = Claim {
+                secret: [2; 32],
+                source,
+            };
+            assert_eq!(judge_claim(&claims, "a", 7, &thief), Verdict::Taken);
+        }
+        // A new instance from the owner's address (a restart there) retires the old one.
+        let restarted = Claim {
+            secret: [3; 32],
+            source: ip(1),
+        };
+        assert_eq!(
+            judge_claim(&claims, "a", 8, &restarted),
+            Verdict::Proceed { retire: vec![7] }
+        );
+        // A new instance from elsewhere gets its own QPs and retires nothing.
+        let elsewhere = Claim {
+            secret: [4; 32],
+            source: ip(9),
+        };
+        assert_eq!(
+            judge_claim(&claims, "a", 9, &elsewhere),
+            Verdict::Proceed { retire: vec![] }
+        );
+        // Other names are not affected.
+        assert_eq!(
+            judge_claim(&claims, "b", 7, &elsewhere),
+            Verdict::Proceed { retire: vec![] }
+        );
+    }
 }

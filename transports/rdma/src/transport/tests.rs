@@ -15,6 +15,10 @@ use te_base::{
 
 use super::RdmaTransport;
 use crate::config::RdmaConfig;
+use crate::protocol::handshake::{
+    decode, encode, frame_len, hex32, AuthMessage, ConnectRequest, ConnectResponse, QpOffer, MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+};
 use crate::protocol::qp_state::{QpState, QpTransition};
 use crate::protocol::remote_keys::BufferKeys;
 use crate::verbs::fake::{Call, FakeDevice, RecordingVerbs};
@@ -35,6 +39,16 @@ pub(super) fn fabric(devices: Vec<FakeDevice>) -> Arc<RecordingVerbs> {
 }
 
 async fn transport(verbs: &Arc<RecordingVerbs>, devices: &[&str], name: &str, config: RdmaConfig) -> Arc<Fake> {
+    transport_with_key(verbs, devices, name, config, None).await
+}
+
+async fn transport_with_key(
+    verbs: &Arc<RecordingVerbs>,
+    devices: &[&str],
+    name: &str,
+    config: RdmaConfig,
+    auth: Option<te_base::auth::AuthKey>,
+) -> Arc<Fake> {
     let devices: Vec<String> = devices.iter().map(|d| d.to_string()).collect();
     let t = RdmaTransport::start(
         verbs.clone(),
@@ -44,6 +58,7 @@ async fn transport(verbs: &Arc<RecordingVerbs>, devices: &[&str], name: &str, co
         config,
         name,
         Path::new("/nonexistent-sysfs"),
+        auth,
     )
     .await
     .expect("start over the fake");
@@ -542,4 +557,218 @@ async fn conformance_over_the_fake() {
         target_name: "target".into(),
     };
     conformance::run_all(&pair, &ConformanceOptions::default()).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Facing peers that are not who they say
+
+fn key(byte: u8) -> te_base::auth::AuthKey {
+    te_base::auth::AuthKey::from_bytes(&[byte; 32]).unwrap()
+}
+
+fn two_devices() -> Arc<RecordingVerbs> {
+    fabric(vec![
+        FakeDevice::roce("mlx5_0", [10, 0, 0, 1]),
+        FakeDevice::roce("mlx5_1", [10, 0, 0, 2]),
+    ])
+}
+
+fn accepted_qps(t: &Fake) -> Vec<(String, u64, u32)> {
+    let mut k: Vec<_> = t.shared.accepted.lock().qps.keys().cloned().collect();
+    k.sort();
+    k
+}
+
+/// A request as `claimant` would send it, for one slot, with a claim of our choosing.
+fn forged_request(claimant: &Fake, name: &str, target: &Fake, claim: [u8; 32]) -> ConnectRequest {
+    ConnectRequest {
+        version: PROTOCOL_VERSION,
+        from_segment: name.into(),
+        from_instance: claimant.shared.instance,
+        from_claim: hex32(&claim),
+        to_instance: target.shared.instance,
+        rails: claimant.shared.rails().rails.iter().map(|r| r.info()).collect(),
+        qps: vec![QpOffer {
+            slot: 0,
+            initiator_rail: 0,
+            target_rail: 0,
+            qpn: 0x4242,
+            psn: 1,
+            mtu: Mtu::M1024,
+        }],
+    }
+}
+
+/// Sends `frames` on a fresh connection to `target`'s listener and reads until it closes (at most
+/// 64 KiB, within 10 s).
+async fn raw_exchange(target: &Fake, frames: &[Vec<u8>]) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(target.handshake_addr()).await.unwrap();
+    for f in frames {
+        s.write_all(f).await.unwrap();
+    }
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut chunk = [0u8; 4096];
+        while out.len() < 64 << 10 {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the target kept the connection open");
+    out
+}
+
+fn reveals_no_instance(text: &str, t: &Fake) -> bool {
+    let i = t.shared.instance;
+    !text.contains(&i.to_string()) && !text.contains(&format!("{i:x}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_key_only_peers_that_hold_it_connect() {
+    let verbs = two_devices();
+    let b = transport_with_key(&verbs, &["mlx5_1"], "b", config(), Some(key(1))).await;
+    let dst = region(&b, 4096, true, 0).await;
+    let d = descriptor(&b, "b", &[&dst]);
+
+    let friend = transport_with_key(&verbs, &["mlx5_0"], "friend", config(), Some(key(1))).await;
+    let src = region(&friend, 4096, false, 9).await;
+    let peer = friend.connect(&d).await.unwrap();
+    let st = run(&peer, vec![write(0, &src, 0, &dst, 0, 0, 4096)]).await;
+    assert!(matches!(st[0], RequestStatus::Done { .. }), "{:?}", st[0]);
+    assert_eq!(bytes(&dst), bytes(&src));
+    let served = accepted_qps(&b);
+
+    for (who, auth) in [("wrong key", Some(key(2))), ("no key", None)] {
+        let stranger = transport_with_key(&verbs, &["mlx5_0"], who, config(), auth).await;
+        let err = match stranger.connect(&d).await {
+            Ok(_) => panic!("{who}: connected"),
+            Err(e) => e,
+        };
+        assert!(matches!(err, Error::Unauthenticated { .. }), "{who}: {err}");
+        assert!(reveals_no_instance(&err.to_string(), &b), "{who}: {err}");
+        assert_eq!(accepted_qps(&b), served, "{who}: the target created nothing");
+    }
+    // A keyed initiator does not trust a target without a key.
+    let open = transport(&verbs, &["mlx5_1"], "open", config()).await;
+    let open_dst = region(&open, 4096, true, 0).await;
+    let err = match friend.connect(&descriptor(&open, "open", &[&open_dst])).await {
+        Ok(_) => panic!("connected to a target without a key"),
+        Err(e) => e,
+    };
+    assert!(matches!(err, Error::Unauthenticated { .. }), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_peers_hear_one_word_and_a_close() {
+    let verbs = two_devices();
+    let b = transport_with_key(&verbs, &["mlx5_1"], "b", config(), Some(key(1))).await;
+    let a = transport(&verbs, &["mlx5_0"], "a", config()).await;
+    let request = forged_request(&a, "a", &b, [7; 32]);
+    let unauthenticated = encode(&ConnectResponse::Unauthenticated);
+    let hello = encode(&AuthMessage::Hello { nonce: hex32(&[5; 32]) });
+    let forged_proof = encode(&AuthMessage::Proof { proof: hex32(&[0; 32]) });
+    let huge = {
+        let mut f = (MAX_MESSAGE_BYTES as u32).to_be_bytes().to_vec();
+        f.extend_from_slice(&[b'{'; 2000]);
+        f
+    };
+    let attempts: Vec<(&str, Vec<Vec<u8>>)> = vec![
+        ("a bare request", vec![encode(&request)]),
+        ("a request after hello", vec![hello.clone(), encode(&request)]),
+        ("a forged proof", vec![hello.clone(), forged_proof, encode(&request)]),
+        ("a megabyte announced before proving anything", vec![huge]),
+        ("garbage", vec![b"GET / HTTP/1.1\r\n\r\n".to_vec()]),
+    ];
+    for (what, frames) in attempts {
+        let got = raw_exchange(&b, &frames).await;
+        let text = String::from_utf8_lossy(&got);
+        assert!(reveals_no_instance(&text, &b), "{what}: {text}");
+        let mut rest = &got[..];
+        if frames[0] == hello {
+            let n = frame_len(rest[..4].try_into().unwrap()).unwrap();
+            assert!(
+                matches!(
+                    decode::<AuthMessage>(&rest[4..4 + n]),
+                    Ok(AuthMessage::Challenge { .. })
+                ),
+                "{what}"
+            );
+            rest = &rest[4 + n..];
+        }
+        assert_eq!(rest, &unauthenticated[..], "{what}: {text}");
+    }
+    assert!(accepted_qps(&b).is_empty(), "nothing was created for anyone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claiming_a_peers_name_does_not_take_over_its_qps() {
+    let verbs = two_devices();
+    let a = transport(&verbs, &["mlx5_0"], "a", config()).await;
+    let b = transport(&verbs, &["mlx5_1"], "b", config()).await;
+    let src = region(&a, 8192, false, 3).await;
+    let dst = region(&b, 8192, true, 0).await;
+    let peer = a.connect(&descriptor(&b, "b", &[&dst])).await.unwrap();
+    let served = accepted_qps(&b);
+    assert_eq!(served.len(), 2);
+    let qps_before: Vec<u32> = qps_created(&verbs.calls());
+
+    // Someone who read a's name and instance (both public) but not its claim: refused, and a's
+    // QPs at b are the same ones, still working.
+    let impostor = forged_request(&a, "a", &b, [0xee; 32]);
+    let got = raw_exchange(&b, &[encode(&impostor)]).await;
+    let n = frame_len(got[..4].try_into().unwrap()).unwrap();
+    let answer = decode::<ConnectResponse>(&got[4..4 + n]).unwrap();
+    let ConnectResponse::Refused { reason } = answer else {
+        panic!("an impostor was answered {answer:?}");
+    };
+    assert!(reason.contains("another initiator"), "{reason}");
+    assert_eq!(accepted_qps(&b), served);
+    assert_eq!(
+        qps_created(&verbs.calls()),
+        qps_before,
+        "no QP created for the impostor"
+    );
+    let st = run(&peer, vec![write(0, &src, 0, &dst, 0, 0, 8192)]).await;
+    assert!(matches!(st[0], RequestStatus::Done { .. }), "{:?}", st[0]);
+    assert_eq!(bytes(&dst), bytes(&src));
+
+    // The real a, with its claim, re-establishing a slot: accepted, replacing only that slot.
+    let own = forged_request(&a, "a", &b, a.shared.claim);
+    let got = raw_exchange(&b, &[encode(&own)]).await;
+    let n = frame_len(got[..4].try_into().unwrap()).unwrap();
+    assert!(matches!(
+        decode::<ConnectResponse>(&got[4..4 + n]).unwrap(),
+        ConnectResponse::Accepted { .. }
+    ));
+    assert_eq!(accepted_qps(&b), served);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_source_holds_at_most_its_quota_of_target_qps() {
+    let verbs = two_devices();
+    let b = transport(
+        &verbs,
+        &["mlx5_1"],
+        "b",
+        RdmaConfig {
+            max_qps_per_source: 3,
+            ..config()
+        },
+    )
+    .await;
+    let dst = region(&b, 4096, true, 0).await;
+    let d = descriptor(&b, "b", &[&dst]);
+    let a = transport(&verbs, &["mlx5_0"], "a", config()).await;
+    let _peer = a.connect(&d).await.unwrap();
+    let c = transport(&verbs, &["mlx5_0"], "c", config()).await;
+    let err = match c.connect(&d).await {
+        Ok(_) => panic!("a fourth and fifth QP from one address"),
+        Err(e) => e,
+    };
+    assert!(err.to_string().contains("TE_RDMA_MAX_QPS_PER_SOURCE"), "{err}");
+    assert_eq!(accepted_qps(&b).len(), 2);
 }
