@@ -213,4 +213,136 @@ mod tests {
         assert!(SegmentDescriptor::from_json(b"{not json").is_err());
         assert!(SegmentDescriptor::from_json(b"{\"version\":1}").is_err());
     }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_stack_overflow() {
+        // Nesting in the free-form parts (endpoint info, buffer keys) and where a struct is due.
+        for (head, open) in [
+            (
+                r#"{"version":1,"name":"x","instance":1,"transports":[{"transport":"t","info":"#,
+                b'[',
+            ),
+            (
+                r#"{"version":1,"name":"x","instance":1,"transports":[],"buffers":[{"base":0,"len":1,"location":{"kind":"host","numa":null},"keys":{"k":"#,
+                b'{',
+            ),
+            (r#"{"version":1,"name":"#, b'['),
+        ] {
+            let mut text = head.as_bytes().to_vec();
+            text.resize(text.len() + 100_000, open);
+            let e = SegmentDescriptor::from_json(&text).unwrap_err();
+            assert!(matches!(e, Error::InvalidDescriptor(_)), "{e}");
+        }
+    }
+
+    mod fuzz {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        /// Arbitrary JSON (no floats: they need not survive a round trip bit for bit).
+        fn json() -> impl Strategy<Value = serde_json::Value> {
+            let leaf = prop_oneof![
+                Just(serde_json::Value::Null),
+                any::<bool>().prop_map(serde_json::Value::from),
+                any::<i64>().prop_map(serde_json::Value::from),
+                any::<u64>().prop_map(serde_json::Value::from),
+                "\\PC{0,12}".prop_map(serde_json::Value::from),
+            ];
+            leaf.prop_recursive(4, 32, 6, |inner| {
+                prop_oneof![
+                    proptest::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::Array),
+                    proptest::collection::btree_map("\\PC{0,8}", inner, 0..6)
+                        .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        fn location() -> impl Strategy<Value = MemoryLocation> {
+            prop_oneof![
+                proptest::option::of(any::<u32>()).prop_map(|numa| MemoryLocation::Host { numa }),
+                any::<u32>().prop_map(|device| MemoryLocation::Cuda { device }),
+                any::<u32>().prop_map(|device| MemoryLocation::Rocm { device }),
+            ]
+        }
+
+        /// Valid descriptors: unique transports, sorted non-overlapping non-empty buffers.
+        fn descriptor() -> impl Strategy<Value = SegmentDescriptor> {
+            let transports = proptest::collection::btree_map("[a-z]{1,8}", json(), 0..4);
+            let buffers = proptest::collection::vec(
+                (
+                    0u64..1 << 20,
+                    1u64..1 << 20,
+                    location(),
+                    proptest::collection::btree_map("[a-z]{1,5}", json(), 0..3),
+                ),
+                0..8,
+            );
+            ("\\PC{1,40}", any::<u64>(), transports, buffers).prop_map(|(name, instance, transports, buffers)| {
+                let mut d = SegmentDescriptor::new(name, instance);
+                d.transports = transports
+                    .into_iter()
+                    .map(|(transport, info)| TransportEndpoint { transport, info })
+                    .collect();
+                let mut next = 0u64;
+                for (gap, len, location, keys) in buffers {
+                    let base = next + gap;
+                    d.buffers.push(ExportedBuffer {
+                        base,
+                        len,
+                        location,
+                        keys,
+                    });
+                    next = base + len;
+                }
+                d
+            })
+        }
+
+        proptest! {
+            #[test]
+            fn arbitrary_bytes_are_errors_not_panics(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+                let _ = SegmentDescriptor::from_json(&bytes);
+            }
+
+            #[test]
+            fn arbitrary_json_is_an_error_or_a_valid_descriptor(v in json()) {
+                if let Ok(d) = SegmentDescriptor::from_json(&serde_json::to_vec(&v).unwrap()) {
+                    prop_assert!(d.validate().is_ok());
+                }
+            }
+
+            #[test]
+            fn valid_descriptors_round_trip(d in descriptor()) {
+                prop_assert!(d.validate().is_ok());
+                let text = d.to_json();
+                prop_assert_eq!(SegmentDescriptor::from_json(text.as_bytes()).unwrap(), d);
+            }
+
+            /// A valid descriptor with any one byte changed, cut short or with a field replaced by
+            /// arbitrary JSON is an error or a valid descriptor, never a panic.
+            #[test]
+            fn damaged_descriptors_are_errors_or_valid(
+                d in descriptor(),
+                at in any::<prop::sample::Index>(),
+                byte in any::<u8>(),
+                field in prop_oneof![Just("version"), Just("name"), Just("instance"), Just("transports"), Just("buffers")],
+                junk in json(),
+            ) {
+                let text = d.to_json().into_bytes();
+                let i = at.index(text.len());
+                let mut flipped = text.clone();
+                flipped[i] = byte;
+                for bytes in [&flipped[..], &text[..i]] {
+                    if let Ok(d) = SegmentDescriptor::from_json(bytes) {
+                        prop_assert!(d.validate().is_ok());
+                    }
+                }
+                let mut v = serde_json::to_value(&d).unwrap();
+                v[field] = junk;
+                if let Ok(d) = SegmentDescriptor::from_json(&serde_json::to_vec(&v).unwrap()) {
+                    prop_assert!(d.validate().is_ok());
+                }
+            }
+        }
+    }
 }
