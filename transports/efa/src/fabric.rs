@@ -3,7 +3,6 @@
 
 use std::collections::BTreeSet;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use te_base::{Error, Result};
@@ -167,6 +166,22 @@ impl RailAttrs {
     }
 }
 
+/// libfabric's "required key not available": the requested MR key is in use.
+const FI_ENOKEY: c_int = 266;
+
+/// A random application-chosen MR key: nonzero, within the provider's key size (`mr_key_size`
+/// bytes; 0 or 8 and more: any `u64`).
+fn random_key(key_size: usize) -> u64 {
+    let n = te_base::auth::nonce();
+    let k = u64::from_le_bytes([n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]]);
+    let k = if key_size == 0 || key_size >= 8 {
+        k
+    } else {
+        k & ((1u64 << (8 * key_size)) - 1)
+    };
+    k.max(1)
+}
+
 /// One NIC: fabric, domain, endpoint, address vector and completion queue.
 pub(crate) struct Rail {
     raw: Box<RawRail>,
@@ -175,8 +190,6 @@ pub(crate) struct Rail {
     pub address: Vec<u8>,
     /// The CQ has a wait object (blocking reads and fi_cq_signal work).
     pub cq_can_wait: bool,
-    /// Next application-chosen MR key (when the provider does not pick keys).
-    next_key: AtomicU64,
 }
 
 // SAFETY: the domain is opened FI_THREAD_SAFE, so libfabric serialises concurrent calls on these
@@ -229,7 +242,6 @@ impl Rail {
             attrs,
             address: Vec::new(),
             cq_can_wait,
-            next_key: AtomicU64::new(1),
         };
         rail.address = rail.getname()?;
         Ok(rail)
@@ -291,31 +303,43 @@ impl Rail {
 
     /// Registers `[base, base + len)` on this rail's domain. `remote` grants peers access.
     pub(crate) fn register(self: &Arc<Self>, base: u64, len: u64, remote: bool) -> Result<MemoryRegion> {
-        let requested_key = if self.attrs.prov_key() {
-            0
-        } else {
-            self.next_key.fetch_add(1, Ordering::Relaxed)
-        };
+        // Application-chosen keys (providers without FI_MR_PROV_KEY) are random, so a stranger who
+        // reaches the endpoint cannot walk them (1, 2, 3...) to reach exported memory; a key the
+        // provider already holds is drawn again, a bounded number of times.
+        const KEY_DRAWS: usize = 8;
         let mut mr: *mut FidMr = std::ptr::null_mut();
         let mut key = 0u64;
         let mut desc: *mut c_void = std::ptr::null_mut();
-        // SAFETY: the caller guarantees [base, base+len) is mapped memory that stays valid until the
-        // returned MemoryRegion is dropped (the engine's registration contract); out-params are valid.
-        let rc = unsafe {
-            ffi::te_fi_mr_reg(
-                self.raw(),
-                base as *mut c_void,
-                len as usize,
-                c_int::from(remote),
-                requested_key,
-                c_int::from(self.attrs.bind_ep()),
-                0,
-                0,
-                &mut mr,
-                &mut key,
-                &mut desc,
-            )
-        };
+        let mut rc = 0;
+        for _ in 0..KEY_DRAWS {
+            let requested_key = if self.attrs.prov_key() {
+                0
+            } else {
+                random_key(self.attrs.mr_key_size)
+            };
+            // SAFETY: the caller guarantees [base, base+len) is mapped memory that stays valid until
+            // the returned MemoryRegion is dropped (the engine's registration contract); out-params
+            // are valid.
+            rc = unsafe {
+                ffi::te_fi_mr_reg(
+                    self.raw(),
+                    base as *mut c_void,
+                    len as usize,
+                    c_int::from(remote),
+                    requested_key,
+                    c_int::from(self.attrs.bind_ep()),
+                    0,
+                    0,
+                    &mut mr,
+                    &mut key,
+                    &mut desc,
+                )
+            };
+            let key_taken = rc == -FI_ENOKEY || rc == -libc::EKEYREJECTED;
+            if !key_taken || self.attrs.prov_key() {
+                break;
+            }
+        }
         if rc != 0 {
             return Err(self.error(&format!("fi_mr_regattr([{base:#x}, +{len}))"), rc as i64));
         }
@@ -486,4 +510,24 @@ pub fn libfabric_versions() -> ((u32, u32), (u32, u32)) {
     // SAFETY: plain value-returning calls.
     let (h, r) = unsafe { (ffi::te_fi_header_version(), ffi::te_fi_runtime_version()) };
     ((h >> 16, h & 0xffff), (r >> 16, r & 0xffff))
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::random_key;
+
+    #[test]
+    fn chosen_keys_are_random_nonzero_and_fit_the_key_size() {
+        for size in [0usize, 1, 2, 4, 8, 16] {
+            let keys: Vec<u64> = (0..64).map(|_| random_key(size)).collect();
+            assert!(keys.iter().all(|&k| k != 0), "size {size}");
+            if (1..8).contains(&size) {
+                assert!(keys.iter().all(|&k| k < 1u64 << (8 * size)), "size {size}");
+            }
+            let distinct: std::collections::BTreeSet<_> = keys.iter().collect();
+            assert!(distinct.len() > 32 || size == 1, "size {size}: {distinct:?}");
+            // Not a walk from 1: a stranger cannot enumerate them.
+            assert!(keys.windows(2).any(|w| w[1] != w[0] + 1), "size {size}");
+        }
+    }
 }

@@ -42,6 +42,16 @@ pub struct BufferKeys {
     pub keys: Vec<Option<String>>,
 }
 
+/// A peer-supplied string as shown in an error: quoted, and cut after 64 characters so a hostile
+/// descriptor cannot make our errors and logs arbitrarily large.
+fn shown(text: &str) -> String {
+    const MAX: usize = 64;
+    match text.char_indices().nth(MAX) {
+        None => format!("{text:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &text[..cut], text.len()),
+    }
+}
+
 /// Lower-case hex of `bytes`.
 pub fn to_hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
@@ -88,8 +98,8 @@ impl EndpointInfo {
             .map(|(i, r)| match from_hex(&r.addr) {
                 Some(a) if !a.is_empty() && a.len() <= MAX_ADDR_LEN => Ok(a),
                 _ => Err(bad(format!(
-                    "rail {i} address {:?} is not 1..={MAX_ADDR_LEN} hex bytes",
-                    r.addr
+                    "rail {i} address {} is not 1..={MAX_ADDR_LEN} hex bytes",
+                    shown(&r.addr)
                 ))),
             })
             .collect::<Result<Vec<_>>>()?;
@@ -128,7 +138,7 @@ impl BufferKeys {
                     .strip_prefix("0x")
                     .and_then(|h| u64::from_str_radix(h, 16).ok())
                     .map(Some)
-                    .ok_or_else(|| bad(format!("key {k:?} is not 0x-prefixed hex"))),
+                    .ok_or_else(|| bad(format!("key {} is not 0x-prefixed hex", shown(k)))),
             })
             .collect()
     }
@@ -145,6 +155,104 @@ mod tests {
         assert!(from_hex("abc").is_none());
         assert!(from_hex("zz").is_none());
         assert!(from_hex("é1").is_none());
+    }
+
+    mod fuzz {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn json() -> impl Strategy<Value = serde_json::Value> {
+            let leaf = prop_oneof![
+                Just(serde_json::Value::Null),
+                any::<bool>().prop_map(serde_json::Value::from),
+                any::<i64>().prop_map(serde_json::Value::from),
+                "\\PC{0,16}".prop_map(serde_json::Value::from),
+                "(0x)?[0-9a-fA-F]{0,20}".prop_map(serde_json::Value::from),
+            ];
+            leaf.prop_recursive(4, 32, 6, |inner| {
+                prop_oneof![
+                    proptest::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::Array),
+                    proptest::collection::btree_map(
+                        prop_oneof![
+                            Just("provider".to_string()),
+                            Just("virt_addr".to_string()),
+                            Just("rails".to_string()),
+                            Just("domain".to_string()),
+                            Just("addr".to_string()),
+                            Just("keys".to_string()),
+                            "\\PC{0,6}",
+                        ],
+                        inner,
+                        0..5
+                    )
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        proptest! {
+            /// Arbitrary JSON in the descriptor's efa endpoint or buffer keys is an error or a
+            /// parse that respects every bound, never a panic.
+            #[test]
+            fn arbitrary_endpoint_and_key_json_never_panics(v in json(), rails in 0usize..8) {
+                if let Ok(p) = EndpointInfo::parse("s", &v) {
+                    prop_assert!(!p.addrs.is_empty() && p.addrs.len() <= MAX_RAILS);
+                    prop_assert!(p.addrs.iter().all(|a| !a.is_empty() && a.len() <= MAX_ADDR_LEN));
+                }
+                if let Ok(k) = BufferKeys::parse("s", 0, &v, rails) {
+                    prop_assert_eq!(k.len(), rails);
+                    prop_assert!(k.iter().any(Option::is_some));
+                }
+            }
+
+            #[test]
+            fn arbitrary_strings_never_panic_the_hex_and_key_parsers(text in "\\PC{0,80}", bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+                let _ = from_hex(&text);
+                prop_assert_eq!(from_hex(&to_hex(&bytes)), Some(bytes.clone()));
+                let rail = serde_json::json!({"provider": "p", "virt_addr": false, "rails": [{"domain": "d", "addr": text}]});
+                if let Err(e) = EndpointInfo::parse("s", &rail) {
+                    prop_assert!(e.to_string().len() < 400, "{}", e);
+                }
+                let _ = BufferKeys::parse("s", 0, &serde_json::json!({"keys": [text]}), 1);
+            }
+
+            #[test]
+            fn endpoints_and_keys_round_trip(
+                addrs in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..64), 1..4),
+                keys in proptest::collection::vec(proptest::option::of(any::<u64>()), 1..6),
+            ) {
+                let info = EndpointInfo {
+                    provider: "tcp;ofi_rxm".into(),
+                    virt_addr: true,
+                    rails: addrs.iter().map(|a| RailEndpoint { domain: "eth0".into(), addr: to_hex(a) }).collect(),
+                };
+                let p = EndpointInfo::parse("s", &serde_json::to_value(&info).unwrap()).unwrap();
+                prop_assert_eq!(p.addrs, addrs);
+                let encoded = BufferKeys::encode(&keys);
+                let parsed = BufferKeys::parse("s", 0, &encoded, keys.len());
+                if keys.iter().any(Option::is_some) {
+                    prop_assert_eq!(parsed.unwrap(), keys);
+                } else {
+                    prop_assert!(parsed.is_err());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn hostile_strings_are_cut_in_errors() {
+        let long = "z".repeat(1 << 20);
+        let v = serde_json::json!({"provider": "p", "virt_addr": false, "rails": [{"domain": "d", "addr": long}]});
+        let e = EndpointInfo::parse("s", &v).unwrap_err().to_string();
+        assert!(
+            e.len() < 400 && e.contains("1048576 bytes"),
+            "{}",
+            &e[..e.len().min(500)]
+        );
+        let e = BufferKeys::parse("s", 0, &serde_json::json!({"keys": [long]}), 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 400, "{}", &e[..e.len().min(500)]);
     }
 
     #[test]
