@@ -269,6 +269,9 @@ struct Measured {
     p50_us: f64,
     p99_us: f64,
     mismatched_bytes: Option<u64>,
+    /// The first `open_segment`: the metadata fetch, then the transport's connection set-up
+    /// (with `TE_AUTH_KEY_FILE` set, its authentication handshake).
+    open_us: f64,
 }
 
 async fn measure(args: &Args) -> Result<(), String> {
@@ -289,10 +292,12 @@ async fn measure(args: &Args) -> Result<(), String> {
             .map_err(|e| e.to_string())?,
     );
     let engine = engine(args, store, "initiator").await?;
+    let opened = Instant::now();
     let seg = engine
         .open_segment(&peer_addr)
         .await
         .map_err(|e| format!("opening the target at {peer_addr}: {e}"))?;
+    let open_us = opened.elapsed().as_secs_f64() * 1e6;
     let remote = seg
         .buffers()
         .first()
@@ -396,6 +401,7 @@ async fn measure(args: &Args) -> Result<(), String> {
         p99_us: pct(0.99),
         mismatched_bytes,
         gbps_runs,
+        open_us,
     };
     let baseline = args
         .baseline
@@ -655,6 +661,8 @@ fn report(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResul
         "latency_samples": args.latency_samples.min((args.total_bytes / args.block_bytes) as usize).max(1),
         "verified": m.mismatched_bytes.is_some(),
         "mismatched_bytes": m.mismatched_bytes.unwrap_or(0),
+        "open_us": m.open_us,
+        "authenticated": std::env::var_os(te_core::auth::KEY_FILE_VAR).is_some(),
     });
     if let Some(b) = baseline {
         v["baseline"] = serde_json::json!({

@@ -47,7 +47,16 @@ pub trait Transport: Send + Sync + 'static {
     /// the batch stays registered.
     async fn register(&self, regions: &[RegionInfo]) -> Result<Vec<serde_json::Value>>;
 
-    /// Releases regions registered earlier. The engine only calls it when nothing is in flight.
+    /// Releases regions registered earlier. The engine calls it when none of the engine's own
+    /// batches uses them, never under its control lock, and from its runtime (never from a
+    /// `Drop`), so an implementation may await.
+    ///
+    /// It must stop serving the regions to remote peers at once. It may wait for remote requests
+    /// that are already touching them to drain (their memory must stay valid until then), but
+    /// only within a deadline the transport enforces itself (TCP: `TE_TCP_TIMEOUT_MS` per stalled
+    /// frame, after which the connection is cut and its pins released). It must not wait on a
+    /// remote peer's cooperation beyond that, nor on the engine. When it returns, no byte of the
+    /// regions is read or written by this transport any more.
     async fn deregister(&self, regions: &[RegionInfo]) -> Result<()>;
 
     /// Prepares to move data to and from `peer` (connections, address vectors, remote keys).

@@ -31,6 +31,9 @@ pub use handle::{RegisterOptions, Registration};
 pub use install::{device_plugins, PluginStatus, COMPILED_TRANSPORTS};
 pub use metrics::MetricsSnapshot;
 
+/// Peer authentication: the shared key ([`auth::AuthKey`]) for
+/// [`TransferEngineBuilder::auth_key`].
+pub use te_base::auth;
 /// Device-memory plugin trait and types.
 pub use te_base::device;
 /// The registration pool and its configuration.
