@@ -132,6 +132,9 @@ struct DirState {
     next_id: u32,
     bytes: u64,
     capacity: u64,
+    /// A write here failed for lack of disk space: the next append compacts every segment with
+    /// dead bytes first.
+    full: bool,
 }
 
 /// Byte and record counters of the tier, updated once per call.
@@ -327,8 +330,8 @@ enum Found {
         rec_len: u64,
         payload: PayloadCheck,
     },
-    /// A header that failed its CRC but whose payload matches the CRCs it claims: a damaged
-    /// header over an intact record.
+    /// A header that failed its CRC but whose payload matches the CRCs it claims, or that a
+    /// valid record follows: a damaged header, not a torn write.
     DamagedHeader { key: String, seq: u64, rec_len: u64 },
     /// Not a record start, or a torn record.
     Bad,
@@ -376,12 +379,21 @@ impl SsdLog {
         }
         let n = states.len() as u64;
         for (state, path) in states.iter_mut().zip(&core.opts.dirs) {
+            // What the filesystem can give, less the headroom compaction needs to rewrite live
+            // records: the default, and the most an explicit capacity gets.
+            let avail = fs_available(path)?;
+            let fits = (avail.saturating_add(state.bytes) as f64 * DEFAULT_CAPACITY_FRACTION) as u64;
             state.capacity = match core.opts.capacity {
-                Some(c) => (c / n).max(BLOCK),
-                None => {
-                    let avail = fs_available(path)?;
-                    ((avail.saturating_add(state.bytes)) as f64 * DEFAULT_CAPACITY_FRACTION) as u64
+                Some(c) if c / n > fits => {
+                    tracing::warn!(
+                        "{}: UMBP_SSD_CAPACITY share of {} bytes exceeds what the filesystem can give ({fits}); using {fits}",
+                        path.display(),
+                        c / n
+                    );
+                    fits
                 }
+                Some(c) => (c / n).max(BLOCK),
+                None => fits,
             };
         }
         core.dirs = states.into_iter().map(Mutex::new).collect();
@@ -448,6 +460,7 @@ impl LogCore {
             },
             bytes: 0,
             capacity: 0,
+            full: false,
         };
         let mut buf = AlignedBuf::new(1 << 20);
         let last = ids.last().copied();
@@ -490,10 +503,9 @@ impl LogCore {
         let Some(hl) = peek_header_len(&buf.as_slice()[..BLOCK as usize]) else {
             return Ok(Found::Bad);
         };
-        let Some(end) = offset.checked_add(hl).filter(|&e| e <= file_len) else {
+        if offset.checked_add(hl).is_none_or(|e| e > file_len) {
             return Ok(Found::Bad);
-        };
-        let _ = end;
+        }
         if hl > BLOCK {
             self.read_at(file, offset, hl as usize, buf).map_err(rd)?;
         }
@@ -511,6 +523,14 @@ impl LogCore {
         if offset.checked_add(rec_len).is_none_or(|e| e > file_len) {
             return Ok(Found::Bad);
         }
+        if verified && header.flags & FLAG_DEAD != 0 {
+            // A dead record's payload is never read again.
+            return Ok(Found::Record {
+                header,
+                rec_len,
+                payload: PayloadCheck::Intact,
+            });
+        }
         let payload = self.check_payload(file, p, offset + hl, &header.block_crcs, buf)?;
         Ok(match (verified, payload) {
             (true, PayloadCheck::Torn) => Found::Bad,
@@ -519,13 +539,46 @@ impl LogCore {
                 rec_len,
                 payload,
             },
-            (false, PayloadCheck::Intact) => Found::DamagedHeader {
-                key: header.key,
-                seq: header.seq,
-                rec_len,
-            },
+            // A damaged header over a payload that matches what it claims, or followed by a valid
+            // record (so it is no torn tail): its key reads Corrupt.
+            (false, check)
+                if check == PayloadCheck::Intact
+                    || self.valid_record_at(file, p, offset + rec_len, file_len, buf)? =>
+            {
+                Found::DamagedHeader {
+                    key: header.key,
+                    seq: header.seq,
+                    rec_len,
+                }
+            }
             (false, _) => Found::Bad,
         })
+    }
+
+    /// True when a record with a valid header starts at `offset`.
+    fn valid_record_at(
+        &self,
+        file: &SegmentFile,
+        p: &Path,
+        offset: u64,
+        file_len: u64,
+        buf: &mut AlignedBuf,
+    ) -> Result<bool> {
+        if offset.checked_add(BLOCK).is_none_or(|e| e > file_len) {
+            return Ok(false);
+        }
+        let rd = |e| StoreError::io(format!("read {} at offset {offset}", p.display()), e);
+        self.read_at(file, offset, BLOCK as usize, buf).map_err(rd)?;
+        let Some(hl) = peek_header_len(&buf.as_slice()[..BLOCK as usize]) else {
+            return Ok(false);
+        };
+        if offset.checked_add(hl).is_none_or(|e| e > file_len) {
+            return Ok(false);
+        }
+        if hl > BLOCK {
+            self.read_at(file, offset, hl as usize, buf).map_err(rd)?;
+        }
+        Ok(decode_header(&buf.as_slice()[..hl as usize]).is_some())
     }
 
     fn check_payload(
@@ -820,8 +873,9 @@ impl LogCore {
                 .iter()
                 .map(|&i| record_len(items[i].key.len(), items[i].len))
                 .sum();
-            if st.bytes + need > st.capacity {
-                if let Err(e) = self.compact_locked(st, need) {
+            if st.bytes + need > st.capacity || st.full {
+                let all = std::mem::take(&mut st.full);
+                if let Err(e) = self.compact_locked(st, need, all) {
                     tracing::warn!("compaction to make room failed: {e}");
                 }
             }
@@ -987,6 +1041,7 @@ impl LogCore {
                 }
             }
             let st: &mut DirState = state;
+            st.full |= full;
             // Later segments created by this batch hold nothing valid now: empty them too.
             for seg in st.segments.iter_mut().filter(|s| s.file.id >= file.id) {
                 let new_len = if Arc::ptr_eq(&seg.file, &file) { cut } else { 0 };
@@ -1372,11 +1427,12 @@ impl LogCore {
     }
 
     /// Compaction while a put holds the directory lock: compacts segments with dead bytes, most
-    /// dead first, until `need` more bytes fit under the capacity or none is left.
-    fn compact_locked(&self, st: &mut DirState, need: u64) -> Result<()> {
+    /// dead first, until `need` more bytes fit under the capacity (`all`: every such segment, after
+    /// the disk filled up) or none is left.
+    fn compact_locked(&self, st: &mut DirState, need: u64, all: bool) -> Result<()> {
         let limit = st.segments.len();
         for _ in 0..limit {
-            if st.bytes + need <= st.capacity {
+            if !all && st.bytes + need <= st.capacity {
                 break;
             }
             let Some(src) = self.candidate(st, true) else { break };

@@ -111,7 +111,9 @@ impl Store {
                         e.last_access.store(now, Ordering::Relaxed);
                         found.push(Found::Dram);
                     } else if let Some(e) = ssd_index.as_ref().and_then(|s| s.get(key)) {
-                        check_get_ranges(k, e.payload_len, ranges, &mut scratch)?;
+                        // A damaged record has no trustworthy size: its key reads Corrupt below.
+                        let len = if e.is_damaged() { u64::MAX } else { e.payload_len };
+                        check_get_ranges(k, len, ranges, &mut scratch)?;
                         found.push(Found::Ssd(e.clone()));
                     } else {
                         check_get_ranges(k, u64::MAX, ranges, &mut scratch)?;

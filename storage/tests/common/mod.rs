@@ -6,19 +6,26 @@ use std::path::Path;
 
 use umbp::{Range, RangedGet, RangedPut, Store, StoreBuilder};
 
-/// The byte at `offset` of object `key`, version `version`: position-dependent.
-pub fn byte(key: &str, version: u32, offset: u64) -> u8 {
-    let seed = key
-        .bytes()
-        .fold(version.wrapping_mul(0x9E37_79B9), |h, b| h.rotate_left(5) ^ b as u32);
+fn seed(key: &str, version: u32) -> u32 {
+    key.bytes()
+        .fold(version.wrapping_mul(0x9E37_79B9), |h, b| h.rotate_left(5) ^ b as u32)
+}
+
+fn byte_with(seed: u32, offset: u64) -> u8 {
     (seed as u64)
         .wrapping_add(offset.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40)
         .wrapping_add(offset) as u8
 }
 
+/// The byte at `offset` of object `key`, version `version`: position-dependent.
+pub fn byte(key: &str, version: u32, offset: u64) -> u8 {
+    byte_with(seed(key, version), offset)
+}
+
 /// The whole object.
 pub fn object(key: &str, version: u32, len: u64) -> Vec<u8> {
-    (0..len).map(|o| byte(key, version, o)).collect()
+    let s = seed(key, version);
+    (0..len).map(|o| byte_with(s, o)).collect()
 }
 
 /// A buffer registered with a store for the test's life.
@@ -104,16 +111,12 @@ pub fn get_layers(
     let got = store
         .batch_get_ranges(&[RangedGet { key, ranges: &ranges }])?
         .remove(0)?;
-    for i in 0..count {
-        for b in 0..layer {
-            let want = byte(key, version, (first + i) * layer + b);
-            assert_eq!(
-                buf.data[(i * layer + b) as usize],
-                want,
-                "{key} layer {} byte {b}",
-                first + i
-            );
-        }
+    let want = object(key, version, (first + count) * layer);
+    let want = &want[(first * layer) as usize..];
+    let data = &buf.data[..(count * layer) as usize];
+    if data != want {
+        let at = data.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0) as u64;
+        panic!("{key} layer {} byte {}: wrong", first + at / layer, at % layer);
     }
     Ok(got)
 }
