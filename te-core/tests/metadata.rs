@@ -495,6 +495,15 @@ fn p2p_hostile_answers_cost_bounded_memory_and_time() {
             body.resize(CAP - 2, b'[');
             body
         };
+        let wide = {
+            let mut body =
+                br#"{"version":1,"name":"w","instance":1,"transports":[{"transport":"tcp","info":["#.to_vec();
+            while body.len() < CAP - 64 {
+                body.extend_from_slice(b"0,");
+            }
+            body.extend_from_slice(br#"0]}],"buffers":[]}"#);
+            body
+        };
         let cases: Vec<(&str, Vec<u8>, usize, Duration)> = vec![
             // Announces 4 GiB and sends 8 MiB: refused on the header.
             (
@@ -516,6 +525,14 @@ fn p2p_hostile_answers_cost_bounded_memory_and_time() {
                 answer_with(CAP as u32, b"{\"version\":"),
                 1 << 16,
                 Duration::from_secs(2),
+            ),
+            // A valid descriptor whose free-form endpoint info is one wide array of zeros: small
+            // on the wire, ~30x as parsed values. The value budget refuses it before parsing.
+            (
+                "wide array",
+                answer_with(wide.len() as u32, &wide),
+                64 << 10,
+                Duration::ZERO,
             ),
             // Exactly the cap of nesting: serde_json's recursion limit refuses it.
             (

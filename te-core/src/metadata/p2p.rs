@@ -444,6 +444,17 @@ impl P2pStore {
                 what: what.clone(),
                 after_ms,
             })??;
+        // A JSON value costs tens of bytes once parsed (free-form `info` and `keys` become
+        // `serde_json::Value`s), so a valid answer of `[0,0,0,...]` would cost ~30x its size.
+        // Counting the structural bytes first bounds the parsed tree to about the cap.
+        let values = bytes.iter().filter(|&&b| matches!(b, b',' | b'[' | b'{' | b':')).count();
+        let budget = self.config.max_answer_bytes / VALUE_COST;
+        if values > budget {
+            return Err(Error::InvalidDescriptor(format!(
+                "{what}: the answer holds {values} JSON values, more than {budget} \
+                 (TE_P2P_MAX_ANSWER_BYTES / {VALUE_COST})"
+            )));
+        }
         // Typed parse straight from the bytes (serde_json's recursion limit refuses deep nesting).
         let d = SegmentDescriptor::from_json(&bytes)?;
         drop(bytes);
@@ -594,6 +605,10 @@ impl Client<'_> {
         }
     }
 }
+
+/// Bytes of memory a parsed JSON value may cost, for the value budget of an answer: a
+/// `serde_json::Value` is 32 bytes, plus its container's spare capacity.
+const VALUE_COST: usize = 64;
 
 async fn serve(listener: TcpListener, published: Arc<RwLock<Published>>, config: P2pConfig) {
     let gate = ConnectionGate::new(&config.limits);
