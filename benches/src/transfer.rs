@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use te_core::config::{Env, ProcessEnv};
-use te_core::metadata::p2p::P2pStore;
+use te_core::metadata::p2p::{P2pConfig, P2pStore};
 use te_core::{HostBufferOptions, Registration, TransferEngine, TransferOp, TransferRequest};
 
 use crate::util::{median, pattern, print_json, runtime};
@@ -185,16 +185,23 @@ fn mismatches(r: &Registration, seed: u64) -> Result<u64, String> {
     Ok(bad)
 }
 
+/// The p2p metadata store, authenticated with `TE_AUTH_KEY_FILE` when it is set (as the
+/// engine's transports are).
+async fn p2p_store(listen: std::net::SocketAddr) -> Result<Arc<P2pStore>, String> {
+    let auth = te_core::auth::AuthKey::from_env(&te_core::config::ProcessEnv).map_err(|e| e.to_string())?;
+    let config = P2pConfig {
+        auth,
+        ..P2pConfig::new(listen, Duration::from_secs(5))
+    };
+    Ok(Arc::new(P2pStore::start(config).await.map_err(|e| e.to_string())?))
+}
+
 async fn serve(args: &Args) -> Result<(), String> {
     let listen = args
         .listen
         .parse()
         .map_err(|e| format!("--listen {}: {e}", args.listen))?;
-    let store = Arc::new(
-        P2pStore::bind(listen, Duration::from_secs(5))
-            .await
-            .map_err(|e| e.to_string())?,
-    );
+    let store = p2p_store(listen).await?;
     let engine = engine(args, store.clone(), "target").await?;
     let buf = engine
         .allocate(args.total_bytes as usize, HostBufferOptions::default())
@@ -286,11 +293,7 @@ async fn measure(args: &Args) -> Result<(), String> {
             (Some(t), addr)
         }
     };
-    let store = Arc::new(
-        P2pStore::bind("127.0.0.1:0".parse().expect("valid address"), Duration::from_secs(5))
-            .await
-            .map_err(|e| e.to_string())?,
-    );
+    let store = p2p_store("127.0.0.1:0".parse().expect("valid address")).await?;
     let engine = engine(args, store, "initiator").await?;
     let opened = Instant::now();
     let seg = engine

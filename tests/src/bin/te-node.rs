@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use te_core::config::MapEnv;
 use te_core::metadata::etcd::EtcdStore;
-use te_core::metadata::p2p::P2pStore;
+use te_core::metadata::p2p::{P2pConfig, P2pStore};
 use te_core::{Batch, HostBufferOptions, MetadataStore, Registration, TransferEngine, TransferRequest};
 use te_tests::pattern;
 
@@ -244,14 +244,15 @@ async fn start(o: &Opts) -> Result<(Node, String), String> {
     let mut env = MapEnv::new([("TE_TCP_TIMEOUT_MS", "3000"), ("TE_ETCD_LEASE_TTL_S", "3")]);
     env.0.extend(std::env::vars().filter(|(k, _)| k.starts_with("TE_")));
     env.0.insert("TE_TCP_LISTEN".into(), format!("{}:0", o.ip));
-    let p2p = Arc::new(
-        P2pStore::bind(
+    // The metadata listener proves the same key as the transports (TE_AUTH_KEY_FILE).
+    let p2p_config = P2pConfig {
+        auth: te_core::auth::AuthKey::from_env(&env).map_err(|e| e.to_string())?,
+        ..P2pConfig::new(
             format!("{}:{}", o.ip, o.p2p_port).parse().map_err(|e| format!("{e}"))?,
             Duration::from_secs(5),
         )
-        .await
-        .map_err(|e| e.to_string())?,
-    );
+    };
+    let p2p = Arc::new(P2pStore::start(p2p_config).await.map_err(|e| e.to_string())?);
     let p2p_addr = p2p.local_addr().to_string();
     let store: Arc<dyn MetadataStore> = match o.metadata.as_str() {
         "p2p" => p2p,
