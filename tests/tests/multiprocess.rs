@@ -75,3 +75,36 @@ fn killed_target_fails_the_batch_and_its_restart_is_reachable() {
     b.ok(&format!("push 127.0.0.1:{pa} 0 6"));
     a.ok("check 0 6");
 }
+
+/// Writes a key file readable only by its owner.
+fn key_file(name: &str, key: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::temp_dir().join(format!("te-mp-{}-{name}.key", std::process::id()));
+    std::fs::write(&path, key).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
+#[test]
+fn processes_sharing_a_key_move_bytes_and_a_wrong_key_is_refused() {
+    let good = key_file("good", "a shared secret of 32 bytes ....\n");
+    let bad = key_file("bad", "another secret, also 32 bytes...\n");
+    let good_env = [("TE_AUTH_KEY_FILE", good.to_str().unwrap())];
+    both_ways(&good_env);
+
+    let (pa, pb) = (free_port(), free_port());
+    let mut a = node("proc-a", pa, &good_env);
+    let mut c = node("proc-c", free_port(), &[("TE_AUTH_KEY_FILE", bad.to_str().unwrap())]);
+    let mut open = node("proc-open", free_port(), &[]);
+    let _b = node("proc-b", pb, &good_env);
+    for (who, n) in [("wrong key", &mut c), ("no key", &mut open)] {
+        let answer = n.cmd(&format!("open 127.0.0.1:{pb}")).unwrap();
+        assert!(
+            answer.starts_with("ERR") && answer.contains("not authenticated"),
+            "{who}: {answer}"
+        );
+    }
+    a.ok(&format!("open 127.0.0.1:{pb}"));
+    let _ = std::fs::remove_file(good);
+    let _ = std::fs::remove_file(bad);
+}
