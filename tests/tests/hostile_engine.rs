@@ -63,7 +63,7 @@ async fn undrained_reads(s: &mut TcpStream, token: u64, addr: u64, len: u64, cou
         s.write_all(&h.to_bytes()).await.unwrap();
     }
     // The first reply's header shows the target is serving them (and holding their pins); its
-    // payload and the rest are never read.
+    // payload (32 MiB, more than the socket buffers hold) and the rest are never read.
     let mut raw = [0u8; HEADER_LEN];
     s.read_exact(&mut raw).await.unwrap();
     assert_eq!(Header::decode(&raw).unwrap().opcode, Opcode::ReadData);
@@ -88,7 +88,7 @@ async fn probe_read(desc: &SegmentDescriptor, addr: u64, len: u64) -> (Opcode, R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undrained_replies_bound_deregister_and_never_block_allocate() {
     let victim = engine("hostile-undrained", Arc::new(InProcessStore::new())).await;
-    let reg = victim.allocate(4 << 20, HostBufferOptions::default()).await.unwrap();
+    let reg = victim.allocate(32 << 20, HostBufferOptions::default()).await.unwrap();
     let (mut s, token) = raw_peer(&victim.descriptor()).await;
     undrained_reads(&mut s, token, reg.addr(), reg.len(), 64).await;
 
@@ -116,7 +116,7 @@ async fn undrained_replies_bound_deregister_and_never_block_allocate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registration_dropped_while_pinned_returns_at_once_and_is_released_later() {
     let victim = engine("hostile-drop", Arc::new(InProcessStore::new())).await;
-    let reg = victim.allocate(4 << 20, HostBufferOptions::default()).await.unwrap();
+    let reg = victim.allocate(32 << 20, HostBufferOptions::default()).await.unwrap();
     let (addr, len) = (reg.addr(), reg.len());
     let before = victim.descriptor();
     let (mut s, token) = raw_peer(&before).await;
@@ -208,6 +208,20 @@ impl MetadataStore for FlakyStore {
     }
 }
 
+/// Registers (and exports) `mem`, which the caller keeps alive longer than the registration.
+async fn register(engine: &TransferEngine, mem: &[u8]) -> Result<te_core::Registration> {
+    // SAFETY: every caller keeps `mem` alive until the registration is dropped (or failed).
+    unsafe {
+        engine.register_raw(
+            mem.as_ptr() as u64,
+            mem.len() as u64,
+            MemoryLocation::HOST,
+            RegisterOptions::default(),
+        )
+    }
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_publish_leaves_nothing_reachable() {
     let store = Arc::new(FlakyStore {
@@ -218,17 +232,7 @@ async fn a_failed_publish_leaves_nothing_reachable() {
     let desc = victim.descriptor();
     let secret = vec![0x5Eu8; 8192];
     store.failing.store(true, Ordering::SeqCst);
-    // SAFETY: `secret` outlives the (failed) registration.
-    let err = unsafe {
-        victim.register_raw(
-            secret.as_ptr() as u64,
-            secret.len() as u64,
-            MemoryLocation::HOST,
-            RegisterOptions::default(),
-        )
-    }
-    .await
-    .unwrap_err();
+    let err = register(&victim, &secret).await.unwrap_err();
     assert!(matches!(err, Error::Metadata(_)), "{err}");
     assert!(victim.descriptor().buffers.is_empty());
     // A peer that knows the address gets nothing.
@@ -236,16 +240,6 @@ async fn a_failed_publish_leaves_nothing_reachable() {
     assert_eq!(got, (Opcode::Error, RefusalCode::OutOfBounds));
     // Publishing works again: the same memory can be registered.
     store.failing.store(false, Ordering::SeqCst);
-    // SAFETY: as above.
-    let reg = unsafe {
-        victim.register_raw(
-            secret.as_ptr() as u64,
-            secret.len() as u64,
-            MemoryLocation::HOST,
-            RegisterOptions::default(),
-        )
-    }
-    .await
-    .unwrap();
+    let reg = register(&victim, &secret).await.unwrap();
     assert_eq!(probe_read(&desc, reg.addr(), 64).await.0, Opcode::ReadData);
 }

@@ -1,6 +1,9 @@
 //! Hostile frames sent from a raw socket: the serving side answers with ERROR frames, never touches
 //! memory outside what it registered and exported, and keeps serving.
 
+mod common;
+use common::reply;
+
 use std::sync::Arc;
 
 use te_base::config::MapEnv;
@@ -56,16 +59,6 @@ impl Target {
     fn untouched(&self) {
         assert!(self.private.iter().all(|&b| b == 0x77), "private memory was touched");
     }
-}
-
-/// Reads one reply frame and its payload; `None` when the target closed the connection.
-async fn reply(s: &mut TcpStream) -> Option<(Header, Vec<u8>)> {
-    let mut raw = [0u8; HEADER_LEN];
-    s.read_exact(&mut raw).await.ok()?;
-    let h = Header::decode(&raw).expect("the target sends valid headers");
-    let mut payload = vec![0u8; h.payload_len() as usize];
-    s.read_exact(&mut payload).await.ok()?;
-    Some((h, payload))
 }
 
 async fn expect_refusal(s: &mut TcpStream, code: RefusalCode, id: u64) -> String {

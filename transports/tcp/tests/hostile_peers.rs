@@ -2,13 +2,16 @@
 //! connections, a header sent byte by byte and never finished, replies never drained. Each test
 //! bounds its loops in count and time.
 
+mod common;
+use common::reply;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use te_base::auth::{AuthKey, NONCE_LEN};
 use te_base::config::MapEnv;
 use te_base::{Error, MemoryLocation, RegionId, RegionInfo, SegmentDescriptor, Transport, TransportEndpoint};
-use te_transport_tcp::wire::{Header, Opcode, RefusalCode, HEADER_LEN, HELLO_AUTH_LEN};
+use te_transport_tcp::wire::{Header, Opcode, RefusalCode, HELLO_AUTH_LEN};
 use te_transport_tcp::{TcpConfig, TcpTransport};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -52,16 +55,6 @@ fn descriptor(t: &TcpTransport, name: &str, mem: &[u8]) -> SegmentDescriptor {
         keys: Default::default(),
     });
     d
-}
-
-/// Reads one frame and its payload; `None` once the target closed the connection.
-async fn reply(s: &mut TcpStream) -> Option<(Header, Vec<u8>)> {
-    let mut raw = [0u8; HEADER_LEN];
-    s.read_exact(&mut raw).await.ok()?;
-    let h = Header::decode(&raw).expect("the target sends valid headers");
-    let mut payload = vec![0u8; h.payload_len() as usize];
-    s.read_exact(&mut payload).await.ok()?;
-    Some((h, payload))
 }
 
 /// Waits (bounded) until the target closes `s`.
@@ -294,7 +287,7 @@ async fn a_header_slowloris_is_cut() {
 async fn undrained_read_replies_cannot_hold_deregistration() {
     let target = transport(&[("TE_TCP_TIMEOUT_MS", "500")], None).await;
     let token = target.tcp_endpoint().token;
-    let mem = vec![3u8; 4 << 20];
+    let mem = vec![3u8; 32 << 20];
     let r = region(&mem, 1);
     target.register(std::slice::from_ref(&r)).await.unwrap();
     // A peer asks for far more than the socket buffers hold and never reads a byte.
@@ -329,6 +322,12 @@ async fn undrained_read_replies_cannot_hold_deregistration() {
     .expect("deregistration finishes within the timeout + 1 s")
     .unwrap();
     assert!(t0.elapsed() < Duration::from_millis(1500));
+    // 32 MiB replies do not fit the socket buffers: the first write stalled with its pin held,
+    // so only the watchdog's cut could end the wait.
+    assert!(
+        t0.elapsed() >= Duration::from_millis(250),
+        "the pins were released without the cut"
+    );
     assert_eq!(target.remote_requests_in_progress(), 0);
     drop(s);
 }
