@@ -151,8 +151,9 @@ pub enum StoreError {
         have: u64,
     },
 
-    /// Data: another put of the same key is still copying in.
-    #[error("key {key:?}: another put of this key is in progress")]
+    /// Data: the object was replaced by a larger one on every one of `Store::get`'s tries (puts
+    /// of one key never conflict with each other).
+    #[error("key {key:?}: the object kept changing while it was read")]
     WriteConflict {
         /// The key.
         key: String,

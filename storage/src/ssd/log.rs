@@ -349,6 +349,13 @@ impl SsdLog {
     /// found; torn tails of each directory's last segment are truncated (and synced). A read
     /// error fails the open with a typed error and changes nothing on disk.
     pub fn open(opts: SsdOptions) -> Result<Self> {
+        if let Some(d) = opts.dirs.iter().find(|d| d.as_os_str().is_empty()) {
+            return Err(StoreError::Engine(te_base::Error::config(
+                "UMBP_SSD_DIRS",
+                format!("{d:?}"),
+                "a directory path is empty",
+            )));
+        }
         if opts.dirs.is_empty() || opts.dirs.len() > u16::MAX as usize {
             return Err(StoreError::Engine(te_base::Error::config(
                 "UMBP_SSD_DIRS",
