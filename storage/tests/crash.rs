@@ -11,6 +11,7 @@ use common::*;
 use umbp::StoreError;
 
 const CHILD_VAR: &str = "UMBP_TEST_CRASH_CHILD_DIR";
+const FLUSH_CHILD_VAR: &str = "UMBP_TEST_CRASH_FLUSH_CHILD_DIR";
 
 fn len_of(i: u32) -> u64 {
     // Sizes from under a block to several blocks, not block multiples.
@@ -30,6 +31,68 @@ async fn crash_child() {
         put_layers(&store, &mut buf, &key, i, 1, len, 0).unwrap();
         writeln!(out, "ok {i}").unwrap();
         out.flush().unwrap();
+    }
+}
+
+/// The child of the flush test: puts into a small DRAM tier over SSD (most objects only in DRAM),
+/// calling `flush` every 25 puts and printing the last put it covered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_flush_child() {
+    let Ok(dir) = std::env::var(FLUSH_CHILD_VAR) else {
+        return;
+    };
+    let store = with_ssd(4 << 20, std::path::Path::new(&dir)).open().await.unwrap();
+    let mut buf = Buf::new(&store, 64 << 10).await;
+    let mut out = std::io::stdout().lock();
+    for i in 0u32.. {
+        put_layers(&store, &mut buf, &format!("obj-{i}"), i, 1, len_of(i), 0).unwrap();
+        if i % 25 == 24 {
+            store.flush().unwrap();
+            writeln!(out, "flushed {i}").unwrap();
+            out.flush().unwrap();
+        }
+    }
+}
+
+/// Killed after flushes with a DRAM tier: every put before the last flush that reported is on
+/// disk, intact; later puts are intact or absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_makes_dram_puts_durable() {
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "crash_flush_child", "--nocapture", "--test-threads=1"])
+        .env(FLUSH_CHILD_VAR, dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut flushed = 0u32;
+    while flushed < 200 {
+        let line = lines.next().expect("child ended early").unwrap();
+        if let Some(i) = line.strip_prefix("flushed ") {
+            flushed = i.parse().unwrap();
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for line in lines.map_while(|l| l.ok()) {
+        if let Some(i) = line.strip_prefix("flushed ") {
+            flushed = flushed.max(i.parse().unwrap());
+        }
+    }
+    let store = with_ssd(0, dir.path()).open().await.unwrap();
+    let mut buf = Buf::new(&store, 64 << 10).await;
+    for i in 0..=flushed {
+        let got = get_layers(&store, &mut buf, &format!("obj-{i}"), i, 0, 1, len_of(i));
+        assert_eq!(got.unwrap(), len_of(i), "flushed put obj-{i} lost");
+    }
+    for i in flushed + 1..flushed + 50 {
+        match get_layers(&store, &mut buf, &format!("obj-{i}"), i, 0, 1, len_of(i)) {
+            Ok(n) => assert_eq!(n, len_of(i)),
+            Err(StoreError::NotFound { .. }) => {}
+            Err(e) => panic!("obj-{i}: {e}"),
+        }
     }
 }
 

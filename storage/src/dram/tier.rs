@@ -243,6 +243,18 @@ impl DramState {
         Some(e)
     }
 
+    /// Keys of the committed objects.
+    pub fn keys(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.map.keys()
+    }
+
+    /// Records that the SSD tier holds the committed version of `key`.
+    pub fn mark_on_ssd(&mut self, key: &str) {
+        if let Some(e) = self.map.get_mut(key) {
+            e.on_ssd = true;
+        }
+    }
+
     /// The committed entry of `key` (for demotion).
     pub fn entry(&self, key: &str) -> Option<&DramEntry> {
         self.map.get(key)

@@ -466,12 +466,15 @@ impl Store {
         Ok(())
     }
 
-    /// Makes every SSD write durable (fsync).
+    /// Makes every acknowledged put durable: objects only in DRAM are written to the SSD log
+    /// (they stay in DRAM), then every segment and directory is fsynced. Without an SSD tier
+    /// there is nothing to make durable.
     pub fn flush(&self) -> Result<()> {
-        if let Some(s) = &self.inner.ssd {
-            s.log.sync()?;
+        let Some(s) = &self.inner.ssd else { return Ok(()) };
+        if let Some(d) = &self.inner.dram {
+            self.write_back(d)?;
         }
-        Ok(())
+        s.log.sync()
     }
 
     /// Flushes, releases caller registrations, and shuts the store's own engine down. Calls
@@ -480,7 +483,8 @@ impl Store {
         if self.inner.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
-        self.flush()?;
+        // Registrations are released and the engine shut down even when the flush fails.
+        let flushed = self.flush();
         let regions = self.inner.callers.write().drain();
         for r in regions {
             r.registration.deregister().await?;
@@ -488,7 +492,7 @@ impl Store {
         if self.inner.owns_engine {
             self.inner.engine.shutdown().await?;
         }
-        Ok(())
+        flushed
     }
 
     /// Counters since open.

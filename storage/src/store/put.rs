@@ -286,6 +286,56 @@ impl Store {
         c.demotion_failed.fetch_add(failed, Ordering::Relaxed);
     }
 
+    /// Writes every committed DRAM object the SSD log does not hold (in this version or a newer
+    /// one) to the log, straight from the arena, keeping it in DRAM. Used by `flush`.
+    pub(crate) fn write_back(&self, d: &Dram) -> Result<()> {
+        let Some(ssd) = &self.inner.ssd else { return Ok(()) };
+        let mut st = d.state.write();
+        let keys: Vec<std::sync::Arc<str>> = {
+            let index = ssd.log.index();
+            st.keys()
+                .filter(|k| {
+                    let e = st.entry(k).expect("listed");
+                    !e.on_ssd
+                        && !index
+                            .get(&***k)
+                            .is_some_and(|x| !x.is_damaged() && x.seq() >= e.version)
+                })
+                .cloned()
+                .collect()
+        };
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let items: Vec<AppendItem<'_>> = keys
+            .iter()
+            .map(|k| {
+                let e = st.entry(k).expect("listed");
+                AppendItem {
+                    key: k,
+                    len: e.len,
+                    depth: e.depth,
+                    seq: e.version,
+                }
+            })
+            .collect();
+        let payloads: Vec<&[Extent]> = keys.iter().map(|k| &*st.entry(k).expect("listed").extents).collect();
+        // SAFETY: arena extents start on page boundaries (pages are multiples of 4 KiB), every
+        // page is readable to its end, and the write lock we hold keeps them unchanged until the
+        // append returns.
+        let results = unsafe { ssd.log.append(&items, &payloads) };
+        let mut first_error = None;
+        for (k, r) in keys.iter().zip(results) {
+            match r {
+                Ok(()) => st.mark_on_ssd(k),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
     /// Writes `keys` of `items` to the SSD log through staging: caller bytes are copied into a
     /// staging slot by the engine, then appended from there.
     fn put_ssd(
