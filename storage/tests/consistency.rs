@@ -1,7 +1,8 @@
 //! Per-key linearizability under concurrency: threads put, overwrite, remove and read (whole and
 //! ranged) a few keys on a tiny DRAM tier over SSD, so objects are demoted and promoted all the
-//! time. Every call is recorded with a start and an end tick of one global counter; afterwards
-//! every get is checked against the history of its key:
+//! time, while compaction rewrites SSD records under them. Every call is recorded with a start
+//! and an end tick of one global counter; afterwards every get is checked against the history of
+//! its key:
 //!
 //! - it returns a version whose put started before the get ended and was not overwritten by a
 //!   write (put or remove) that started after the put ended and ended before the get started;
@@ -87,14 +88,13 @@ impl Log {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
     let dir = tempfile::tempdir_in("/tmp").unwrap();
-    let store = with_ssd(160 << 10, dir.path())
+    let builder = with_ssd(160 << 10, dir.path())
         .high_watermark(0.75)
         .low_watermark(0.5)
         .eviction(EvictionPolicy::Lru)
         .staging_slots(4)
-        .open()
-        .await
-        .unwrap();
+        .ssd_segment_bytes(256 << 10);
+    let store = builder.clone().open().await.unwrap();
     let log = Arc::new(Log {
         per_key: (0..KEYS).map(|_| Mutex::new(Vec::new())).collect(),
         tick: AtomicU64::new(1),
@@ -265,11 +265,57 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
             })
         })
         .collect();
+    // Compaction runs all the time too, moving records while they are read, replaced, removed.
+    let compactor = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            let mut runs = 0u32;
+            while Instant::now() < deadline && runs < 100_000 {
+                store.compact(true).unwrap();
+                runs += 1;
+                std::thread::yield_now();
+            }
+        })
+    };
     let mut problems = Vec::new();
     for t in threads {
         problems.extend(t.join().unwrap());
     }
+    compactor.join().unwrap();
     let stats = store.stats();
+    // Close (which writes DRAM-only objects to the log) and reopen: every key reads a version no
+    // later write overwrote, or NotFound after a remove; nothing removed or replaced comes back.
+    store.close().await.unwrap();
+    drop(store);
+    let store = builder.open().await.unwrap();
+    let buf = Buf::new(&store, (MAX_LAYERS * LAYER) as usize).await;
+    for k in 0..KEYS {
+        let name = key(k);
+        let start = log.tick();
+        let r = store
+            .batch_get(&[(&name, buf.addr(), MAX_LAYERS * LAYER)])
+            .unwrap()
+            .remove(0);
+        let end = log.tick();
+        let saw = match r {
+            Ok(n) => {
+                let (v, _, _) = tag_at(&buf.data);
+                assert_eq!(n, layers_of(v) * LAYER, "{name} after reopen");
+                assert!(
+                    (0..n).all(|o| buf.data[o as usize] == content(k, v, o)),
+                    "{name} after reopen"
+                );
+                Some(v)
+            }
+            Err(StoreError::NotFound { .. }) => None,
+            Err(e) => panic!("{name} after reopen: {e}"),
+        };
+        log.per_key[k].lock().unwrap().push(Event {
+            op: Op::Get { saw },
+            start,
+            end,
+        });
+    }
     let mut gets = 0usize;
     let mut stale = Vec::new();
     for (k, events) in log.per_key.iter().enumerate() {
@@ -278,12 +324,12 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
         stale.extend(check_key(k, &events));
     }
     println!(
-        "{gets} gets checked; stats: demoted {}, promoted {}, demotion failed {}, puts ok {}",
-        stats.demoted, stats.promoted, stats.demotion_failed, stats.puts_ok
+        "{gets} gets checked; stats: demoted {}, promoted {}, demotion failed {}, puts ok {}, segments compacted {}",
+        stats.demoted, stats.promoted, stats.demotion_failed, stats.puts_ok, stats.ssd_segments_compacted
     );
     assert!(
-        stats.demoted > 0 && stats.promoted > 0,
-        "the run must move objects between tiers: {stats:?}"
+        stats.demoted > 0 && stats.promoted > 0 && stats.ssd_segments_compacted > 0,
+        "the run must move objects between tiers and compact: {stats:?}"
     );
     assert!(gets > 100, "only {gets} gets ran");
     assert!(
