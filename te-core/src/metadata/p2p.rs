@@ -577,6 +577,9 @@ impl Client<'_> {
             )));
         }
         let mut stream = TcpStream::connect(self.addr).await.map_err(|e| self.io(e))?;
+        // The handshake is a ping-pong of small frames: without this, Nagle holds the request
+        // behind the unacknowledged proof for a delayed ACK (~40 ms per fetch, measured).
+        let _ = stream.set_nodelay(true);
         if let Some(key) = self.auth {
             self.authenticate(&mut stream, key).await?;
         }

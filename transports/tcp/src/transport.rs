@@ -212,6 +212,8 @@ async fn greet(
 ) -> std::result::Result<(TcpStream, Duration), GreetError> {
     let other = |e: std::io::Error| GreetError::Other(e.to_string());
     let mut stream = TcpStream::connect(addr).await.map_err(other)?;
+    // Small frames back and forth: never wait for a delayed ACK (Nagle) during the handshake.
+    let _ = stream.set_nodelay(true);
     let pending = auth.map(|key| InitiatorHandshake::start(key, AUTH_CONTEXT));
     let hello = Header {
         token,

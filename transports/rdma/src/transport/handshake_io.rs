@@ -109,6 +109,8 @@ pub async fn exchange(
     };
     let work = async {
         let mut stream = TcpStream::connect(addr).await.map_err(|e| gone(e.to_string()))?;
+        // Small frames back and forth: never wait for a delayed ACK (Nagle) during the handshake.
+        let _ = stream.set_nodelay(true);
         if let Some(key) = auth {
             authenticate(&mut stream, key, peer).await?;
         }
