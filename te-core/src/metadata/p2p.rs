@@ -447,7 +447,10 @@ impl P2pStore {
         // A JSON value costs tens of bytes once parsed (free-form `info` and `keys` become
         // `serde_json::Value`s), so a valid answer of `[0,0,0,...]` would cost ~30x its size.
         // Counting the structural bytes first bounds the parsed tree to about the cap.
-        let values = bytes.iter().filter(|&&b| matches!(b, b',' | b'[' | b'{' | b':')).count();
+        let values = bytes
+            .iter()
+            .filter(|&&b| matches!(b, b',' | b'[' | b'{' | b':'))
+            .count();
         let budget = self.config.max_answer_bytes / VALUE_COST;
         if values > budget {
             return Err(Error::InvalidDescriptor(format!(
