@@ -618,15 +618,8 @@ impl EngineInner {
     /// (bounded by each transport's timeout), runs outside it, so `allocate` and `register`
     /// never wait behind a slow peer.
     pub(crate) async fn deregister_idle(self: &Arc<Self>, region: &Arc<Region>) -> Result<()> {
-        let removed = match self.registry.remove_idle(region.info.id, region.info.base) {
-            Ok(r) => r,
-            Err(e) => {
-                // The handle is consumed: release the region once its transfers complete.
-                self.release_on_drop(region.clone());
-                return Err(e);
-            }
-        };
-        if let Some(r) = removed {
+        // On InFlight the consumed handle's drop defers the release until its transfers complete.
+        if let Some(r) = self.registry.remove_idle(region.info.id, region.info.base)? {
             self.deregister_transports(&r.info).await;
             if r.info.exported {
                 let _control = self.control.lock().await;

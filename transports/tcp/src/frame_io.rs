@@ -40,7 +40,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// True if any byte of the next frame is buffered.
-    pub fn has_buffered_bytes(&self) -> bool {
+    fn has_buffered_bytes(&self) -> bool {
         self.end > self.start
     }
 

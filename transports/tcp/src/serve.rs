@@ -66,9 +66,12 @@ struct ConnProgress {
 }
 
 impl ConnProgress {
+    /// Called by the connection's own task only (the watchdog just reads), so a load and a
+    /// store do: no locked read-modify-write per frame.
     fn mark(&self, busy: bool) {
         self.busy.store(busy, Ordering::Relaxed);
-        self.steps.fetch_add(1, Ordering::Relaxed);
+        let steps = self.steps.load(Ordering::Relaxed);
+        self.steps.store(steps.wrapping_add(1), Ordering::Relaxed);
     }
 }
 
@@ -334,7 +337,7 @@ async fn serve_frames(stream: TcpStream, server: &Server, progress: &ConnProgres
             replies.flush(&mut w).await?;
             progress.mark(false);
         }
-        if !reader.has_buffered_bytes() && !reader.fill().await? {
+        if !reader.fill().await? {
             return Ok(());
         }
         progress.mark(true);

@@ -168,9 +168,8 @@ struct Greeted {
 async fn connect_lane(peer: &str, ep: &TcpEndpoint, timeout: Duration, auth: Option<&AuthKey>) -> Result<Greeted> {
     let mut failures = Vec::new();
     for addr in &ep.addrs {
-        match tokio::time::timeout(timeout, greet(*addr, ep.token, auth)).await {
+        match tokio::time::timeout(timeout, greet(*addr, ep.token, auth, timeout)).await {
             Ok(Ok((stream, idle))) => {
-                tune_socket(&stream, timeout);
                 return Ok(Greeted {
                     stream,
                     addr: *addr,
@@ -209,11 +208,13 @@ async fn greet(
     addr: SocketAddr,
     token: u64,
     auth: Option<&AuthKey>,
+    timeout: Duration,
 ) -> std::result::Result<(TcpStream, Duration), GreetError> {
     let other = |e: std::io::Error| GreetError::Other(e.to_string());
     let mut stream = TcpStream::connect(addr).await.map_err(other)?;
-    // Small frames back and forth: never wait for a delayed ACK (Nagle) during the handshake.
-    let _ = stream.set_nodelay(true);
+    // Before the first frame: the handshake is small frames back and forth, which must never
+    // wait for a delayed ACK (TCP_NODELAY is part of the tuning).
+    tune_socket(&stream, timeout);
     let pending = auth.map(|key| InitiatorHandshake::start(key, AUTH_CONTEXT));
     let hello = Header {
         token,
