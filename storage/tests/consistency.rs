@@ -83,6 +83,10 @@ impl Log {
     fn tick(&self) -> u64 {
         self.tick.fetch_add(1, Ordering::SeqCst)
     }
+
+    fn push(&self, k: usize, op: Op, start: u64, end: u64) {
+        self.per_key[k].lock().unwrap().push(Event { op, start, end });
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -158,11 +162,7 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
                             .remove(0);
                         let end = log.tick();
                         match r {
-                            Ok(()) => log.per_key[k].lock().unwrap().push(Event {
-                                op: Op::Put { version: v },
-                                start,
-                                end,
-                            }),
+                            Ok(()) => log.push(k, Op::Put { version: v }, start, end),
                             Err(e) => problems.push(format!("put {name} v{v}: {e}")),
                         }
                     } else if dice < 45 {
@@ -170,11 +170,7 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
                         let r = store.remove(&name);
                         let end = log.tick();
                         match r {
-                            Ok(_) => log.per_key[k].lock().unwrap().push(Event {
-                                op: Op::Remove,
-                                start,
-                                end,
-                            }),
+                            Ok(_) => log.push(k, Op::Remove, start, end),
                             Err(e) => problems.push(format!("remove {name}: {e}")),
                         }
                     } else if dice < 75 {
@@ -205,11 +201,7 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
                                 continue;
                             }
                         };
-                        log.per_key[k].lock().unwrap().push(Event {
-                            op: Op::Get { saw },
-                            start,
-                            end,
-                        });
+                        log.push(k, Op::Get { saw }, start, end);
                     } else {
                         // Layers 1 and 0 (every version has both) into separate places, plus a
                         // range that crosses from layer 0 into layer 1.
@@ -254,11 +246,7 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
                                 continue;
                             }
                         };
-                        log.per_key[k].lock().unwrap().push(Event {
-                            op: Op::Get { saw },
-                            start,
-                            end,
-                        });
+                        log.push(k, Op::Get { saw }, start, end);
                     }
                 }
                 problems
@@ -310,11 +298,7 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
             Err(StoreError::NotFound { .. }) => None,
             Err(e) => panic!("{name} after reopen: {e}"),
         };
-        log.per_key[k].lock().unwrap().push(Event {
-            op: Op::Get { saw },
-            start,
-            end,
-        });
+        log.push(k, Op::Get { saw }, start, end);
     }
     let mut gets = 0usize;
     let mut stale = Vec::new();

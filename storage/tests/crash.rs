@@ -5,6 +5,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use common::*;
@@ -12,6 +13,26 @@ use umbp::StoreError;
 
 const CHILD_VAR: &str = "UMBP_TEST_CRASH_CHILD_DIR";
 const FLUSH_CHILD_VAR: &str = "UMBP_TEST_CRASH_FLUSH_CHILD_DIR";
+
+/// Runs the child test `name` on `dir` (passed in `var`), handing each line it prints to
+/// `on_line` until that returns true; then SIGKILLs it while it keeps putting, and hands
+/// `on_line` what the child printed before it died but was not read yet.
+fn run_then_kill(name: &str, var: &str, dir: &Path, mut on_line: impl FnMut(&str) -> bool) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(var, dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    while !on_line(&lines.next().expect("child ended early").unwrap()) {}
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for line in lines.map_while(|l| l.ok()) {
+        on_line(&line);
+    }
+}
 
 fn len_of(i: u32) -> u64 {
     // Sizes from under a block to several blocks, not block multiples.
@@ -22,7 +43,7 @@ fn len_of(i: u32) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_child() {
     let Ok(dir) = std::env::var(CHILD_VAR) else { return };
-    let store = with_ssd(0, std::path::Path::new(&dir)).open().await.unwrap();
+    let store = with_ssd(0, Path::new(&dir)).open().await.unwrap();
     let mut buf = Buf::new(&store, 64 << 10).await;
     let mut out = std::io::stdout().lock();
     for i in 0u32.. {
@@ -41,7 +62,7 @@ async fn crash_flush_child() {
     let Ok(dir) = std::env::var(FLUSH_CHILD_VAR) else {
         return;
     };
-    let store = with_ssd(4 << 20, std::path::Path::new(&dir)).open().await.unwrap();
+    let store = with_ssd(4 << 20, Path::new(&dir)).open().await.unwrap();
     let mut buf = Buf::new(&store, 64 << 10).await;
     let mut out = std::io::stdout().lock();
     for i in 0u32.. {
@@ -59,28 +80,13 @@ async fn crash_flush_child() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flush_makes_dram_puts_durable() {
     let dir = tempfile::tempdir_in("/tmp").unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "crash_flush_child", "--nocapture", "--test-threads=1"])
-        .env(FLUSH_CHILD_VAR, dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut flushed = 0u32;
-    while flushed < 200 {
-        let line = lines.next().expect("child ended early").unwrap();
-        if let Some(i) = line.strip_prefix("flushed ") {
-            flushed = i.parse().unwrap();
-        }
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    for line in lines.map_while(|l| l.ok()) {
+    run_then_kill("crash_flush_child", FLUSH_CHILD_VAR, dir.path(), |line| {
         if let Some(i) = line.strip_prefix("flushed ") {
             flushed = flushed.max(i.parse().unwrap());
         }
-    }
+        flushed >= 200
+    });
     let store = with_ssd(0, dir.path()).open().await.unwrap();
     let mut buf = Buf::new(&store, 64 << 10).await;
     for i in 0..=flushed {
@@ -99,30 +105,13 @@ async fn flush_makes_dram_puts_durable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_mid_puts_keeps_every_acknowledged_put() {
     let dir = tempfile::tempdir_in("/tmp").unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
-        .env(CHILD_VAR, dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut acked = Vec::new();
-    while acked.len() < 300 {
-        let line = lines.next().expect("child ended early").unwrap();
+    run_then_kill("crash_child", CHILD_VAR, dir.path(), |line| {
         if let Some(i) = line.strip_prefix("ok ") {
             acked.push(i.parse::<u32>().unwrap());
         }
-    }
-    // SIGKILL while the child keeps putting.
-    child.kill().unwrap();
-    child.wait().unwrap();
-    // Read what the child acknowledged before it died but we had not read yet.
-    for line in lines.map_while(|l| l.ok()) {
-        if let Some(i) = line.strip_prefix("ok ") {
-            acked.push(i.parse::<u32>().unwrap());
-        }
-    }
+        acked.len() >= 300
+    });
     // Also tear the tail by hand, as a power cut in the middle of a record would.
     let seg = std::fs::read_dir(dir.path())
         .unwrap()

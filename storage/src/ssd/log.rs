@@ -43,7 +43,8 @@ use crate::range_map::Extent;
 /// Fraction of a directory's free space (plus the log already there) used when no capacity is
 /// given.
 pub const DEFAULT_CAPACITY_FRACTION: f64 = 0.9;
-/// Most bytes the background compactor rewrites while it holds a directory's lock.
+/// Bytes after which the background compactor releases a directory's lock: a chunk is whole
+/// records, ending with the one that reaches this (so at most this plus one record).
 pub const COMPACTION_CHUNK_BYTES: u64 = 1 << 20;
 
 /// Settings of the SSD tier.
@@ -503,19 +504,36 @@ impl LogCore {
         self.io.run(&[op]).map_err(|(_, e)| e)
     }
 
-    /// Classifies what starts at `offset` (a block boundary with at least one block left).
-    fn probe(&self, file: &SegmentFile, p: &Path, offset: u64, file_len: u64, buf: &mut AlignedBuf) -> Result<Found> {
+    /// Reads the header starting at `offset` (a block boundary with at least one block left)
+    /// into `buf` when its first block names a plausible header that ends inside the file:
+    /// its length, or `None`.
+    fn read_header(
+        &self,
+        file: &SegmentFile,
+        p: &Path,
+        offset: u64,
+        file_len: u64,
+        buf: &mut AlignedBuf,
+    ) -> Result<Option<u64>> {
         let rd = |e| StoreError::io(format!("read {} at offset {offset}", p.display()), e);
         self.read_at(file, offset, BLOCK as usize, buf).map_err(rd)?;
         let Some(hl) = peek_header_len(&buf.as_slice()[..BLOCK as usize]) else {
-            return Ok(Found::Bad);
+            return Ok(None);
         };
         if offset.checked_add(hl).is_none_or(|e| e > file_len) {
-            return Ok(Found::Bad);
+            return Ok(None);
         }
         if hl > BLOCK {
             self.read_at(file, offset, hl as usize, buf).map_err(rd)?;
         }
+        Ok(Some(hl))
+    }
+
+    /// Classifies what starts at `offset` (a block boundary with at least one block left).
+    fn probe(&self, file: &SegmentFile, p: &Path, offset: u64, file_len: u64, buf: &mut AlignedBuf) -> Result<Found> {
+        let Some(hl) = self.read_header(file, p, offset, file_len, buf)? else {
+            return Ok(Found::Bad);
+        };
         let bytes = &buf.as_slice()[..hl as usize];
         let (header, verified) = match decode_header(bytes) {
             Some(h) => (h, true),
@@ -574,18 +592,9 @@ impl LogCore {
         if offset.checked_add(BLOCK).is_none_or(|e| e > file_len) {
             return Ok(false);
         }
-        let rd = |e| StoreError::io(format!("read {} at offset {offset}", p.display()), e);
-        self.read_at(file, offset, BLOCK as usize, buf).map_err(rd)?;
-        let Some(hl) = peek_header_len(&buf.as_slice()[..BLOCK as usize]) else {
-            return Ok(false);
-        };
-        if offset.checked_add(hl).is_none_or(|e| e > file_len) {
-            return Ok(false);
-        }
-        if hl > BLOCK {
-            self.read_at(file, offset, hl as usize, buf).map_err(rd)?;
-        }
-        Ok(decode_header(&buf.as_slice()[..hl as usize]).is_some())
+        Ok(self
+            .read_header(file, p, offset, file_len, buf)?
+            .is_some_and(|hl| decode_header(&buf.as_slice()[..hl as usize]).is_some()))
     }
 
     fn check_payload(
@@ -803,7 +812,13 @@ impl LogCore {
 
     /// A new sequence number (object version), above every one in the log.
     pub fn next_seq(&self) -> u64 {
-        self.seq.fetch_add(1, Ordering::Relaxed)
+        self.next_seqs(1).start
+    }
+
+    /// `n` new sequence numbers at once (one atomic add for a whole batch).
+    pub fn next_seqs(&self, n: u64) -> std::ops::Range<u64> {
+        let first = self.seq.fetch_add(n, Ordering::Relaxed);
+        first..first + n
     }
 
     /// The directory a key's records go to.
@@ -1366,42 +1381,35 @@ impl LogCore {
         Ok(n)
     }
 
-    /// The sealed segment of `st` with the lowest live fraction that qualifies.
-    fn candidate(&self, st: &DirState, force: bool) -> Option<Arc<SegmentFile>> {
+    /// The sealed segment of `st` with the lowest live fraction that qualifies, and the keys of
+    /// its records.
+    fn candidate(&self, st: &DirState, force: bool) -> Option<(Arc<SegmentFile>, Vec<Arc<str>>)> {
         let sealed = st.segments.len().saturating_sub(1);
         st.segments
             .iter()
             .take(sealed)
             .filter(|s| s.len > 0)
-            .map(|s| (s, s.file.live.load(Ordering::Relaxed) as f64 / s.len as f64))
-            .filter(|&(s, f)| {
-                if force {
-                    s.file.live.load(Ordering::Relaxed) < s.len
+            .filter_map(|s| {
+                let live = s.file.live.load(Ordering::Relaxed);
+                let f = live as f64 / s.len as f64;
+                let qualifies = if force {
+                    live < s.len
                 } else {
                     f < self.opts.compact_below
-                }
+                };
+                qualifies.then_some((s, f))
             })
             .min_by(|a, b| a.1.total_cmp(&b.1))
-            .map(|(s, _)| s.file.clone())
+            .map(|(s, _)| (s.file.clone(), s.keys.clone()))
     }
 
-    /// Compacts one candidate segment of some directory, a chunk of at most
+    /// Compacts one candidate segment of some directory, a chunk of about
     /// [`COMPACTION_CHUNK_BYTES`] per hold of the directory lock. False when there is none.
     fn compact_one(&self, force: bool) -> Result<bool> {
         let _one = self.compacting.lock();
         for dir in &self.dirs {
-            let (src, keys) = {
-                let st = dir.lock();
-                let Some(src) = self.candidate(&st, force) else {
-                    continue;
-                };
-                let keys = st
-                    .segments
-                    .iter()
-                    .find(|s| Arc::ptr_eq(&s.file, &src))
-                    .map(|s| s.keys.clone())
-                    .unwrap_or_default();
-                (src, keys)
+            let Some((src, keys)) = self.candidate(&dir.lock(), force) else {
+                continue;
             };
             let mut at = 0usize;
             while at < keys.len() {
@@ -1411,14 +1419,15 @@ impl LogCore {
                 }
                 let mut bytes = 0u64;
                 let start = at;
-                while at < keys.len() && (at == start || bytes < COMPACTION_CHUNK_BYTES) {
-                    bytes += self
-                        .index
-                        .read()
-                        .get(&keys[at])
-                        .filter(|e| Arc::ptr_eq(&e.file, &src))
-                        .map_or(0, |e| e.record_len());
-                    at += 1;
+                {
+                    let index = self.index.read();
+                    while at < keys.len() && (at == start || bytes < COMPACTION_CHUNK_BYTES) {
+                        bytes += index
+                            .get(&keys[at])
+                            .filter(|e| Arc::ptr_eq(&e.file, &src))
+                            .map_or(0, |e| e.record_len());
+                        at += 1;
+                    }
                 }
                 self.move_records(&mut st, &src, &keys[start..at])?;
             }
@@ -1442,13 +1451,9 @@ impl LogCore {
             if !all && st.bytes + need <= st.capacity {
                 break;
             }
-            let Some(src) = self.candidate(st, true) else { break };
-            let keys = st
-                .segments
-                .iter()
-                .find(|s| Arc::ptr_eq(&s.file, &src))
-                .map(|s| s.keys.clone())
-                .unwrap_or_default();
+            let Some((src, keys)) = self.candidate(st, true) else {
+                break;
+            };
             self.move_records(st, &src, &keys)?;
             self.delete_segment(st, &src)?;
         }

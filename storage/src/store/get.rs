@@ -7,6 +7,7 @@
 //! span by block span into staging, verified, and copied out with a second batch. Bytes are
 //! counted once per call.
 
+use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 
 use te_base::Phase;
@@ -35,6 +36,22 @@ pub(crate) enum Wants<'a, 'b> {
     Whole(&'b [(&'a str, u64, u64)]),
 }
 
+impl<'a> Wants<'a, '_> {
+    fn len(&self) -> usize {
+        match self {
+            Wants::Ranges(items) => items.len(),
+            Wants::Whole(items) => items.len(),
+        }
+    }
+
+    fn key(&self, k: usize) -> &'a str {
+        match self {
+            Wants::Ranges(items) => items[k].key,
+            Wants::Whole(items) => items[k].0,
+        }
+    }
+}
+
 impl Store {
     /// Reads ranges of many objects into registered caller buffers. Shape errors (a range that
     /// overlaps another of its key, falls outside its object, or points into unregistered memory;
@@ -48,19 +65,13 @@ impl Store {
         self.check_open()?;
         let timer = self.inner.timer.clone();
         let t0 = timer.start();
-        let n = match &wants {
-            Wants::Ranges(items) => items.len(),
-            Wants::Whole(items) => items.len(),
-        };
-        match &wants {
-            Wants::Ranges(items) => {
-                Self::check_keys(items.iter().map(|i| i.key))?;
-                let callers = self.inner.callers.read();
-                for (k, it) in items.iter().enumerate() {
-                    callers.check(k, it.ranges)?;
-                }
+        let n = wants.len();
+        Self::check_keys((0..n).map(|k| wants.key(k)))?;
+        if let Wants::Ranges(items) = &wants {
+            let callers = self.inner.callers.read();
+            for (k, it) in items.iter().enumerate() {
+                callers.check(k, it.ranges)?;
             }
-            Wants::Whole(items) => Self::check_keys(items.iter().map(|i| i.0))?,
         }
         let t1 = timer.lap(Phase::Classify, t0);
 
@@ -70,61 +81,65 @@ impl Store {
         let mut whole: Vec<[Range; 1]> = Vec::new();
         let mut scratch = Vec::new();
         let dram_guard = self.inner.dram.as_ref().map(|d| d.state.read());
-        {
+        let items: Cow<'_, [RangedGet<'_>]> = {
             // Both tiers are resolved under their shared locks held together: a put or remove
             // (which takes the DRAM lock exclusively) is either wholly before or after this.
             let ssd_index = self.inner.ssd.as_ref().map(|s| s.log.index());
-            if let Wants::Whole(items) = &wants {
+            if let Wants::Whole(_) = &wants {
                 whole.reserve(n);
-                for (k, &(key, addr, cap)) in items.iter().enumerate() {
-                    let len = if let Some(e) = dram_guard.as_ref().and_then(|d| d.get(key)) {
-                        e.last_access.store(now, Ordering::Relaxed);
-                        found.push(Found::Dram);
-                        Some(e.len)
-                    } else if let Some(e) = ssd_index.as_ref().and_then(|s| s.get(key)) {
-                        found.push(Found::Ssd(e.clone()));
-                        Some(e.payload_len)
-                    } else {
-                        found.push(Found::Missing);
-                        None
-                    };
-                    let len = len.unwrap_or(0);
-                    if len > cap {
-                        errors[k] = Some(StoreError::BufferTooSmall {
-                            key: key.to_owned(),
-                            need: len,
-                            have: cap,
-                        });
-                        found[k] = Found::Failed;
-                    }
-                    whole.push([Range::new(0, len, addr)]);
-                }
             }
-            let views: Vec<(&str, &[Range])> = match &wants {
-                Wants::Ranges(items) => items.iter().map(|i| (i.key, i.ranges)).collect(),
-                Wants::Whole(items) => items.iter().zip(&whole).map(|(i, r)| (i.0, &r[..])).collect(),
-            };
-            if let Wants::Ranges(_) = &wants {
-                for (k, &(key, ranges)) in views.iter().enumerate() {
-                    if let Some(e) = dram_guard.as_ref().and_then(|d| d.get(key)) {
-                        check_get_ranges(k, e.len, ranges, &mut scratch)?;
-                        e.last_access.store(now, Ordering::Relaxed);
-                        found.push(Found::Dram);
-                    } else if let Some(e) = ssd_index.as_ref().and_then(|s| s.get(key)) {
-                        // A damaged record has no trustworthy size: its key reads Corrupt below.
-                        let len = if e.is_damaged() { u64::MAX } else { e.payload_len };
-                        check_get_ranges(k, len, ranges, &mut scratch)?;
-                        found.push(Found::Ssd(e.clone()));
-                    } else {
-                        check_get_ranges(k, u64::MAX, ranges, &mut scratch)?;
-                        found.push(Found::Missing);
+            for k in 0..n {
+                let key = wants.key(k);
+                let dram_entry = dram_guard.as_ref().and_then(|d| d.get(key));
+                // The object's size; `None` when absent or damaged (a damaged record has no
+                // trustworthy size: its key reads Corrupt below).
+                let (mut f, size) = if let Some(e) = dram_entry {
+                    (Found::Dram, Some(e.len))
+                } else if let Some(e) = ssd_index.as_ref().and_then(|s| s.get(key)) {
+                    (Found::Ssd(e.clone()), (!e.is_damaged()).then_some(e.payload_len))
+                } else {
+                    (Found::Missing, None)
+                };
+                match &wants {
+                    Wants::Ranges(items) => {
+                        check_get_ranges(k, size.unwrap_or(u64::MAX), items[k].ranges, &mut scratch)?
+                    }
+                    Wants::Whole(items) => {
+                        let (_, addr, cap) = items[k];
+                        let len = size.unwrap_or(0);
+                        if len > cap {
+                            errors[k] = Some(StoreError::BufferTooSmall {
+                                key: key.to_owned(),
+                                need: len,
+                                have: cap,
+                            });
+                            f = Found::Failed;
+                        }
+                        whole.push([Range::new(0, len, addr)]);
                     }
                 }
-            } else {
+                if let Some(e) = dram_entry {
+                    e.last_access.store(now, Ordering::Relaxed);
+                }
+                found.push(f);
+            }
+            let items = match &wants {
+                Wants::Ranges(items) => Cow::Borrowed(*items),
+                Wants::Whole(items) => Cow::Owned(
+                    items
+                        .iter()
+                        .zip(&whole)
+                        .map(|(i, r)| RangedGet { key: i.0, ranges: r })
+                        .collect(),
+                ),
+            };
+            if let Wants::Whole(_) = &wants {
+                // Ranged calls checked their caller memory before the lookup; whole gets know
+                // their ranges only now.
                 let callers = self.inner.callers.read();
-                for (k, &(_, ranges)) in views.iter().enumerate() {
+                for (k, it) in items.iter().enumerate() {
                     if matches!(found[k], Found::Dram | Found::Ssd(_)) {
-                        callers.check(k, ranges)?;
+                        callers.check(k, it.ranges)?;
                     }
                 }
             }
@@ -132,7 +147,7 @@ impl Store {
                 if let Found::Ssd(e) = f {
                     if e.is_damaged() {
                         errors[k] = Some(StoreError::Corrupt {
-                            key: views[k].0.to_owned(),
+                            key: items[k].key.to_owned(),
                             tier: Tier::Ssd,
                             detail: "the record's header failed its CRC32C".into(),
                         });
@@ -140,14 +155,7 @@ impl Store {
                     }
                 }
             }
-        }
-        let items: Vec<RangedGet<'_>> = match &wants {
-            Wants::Ranges(items) => items.to_vec(),
-            Wants::Whole(items) => items
-                .iter()
-                .zip(&whole)
-                .map(|(i, r)| RangedGet { key: i.0, ranges: r })
-                .collect(),
+            items
         };
         let t2 = timer.lap(Phase::Resolve, t1);
 

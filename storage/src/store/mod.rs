@@ -321,12 +321,16 @@ impl Store {
         self.inner.clock.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// A new object version, above every version stored (the SSD log's sequence numbers when
-    /// there is one, so versions compare across tiers and restarts).
-    pub(crate) fn next_version(&self) -> u64 {
+    /// `n` new object versions, above every version stored (the SSD log's sequence numbers when
+    /// there is one, so versions compare across tiers and restarts). One atomic add per batch.
+    pub(crate) fn next_versions(&self, n: usize) -> std::ops::Range<u64> {
+        let n = n as u64;
         match &self.inner.ssd {
-            Some(s) => s.log.next_seq(),
-            None => self.inner.versions.fetch_add(1, Ordering::Relaxed),
+            Some(s) => s.log.next_seqs(n),
+            None => {
+                let first = self.inner.versions.fetch_add(n, Ordering::Relaxed);
+                first..first + n
+            }
         }
     }
 

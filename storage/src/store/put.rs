@@ -4,15 +4,16 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use te_base::Phase;
 use te_core::TransferRequest;
 
-use super::{Dram, RangedPut, Store};
+use super::{Dram, RangedPut, Ssd, Store};
 use crate::dram::tier::{DramState, ReserveError};
 use crate::error::{Result, StoreError};
 use crate::range_map::{check_put_ranges, map_range, Extent};
-use crate::ssd::log::AppendItem;
+use crate::ssd::log::{AppendItem, SsdEntry};
 use crate::ssd::record::align_up;
 
 /// Where a put's bytes come from.
@@ -58,7 +59,7 @@ impl Store {
             }
         }
         timer.lap(Phase::Classify, t0);
-        let versions: Vec<u64> = items.iter().map(|_| self.next_version()).collect();
+        let versions: Vec<u64> = self.next_versions(items.len()).collect();
         let mut errors: Vec<Option<StoreError>> = (0..items.len()).map(|_| None).collect();
         let all: Vec<usize> = (0..items.len()).collect();
         let has_ssd = self.inner.ssd.is_some();
@@ -238,34 +239,10 @@ impl Store {
         let need_write: Vec<usize> = {
             let index = ssd.log.index();
             (0..victims.len())
-                .filter(|&i| {
-                    let e = st.entry(&victims[i]).expect("victim");
-                    !index
-                        .get(&victims[i])
-                        .is_some_and(|x| !x.is_damaged() && x.seq() >= e.version)
-                })
+                .filter(|&i| !ssd_holds(&index, &victims[i], st.entry(&victims[i]).expect("victim").version))
                 .collect()
         };
-        let items: Vec<AppendItem<'_>> = need_write
-            .iter()
-            .map(|&i| {
-                let e = st.entry(&victims[i]).expect("victim");
-                AppendItem {
-                    key: &victims[i],
-                    len: e.len,
-                    depth: e.depth,
-                    seq: e.version,
-                }
-            })
-            .collect();
-        let payloads: Vec<&[Extent]> = need_write
-            .iter()
-            .map(|&i| &*st.entry(&victims[i]).expect("victim").extents)
-            .collect();
-        // SAFETY: arena extents start on page boundaries (pages are multiples of 4 KiB), every
-        // page is readable to its end, and the write lock we hold keeps them unchanged until the
-        // append returns.
-        let results = unsafe { ssd.log.append(&items, &payloads) };
+        let results = append_from_arena(ssd, st, need_write.iter().map(|&i| &victims[i]));
         let mut keep = vec![false; victims.len()];
         let mut failed = 0u64;
         for (&i, r) in need_write.iter().zip(&results) {
@@ -291,15 +268,12 @@ impl Store {
     pub(crate) fn write_back(&self, d: &Dram) -> Result<()> {
         let Some(ssd) = &self.inner.ssd else { return Ok(()) };
         let mut st = d.state.write();
-        let keys: Vec<std::sync::Arc<str>> = {
+        let keys: Vec<Arc<str>> = {
             let index = ssd.log.index();
             st.keys()
                 .filter(|k| {
                     let e = st.entry(k).expect("listed");
-                    !e.on_ssd
-                        && !index
-                            .get(&***k)
-                            .is_some_and(|x| !x.is_damaged() && x.seq() >= e.version)
+                    !e.on_ssd && !ssd_holds(&index, k, e.version)
                 })
                 .cloned()
                 .collect()
@@ -307,23 +281,7 @@ impl Store {
         if keys.is_empty() {
             return Ok(());
         }
-        let items: Vec<AppendItem<'_>> = keys
-            .iter()
-            .map(|k| {
-                let e = st.entry(k).expect("listed");
-                AppendItem {
-                    key: k,
-                    len: e.len,
-                    depth: e.depth,
-                    seq: e.version,
-                }
-            })
-            .collect();
-        let payloads: Vec<&[Extent]> = keys.iter().map(|k| &*st.entry(k).expect("listed").extents).collect();
-        // SAFETY: arena extents start on page boundaries (pages are multiples of 4 KiB), every
-        // page is readable to its end, and the write lock we hold keeps them unchanged until the
-        // append returns.
-        let results = unsafe { ssd.log.append(&items, &payloads) };
+        let results = append_from_arena(ssd, &mut st, keys.iter());
         let mut first_error = None;
         for (k, r) in keys.iter().zip(results) {
             match r {
@@ -446,4 +404,32 @@ impl Store {
             &mut overflow,
         )
     }
+}
+
+/// True when the SSD log holds `key` in version `version` or a newer one (a damaged record holds
+/// nothing).
+fn ssd_holds(index: &HashMap<Arc<str>, SsdEntry>, key: &str, version: u64) -> bool {
+    index.get(key).is_some_and(|x| !x.is_damaged() && x.seq() >= version)
+}
+
+/// Appends the committed DRAM objects `keys` to the SSD log in their versions, straight from the
+/// arena. Per-key results.
+fn append_from_arena<'k>(ssd: &Ssd, st: &mut DramState, keys: impl Iterator<Item = &'k Arc<str>>) -> Vec<Result<()>> {
+    let st: &DramState = st;
+    let mut items: Vec<AppendItem<'_>> = Vec::new();
+    let mut payloads: Vec<&[Extent]> = Vec::new();
+    for k in keys {
+        let e = st.entry(k).expect("committed");
+        items.push(AppendItem {
+            key: k,
+            len: e.len,
+            depth: e.depth,
+            seq: e.version,
+        });
+        payloads.push(&e.extents);
+    }
+    // SAFETY: arena extents start on page boundaries (pages are multiples of 4 KiB), every page is
+    // readable to its end, and `st` is borrowed exclusively (the caller holds the arena's write
+    // lock), which keeps them unchanged until the append returns.
+    unsafe { ssd.log.append(&items, &payloads) }
 }
