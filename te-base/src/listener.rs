@@ -217,6 +217,59 @@ pub fn tune_socket(stream: &tokio::net::TcpStream, timeout: Duration) {
     let _ = sock.set_tcp_user_timeout(Some(timeout));
 }
 
+/// Waits for the next connection `gate` admits: accept errors back off, a connection over the caps
+/// is closed at once (logged at debug, naming `listener`), an admitted socket is tuned
+/// ([`tune_socket`] with `socket_timeout`). Dropping the permit frees its place.
+pub async fn accept_admitted(
+    listener: &tokio::net::TcpListener,
+    gate: &ConnectionGate,
+    backoff: &mut AcceptBackoff,
+    name: &str,
+    socket_timeout: Duration,
+) -> (tokio::net::TcpStream, std::net::SocketAddr, ConnectionPermit) {
+    loop {
+        let (stream, from) = match listener.accept().await {
+            Ok(accepted) => {
+                backoff.reset();
+                accepted
+            }
+            Err(e) => {
+                backoff.failed(name, &e).await;
+                continue;
+            }
+        };
+        match gate.admit(from.ip()) {
+            Ok(permit) => {
+                tune_socket(&stream, socket_timeout);
+                return (stream, from, permit);
+            }
+            Err(why) => tracing::debug!("{name}: closing a connection from {from}: {why:?}"),
+        }
+    }
+}
+
+/// First allocation of [`read_growing`]'s buffer.
+const FIRST_CHUNK: usize = 16 << 10;
+
+/// Reads exactly `len` bytes (a length the peer announced), growing the buffer only as they arrive
+/// (doubling from 16 KiB, never past `len`): a peer announcing more than it sends costs what it
+/// sent, not what it announced. A close before `len` bytes is `UnexpectedEof`.
+pub async fn read_growing<R: tokio::io::AsyncRead + Unpin>(stream: &mut R, len: usize) -> io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::with_capacity(len.min(FIRST_CHUNK));
+    // Each pass reads at least one byte or ends: at most `len` passes.
+    while buf.len() < len {
+        if buf.len() == buf.capacity() {
+            buf.reserve_exact(buf.len().max(FIRST_CHUNK).min(len - buf.len()));
+        }
+        let room = (buf.capacity() - buf.len()).min(len - buf.len());
+        if (&mut *stream).take(room as u64).read_buf(&mut buf).await? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(buf)
+}
+
 /// Runs `fut` with a deadline; an expired deadline is `io::ErrorKind::TimedOut` naming `what`.
 pub async fn deadline<T>(limit: Duration, what: &str, fut: impl Future<Output = io::Result<T>>) -> io::Result<T> {
     match tokio::time::timeout(limit, fut).await {

@@ -38,9 +38,9 @@ use async_trait::async_trait;
 use parking_lot::RwLock;
 use te_base::auth::{warn_unauthenticated, AuthKey, InitiatorHandshake, ResponderHandshake, NONCE_LEN, PROOF_LEN};
 use te_base::config::{parse_var, Env};
-use te_base::listener::{deadline, tune_socket, AcceptBackoff, ConnectionGate, ListenerLimits};
+use te_base::listener::{accept_admitted, deadline, read_growing, AcceptBackoff, ConnectionGate, ListenerLimits};
 use te_base::{Error, MetadataStore, Result, SegmentDescriptor};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
@@ -56,9 +56,6 @@ pub const DEFAULT_MAX_ANSWER_BYTES: usize = 4 << 20;
 pub const AUTH_CONTEXT: &str = "p2p";
 /// Largest answer read during the handshake (a challenge or a short refusal).
 const MAX_HANDSHAKE_ANSWER: usize = 4096;
-/// First allocation of an answer's buffer; it then grows (doubling, never past the announced
-/// length) only as bytes arrive.
-const FIRST_CHUNK: usize = 16 << 10;
 /// What an unauthenticated peer is told, always the same.
 const UNAUTHENTICATED_TEXT: &str = "authentication required";
 
@@ -484,25 +481,6 @@ fn remote_name(name: &str) -> Option<(&str, &str)> {
     Some((segment, addr))
 }
 
-/// Reads exactly `len` bytes, growing the buffer only as they arrive (a peer announcing more than
-/// it sends costs what it sent, not what it announced).
-async fn read_payload<R: AsyncRead + Unpin>(stream: &mut R, len: usize) -> std::io::Result<Vec<u8>> {
-    let mut buf = Vec::with_capacity(len.min(FIRST_CHUNK));
-    // Each pass reads at least one byte or ends: at most `len` passes.
-    while buf.len() < len {
-        if buf.len() == buf.capacity() {
-            let more = buf.len().max(FIRST_CHUNK).min(len - buf.len());
-            buf.reserve_exact(more);
-        }
-        let room = (buf.capacity() - buf.len()).min(len - buf.len());
-        let mut limited = (&mut *stream).take(room as u64);
-        if limited.read_buf(&mut buf).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-    }
-    Ok(buf)
-}
-
 /// One fetch's connection, from the client side.
 struct Client<'a> {
     addr: &'a str,
@@ -511,7 +489,7 @@ struct Client<'a> {
 }
 
 impl Client<'_> {
-    fn io(&self, e: std::io::Error) -> Error {
+    fn io(&self, e: impl std::fmt::Display) -> Error {
         Error::Metadata(format!("p2p: {}: {e}", self.addr))
     }
 
@@ -531,9 +509,8 @@ impl Client<'_> {
     async fn receive(&self, stream: &mut TcpStream, max: usize) -> Result<(Status, Vec<u8>)> {
         let mut head = [0u8; frame::ANSWER_HEAD];
         stream.read_exact(&mut head).await.map_err(|e| self.io(e))?;
-        let AnswerHead { status, len } =
-            frame::decode_answer_head(&head, max).map_err(|e| Error::Metadata(format!("p2p: {}: {e}", self.addr)))?;
-        let payload = read_payload(stream, len).await.map_err(|e| self.io(e))?;
+        let AnswerHead { status, len } = frame::decode_answer_head(&head, max).map_err(|e| self.io(e))?;
+        let payload = read_growing(stream, len).await.map_err(|e| self.io(e))?;
         Ok((status, payload))
     }
 
@@ -621,46 +598,26 @@ async fn serve(listener: TcpListener, published: Arc<RwLock<Published>>, config:
     let mut backoff = AcceptBackoff::default();
     let config = Arc::new(config);
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(c) => {
-                backoff.reset();
-                c
-            }
-            Err(e) => {
-                backoff.failed("p2p metadata", &e).await;
-                continue;
-            }
-        };
-        let permit = match gate.admit(peer.ip()) {
-            Ok(p) => p,
-            Err(why) => {
-                tracing::debug!("p2p metadata: closing a connection from {peer}: {why:?}");
-                continue;
-            }
-        };
-        tune_socket(&stream, config.timeout);
+        let (stream, peer, permit) =
+            accept_admitted(&listener, &gate, &mut backoff, "p2p metadata", config.timeout).await;
         let published = published.clone();
         let config = config.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            if let Err(e) = answer(stream, &published, &config).await {
+            if let Err(e) = answer(stream, peer, &published, &config).await {
                 tracing::debug!("p2p metadata: connection from {peer}: {e}");
             }
         });
     }
 }
 
-/// Reads one request within `limit`.
-async fn read_request(stream: &mut TcpStream, limit: Duration) -> std::io::Result<(RequestHead, Vec<u8>)> {
-    deadline(limit, "p2p request", async {
-        let mut head = [0u8; frame::REQUEST_HEAD];
-        stream.read_exact(&mut head).await?;
-        let h =
-            frame::decode_request_head(&head).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        let payload = read_payload(stream, h.len).await?;
-        Ok((h, payload))
-    })
-    .await
+/// Reads one request (a bad header is `InvalidData`).
+async fn read_frame(stream: &mut TcpStream) -> std::io::Result<(RequestHead, Vec<u8>)> {
+    let mut head = [0u8; frame::REQUEST_HEAD];
+    stream.read_exact(&mut head).await?;
+    let h = frame::decode_request_head(&head).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    let payload = read_growing(stream, h.len).await?;
+    Ok((h, payload))
 }
 
 async fn write_answer(stream: &mut TcpStream, status: Status, payload: &[u8], limit: Duration) -> std::io::Result<()> {
@@ -677,14 +634,10 @@ async fn write_answer(stream: &mut TcpStream, status: Status, payload: &[u8], li
     .await
 }
 
-/// Runs the server's side of the handshake; `Ok(false)` when the peer was refused (and told so).
-async fn authenticate_peer(
-    stream: &mut TcpStream,
-    key: &AuthKey,
-    peer: &str,
-    limit: Duration,
-) -> std::io::Result<bool> {
-    let (h, nonce_i) = read_request(stream, limit).await?;
+/// Runs the server's side of the handshake (the caller bounds it by the handshake deadline);
+/// `Ok(false)` when the peer did not prove the key.
+async fn authenticate_peer(stream: &mut TcpStream, key: &AuthKey, peer: &str) -> std::io::Result<bool> {
+    let (h, nonce_i) = read_frame(stream).await?;
     let Ok(nonce_i) = <[u8; NONCE_LEN]>::try_from(nonce_i.as_slice()) else {
         return Ok(false);
     };
@@ -692,25 +645,27 @@ async fn authenticate_peer(
         return Ok(false);
     }
     let (hs, nonce_r, proof_r) = ResponderHandshake::answer(key, AUTH_CONTEXT, &nonce_i);
-    let mut challenge = Vec::with_capacity(NONCE_LEN + PROOF_LEN);
-    challenge.extend_from_slice(&nonce_r);
-    challenge.extend_from_slice(&proof_r);
-    let head = frame::encode_answer_head(Status::Challenge, challenge.len() as u32);
-    deadline(limit, "p2p challenge", async {
-        stream.write_all(&head).await?;
-        stream.write_all(&challenge).await
-    })
-    .await?;
-    let (h, proof_i) = read_request(stream, limit).await?;
+    let challenge = frame::encode_answer(Status::Challenge, &[nonce_r, proof_r].concat()).expect("64 bytes fit");
+    stream.write_all(&challenge).await?;
+    let (h, proof_i) = read_frame(stream).await?;
     Ok(h.op == Op::Proof && hs.check(&proof_i, peer).is_ok())
 }
 
-async fn answer(mut stream: TcpStream, published: &RwLock<Published>, config: &P2pConfig) -> std::io::Result<()> {
-    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+async fn answer(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    published: &RwLock<Published>,
+    config: &P2pConfig,
+) -> std::io::Result<()> {
     let timeout = config.timeout;
     if let Some(key) = &config.auth {
         let hs = config.limits.handshake_timeout;
-        let ok = deadline(hs, "p2p handshake", authenticate_peer(&mut stream, key, &peer, hs)).await;
+        let ok = deadline(
+            hs,
+            "p2p handshake",
+            authenticate_peer(&mut stream, key, &peer.to_string()),
+        )
+        .await;
         if !matches!(ok, Ok(true)) {
             // Whatever went wrong, the peer hears the same words and nothing else.
             let _ = write_answer(
@@ -723,7 +678,7 @@ async fn answer(mut stream: TcpStream, published: &RwLock<Published>, config: &P
             return ok.map(|_| ());
         }
     }
-    let (h, name) = match read_request(&mut stream, timeout).await {
+    let (h, name) = match deadline(timeout, "p2p request", read_frame(&mut stream)).await {
         Ok(r) => r,
         Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
             return write_answer(&mut stream, Status::Refused, b"bad request header", timeout).await;
@@ -917,7 +872,7 @@ mod tests {
         let (mut tx, mut rx) = tokio::io::duplex(1 << 16);
         tx.write_all(&[7u8; 100]).await.unwrap();
         drop(tx);
-        let err = read_payload(&mut rx, 1 << 30).await.unwrap_err();
+        let err = read_growing(&mut rx, 1 << 30).await.unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
         // A complete payload of 1 MiB + 1 arrives whole, in a buffer no larger than it.
         let len = (1 << 20) + 1;
@@ -927,7 +882,7 @@ mod tests {
             tx.write_all(&data).await.unwrap();
             tx.write_all(b"extra").await.unwrap();
         });
-        let got = read_payload(&mut rx, len).await.unwrap();
+        let got = read_growing(&mut rx, len).await.unwrap();
         writer.await.unwrap();
         assert_eq!(got.len(), len);
         assert!(got.capacity() <= len, "{} > {len}", got.capacity());

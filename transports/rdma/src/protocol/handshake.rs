@@ -188,22 +188,31 @@ pub fn decode_opening(body: &[u8]) -> Result<Opening> {
     decode::<ConnectRequest>(body).map(Opening::Connect)
 }
 
+/// Lowercase hex of `bytes`.
+fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Exactly `2 * N` hex digits as `N` bytes.
+fn from_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    if text.len() != 2 * N || !text.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
 /// 32 bytes as 64 lowercase hex digits.
 pub fn hex32(bytes: &[u8; 32]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    to_hex(bytes)
 }
 
 /// Parses 64 hex digits; `what` names the field in the error.
 pub fn parse_hex32(text: &str, what: &str) -> Result<[u8; 32]> {
-    let bad = || invalid(format!("{what} is not 64 hex digits"));
-    if text.len() != 64 || !text.is_ascii() {
-        return Err(bad());
-    }
-    let mut out = [0u8; 32];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-    }
-    Ok(out)
+    from_hex(text).ok_or_else(|| invalid(format!("{what} is not 64 hex digits")))
 }
 
 /// The path MTU both sides program: the smaller of the two offers.
@@ -223,20 +232,14 @@ pub fn psn_from(seed: u64) -> u32 {
 
 /// Formats a GID as 32 hex digits.
 pub fn gid_hex(gid: &Gid) -> String {
-    gid.0.iter().map(|b| format!("{b:02x}")).collect()
+    to_hex(&gid.0)
 }
 
 /// Parses 32 hex digits.
 pub fn parse_gid(text: &str) -> Result<Gid> {
-    let bad = || Error::InvalidDescriptor(format!("rdma: GID {text:?} is not 32 hex digits"));
-    if text.len() != 32 || !text.is_ascii() {
-        return Err(bad());
-    }
-    let mut gid = [0u8; 16];
-    for (i, b) in gid.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-    }
-    Ok(Gid(gid))
+    from_hex(text)
+        .map(Gid)
+        .ok_or_else(|| Error::InvalidDescriptor(format!("rdma: GID {text:?} is not 32 hex digits")))
 }
 
 fn invalid(what: String) -> Error {

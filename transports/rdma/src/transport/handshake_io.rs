@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use te_base::auth::{AuthKey, InitiatorHandshake};
+use te_base::listener::read_growing;
 use te_base::{Error, Result};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -19,9 +20,6 @@ use crate::protocol::handshake::{
 
 /// How long one handshake exchange may take, all included.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// First allocation of a message body; it grows only as bytes arrive.
-const FIRST_CHUNK: usize = 4096;
 
 fn invalid(what: String) -> Error {
     Error::InvalidDescriptor(format!("rdma: {what}"))
@@ -38,26 +36,9 @@ pub async fn read_body<R: AsyncRead + Unpin>(stream: &mut R, max: usize) -> Resu
     if n > max {
         return Err(invalid(format!("handshake frame of {n} bytes (max {max} here)")));
     }
-    let mut body = Vec::with_capacity(n.min(FIRST_CHUNK));
-    // Each pass reads at least one byte or ends: at most `n` passes.
-    while body.len() < n {
-        if body.len() == body.capacity() {
-            body.reserve_exact(body.len().max(FIRST_CHUNK).min(n - body.len()));
-        }
-        let room = (body.capacity() - body.len()).min(n - body.len());
-        let got = (&mut *stream)
-            .take(room as u64)
-            .read_buf(&mut body)
-            .await
-            .map_err(|e| Error::io("rdma handshake: reading frame body", e))?;
-        if got == 0 {
-            return Err(Error::io(
-                "rdma handshake: reading frame body",
-                std::io::ErrorKind::UnexpectedEof.into(),
-            ));
-        }
-    }
-    Ok(body)
+    read_growing(stream, n)
+        .await
+        .map_err(|e| Error::io("rdma handshake: reading frame body", e))
 }
 
 /// Reads one framed message of at most `max` bytes.

@@ -9,11 +9,13 @@
 //! source address holds at most `TE_RDMA_MAX_QPS_PER_SOURCE` of them.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Weak;
+use std::time::Duration;
 
 use te_base::auth::{AuthKey, ResponderHandshake};
-use te_base::listener::{deadline, tune_socket, AcceptBackoff, ConnectionGate, ListenerLimits};
+use te_base::listener::{accept_admitted, deadline, AcceptBackoff, ConnectionGate, ListenerLimits};
 use te_base::{Error, Result};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -137,28 +139,17 @@ pub(crate) async fn serve<V: Verbs>(shared: Weak<Shared<V>>, listener: TcpListen
     let gate = ConnectionGate::new(&limits);
     let mut backoff = AcceptBackoff::default();
     loop {
-        let (stream, from) = match listener.accept().await {
-            Ok(c) => {
-                backoff.reset();
-                c
-            }
-            Err(e) => {
-                // Out of descriptors or similar: do not spin on it.
-                backoff.failed("rdma handshake listener", &e).await;
-                continue;
-            }
-        };
+        let (stream, from, permit) = accept_admitted(
+            &listener,
+            &gate,
+            &mut backoff,
+            "rdma handshake listener",
+            limits.frame_timeout,
+        )
+        .await;
         if shared.strong_count() == 0 {
             return;
         }
-        let permit = match gate.admit(from.ip()) {
-            Ok(p) => p,
-            Err(why) => {
-                tracing::debug!("rdma handshake: closing a connection from {from}: {why:?}");
-                continue;
-            }
-        };
-        tune_socket(&stream, limits.frame_timeout);
         let shared = shared.clone();
         tokio::spawn(async move {
             let _permit = permit;
@@ -167,8 +158,11 @@ pub(crate) async fn serve<V: Verbs>(shared: Weak<Shared<V>>, listener: TcpListen
     }
 }
 
-fn timed_out(e: std::io::Error) -> Error {
-    Error::io("rdma handshake", e)
+/// Runs `work` within `limit`; running out of time is an I/O `TimedOut` error naming `what`.
+async fn within<T>(limit: Duration, what: &str, work: impl Future<Output = Result<T>>) -> Result<T> {
+    deadline(limit, what, async { Ok(work.await) })
+        .await
+        .map_err(|e| Error::io("rdma handshake", e))?
 }
 
 /// The target's side of the authentication exchange, after the initiator's `Hello`.
@@ -209,40 +203,36 @@ async fn opening(
     } else {
         MAX_MESSAGE_BYTES
     };
-    let first = deadline(limits.handshake_timeout, "rdma handshake opening", async {
-        Ok(read_body(stream, first_max).await)
-    })
-    .await;
-    let first = match first {
-        Ok(Ok(body)) => decode_opening(&body),
-        Ok(Err(e)) => Err(e),
-        Err(e) => Err(timed_out(e)),
-    };
+    let first = within(
+        limits.handshake_timeout,
+        "rdma handshake opening",
+        read_body(stream, first_max),
+    )
+    .await
+    .and_then(|body| decode_opening(&body));
     match (auth, first) {
         (Some(key), Ok(Opening::Auth(hello))) => {
-            let proved = deadline(limits.handshake_timeout, "rdma handshake authentication", async {
-                Ok(authenticate(stream, key, hello, &peer).await)
-            })
+            let proved = within(
+                limits.handshake_timeout,
+                "rdma handshake authentication",
+                authenticate(stream, key, hello, &peer),
+            )
             .await;
-            match proved {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::debug!("rdma handshake: {peer} did not authenticate: {e}");
-                    return Err(Some(ConnectResponse::Unauthenticated));
-                }
-                Err(_) => return Err(Some(ConnectResponse::Unauthenticated)),
+            if let Err(e) = proved {
+                tracing::debug!("rdma handshake: {peer} did not authenticate: {e}");
+                return Err(Some(ConnectResponse::Unauthenticated));
             }
-            let request = deadline(limits.frame_timeout, "rdma handshake request", async {
-                Ok(read_body(stream, MAX_MESSAGE_BYTES).await)
+            let body = within(
+                limits.frame_timeout,
+                "rdma handshake request",
+                read_body(stream, MAX_MESSAGE_BYTES),
+            )
+            .await
+            .map_err(|_| None)?;
+            decode::<ConnectRequest>(&body).map_err(|e| {
+                tracing::debug!("rdma handshake: unreadable request from {peer}: {e}");
+                Some(ConnectResponse::Refused { reason: e.to_string() })
             })
-            .await;
-            match request {
-                Ok(Ok(body)) => decode::<ConnectRequest>(&body).map_err(|e| {
-                    tracing::debug!("rdma handshake: unreadable request from {peer}: {e}");
-                    Some(ConnectResponse::Refused { reason: e.to_string() })
-                }),
-                _ => Err(None),
-            }
         }
         (Some(_), other) => {
             if let Err(e) = other {
@@ -277,12 +267,14 @@ async fn handle<V: Verbs>(shared: Weak<Shared<V>>, mut stream: TcpStream, source
         Err(Some(answer)) => answer,
         Err(None) => return,
     };
-    let written = deadline(limits.frame_timeout, "rdma handshake answer", async {
-        Ok(write_message(&mut stream, &response).await)
-    })
+    let written = within(
+        limits.frame_timeout,
+        "rdma handshake answer",
+        write_message(&mut stream, &response),
+    )
     .await;
-    if !matches!(written, Ok(Ok(()))) {
-        tracing::debug!("rdma handshake: answering {source} failed or timed out");
+    if let Err(e) = written {
+        tracing::debug!("rdma handshake: answering {source}: {e}");
     }
 }
 
