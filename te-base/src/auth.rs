@@ -250,16 +250,17 @@ impl ResponderHandshake {
     }
 }
 
-/// Logs, once per process and listener kind, that a listener is open to anyone who reaches it.
-pub fn warn_unauthenticated(listener: &str, addrs: &str) {
+/// Logs, once per process and listener kind, that a listener is open to anyone who reaches it;
+/// `exposes` says what such a peer gets ("exported memory", "segment descriptors"...).
+pub fn warn_unauthenticated(listener: &str, addrs: &str, exposes: &str) {
     use std::collections::HashSet;
     use std::sync::Mutex;
     static WARNED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
     let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
     if warned.get_or_insert_with(HashSet::new).insert(listener.to_string()) {
         tracing::warn!(
-            "{listener} listens on {addrs} without authentication: anyone who can reach it may read and \
-             write exported memory; set {KEY_FILE_VAR} (see docs/security.md)"
+            "{listener} listens on {addrs} without authentication: anyone who can reach it gets \
+             {exposes}; set {KEY_FILE_VAR} (see docs/security.md)"
         );
     }
 }

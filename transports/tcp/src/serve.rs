@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use te_base::auth::{AuthKey, Nonce, ResponderHandshake, NONCE_LEN};
-use te_base::listener::{deadline, tune_socket, AcceptBackoff, ConnectionGate, ConnectionPermit, ListenerLimits};
+use te_base::listener::{accept_admitted, deadline, AcceptBackoff, ConnectionGate, ConnectionPermit, ListenerLimits};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -112,26 +112,18 @@ pub(crate) async fn accept_loop(
     server: Arc<Server>,
     connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
 ) {
+    // Accept errors (out of descriptors...) back off while the connections we have keep being
+    // served; connections over the caps are closed at once.
     let mut backoff = AcceptBackoff::default();
     loop {
-        let (stream, from) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                // Out of descriptors and similar: keep serving the connections we have, and
-                // wait before trying again (the pending connection keeps the listener readable).
-                backoff.failed("tcp transport", &e).await;
-                continue;
-            }
-        };
-        backoff.reset();
-        let permit = match server.gate.admit(from.ip()) {
-            Ok(p) => p,
-            Err(why) => {
-                tracing::debug!("tcp: refusing a connection from {from}: {why:?}");
-                continue;
-            }
-        };
-        tune_socket(&stream, server.limits.frame_timeout);
+        let (stream, from, permit) = accept_admitted(
+            &listener,
+            &server.gate,
+            &mut backoff,
+            "tcp transport",
+            server.limits.frame_timeout,
+        )
+        .await;
         let server = server.clone();
         let task = tokio::spawn(async move {
             if let Err(e) = serve_connection(stream, &server, permit).await {

@@ -81,7 +81,11 @@ impl TcpTransport {
             token: te_base::token::random_token(),
         };
         if auth.is_none() {
-            te_base::auth::warn_unauthenticated("the tcp transport", &local_addr.to_string());
+            te_base::auth::warn_unauthenticated(
+                "the tcp transport",
+                &local_addr.to_string(),
+                "read and write access to exported memory",
+            );
         }
         let server = Arc::new(Server {
             regions: Arc::new(RegionTable::default()),

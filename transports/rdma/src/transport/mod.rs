@@ -241,7 +241,11 @@ impl<V: Verbs> RdmaTransport<V> {
         let thread = progress::spawn(Arc::downgrade(&shared))?;
         *shared.progress_thread.lock() = Some(thread);
         if shared.auth.is_none() {
-            te_base::auth::warn_unauthenticated("rdma handshake", &advertised.to_string());
+            te_base::auth::warn_unauthenticated(
+                "rdma handshake",
+                &advertised.to_string(),
+                "queue pairs to exported memory",
+            );
         }
         let limits = shared.config.listener;
         let listener = tokio::spawn(target::serve(Arc::downgrade(&shared), listener, limits));
