@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use te_base::{Error, MemoryKind, MemoryLocation, ResolvedRequest, Result, TransferRequest};
 
-use crate::engine::OpenSegment;
 use crate::registry::{LocalResolver, Pins};
+use crate::segment::OpenSegment;
 
 /// The requests of one batch that go to one segment over one route.
 pub(crate) struct Group {

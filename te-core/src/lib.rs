@@ -19,17 +19,19 @@
 mod builder;
 mod engine;
 mod grouping;
-mod handle;
 mod install;
 pub mod metadata;
 mod metrics;
 mod registry;
+mod segment;
 
 pub use builder::TransferEngineBuilder;
-pub use engine::{RawRegion, SegmentHandle, SubmitOptions, TransferEngine, TransferError, TransportStatus};
-pub use handle::{RegisterOptions, Registration};
+pub use engine::{
+    RawRegion, RegisterOptions, Registration, SubmitOptions, TransferEngine, TransferError, TransportStatus,
+};
 pub use install::{device_plugins, PluginStatus, COMPILED_TRANSPORTS};
 pub use metrics::MetricsSnapshot;
+pub use segment::SegmentHandle;
 
 /// Peer authentication: the shared key ([`auth::AuthKey`]) for
 /// [`TransferEngineBuilder::auth_key`].

@@ -5,7 +5,7 @@ use std::sync::{Arc, Weak};
 
 use te_base::{MemoryLocation, RegionId, Result};
 
-use crate::engine::EngineInner;
+use super::EngineInner;
 use crate::registry::Region;
 
 /// Options for registering memory.

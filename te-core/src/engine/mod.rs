@@ -1,0 +1,301 @@
+//! The transfer engine: registers memory, publishes and opens segments, and routes batches of
+//! reads and writes to the transport that can serve them.
+
+mod handle;
+mod registration;
+mod segments;
+mod submit;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+use te_base::config::Env;
+use te_base::device::PluginAvailability;
+use te_base::{
+    Batch, BatchReport, Error, HostBuffer, HostBufferOptions, MemoryLocation, MetadataStore, Phase, PhaseReport,
+    PhaseStats, PhaseTimer, Result, SegmentDescriptor, TransferRequest, Transport,
+};
+
+use crate::builder::TransferEngineBuilder;
+use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::registry::Registry;
+use crate::segment::{OpenSegment, SegmentHandle};
+pub use handle::{RegisterOptions, Registration};
+use registration::PendingRegion;
+pub use registration::RawRegion;
+pub use submit::SubmitOptions;
+
+/// A transport compiled into this build and whether it runs here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportStatus {
+    /// Transport name.
+    pub name: String,
+    /// `None` when installed and usable; otherwise why not.
+    pub unavailable: Option<String>,
+}
+
+pub(crate) struct EngineInner {
+    pub(crate) name: String,
+    pub(crate) instance: u64,
+    pub(crate) metadata: Arc<dyn MetadataStore>,
+    pub(crate) transports: Vec<Arc<dyn Transport>>,
+    pub(crate) statuses: Vec<TransportStatus>,
+    pub(crate) plugins: Vec<PluginAvailability>,
+    pub(crate) registry: Registry,
+    segments: RwLock<Vec<Arc<OpenSegment>>>,
+    segment_ids: Mutex<HashMap<String, u32>>,
+    control: tokio::sync::Mutex<()>,
+    next_region: AtomicU64,
+    runtime: tokio::runtime::Handle,
+    timer: PhaseTimer,
+    phase_stats: Option<Arc<PhaseStats>>,
+    metrics: Metrics,
+    closed: AtomicBool,
+    _env: Arc<dyn Env>,
+}
+
+/// The transfer engine. Cheap to clone; all clones share one engine.
+///
+/// ```no_run
+/// # async fn demo() -> te_base::Result<()> {
+/// use te_core::{TransferEngine, TransferRequest, HostBufferOptions};
+/// let engine = TransferEngine::builder().segment_name("a").build().await?;
+/// let src = engine.allocate(1 << 20, HostBufferOptions::default()).await?;
+/// let dst = engine.allocate(1 << 20, HostBufferOptions::default()).await?;
+/// let me = engine.open_segment("a").await?;
+/// engine.transfer(&[TransferRequest::write(src.addr(), me.id(), dst.addr(), 4096)]).await
+///     .map_err(|e| te_base::Error::transport("demo", e.to_string()))?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct TransferEngine {
+    pub(crate) inner: Arc<EngineInner>,
+}
+
+impl std::fmt::Debug for TransferEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferEngine")
+            .field("name", &self.inner.name)
+            .field("transports", &self.inner.statuses)
+            .finish()
+    }
+}
+
+impl TransferEngine {
+    /// Starts configuring an engine.
+    pub fn builder() -> TransferEngineBuilder {
+        TransferEngineBuilder::new()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn assemble(
+        name: String,
+        metadata: Arc<dyn MetadataStore>,
+        env: Arc<dyn Env>,
+        transports: Vec<Arc<dyn Transport>>,
+        statuses: Vec<TransportStatus>,
+        plugins: Vec<PluginAvailability>,
+        phase_timing: bool,
+    ) -> Result<Self> {
+        let phase_stats = phase_timing.then(|| Arc::new(PhaseStats::default()));
+        let timer = phase_stats.clone().map(PhaseTimer::on).unwrap_or_default();
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::not_available("engine", "must be built inside a tokio runtime"))?;
+        let inner = Arc::new(EngineInner {
+            name,
+            instance: te_base::token::random_token(),
+            metadata,
+            transports,
+            statuses,
+            plugins,
+            registry: Registry::default(),
+            segments: RwLock::new(Vec::new()),
+            segment_ids: Mutex::new(HashMap::new()),
+            control: tokio::sync::Mutex::new(()),
+            next_region: AtomicU64::new(1),
+            runtime,
+            timer,
+            phase_stats,
+            metrics: Metrics::default(),
+            closed: AtomicBool::new(false),
+            _env: env,
+        });
+        inner.publish().await?;
+        Ok(TransferEngine { inner })
+    }
+
+    /// The engine's segment name.
+    pub fn segment_name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Random per engine start; changes when a peer restarts.
+    pub fn instance(&self) -> u64 {
+        self.inner.instance
+    }
+
+    /// Every transport compiled in, in order of preference, and whether it runs here.
+    pub fn transports(&self) -> &[TransportStatus] {
+        &self.inner.statuses
+    }
+
+    /// This engine's current segment descriptor.
+    pub fn descriptor(&self) -> SegmentDescriptor {
+        self.inner.descriptor()
+    }
+
+    /// Counters since start.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.inner.metrics.snapshot()
+    }
+
+    /// Phase timings since start (`None` unless built with phase timing / `TE_PHASE_TIMING=1`).
+    pub fn phase_report(&self) -> Option<PhaseReport> {
+        self.inner.phase_stats.as_ref().map(|s| s.report())
+    }
+
+    /// Clears phase timings.
+    pub fn reset_phase_report(&self) {
+        if let Some(s) = &self.inner.phase_stats {
+            s.reset();
+        }
+    }
+
+    /// Allocates page-aligned host memory and registers it (exported).
+    pub async fn allocate(&self, len: usize, opts: HostBufferOptions) -> Result<Registration> {
+        self.allocate_with(len, opts, RegisterOptions::default()).await
+    }
+
+    /// Allocates and registers host memory with explicit registration options.
+    pub async fn allocate_with(
+        &self,
+        len: usize,
+        opts: HostBufferOptions,
+        reg: RegisterOptions,
+    ) -> Result<Registration> {
+        let buf = HostBuffer::allocate(len, opts)?;
+        let mut v = self.register_host_buffers(vec![buf], reg).await?;
+        Ok(v.remove(0))
+    }
+
+    /// Registers engine-allocated host buffers as one batch.
+    pub async fn register_host_buffers(
+        &self,
+        bufs: Vec<HostBuffer>,
+        reg: RegisterOptions,
+    ) -> Result<Vec<Registration>> {
+        let items = bufs
+            .into_iter()
+            .map(|b| PendingRegion {
+                region: RawRegion {
+                    addr: b.addr(),
+                    len: b.len() as u64,
+                    location: MemoryLocation::Host { numa: b.numa_node() },
+                },
+                owned: Some(b),
+            })
+            .collect();
+        self.inner.register(items, reg).await
+    }
+
+    /// Registers memory the engine does not own (framework tensors, foreign allocations).
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` must be memory of `location` that stays valid (mapped, not freed) until
+    /// the returned registration is deregistered or dropped and every transfer on it completed;
+    /// transfers will read and write it concurrently with the caller.
+    pub async unsafe fn register_raw(
+        &self,
+        addr: u64,
+        len: u64,
+        location: MemoryLocation,
+        reg: RegisterOptions,
+    ) -> Result<Registration> {
+        // SAFETY: forwarded contract: the caller guarantees the memory outlives the registration.
+        let mut v = unsafe { self.register_raw_batch(&[RawRegion { addr, len, location }], reg) }.await?;
+        Ok(v.remove(0))
+    }
+
+    /// Registers several foreign regions as one batch (one descriptor update).
+    ///
+    /// # Safety
+    /// Every region must satisfy the contract of [`TransferEngine::register_raw`].
+    pub async unsafe fn register_raw_batch(
+        &self,
+        items: &[RawRegion],
+        reg: RegisterOptions,
+    ) -> Result<Vec<Registration>> {
+        let items = items
+            .iter()
+            .map(|&region| PendingRegion { region, owned: None })
+            .collect();
+        self.inner.register(items, reg).await
+    }
+
+    /// Opens (or refreshes) the segment called `name`: fetches its descriptor from the metadata
+    /// store and connects the best transport that can reach it. Opening the same name again
+    /// returns the same id, reconnecting if the peer restarted or its connection failed.
+    pub async fn open_segment(&self, name: &str) -> Result<SegmentHandle> {
+        self.inner.open_segment(name).await
+    }
+
+    /// Submits a batch. Every request is validated and resolved first: if any is malformed
+    /// (zero length, unregistered or partly registered local memory, a remote range outside the
+    /// segment's exported buffers, unknown segment, no transport for the memory kinds) nothing
+    /// starts and the error names it. Otherwise the returned [`Batch`] reports each request.
+    pub fn submit(&self, requests: &[TransferRequest]) -> Result<Batch> {
+        self.inner.submit(requests, &SubmitOptions::default())
+    }
+
+    /// Like [`TransferEngine::submit`], for work nobody waits on: the local copy stays inline
+    /// instead of borrowing helper threads.
+    pub fn submit_background(&self, requests: &[TransferRequest]) -> Result<Batch> {
+        self.inner.submit(
+            requests,
+            &SubmitOptions {
+                background: true,
+                timer: None,
+            },
+        )
+    }
+
+    /// Like [`TransferEngine::submit`], with per-call options: a caller's own phase timer (so a
+    /// consumer such as a store can attribute the engine's resolve/plan/submit to its own call),
+    /// and the background flag.
+    pub fn submit_with(&self, requests: &[TransferRequest], opts: &SubmitOptions) -> Result<Batch> {
+        self.inner.submit(requests, opts)
+    }
+
+    /// Submits and waits.
+    pub async fn transfer(&self, requests: &[TransferRequest]) -> std::result::Result<BatchReport, TransferError> {
+        let batch = self.submit(requests)?;
+        let t0 = self.inner.timer.start();
+        let out = batch.wait().await;
+        self.inner.timer.lap(Phase::Wait, t0);
+        Ok(out?)
+    }
+
+    /// Withdraws the descriptor and stops the transports.
+    pub async fn shutdown(&self) -> Result<()> {
+        self.inner.closed.store(true, Ordering::Release);
+        self.inner.metadata.remove(&self.inner.name).await?;
+        for t in &self.inner.transports {
+            t.shutdown().await;
+        }
+        Ok(())
+    }
+}
+
+/// Why [`TransferEngine::transfer`] failed: the batch was refused, or some requests failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransferError {
+    /// The batch was malformed; nothing started.
+    #[error(transparent)]
+    Refused(#[from] Error),
+    /// Some requests failed; the others completed.
+    #[error(transparent)]
+    Failed(#[from] te_base::BatchError),
+}
