@@ -19,4 +19,15 @@ pub trait MetadataStore: Send + Sync + 'static {
 
     /// Removes the descriptor of `name` (no error if absent).
     async fn remove(&self, name: &str) -> Result<()>;
+
+    /// Removes the descriptor of `name` only while it is the one engine `instance` published, so
+    /// an engine that goes away late never withdraws a successor that reused its name. Backends
+    /// that can compare and delete in one step override this check-then-remove.
+    async fn withdraw(&self, name: &str, instance: u64) -> Result<()> {
+        match self.fetch(name).await {
+            Ok(d) if d.instance == instance => self.remove(name).await,
+            Ok(_) | Err(crate::Error::UnknownSegment(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
 }

@@ -426,3 +426,50 @@ async fn a_transport_refusing_a_group_fails_exactly_its_requests() {
     // The pins were released with the failed batch: deregistration is allowed again.
     src.deregister().await.unwrap();
 }
+
+/// Fetches `name` until it is gone, within a deadline (the withdrawal runs on the runtime).
+async fn gone_within(store: &te_core::metadata::InProcessStore, name: &str, secs: u64) -> bool {
+    use te_core::MetadataStore;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while tokio::time::Instant::now() < deadline {
+        if matches!(store.fetch(name).await, Err(Error::UnknownSegment(_))) {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_last_clone_withdraws_the_descriptor() {
+    use te_core::MetadataStore;
+    let store = te_core::metadata::InProcessStore::new();
+    let build = || {
+        TransferEngine::builder()
+            .segment_name("dropped")
+            .transports(["local"])
+            .metadata(Arc::new(store.clone()))
+            .build()
+    };
+    let a = build().await.unwrap();
+    let clone = a.clone();
+    drop(a);
+    // A clone keeps the engine, and its descriptor, alive.
+    assert_eq!(store.fetch("dropped").await.unwrap().instance, clone.instance());
+    drop(clone);
+    assert!(
+        gone_within(&store, "dropped", 10).await,
+        "descriptor left behind by a dropped engine"
+    );
+
+    // Withdrawal names the instance: a predecessor's late drop never removes a successor that
+    // reused the name.
+    let old = build().await.unwrap();
+    let old_instance = old.instance();
+    old.shutdown().await.unwrap();
+    let successor = build().await.unwrap();
+    store.withdraw("dropped", old_instance).await.unwrap();
+    assert_eq!(store.fetch("dropped").await.unwrap().instance, successor.instance());
+    store.withdraw("dropped", successor.instance()).await.unwrap();
+    assert!(gone_within(&store, "dropped", 1).await);
+}

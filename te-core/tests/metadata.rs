@@ -669,6 +669,18 @@ mod etcd {
         let fresh = store(&server, "/te-test/cluster-1", 10).await;
         assert!(matches!(fresh.fetch("evil").await, Err(Error::InvalidDescriptor(_))));
         assert_eq!(fresh.fetch("node-x").await.unwrap().instance, 2);
+
+        // A late withdrawal by the first owner of a name leaves its successor's descriptor.
+        let early = store(&server, "/te-test/cluster-1", 10).await;
+        early.publish(&descriptor("node-w", 1, 1)).await.unwrap();
+        let late = store(&server, "/te-test/cluster-1", 10).await;
+        late.publish(&descriptor("node-w", 2, 1)).await.unwrap();
+        early.withdraw("node-w", 1).await.unwrap();
+        assert_eq!(fresh.fetch("node-w").await.unwrap().instance, 2);
+        late.withdraw("node-w", 1).await.unwrap();
+        assert_eq!(fresh.fetch("node-w").await.unwrap().instance, 2);
+        late.withdraw("node-w", 2).await.unwrap();
+        assert!(matches!(fresh.fetch("node-w").await, Err(Error::UnknownSegment(_))));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

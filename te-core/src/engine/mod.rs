@@ -277,15 +277,54 @@ impl TransferEngine {
         Ok(out?)
     }
 
-    /// Withdraws the descriptor and stops the transports.
+    /// Withdraws the descriptor and stops the transports. Dropping the last clone of the engine
+    /// does the same on the engine's runtime, so a forgotten call leaves no stale descriptor.
     pub async fn shutdown(&self) -> Result<()> {
         self.inner.closed.store(true, Ordering::Release);
-        self.inner.metadata.remove(&self.inner.name).await?;
+        self.inner
+            .metadata
+            .withdraw(&self.inner.name, self.inner.instance)
+            .await?;
         for t in &self.inner.transports {
             t.shutdown().await;
         }
         Ok(())
     }
+}
+
+impl Drop for EngineInner {
+    /// The last clone went away without [`TransferEngine::shutdown`]: withdraw the descriptor
+    /// (only this instance's) and stop the transports on the runtime, never blocking the
+    /// dropping thread. The regions' memory is freed only after the transports stopped (or, if
+    /// the runtime is already gone, after they were dropped, as [`Teardown`] orders it).
+    fn drop(&mut self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let metadata = self.metadata.clone();
+        let name = std::mem::take(&mut self.name);
+        let instance = self.instance;
+        let teardown = Teardown {
+            transports: std::mem::take(&mut self.transports),
+            _regions: self.registry.snapshot(),
+        };
+        self.runtime.spawn(async move {
+            if let Err(e) = metadata.withdraw(&name, instance).await {
+                tracing::warn!("withdrawing the descriptor of dropped engine '{name}' failed: {e}");
+            }
+            for t in &teardown.transports {
+                t.shutdown().await;
+            }
+            drop(teardown);
+        });
+    }
+}
+
+/// What a dropped engine releases, in order: fields drop in declaration order, so the
+/// transports let go before the memory they were serving is freed.
+struct Teardown {
+    transports: Vec<Arc<dyn Transport>>,
+    _regions: Vec<Arc<crate::registry::Region>>,
 }
 
 /// Why [`TransferEngine::transfer`] failed: the batch was refused, or some requests failed.

@@ -20,7 +20,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
+};
 use parking_lot::RwLock;
 use te_base::config::{parse_var, Env};
 use te_base::{Error, MetadataStore, Result, SegmentDescriptor};
@@ -427,6 +429,27 @@ impl MetadataStore for EtcdStore {
         let mut c = self.shared.client.clone();
         self.shared
             .timed(&format!("delete {name}"), c.delete(self.shared.key(name), None))
+            .await
+            .map(|_| ())
+    }
+
+    /// Deletes the key only if it still holds what this store published: one etcd transaction,
+    /// so a successor's descriptor written in between is never removed.
+    async fn withdraw(&self, name: &str, instance: u64) -> Result<()> {
+        let Some(json) = self.shared.own.read().get(name).cloned() else {
+            return Ok(());
+        };
+        if SegmentDescriptor::from_json(json.as_bytes()).ok().map(|d| d.instance) != Some(instance) {
+            return Ok(());
+        }
+        self.shared.own.write().remove(name);
+        let key = self.shared.key(name);
+        let txn = Txn::new()
+            .when([Compare::value(key.clone(), CompareOp::Equal, json)])
+            .and_then([TxnOp::delete(key, None)]);
+        let mut c = self.shared.client.clone();
+        self.shared
+            .timed(&format!("withdraw {name}"), c.txn(txn))
             .await
             .map(|_| ())
     }

@@ -51,4 +51,12 @@ impl MetadataStore for InProcessStore {
         self.map.write().remove(name);
         Ok(())
     }
+
+    async fn withdraw(&self, name: &str, instance: u64) -> Result<()> {
+        let mut map = self.map.write();
+        if map.get(name).is_some_and(|d| d.instance == instance) {
+            map.remove(name);
+        }
+        Ok(())
+    }
 }
