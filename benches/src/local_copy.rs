@@ -154,7 +154,19 @@ pub fn run(args: Args) -> Result<(), String> {
         ProgressBar::new((rows * args.repeat) as u64)
     };
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").map_err(|e| e.to_string())?);
+    let location_name = match args.location {
+        Location::Host => "host".to_string(),
+        Location::Cuda => format!("cuda:{}", args.device),
+        Location::Hip => format!("rocm:{}", args.device),
+    };
     if !args.json {
+        println!(
+            "local copy through the engine ({location_name}, median of {} runs): scattered fragments vs a plain memcpy loop over the same fragments",
+            args.repeat
+        );
+        println!(
+            "  x_loop = loop time / engine time (>1: the engine is faster); overhead_ns = (engine - loop) per fragment; contig = one memcpy of all bytes"
+        );
         println!(
             "{:>5} {:>9} {:>9} {:>12} {:>12} {:>9} {:>10} {:>11} {:>8} {:>10}",
             "dir",
@@ -172,11 +184,6 @@ pub fn run(args: Args) -> Result<(), String> {
     let fragments_for = |frag: u64| {
         args.fragments
             .unwrap_or_else(|| ((64u64 << 20) / frag).max(2048) as usize)
-    };
-    let location_name = match args.location {
-        Location::Host => "host".to_string(),
-        Location::Cuda => format!("cuda:{}", args.device),
-        Location::Hip => format!("rocm:{}", args.device),
     };
     match &runtime_dev {
         None => {

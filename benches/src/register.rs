@@ -19,9 +19,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use te_base::config::MapEnv;
+use te_base::config::{Env, MapEnv, ProcessEnv};
 use te_base::registration::{CapDecision, CpuBudget, NodeLoad, RegOrder, SimCostModel};
-use te_base::topology::{CpuList, NicPlacement, NicPolicy, NicSelection, Topology};
+use te_base::topology::{CpuList, NicPlacement, NicPolicy, Topology};
 use te_base::MemoryLocation;
 
 use report::{Cap, Cell, Context};
@@ -95,9 +95,10 @@ pub struct Options {
     /// Take the NICs per buffer from this sysfs tree or fixture spec (rank r uses GPU r).
     #[arg(long)]
     sysfs: Option<PathBuf>,
-    /// NIC selection with --sysfs: local (rail-local, the engine's default) or all.
-    #[arg(long, default_value = "local")]
-    nic_selection: String,
+    /// NIC selection with --sysfs: local (rail-local, the engine's default) or all. Unset: the
+    /// engine's own choice, `TE_NIC_SELECTION` (alias `MC_EFA_NIC_SELECTION`), else local.
+    #[arg(long)]
+    nic_selection: Option<String>,
     /// sim: device cost per GiB already registered on the domain, ms (k).
     #[arg(long)]
     sim_k_ms_per_gib: Option<f64>,
@@ -179,7 +180,7 @@ fn run_options(args: Options) -> Result<(), String> {
         None => CpuBudget::detect(),
     };
     let max_ranks = ranks_list.iter().copied().max().unwrap_or(1);
-    let (nics_per_rank, nic_source) = nics_per_rank(&args, max_ranks)?;
+    let (nics_per_rank, nic_source) = nics_per_rank(&args, max_ranks, &ProcessEnv)?;
     let node_load_path = std::env::temp_dir().join(format!("te-bench-register-{}.load", std::process::id()));
     let sim = sim_spec(&args, budget.cores(), &node_load_path);
 
@@ -392,7 +393,10 @@ fn shape_name(args: &Options) -> String {
 }
 
 /// Domains per buffer for each rank, and where that number came from.
-fn nics_per_rank(args: &Options, ranks: usize) -> Result<(Vec<usize>, String), String> {
+/// NICs each rank's buffers are registered on, and where that number came from. With `--sysfs`
+/// the policy is the engine's: `env`'s `TE_NIC_SELECTION` (and the other NIC variables) unless
+/// `--nic-selection` overrides it.
+fn nics_per_rank(args: &Options, ranks: usize, env: &dyn Env) -> Result<(Vec<usize>, String), String> {
     let Some(sysfs) = &args.sysfs else {
         let n = args.nics.unwrap_or(32);
         if n == 0 {
@@ -403,20 +407,20 @@ fn nics_per_rank(args: &Options, ranks: usize) -> Result<(Vec<usize>, String), S
     if args.nics.is_some() {
         return Err("--nics and --sysfs are exclusive: the rail map decides with --sysfs".into());
     }
-    let selection: NicSelection = args
-        .nic_selection
-        .parse()
-        .map_err(|e| format!("--nic-selection: {e}"))?;
+    let mut policy = NicPolicy::from_env(env).map_err(|e| e.to_string())?;
+    let selection_source = match &args.nic_selection {
+        Some(flag) => {
+            policy.selection = flag.parse().map_err(|e| format!("--nic-selection: {e}"))?;
+            format!("--nic-selection {flag}")
+        }
+        None => format!(
+            "selection {} (TE_NIC_SELECTION or default)",
+            format!("{:?}", policy.selection).to_lowercase()
+        ),
+    };
     let topology = Topology::discover_from(sysfs).map_err(|e| format!("--sysfs: {e}"))?;
     let gpus = topology.gpus.len();
-    let placement = NicPlacement::new(
-        topology,
-        NicPolicy {
-            selection,
-            ..NicPolicy::default()
-        },
-    )
-    .map_err(|e| format!("--sysfs: {e}"))?;
+    let placement = NicPlacement::new(topology, policy).map_err(|e| format!("--sysfs: {e}"))?;
     let mut counts = Vec::with_capacity(ranks);
     let mut sources = Vec::new();
     for rank in 0..ranks {
@@ -446,10 +450,7 @@ fn nics_per_rank(args: &Options, ranks: usize) -> Result<(Vec<usize>, String), S
         .file_name()
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
-    Ok((
-        counts,
-        format!("{name}, --nic-selection {}, {}", args.nic_selection, sources.join("")),
-    ))
+    Ok((counts, format!("{name}, {selection_source}, {}", sources.join(""))))
 }
 
 fn sim_spec(args: &Options, cores: usize, node_load_path: &std::path::Path) -> SimSpec {
@@ -464,5 +465,41 @@ fn sim_spec(args: &Options, cores: usize, node_load_path: &std::path::Path) -> S
         oversubscription_penalty: args.sim_oversubscription_penalty.unwrap_or(m.oversubscription_penalty),
         cores,
         node_load_path: node_load_path.display().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        options: Options,
+    }
+
+    fn nics<const N: usize>(extra: &[&str], env: [(&str, &str); N]) -> Result<(Vec<usize>, String), String> {
+        let fixture = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../te-base/tests/fixtures/topology/p5.48xlarge.json"
+        );
+        let mut argv = vec!["register", "--location", "cuda", "--sysfs", fixture];
+        argv.extend_from_slice(extra);
+        let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+        nics_per_rank(&cli.options, 1, &MapEnv::new(env))
+    }
+
+    #[test]
+    fn nic_selection_follows_the_environment_unless_the_flag_overrides_it() {
+        // p5.48xlarge: 4 rail-local NICs per GPU, 32 in all.
+        assert_eq!(nics(&[], []).unwrap().0, vec![4]);
+        assert_eq!(nics(&[], [("TE_NIC_SELECTION", "all")]).unwrap().0, vec![32]);
+        assert_eq!(nics(&[], [("MC_EFA_NIC_SELECTION", "all")]).unwrap().0, vec![32]);
+        let (n, source) = nics(&["--nic-selection", "local"], [("TE_NIC_SELECTION", "all")]).unwrap();
+        assert_eq!(n, vec![4]);
+        assert!(source.contains("--nic-selection local"), "{source}");
+        let err = nics(&[], [("TE_NIC_SELECTION", "bogus")]).unwrap_err();
+        assert!(err.contains("TE_NIC_SELECTION"), "{err}");
     }
 }
