@@ -44,3 +44,5 @@ cargo run --release -q -p te-bench -- local-copy --fragments 512 --repeat 3 --ve
 echo "== te-bench smoke: byte-verified two-process transfer with the in-run kernel-copy baseline"
 cargo run --release -q -p te-bench -- transfer --transport tcp --block-bytes 64K --total-bytes 1M --batches 2 \
     --repeat 2 --latency-samples 10 --verify --baseline cma
+echo "== examples: every cargo run --example program, two-process ones included"
+bash scripts/run-examples.sh
