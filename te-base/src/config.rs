@@ -14,6 +14,11 @@ use crate::error::{Error, Result};
 pub trait Env: Send + Sync {
     /// The raw value of `var`, if set.
     fn get(&self, var: &str) -> Option<String>;
+
+    /// The names of the variables set, for warning about unknown ones (default: none known).
+    fn names(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// The process environment.
@@ -23,6 +28,10 @@ pub struct ProcessEnv;
 impl Env for ProcessEnv {
     fn get(&self, var: &str) -> Option<String> {
         std::env::var_os(var).map(|v| v.to_string_lossy().into_owned())
+    }
+
+    fn names(&self) -> Vec<String> {
+        std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()).collect()
     }
 }
 
@@ -41,6 +50,82 @@ impl Env for MapEnv {
     fn get(&self, var: &str) -> Option<String> {
         self.0.get(var).cloned()
     }
+
+    fn names(&self) -> Vec<String> {
+        self.0.keys().cloned().collect()
+    }
+}
+
+/// The variables te-base itself reads (registration pool, NIC policy, authentication) and those
+/// its test support reads.
+pub const ENV_VARS: &[&str] = &[
+    crate::auth::KEY_FILE_VAR,
+    crate::registration::CAP_VAR,
+    crate::registration::CAP_ALIAS,
+    crate::registration::ORDER_VAR,
+    "TE_LOCAL_RANKS",
+    crate::topology::NIC_SELECTION_VAR,
+    crate::topology::NIC_SELECTION_ALIAS,
+    crate::topology::PRIORITY_MATRIX_VAR,
+    crate::topology::STRIPE_MIN_BYTES_VAR,
+    "TE_REQUIRE",
+    "TE_ETCD_BIN",
+];
+
+/// The variables a listener's limits read under `prefix` (see `listener::ListenerLimits`).
+pub const LISTENER_VAR_SUFFIXES: [&str; 4] = [
+    "_MAX_CONNECTIONS",
+    "_MAX_CONNECTIONS_PER_SOURCE",
+    "_HANDSHAKE_TIMEOUT_MS",
+    "_IDLE_TIMEOUT_MS",
+];
+
+/// A variable set in `env` under one of `prefixes` that none of the `known` names is, with the
+/// known name closest to it (a likely typo).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownVar {
+    /// The variable as set.
+    pub name: String,
+    /// The closest known variable, if any is close (edit distance at most a third of the name).
+    pub closest: Option<String>,
+}
+
+impl std::fmt::Display for UnknownVar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.closest {
+            Some(c) => write!(f, "{} is not a variable this build reads; did you mean {c}?", self.name),
+            None => write!(f, "{} is not a variable this build reads", self.name),
+        }
+    }
+}
+
+/// Every variable of `env` that starts with one of `prefixes` and is not in `known`, sorted, each
+/// with its closest known name. Callers log these as warnings: a typo must not pass silently.
+pub fn unknown_vars<'a>(
+    env: &dyn Env,
+    prefixes: &[&str],
+    known: impl IntoIterator<Item = &'a str> + Clone,
+) -> Vec<UnknownVar> {
+    let mut names: Vec<String> = env
+        .names()
+        .into_iter()
+        .filter(|n| prefixes.iter().any(|p| n.starts_with(p)))
+        .filter(|n| !known.clone().into_iter().any(|k| k == n))
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let closest = known
+                .clone()
+                .into_iter()
+                .map(|k| (strsim::damerau_levenshtein(&name, k), k))
+                .min()
+                .filter(|(d, _)| *d <= name.len().div_ceil(3))
+                .map(|(_, k)| k.to_string());
+            UnknownVar { name, closest }
+        })
+        .collect()
 }
 
 /// Parses `var` with `FromStr`, rejecting empty values and surrounding whitespace.
@@ -172,5 +257,42 @@ mod tests {
         assert_eq!(parse_bool(&env, "A").unwrap(), Some(true));
         assert_eq!(parse_bool(&env, "B").unwrap(), Some(false));
         assert!(parse_bool(&env, "C").is_err());
+    }
+}
+
+#[cfg(test)]
+mod unknown_var_tests {
+    use super::*;
+
+    #[test]
+    fn unknown_variables_are_named_with_the_closest_known_one() {
+        let env = MapEnv::new([
+            ("TE_TCP_LANSE", "4"),
+            ("TE_TCP_LANES", "4"),
+            ("TE_SOMETHING_ELSE_ENTIRELY", "1"),
+            ("MC_GID_INDX", "3"),
+            ("PATH", "/bin"),
+        ]);
+        let known = ["TE_TCP_LANES", "TE_TCP_LISTEN", "MC_GID_INDEX"];
+        let got = unknown_vars(&env, &["TE_", "MC_"], known);
+        assert_eq!(
+            got,
+            vec![
+                UnknownVar {
+                    name: "MC_GID_INDX".into(),
+                    closest: Some("MC_GID_INDEX".into())
+                },
+                UnknownVar {
+                    name: "TE_SOMETHING_ELSE_ENTIRELY".into(),
+                    closest: None
+                },
+                UnknownVar {
+                    name: "TE_TCP_LANSE".into(),
+                    closest: Some("TE_TCP_LANES".into())
+                },
+            ]
+        );
+        assert!(got[2].to_string().contains("did you mean TE_TCP_LANES?"), "{}", got[2]);
+        assert!(unknown_vars(&MapEnv::default(), &["TE_"], known).is_empty());
     }
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::config::{parse_var, Env};
+use crate::config::{parse_var, Env, LISTENER_VAR_SUFFIXES};
 use crate::error::{Error, Result};
 
 /// Default connection cap per listener.
@@ -65,16 +65,17 @@ impl ListenerLimits {
                 v => Ok(v),
             }
         };
-        if let Some(n) = positive(format!("{prefix}_MAX_CONNECTIONS"))? {
+        let [max, per_source, handshake, idle] = LISTENER_VAR_SUFFIXES;
+        if let Some(n) = positive(format!("{prefix}{max}"))? {
             l.max_connections = n as usize;
         }
-        if let Some(n) = positive(format!("{prefix}_MAX_CONNECTIONS_PER_SOURCE"))? {
+        if let Some(n) = positive(format!("{prefix}{per_source}"))? {
             l.max_per_source = n as usize;
         }
-        if let Some(ms) = positive(format!("{prefix}_HANDSHAKE_TIMEOUT_MS"))? {
+        if let Some(ms) = positive(format!("{prefix}{handshake}"))? {
             l.handshake_timeout = Duration::from_millis(ms);
         }
-        if let Some(ms) = positive(format!("{prefix}_IDLE_TIMEOUT_MS"))? {
+        if let Some(ms) = positive(format!("{prefix}{idle}"))? {
             l.idle_timeout = Duration::from_millis(ms);
         }
         Ok(l)

@@ -93,6 +93,9 @@ impl TransferEngineBuilder {
     /// Installs the transports and publishes the (empty) descriptor.
     pub async fn build(self) -> Result<TransferEngine> {
         let env = self.env;
+        for unknown in crate::env_check::check(&*env)? {
+            tracing::warn!("{unknown}");
+        }
         let auth = match self.auth {
             Some(k) => Some(k),
             None => AuthKey::from_env(&*env)?,

@@ -18,6 +18,7 @@
 
 mod builder;
 mod engine;
+mod env_check;
 mod grouping;
 mod install;
 pub mod metadata;
@@ -29,6 +30,7 @@ pub use builder::TransferEngineBuilder;
 pub use engine::{
     RawRegion, RegisterOptions, Registration, SubmitOptions, TransferEngine, TransferError, TransportStatus,
 };
+pub use env_check::known_vars;
 pub use install::{device_plugins, PluginStatus, COMPILED_TRANSPORTS};
 pub use metrics::MetricsSnapshot;
 pub use segment::SegmentHandle;

@@ -473,3 +473,91 @@ async fn dropping_the_last_clone_withdraws_the_descriptor() {
     store.withdraw("dropped", successor.instance()).await.unwrap();
     assert!(gone_within(&store, "dropped", 1).await);
 }
+
+#[tokio::test]
+async fn build_validates_every_known_variable_whichever_transports_run_here() {
+    // Each is read by a component that may be unusable on this host (efa, rdma) or not selected;
+    // build() refuses them all the same, naming the variable.
+    let mut bad = vec![
+        ("TE_MAX_CONCURRENT_REG_MR", "-1"),
+        ("TE_NIC_SELECTION", "bogus"),
+        ("TE_COPY_THREADS", "many"),
+        ("TE_P2P_TIMEOUT_MS", "soon"),
+    ];
+    if cfg!(feature = "tcp") {
+        bad.push(("TE_TCP_LANES", "0x"));
+    }
+    if cfg!(feature = "rdma") {
+        bad.push(("TE_RDMA_MTU", "9000x"));
+    }
+    if cfg!(feature = "efa") {
+        bad.push(("TE_FABRIC_MAX_RAILS", "-3"));
+    }
+    for (var, value) in bad {
+        let err = TransferEngine::builder()
+            .segment_name(format!("env-{var}"))
+            .transports(["local"])
+            .env(Arc::new(te_core::config::MapEnv::new([(var, value)])))
+            .build()
+            .await
+            .expect_err(var);
+        assert!(
+            matches!(&err, Error::Config { var: v, .. } if v == var),
+            "{var}={value}: {err}"
+        );
+    }
+}
+
+/// Every `"TE_..."` / `"MC_..."` string literal in the sources of te-core and the crates it can
+/// compile in names a variable that `known_vars` lists, so the unknown-variable warning cannot
+/// fire on a variable something reads.
+#[test]
+fn every_variable_in_the_sources_is_known() {
+    let known = te_core::known_vars();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dirs = [
+        "te-base/src",
+        "te-core/src",
+        "transports/local/src",
+        "transports/tcp/src",
+        "transports/rdma/src",
+        "transports/efa/src",
+        "plugins/cuda/src",
+    ];
+    // Names that only tests and test support read.
+    let test_only = ["TE_REQUIRE", "TE_ETCD_BIN"];
+    let mut missing = Vec::new();
+    for dir in dirs {
+        let mut stack = vec![root.join(dir)];
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(&d).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    // Unit-test fixtures use made-up names (TE_X, MC_A).
+                    if !path.ends_with("tests") {
+                        stack.push(path);
+                    }
+                    continue;
+                }
+                if path.extension().is_none_or(|e| e != "rs") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                // Only the code before a file's unit tests.
+                let code = text.split("#[cfg(test)]").next().unwrap_or("");
+                for piece in code.split('"').skip(1).step_by(2) {
+                    let is_var = (piece.starts_with("TE_") || piece.starts_with("MC_"))
+                        && piece.len() > 3
+                        && piece
+                            .bytes()
+                            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+                    let prefix_only = piece.ends_with('_') || ["TE_TCP", "TE_RDMA", "TE_P2P"].contains(&piece);
+                    if is_var && !prefix_only && !known.iter().any(|k| k == piece) && !test_only.contains(&piece) {
+                        missing.push(format!("{piece} ({})", path.display()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(missing.is_empty(), "read but not in known_vars(): {missing:?}");
+}

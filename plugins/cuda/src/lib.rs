@@ -44,6 +44,9 @@ pub fn load() -> Result<Arc<dyn DevicePlugin>> {
     load_cuda().map(|p| p as Arc<dyn DevicePlugin>)
 }
 
+/// Every variable this plugin reads.
+pub const ENV_VARS: &[&str] = &["TE_CUDA_BATCH_MEMCPY"];
+
 /// Like [`load`], with the concrete type (for [`CudaPlugin::set_batch_memcpy`]).
 pub fn load_cuda() -> Result<Arc<CudaPlugin>> {
     static LOADED: OnceLock<Result<Arc<CudaPlugin>>> = OnceLock::new();

@@ -8,6 +8,17 @@ use te_base::{Error, Result};
 
 pub use crate::worker::IdleMode;
 
+/// Every variable this transport reads.
+pub const ENV_VARS: &[&str] = &[
+    VAR_PROVIDER,
+    VAR_DOMAINS,
+    VAR_MAX_RAILS,
+    VAR_TIMEOUT_MS,
+    VAR_MAX_FRAGMENT,
+    VAR_STRIPE,
+    VAR_IDLE,
+];
+
 /// Provider to use (`efa`, `tcp;ofi_rxm`, `tcp`, `shm`, `sockets`). Default: `efa`.
 pub const VAR_PROVIDER: &str = "TE_FABRIC_PROVIDER";
 /// Comma list of provider domains (NICs) to open rails on. Default: every non-loopback domain, or

@@ -3,6 +3,9 @@
 use te_base::config::{parse_bytes, parse_var, Env};
 use te_base::{Error, Result};
 
+/// Every variable this transport reads.
+pub const ENV_VARS: &[&str] = &[COPY_THREADS_VAR, NT_COPY_MIN_BYTES_VAR, COPY_FANOUT_MIN_BYTES_VAR];
+
 /// Variable naming the number of copy workers, the submitting thread included.
 pub const COPY_THREADS_VAR: &str = "TE_COPY_THREADS";
 /// Variable naming the smallest copy that uses non-temporal stores.

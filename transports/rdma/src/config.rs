@@ -12,6 +12,42 @@ use te_base::{Error, Result};
 use crate::protocol::qp_state::ConnectParams;
 use crate::verbs::Mtu;
 
+/// Every variable this transport reads (Mooncake's `MC_*` names and its listener's limits
+/// included).
+pub const ENV_VARS: &[&str] = &[
+    "TE_RDMA_DEVICES",
+    "TE_RDMA_QPS_PER_PEER",
+    "MC_NUM_QP_PER_EP",
+    "TE_RDMA_CQ_DEPTH",
+    "MC_MAX_CQE",
+    "TE_RDMA_SEND_QUEUE_DEPTH",
+    "MC_MAX_WR",
+    "TE_RDMA_GID_INDEX",
+    "MC_GID_INDEX",
+    "TE_RDMA_MTU",
+    "MC_MTU",
+    "TE_RDMA_SL",
+    "MC_IB_SL",
+    "TE_RDMA_TRAFFIC_CLASS",
+    "MC_IB_TC",
+    "TE_RDMA_HANDSHAKE_ADDR",
+    "TE_RDMA_MAX_MR_SIZE",
+    "TE_RDMA_MAX_QPS_PER_SOURCE",
+    "TE_RDMA_MAX_RD_ATOMIC",
+    "TE_RDMA_RECONNECT_BACKOFF_MS",
+    "TE_RDMA_RECONNECT_BACKOFF_MAX_MS",
+    "TE_RDMA_RETRY_CNT",
+    "TE_RDMA_RETRY_LIMIT",
+    "TE_RDMA_RNR_RETRY",
+    "TE_RDMA_SIGNAL_EVERY",
+    "TE_RDMA_SLICE_SIZE",
+    "TE_RDMA_TIMEOUT",
+    "TE_RDMA_MAX_CONNECTIONS",
+    "TE_RDMA_MAX_CONNECTIONS_PER_SOURCE",
+    "TE_RDMA_HANDSHAKE_TIMEOUT_MS",
+    "TE_RDMA_IDLE_TIMEOUT_MS",
+];
+
 /// Every knob of the transport.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RdmaConfig {

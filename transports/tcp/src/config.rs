@@ -9,6 +9,20 @@ use te_base::{Error, Result};
 
 use crate::wire::MAX_DATA_LEN;
 
+/// Every variable this transport reads (its listener's limits included).
+pub const ENV_VARS: &[&str] = &[
+    "TE_TCP_LISTEN",
+    "TE_TCP_ADVERTISE",
+    "TE_TCP_LANES",
+    "TE_TCP_SLICE_BYTES",
+    "TE_TCP_THREADS",
+    "TE_TCP_TIMEOUT_MS",
+    "TE_TCP_MAX_CONNECTIONS",
+    "TE_TCP_MAX_CONNECTIONS_PER_SOURCE",
+    "TE_TCP_HANDSHAKE_TIMEOUT_MS",
+    "TE_TCP_IDLE_TIMEOUT_MS",
+];
+
 /// Default listening address: every interface, a port chosen by the kernel.
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:0";
 /// Default number of connections (lanes) per peer.

@@ -26,6 +26,6 @@ mod serve;
 mod transport;
 pub mod wire;
 
-pub use config::TcpConfig;
+pub use config::{TcpConfig, ENV_VARS};
 pub use endpoint::TcpEndpoint;
 pub use transport::{install, TcpTransport};

@@ -1,0 +1,71 @@
+//! Checking the whole configuration when an engine is built.
+//!
+//! Each transport reads its own variables when it installs, and one that is unusable here (no
+//! EFA or RDMA device) never gets that far, so a typo in its settings would surface only on the
+//! node that has the device. `build()` therefore parses every variable of every compiled-in
+//! component first, whichever of them turn out usable, and warns about each `TE_*` / `MC_*`
+//! variable that nothing reads, naming the closest one that something does.
+
+use te_base::config::{unknown_vars, Env, UnknownVar, LISTENER_VAR_SUFFIXES};
+use te_base::Result;
+
+/// Variables te-core itself reads (engine, p2p and etcd metadata; the p2p listener's limits are
+/// added by [`known_vars`]).
+const ENGINE_VARS: &[&str] = &[
+    "TE_SEGMENT_NAME",
+    "TE_PHASE_TIMING",
+    "TE_TRANSPORTS",
+    "TE_METADATA",
+    "TE_P2P_LISTEN",
+    "TE_P2P_TIMEOUT_MS",
+    "TE_P2P_MAX_ANSWER_BYTES",
+    "TE_ETCD_ENDPOINTS",
+    "TE_ETCD_PREFIX",
+    "TE_ETCD_TIMEOUT_MS",
+    "TE_ETCD_LEASE_TTL_S",
+];
+
+/// Every `TE_*` / `MC_*` variable this build reads: te-base's, te-core's and those of every
+/// compiled-in transport and device plugin.
+pub fn known_vars() -> Vec<String> {
+    let mut vars: Vec<String> = te_base::config::ENV_VARS
+        .iter()
+        .chain(ENGINE_VARS)
+        .map(|v| v.to_string())
+        .collect();
+    vars.extend(LISTENER_VAR_SUFFIXES.iter().map(|s| format!("TE_P2P{s}")));
+    #[cfg(feature = "local")]
+    vars.extend(te_transport_local::config::ENV_VARS.iter().map(|v| v.to_string()));
+    #[cfg(feature = "tcp")]
+    vars.extend(te_transport_tcp::ENV_VARS.iter().map(|v| v.to_string()));
+    #[cfg(feature = "rdma")]
+    vars.extend(te_transport_rdma::config::ENV_VARS.iter().map(|v| v.to_string()));
+    #[cfg(feature = "efa")]
+    vars.extend(te_transport_efa::config::ENV_VARS.iter().map(|v| v.to_string()));
+    #[cfg(feature = "cuda")]
+    vars.extend(te_plugin_cuda::ENV_VARS.iter().map(|v| v.to_string()));
+    vars
+}
+
+/// Parses every variable of every compiled-in component (a malformed one is the same
+/// `Error::Config` its component would return) and returns the unknown ones, which the builder
+/// logs as warnings.
+pub(crate) fn check(env: &dyn Env) -> Result<Vec<UnknownVar>> {
+    te_base::registration::RegistrationConfig::from_env(env)?;
+    te_base::topology::NicPolicy::from_env(env)?;
+    crate::metadata::p2p::P2pConfig::from_env(env, None)?;
+    #[cfg(feature = "etcd")]
+    if env.get("TE_ETCD_ENDPOINTS").is_some() {
+        crate::metadata::etcd::EtcdConfig::from_env(env)?;
+    }
+    #[cfg(feature = "local")]
+    te_transport_local::config::LocalConfig::from_env(env)?;
+    #[cfg(feature = "tcp")]
+    te_transport_tcp::TcpConfig::from_env(env)?;
+    #[cfg(feature = "rdma")]
+    te_transport_rdma::config::RdmaConfig::from_env(env)?;
+    #[cfg(feature = "efa")]
+    te_transport_efa::config::FabricConfig::from_env(env)?;
+    let known = known_vars();
+    Ok(unknown_vars(env, &["TE_", "MC_"], known.iter().map(String::as_str)))
+}
