@@ -82,6 +82,7 @@ pub mod plan;
 mod pool;
 mod resolve;
 mod sequential;
+mod shared;
 mod table;
 mod transport;
 

@@ -15,8 +15,8 @@ use crate::plan::{coalesce, sources_meet_destinations, Coalesced, CopyOp, Fragme
 use crate::pool::HeadsUp;
 use crate::resolve::{Resolved, Resolver};
 use crate::sequential::{copy_in_request_order, Stop};
+use crate::shared::Shared;
 use crate::table::RegionTable;
-use crate::transport::Shared;
 
 /// Smallest part a fanned-out batch is cut into.
 const MIN_PART_BYTES: u64 = 16 << 10;

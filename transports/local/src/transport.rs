@@ -12,18 +12,8 @@ use crate::device::DeviceRoutes;
 use crate::domain::{Domain, LocalEndpoint};
 use crate::peer::LocalPeer;
 use crate::pool::CopyPool;
+use crate::shared::Shared;
 use crate::NAME;
-
-/// What a transport shares with the peers it connected: its domain, copy pool and settings.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub domain: Arc<Domain>,
-    pub pool: CopyPool,
-    pub config: LocalConfig,
-    pub kernel: NtKernel,
-    /// Plugins for requests with a device side.
-    pub devices: DeviceRoutes,
-}
 
 /// Moves bytes between memory of segments in this process by copying.
 ///

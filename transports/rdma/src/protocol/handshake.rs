@@ -27,7 +27,7 @@
 use serde::{Deserialize, Serialize};
 use te_base::{Error, Result};
 
-use crate::verbs::{Gid, LinkLayer, Mtu};
+use super::values::{Gid, LinkLayer, Mtu};
 
 /// Version of the endpoint info and handshake messages (2: rails carry their rail number; 3:
 /// requests carry a claim, connections may open with authentication).

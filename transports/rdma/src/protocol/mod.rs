@@ -10,3 +10,4 @@ pub mod recovery;
 pub mod remote_keys;
 pub mod send_queue;
 pub mod slicing;
+pub mod values;

@@ -4,7 +4,7 @@
 
 use te_base::{Error, Result};
 
-use crate::verbs::{Access, Gid, LinkLayer, Mtu};
+use super::values::{Access, Gid, LinkLayer, Mtu};
 
 /// States of a queue pair that the transport uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use te_base::Error;
 
-use crate::verbs::WcStatus;
+use super::values::WcStatus;
 
 /// How the transport treats an error completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
