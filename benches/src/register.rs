@@ -20,9 +20,10 @@ use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use te_base::config::{Env, MapEnv, ProcessEnv};
-use te_base::registration::{CapDecision, CpuBudget, NodeLoad, RegOrder, SimCostModel};
-use te_base::topology::{CpuList, NicPlacement, NicPolicy, Topology};
+use te_base::registration::{CapDecision, CpuBudget, RegOrder};
+use te_base::topology::{CpuList, NicPlacement, NicPolicy};
 use te_base::MemoryLocation;
+use te_testkit::{NodeLoad, SimCostModel};
 
 use report::{Cap, Cell, Context};
 use spec::{LocationChoice, RankSpec, SimSpec, TransportChoice};
@@ -418,7 +419,7 @@ fn nics_per_rank(args: &Options, ranks: usize, env: &dyn Env) -> Result<(Vec<usi
             format!("{:?}", policy.selection).to_lowercase()
         ),
     };
-    let topology = Topology::discover_from(sysfs).map_err(|e| format!("--sysfs: {e}"))?;
+    let topology = te_testkit::fixture::discover(sysfs).map_err(|e| format!("--sysfs: {e}"))?;
     let gpus = topology.gpus.len();
     let placement = NicPlacement::new(topology, policy).map_err(|e| format!("--sysfs: {e}"))?;
     let mut counts = Vec::with_capacity(ranks);

@@ -47,7 +47,7 @@ impl Env for OverlayEnv {
 /// and prints the result.
 pub fn run(args: Args) -> Result<(), String> {
     let topology = match &args.sysfs {
-        Some(path) => Topology::discover_from(path),
+        Some(path) => te_testkit::fixture::discover(path),
         None => Topology::discover(),
     }
     .map_err(|e| e.to_string())?;

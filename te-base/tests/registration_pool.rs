@@ -6,10 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
-use te_base::registration::{
-    deregister_regions, register_regions, RegOrder, RegistrationPool, RegistrationProvider, SimConfig, SimProvider,
-};
+use te_base::registration::{deregister_regions, register_regions, RegOrder, RegistrationPool, RegistrationProvider};
 use te_base::{Error, MemoryLocation, RegionId, RegionInfo, Result};
+use te_testkit::{SimConfig, SimProvider};
 
 fn regions(sizes: &[u64]) -> Vec<RegionInfo> {
     sizes

@@ -4,10 +4,9 @@
 use std::path::PathBuf;
 
 use te_base::config::MapEnv;
-use te_base::topology::{
-    FixtureSpec, GpuVendor, NicKind, NicPlacement, NicPolicy, NicSelection, RailMap, RailSource, Topology,
-};
+use te_base::topology::{GpuVendor, NicKind, NicPlacement, NicPolicy, NicSelection, RailMap, RailSource, Topology};
 use te_base::MemoryLocation;
+use te_testkit::FixtureSpec;
 
 fn spec(name: &str) -> FixtureSpec {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/topology/{name}.json"));
@@ -381,7 +380,7 @@ fn malformed_sysfs_files_are_errors_naming_the_file() {
         r#"{"name": "x", "numa_nodes": [], "devices": [{"kind": "gpu", "path": "pci0000:00/0000:00:01.0"}]}"#,
     )
     .unwrap();
-    let err = Topology::discover_from(&bad_spec).unwrap_err();
+    let err = te_testkit::fixture::discover(&bad_spec).unwrap_err();
     let _ = std::fs::remove_file(&bad_spec);
     assert!(err.to_string().contains("unknown kind"), "{err}");
 }

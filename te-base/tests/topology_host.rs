@@ -76,7 +76,7 @@ fn host_placement_follows_the_buffer_node() {
     };
     // The p5.48xlarge fixture has nodes 0 and 1 with 16 NICs each: the buffer gets its node's NICs.
     let spec = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/topology/p5.48xlarge.json");
-    let placement = NicPlacement::new(Topology::discover_from(&spec).unwrap(), Default::default()).unwrap();
+    let placement = NicPlacement::new(te_testkit::fixture::discover(&spec).unwrap(), Default::default()).unwrap();
     let chosen = placement.rails_for(MemoryLocation::HOST, Some(addr)).unwrap();
     let expected = placement
         .rail_map()

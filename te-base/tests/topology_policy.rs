@@ -9,7 +9,7 @@ use te_base::{Error, MemoryLocation};
 
 fn topology(name: &str) -> Topology {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/topology/{name}.json"));
-    Topology::discover_from(&path).unwrap()
+    te_testkit::fixture::discover(&path).unwrap()
 }
 
 /// A file in the temp dir that is removed when dropped.

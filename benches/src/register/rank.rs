@@ -8,8 +8,9 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Instant;
 
-use te_base::registration::{deregister_regions, register_regions, RegistrationPool, SimProvider};
+use te_base::registration::{deregister_regions, register_regions, RegistrationPool};
 use te_base::{MemoryLocation, RegionId, RegionInfo};
+use te_testkit::SimProvider;
 
 use super::affinity;
 use super::spec::{LocationChoice, RankResult, RankSpec, TransportChoice};

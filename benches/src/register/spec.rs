@@ -4,7 +4,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use te_base::registration::{NodeLoad, RegOrder, SimConfig, SimCostModel};
+use te_base::registration::RegOrder;
+use te_testkit::{NodeLoad, SimConfig, SimCostModel};
 
 /// The providers the benchmark knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

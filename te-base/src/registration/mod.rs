@@ -1,6 +1,6 @@
 //! Batch memory registration that scales: a bounded pool of persistent workers, size-ordered
-//! dispatch, all-or-nothing batch semantics, the cap derived from the node's ranks and cores, and
-//! a simulated provider calibrated from real nodes.
+//! dispatch, all-or-nothing batch semantics, and the cap derived from the node's ranks and cores.
+//! (The simulated provider calibrated from real nodes is in the `te-testkit` crate.)
 //!
 //! Every transport's batch registration and deregistration goes through a [`RegistrationPool`]
 //! (usually [`RegistrationPool::global`]), either directly or via [`register_regions`] with a
@@ -20,7 +20,6 @@ pub mod item;
 pub mod order;
 pub mod pool;
 pub mod provider;
-pub mod sim;
 
 pub use config::{CapDecision, CapSource, RegistrationConfig, CAP_ALIAS, CAP_VAR, LOCAL_RANK_VARS, ORDER_VAR};
 pub use cpus::CpuBudget;
@@ -28,4 +27,3 @@ pub use item::RegistrationItem;
 pub use order::RegOrder;
 pub use pool::{RegistrationPool, UNBOUNDED_WORKER_CEILING};
 pub use provider::{deregister_regions, register_regions, DomainHandles, RegistrationProvider};
-pub use sim::{NodeLoad, SimConfig, SimCostModel, SimHandle, SimProvider};

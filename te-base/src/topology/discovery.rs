@@ -9,7 +9,6 @@ use std::path::{Component, Path, PathBuf};
 use serde::Serialize;
 
 use super::cpulist::CpuList;
-use super::fixture::FixtureSpec;
 use super::pci::{PciAddress, PciPath};
 use crate::error::{Error, Result};
 
@@ -193,20 +192,20 @@ impl Topology {
         })
     }
 
-    /// Reads `path`: a sysfs directory, or a fixture spec (`*.json`, see
-    /// [`FixtureSpec`](super::FixtureSpec)) that is generated into a temporary directory, read and
-    /// removed again. This is what `--sysfs` options of `te-bench` accept.
+    /// Reads the sysfs tree at `path`, naming it in errors as a source the caller chose (a
+    /// sysfs copy, a fixture tree). Fixture specs (`*.json`) are turned into trees by the
+    /// `te-testkit` crate, which only benches and tests depend on.
     pub fn discover_from(path: impl AsRef<Path>) -> Result<Topology> {
         let path = path.as_ref();
         let meta = fs::metadata(path).map_err(|e| Error::io(format!("sysfs source {}", path.display()), e))?;
-        if meta.is_dir() {
-            return Topology::discover_at(path);
+        if !meta.is_dir() {
+            return Err(Error::config(
+                "sysfs source",
+                path.display().to_string(),
+                "not a directory (a fixture spec is materialized with te_testkit::fixture::discover)",
+            ));
         }
-        let spec = FixtureSpec::load(path)?;
-        let dir = spec.materialize_temp()?;
-        let mut topology = Topology::discover_at(dir.path())?;
-        topology.source = path.display().to_string();
-        Ok(topology)
+        Topology::discover_at(path)
     }
 
     /// The index (rail number) of the NIC called `name`.

@@ -18,12 +18,10 @@
 //! - [`StripePlanner`] splits a large transfer across the rails both sides registered on, by link
 //!   rate.
 //! - [`BufferRails`] is the validated rail list a segment descriptor carries for each buffer.
-//! - [`FixtureSpec`] generates sysfs trees of real instance types for tests and `te-bench`.
 
 mod buffer_rails;
 mod cpulist;
 mod discovery;
-mod fixture;
 mod gpu_ordinals;
 mod numa_lookup;
 mod pci;
@@ -38,7 +36,6 @@ pub use cpulist::CpuList;
 pub use discovery::{
     Gpu, GpuVendor, NetInterface, NicKind, NumaNode, RdmaNic, RdmaPort, Topology, VENDOR_AMD, VENDOR_NVIDIA,
 };
-pub use fixture::{FixtureDevice, FixtureDir, FixtureKind, FixtureNuma, FixturePort, FixtureSpec};
 pub use gpu_ordinals::{GpuOrdinals, OrdinalOrigin};
 pub use numa_lookup::{node_via_get_mempolicy, node_via_move_pages, numa_node_of};
 pub use pci::{PciAddress, PciAncestor, PciPath};

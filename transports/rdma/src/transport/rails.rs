@@ -425,7 +425,7 @@ mod tests {
     fn rails_follow_the_topology_order_with_rates() {
         let fixture =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../te-base/tests/fixtures/topology/roce-8gpu.json");
-        let topology = Topology::discover_from(&fixture).expect("te-base's RoCE fixture");
+        let topology = te_testkit::fixture::discover(&fixture).expect("te-base's RoCE fixture");
         let devices: Vec<String> = ["mlx5_3", "mlx5_9", "mlx5_0"].iter().map(|s| s.to_string()).collect();
         let ordered = order_by_topology(&devices, Some(&topology));
         let names: Vec<&str> = ordered.iter().map(|(n, _, _)| n.as_str()).collect();

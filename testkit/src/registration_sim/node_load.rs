@@ -11,7 +11,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+use te_base::{Error, Result};
 
 /// Bytes mapped: one page, of which the first 8 hold the counter.
 const MAP_LEN: usize = 4096;

@@ -5,6 +5,7 @@
 //! A spec lists NUMA nodes, device templates (`kinds`) and devices by their full PCI path under
 //! `devices/`; the bridges on each path are created as PCI bridges. See
 //! `te-base/tests/fixtures/topology/` for the instance types and where their facts come from.
+//! [`discover`] reads a sysfs directory or a spec, which is what `te-bench --sysfs` accepts.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -14,9 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use super::cpulist::CpuList;
-use super::pci::PciPath;
-use crate::error::{Error, Result};
+use te_base::topology::{CpuList, PciPath, Topology};
+use te_base::{Error, Result};
 
 /// A host description.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -310,4 +310,19 @@ impl Writer<'_> {
 
 fn invalid(reason: String) -> Error {
     Error::io("fixture", io::Error::new(io::ErrorKind::InvalidData, reason))
+}
+
+/// Reads `path`: a sysfs directory, or a fixture spec (`*.json`) that is generated into a
+/// temporary directory, read and removed again. The topology's `source` names `path`.
+pub fn discover(path: impl AsRef<Path>) -> Result<Topology> {
+    let path = path.as_ref();
+    let meta = fs::metadata(path).map_err(|e| Error::io(format!("sysfs source {}", path.display()), e))?;
+    if meta.is_dir() {
+        return Topology::discover_from(path);
+    }
+    let spec = FixtureSpec::load(path)?;
+    let dir = spec.materialize_temp()?;
+    let mut topology = Topology::discover_at(dir.path())?;
+    topology.source = path.display().to_string();
+    Ok(topology)
 }

@@ -44,9 +44,8 @@ use std::sync::Arc;
 use cpu_work::burn;
 pub use node_load::NodeLoad;
 
-use super::provider::RegistrationProvider;
-use crate::error::{Error, Result};
-use crate::memory::RegionInfo;
+use te_base::registration::RegistrationProvider;
+use te_base::{Error, RegionInfo, Result};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -150,7 +149,7 @@ impl Default for SimConfig {
             model: SimCostModel::P5_48XLARGE,
             domains: 32,
             scale: 1.0,
-            cores: super::cpus::CpuBudget::detect().cores(),
+            cores: te_base::registration::CpuBudget::detect().cores(),
             node_load: None,
         }
     }
@@ -297,7 +296,7 @@ impl RegistrationProvider for SimProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::{MemoryLocation, RegionId};
+    use te_base::{MemoryLocation, RegionId};
 
     fn region(len: u64, location: MemoryLocation) -> RegionInfo {
         RegionInfo {
