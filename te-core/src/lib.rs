@@ -16,6 +16,8 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(missing_docs)]
+
 mod builder;
 mod engine;
 mod env_check;

@@ -35,7 +35,7 @@ pub struct SegmentHandle {
 }
 
 impl SegmentHandle {
-    /// The id to put in [`TransferRequest::segment`].
+    /// The id to put in [`TransferRequest::segment`](te_base::TransferRequest::segment).
     pub fn id(&self) -> SegmentId {
         self.id
     }

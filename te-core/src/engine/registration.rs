@@ -12,7 +12,7 @@ use super::handle::{RegisterOptions, Registration};
 use super::EngineInner;
 use crate::registry::Region;
 
-/// One raw region for [`TransferEngine::register_raw_batch`].
+/// One raw region for [`TransferEngine::register_raw_batch`](crate::TransferEngine::register_raw_batch).
 #[derive(Debug, Clone, Copy)]
 pub struct RawRegion {
     /// First byte.

@@ -11,7 +11,7 @@ use crate::grouping::{group_requests, Grouped};
 use crate::registry::Pins;
 use crate::segment::OpenSegment;
 
-/// Per-call options of [`TransferEngine::submit_with`].
+/// Per-call options of [`TransferEngine::submit_with`](crate::TransferEngine::submit_with).
 #[derive(Debug, Clone, Default)]
 pub struct SubmitOptions {
     /// Work nobody waits on: the local copy stays inline.
