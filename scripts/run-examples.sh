@@ -27,6 +27,15 @@ first_line() {
   return 1
 }
 
+# Prints a port nothing listens on (random in 20000-59999; etcd cannot pick its own).
+unused_port() {
+  local p
+  while :; do
+    p=$((20000 + RANDOM % 40000))
+    (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return 0; }
+  done
+}
+
 # Waits (at most 30 s) until something listens on 127.0.0.1:$1.
 listening() {
   for _ in $(seq 300); do
@@ -53,8 +62,8 @@ wait "$server"
 tail -n +2 "$work/p2p.out"
 
 echo "== example tcp_etcd (two processes and etcd)"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-peer_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(unused_port)
+peer_port=$(unused_port)
 etcd --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$port" \
   --advertise-client-urls "http://127.0.0.1:$port" --listen-peer-urls "http://127.0.0.1:$peer_port" \
   >"$work/etcd.log" 2>&1 &
