@@ -79,9 +79,17 @@ impl Conn {
 
     /// Sends `tx` (with `fd`), reads the reply into `rx`.
     fn round_trip(&mut self, fd: Option<std::os::fd::BorrowedFd<'_>>) -> Result<(Op, ())> {
-        send_frame(&self.stream, &self.tx, fd).map_err(|e| StoreError::ServerGone {
-            detail: format!("sending: {e}"),
-        })?;
+        if let Err(e) = send_frame(&self.stream, &self.tx, fd) {
+            // A server that refused us wrote why before closing: report that, not the EPIPE.
+            if let Ok((h, _)) = recv_frame(&self.stream, &mut self.rx, MAX_REPLY, false) {
+                if h.op == Op::Err {
+                    return Err(self.error_reply(h.op));
+                }
+            }
+            return Err(StoreError::ServerGone {
+                detail: format!("sending: {e}"),
+            });
+        }
         let (h, _) = recv_frame(&self.stream, &mut self.rx, MAX_REPLY, false).map_err(|e| match e {
             RecvError::Io(e) => StoreError::ServerGone {
                 detail: format!("reading the reply: {e}"),

@@ -168,7 +168,11 @@ pub async fn serve(store: Store, opts: ServerOptions, shutdown: impl Future<Outp
                 continue;
             }
         };
+        // Connection threads block (with deadlines): tokio leaves the socket non-blocking.
         let Ok(stream) = stream.into_std() else { continue };
+        if stream.set_nonblocking(false).is_err() {
+            continue;
+        }
         let (peer_uid, peer_gid, pid) = match peer_credentials(&stream) {
             Ok(c) => c,
             Err(_) => continue,
