@@ -24,7 +24,6 @@ use crate::util::{print_json, runtime};
 /// A server this bench started; killed on drop.
 pub struct OwnServer {
     child: Child,
-    pub socket: PathBuf,
     dir: PathBuf,
 }
 
@@ -66,11 +65,7 @@ pub fn server(socket: &Option<PathBuf>, args: &[String]) -> Result<(PathBuf, Opt
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("starting {}: {e}", bin.display()))?;
-    let own = OwnServer {
-        child,
-        socket: socket.clone(),
-        dir,
-    };
+    let own = OwnServer { child, dir };
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::os::unix::net::UnixStream::connect(&socket).is_err() {
         if Instant::now() > deadline {
@@ -242,6 +237,9 @@ fn seed_of(key: &str) -> u64 {
     })
 }
 
+/// Per reader thread: call times, mean pass time, mismatched bytes.
+type ThreadResult = (Vec<Duration>, Duration, u64);
+
 /// One pass per thread over every chunk (after a warm-up pass), timing each call.
 fn measure_arm(store: &Store, dests: &[KvBuffer], keys: &[String], shape: &ReaderShape) -> Result<ArmSample, String> {
     let st0 = store.stats();
@@ -249,7 +247,7 @@ fn measure_arm(store: &Store, dests: &[KvBuffer], keys: &[String], shape: &Reade
     let barrier = Arc::new(Barrier::new(shape.threads));
     let rb = shape.range_bytes;
     let rpk = shape.ranges_per_key as u64;
-    let results: Vec<Result<(Vec<Duration>, Duration, u64), String>> = std::thread::scope(|sc| {
+    let results: Vec<Result<ThreadResult, String>> = std::thread::scope(|sc| {
         let handles: Vec<_> = dests
             .iter()
             .map(|dest| {

@@ -183,15 +183,15 @@ impl Client {
             });
         }
         let generation = st.generation + 1;
-        let opened = Conn::open(&self.opts, [0; 16], generation).and_then(|(mut control, w)| {
+        let opened = Conn::open(&self.opts, [0; 16], generation).map(|(mut control, w)| {
             for (&base, b) in self.buffers.lock().iter_mut() {
                 b.registered = b.registered && register_on(&mut control, base, b.len, &b.fd).is_ok();
             }
-            Ok(Live {
+            Live {
                 token: w.token,
                 control,
                 idle: Duration::from_millis(w.idle_ms as u64),
-            })
+            }
         });
         match opened {
             Ok(live) => {

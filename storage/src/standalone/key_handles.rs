@@ -502,11 +502,18 @@ mod tests {
 
     #[test]
     fn capacity_zero_remembers_nothing_and_returns() {
-        let mut t = ServerTable::new(0, 1);
-        for i in 0..1000u64 {
-            assert_eq!(t.mint(1, i + 1, ["k"].into_iter()), 0);
-        }
-        assert_eq!(t.counts(), ServerCounts::default());
+        // The seed's eviction loop spun forever at capacity 0: bound the wait.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut t = ServerTable::new(0, 1);
+            let minted: Vec<u64> = (0..1000u64).map(|i| t.mint(1, i + 1, ["k"].into_iter())).collect();
+            let _ = tx.send((minted, t.counts()));
+        });
+        let (minted, counts) = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("minting at capacity 0 did not return");
+        assert!(minted.iter().all(|&h| h == 0));
+        assert_eq!(counts, ServerCounts::default());
     }
 
     #[test]

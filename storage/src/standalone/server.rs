@@ -249,16 +249,20 @@ fn serve_connection(shared: &Shared, stream: UnixStream, _permit: ConnectionPerm
             return;
         }
     };
+    // Reads of a frame that has started are bounded by the frame timeout; the wait for the next
+    // frame by the idle timeout (none for the control connection, which lives with its worker).
+    let _ = stream.set_read_timeout(Some(limits.frame_timeout));
+    let idle = (!control).then(|| rustix::event::Timespec {
+        tv_sec: limits.idle_timeout.as_secs() as i64,
+        tv_nsec: limits.idle_timeout.subsec_nanos() as i64,
+    });
     loop {
-        // The control connection lives as long as the worker; data connections idle out.
-        let idle = if control { None } else { Some(limits.idle_timeout) };
-        let _ = stream.set_read_timeout(idle);
-        let mut first = [0u8; 1];
-        match rustix::net::recv(&stream, &mut first, rustix::net::RecvFlags::PEEK) {
-            Ok((1, _)) => {}
+        let mut fds = [rustix::event::PollFd::new(&stream, rustix::event::PollFlags::IN)];
+        match rustix::event::poll(&mut fds, idle.as_ref()) {
+            Ok(1) => {}
+            Err(rustix::io::Errno::INTR) => continue,
             _ => break,
         }
-        let _ = stream.set_read_timeout(Some(limits.frame_timeout));
         let (h, fd) = match recv_frame(&stream, &mut rx, shared.opts.max_frame, true) {
             Ok(f) => f,
             Err(RecvError::Wire(e)) => {
