@@ -30,21 +30,20 @@ const TRACKED: usize = 4096;
 /// Fingerprints remembered to tell remints from first mints.
 const MINTED_MEMORY: usize = 1 << 16;
 
-/// 64-bit fingerprint of a key set (never 0: 0 means "do not remember").
+/// 64-bit fingerprint of a key set (never 0: 0 means "do not remember"): CRC32C of every key and
+/// its length (hardware CRC where the CPU has it, so a 128-byte key costs a few ns), and the key
+/// count and total bytes. Collisions only cost a miss: the full key comparison decides.
 pub fn fingerprint<'a>(keys: impl Iterator<Item = &'a str>) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut crc = 0u32;
+    let (mut n, mut total) = (0u64, 0u64);
     for k in keys {
-        for c in k.as_bytes().chunks(8) {
-            let mut w = [0u8; 8];
-            w[..c.len()].copy_from_slice(c);
-            h = (h ^ u64::from_le_bytes(w))
-                .wrapping_mul(0x0000_0100_0000_01b3)
-                .rotate_left(23);
-        }
-        h = (h ^ k.len() as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        crc = crc32c::crc32c_append(crc, k.as_bytes());
+        crc = crc32c::crc32c_append(crc, &(k.len() as u16).to_le_bytes());
+        n += 1;
+        total += k.len() as u64;
     }
-    h ^= h >> 29;
-    h.max(1)
+    let shape = (n.wrapping_mul(0x9E37_79B9) ^ total) & 0xFFFF_FFFF;
+    (((crc as u64) << 32) | shape).max(1)
 }
 
 /// A key set stored as one blob and its end offsets.
