@@ -64,6 +64,8 @@ pub struct StoreConfig {
     pub standalone_socket: Option<PathBuf>,
     /// Standalone mode: longest wait for a reply.
     pub standalone_timeout: std::time::Duration,
+    /// Standalone mode: busy-poll for a reply this long before sleeping.
+    pub standalone_spin: std::time::Duration,
     /// Standalone mode: key-handle cache slots (0: off).
     pub key_handle_slots: usize,
     /// Standalone mode: keep the reuse-distance histogram.
@@ -385,6 +387,7 @@ impl StoreBuilder {
             standalone_timeout: std::time::Duration::from_millis(
                 parse_var::<u64>(env, "UMBP_STANDALONE_TIMEOUT_MS")?.unwrap_or(30_000),
             ),
+            standalone_spin: crate::standalone::io::spin_from_env(env)?,
             key_handle_slots: match self.key_handle_slots {
                 Some(n) => n,
                 None => parse_var::<usize>(env, "UMBP_KEY_HANDLE_SLOTS")?

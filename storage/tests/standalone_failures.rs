@@ -64,12 +64,13 @@ fn a_killed_worker_leaves_nothing_mapped_in_the_server() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &["--dram", "64M"], &[]);
     let pid = server.pid();
-    // Baseline: one session open and closed, so lazily created state exists.
+    // Baseline: after one session opened and closed (state a first session creates lazily is
+    // then counted), once the server's descriptors have settled.
     {
         let _raw = Raw::connect(&server.socket, [0; 16]).unwrap();
     }
-    eventually(10, "the probe session to end", || memfd_maps(pid) == 0);
-    let fds0 = fd_count(pid);
+    let fds0 = settled_fd_count(pid);
+    let base = fd_targets(pid);
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "killed_worker_child", "--nocapture", "--test-threads=1"])
         .env(CHILD_VAR, &server.socket)
@@ -86,7 +87,15 @@ fn a_killed_worker_leaves_nothing_mapped_in_the_server() {
     eventually(10, "the server to unmap the killed worker's buffers", || {
         memfd_maps(pid) == 0
     });
-    eventually(10, "the server's fds to return to baseline", || fd_count(pid) == fds0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fd_count(pid) != fds0 {
+        assert!(
+            Instant::now() < deadline,
+            "server fds not back to baseline {fds0}: {:?} (before the worker: {base:?})",
+            fd_targets(pid)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // And the server still serves, with no session or handle left from the worker.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let store = rt.block_on(Store::builder().connect(&server.socket).open()).unwrap();

@@ -41,9 +41,12 @@ pub struct ClientOptions {
     pub debug: bool,
     /// Longest wait for a reply (`UMBP_STANDALONE_TIMEOUT_MS`).
     pub timeout: Duration,
+    /// Busy-poll for the reply this long before sleeping (`UMBP_STANDALONE_SPIN_US`).
+    pub spin: Duration,
 }
 
 struct Conn {
+    spin: Duration,
     stream: UnixStream,
     tx: Vec<u8>,
     rx: Vec<u8>,
@@ -60,6 +63,7 @@ impl Conn {
         stream.set_read_timeout(Some(opts.timeout)).map_err(gone)?;
         stream.set_write_timeout(Some(opts.timeout)).map_err(gone)?;
         let mut c = Conn {
+            spin: opts.spin,
             stream,
             tx: Vec::new(),
             rx: Vec::new(),
@@ -90,6 +94,7 @@ impl Conn {
                 detail: format!("sending: {e}"),
             });
         }
+        super::io::spin_readable(&self.stream, self.spin);
         let (h, _) = recv_frame(&self.stream, &mut self.rx, MAX_REPLY, false).map_err(|e| match e {
             RecvError::Io(e) => StoreError::ServerGone {
                 detail: format!("reading the reply: {e}"),

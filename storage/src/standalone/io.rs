@@ -112,6 +112,33 @@ fn read_growing(stream: &UnixStream, buf: &mut Vec<u8>, len: usize) -> io::Resul
     Ok(())
 }
 
+/// Polls `stream` for readability without sleeping for up to `spin` (a reply or request usually
+/// follows within microseconds; sleeping costs a wakeup). True once readable.
+pub fn spin_readable(stream: &UnixStream, spin: std::time::Duration) -> bool {
+    if spin.is_zero() {
+        return false;
+    }
+    let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+    let start = std::time::Instant::now();
+    loop {
+        let mut fds = [rustix::event::PollFd::new(stream, rustix::event::PollFlags::IN)];
+        if rustix::event::poll(&mut fds, Some(&zero)).unwrap_or(0) > 0 {
+            return true;
+        }
+        if start.elapsed() >= spin {
+            return false;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// The spin of `UMBP_STANDALONE_SPIN_US` (default 0: block at once).
+pub fn spin_from_env(env: &dyn te_base::config::Env) -> crate::Result<std::time::Duration> {
+    Ok(std::time::Duration::from_micros(
+        te_base::config::parse_var::<u64>(env, "UMBP_STANDALONE_SPIN_US")?.unwrap_or(0),
+    ))
+}
+
 /// The uid, gid and pid of the process at the other end.
 pub fn peer_credentials(stream: &UnixStream) -> io::Result<(u32, u32, i32)> {
     let c = rustix::net::sockopt::socket_peercred(stream)?;

@@ -12,6 +12,7 @@
 //! | --- | --- | --- |
 //! | `UMBP_STANDALONE_SOCKET` | unset | connect to this server (workers) / listen here (server) |
 //! | `UMBP_STANDALONE_TIMEOUT_MS` | 30000 | longest wait for a reply before `ServerGone` |
+//! | `UMBP_STANDALONE_SPIN_US` | 0 | busy-poll this long for a reply (client) or request (server) before sleeping |
 //! | `UMBP_KEY_HANDLE_SLOTS` | 128 | client key-set cache (0: off, and nothing is hashed) |
 //! | `UMBP_KEY_HANDLE_CAPACITY` | 512 | server key-set table (0: off) |
 //! | `UMBP_KEY_HANDLE_DEBUG` | 0 | keep and print the reuse-distance histogram |

@@ -59,6 +59,8 @@ pub struct ServerOptions {
     pub max_frame: usize,
     /// Key-handle table entries (`UMBP_KEY_HANDLE_CAPACITY`, 0: off).
     pub key_handle_capacity: usize,
+    /// Busy-poll for the next request this long before sleeping (`UMBP_STANDALONE_SPIN_US`).
+    pub spin: Duration,
 }
 
 impl ServerOptions {
@@ -87,6 +89,7 @@ impl ServerOptions {
                 .map(|b| b as usize)
                 .unwrap_or(DEFAULT_MAX_FRAME),
             key_handle_capacity: parse_var::<usize>(env, "UMBP_KEY_HANDLE_CAPACITY")?.unwrap_or(DEFAULT_CAPACITY),
+            spin: super::io::spin_from_env(env)?,
         })
     }
 }
@@ -258,10 +261,12 @@ fn serve_connection(shared: &Shared, stream: UnixStream, _permit: ConnectionPerm
     });
     loop {
         let mut fds = [rustix::event::PollFd::new(&stream, rustix::event::PollFlags::IN)];
-        match rustix::event::poll(&mut fds, idle.as_ref()) {
-            Ok(1) => {}
-            Err(rustix::io::Errno::INTR) => continue,
-            _ => break,
+        if !super::io::spin_readable(&stream, shared.opts.spin) {
+            match rustix::event::poll(&mut fds, idle.as_ref()) {
+                Ok(1) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                _ => break,
+            }
         }
         let (h, fd) = match recv_frame(&stream, &mut rx, shared.opts.max_frame, true) {
             Ok(f) => f,

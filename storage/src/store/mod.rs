@@ -305,6 +305,7 @@ impl Store {
             slots: cfg.key_handle_slots,
             debug: cfg.key_handle_debug,
             timeout: cfg.standalone_timeout,
+            spin: cfg.standalone_spin,
         };
         let client = tokio::task::spawn_blocking(move || crate::standalone::client::Client::connect(opts))
             .await

@@ -85,6 +85,31 @@ pub fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
 }
 
+/// `pid`'s descriptor count once it has not changed for 200 ms (connections the server is still
+/// closing, such as a readiness probe's, are gone by then), within 10 s.
+pub fn settled_fd_count(pid: u32) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = fd_count(pid);
+    let mut same = 0;
+    while same < 10 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        let n = fd_count(pid);
+        same = if n == last { same + 1 } else { 0 };
+        last = n;
+    }
+    last
+}
+
+/// What `pid`'s descriptors point at (for failure messages).
+pub fn fd_targets(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .map(|p| p.display().to_string())
+        .collect()
+}
+
 /// Mappings of worker memfds in `pid`.
 pub fn memfd_maps(pid: u32) -> usize {
     std::fs::read_to_string(format!("/proc/{pid}/maps"))
