@@ -219,9 +219,7 @@ pub fn run_reader(shape: ReaderShape, socket: &Option<PathBuf>) -> Result<(), St
         for b in d {
             rt.block_on(s.free_buffer(b)).map_err(|e| e.to_string())?;
         }
-        if let Some((Some(line), _, _)) = s.key_handle_report() {
-            eprintln!("{line}");
-        }
+        // With UMBP_KEY_HANDLE_DEBUG=1 the client prints its reuse-distance line at close.
         rt.block_on(s.close()).map_err(|e| e.to_string())?;
     }
     Ok(())
