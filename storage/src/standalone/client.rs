@@ -204,7 +204,7 @@ impl Client {
                 st.live = Some(live);
                 st.generation = generation;
                 st.delay = Duration::ZERO;
-                self.cache.lock().clear();
+                self.cache.lock().reset(generation);
                 Ok(out)
             }
             Err(e) => {
@@ -471,8 +471,16 @@ impl Client {
     /// Ranged get, naming the key set by handle when the cache holds it.
     pub fn get_ranges(&self, items: &[RangedGet<'_>]) -> Result<Vec<Result<u64>>> {
         let keys = || items.iter().map(|i| i.key);
-        let look = self.cache.lock().lookup(keys());
         let mut c = self.checkout()?;
+        let look = {
+            let mut cache = self.cache.lock();
+            let mut look = cache.lookup(keys());
+            if cache.session() != c.generation {
+                // The cache was reset for another session since this connection was opened.
+                look.handle = 0;
+            }
+            look
+        };
         let mut send_keys = look.handle == 0;
         let out = loop {
             if let Err(e) = wire::encode_get_ranges(&mut c.tx, look.handle, look.fingerprint, items, send_keys) {
@@ -502,7 +510,10 @@ impl Client {
                     let mut cache = self.cache.lock();
                     if send_keys {
                         cache.miss();
-                        cache.insert(look.fingerprint, minted, keys());
+                        // A handle minted by a session that has since been replaced is dropped.
+                        if cache.session() == c.generation {
+                            cache.insert(look.fingerprint, minted, keys());
+                        }
                     } else {
                         cache.hit();
                     }

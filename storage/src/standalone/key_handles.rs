@@ -125,6 +125,8 @@ pub struct ClientCache {
     counts: ClientCounts,
     rng: fastrand::Rng,
     reuse: Option<ReuseHistogram>,
+    /// The server session the held handles belong to; handles minted by another are refused.
+    session: u64,
 }
 
 /// What a call sends for its key set.
@@ -147,6 +149,7 @@ impl ClientCache {
             counts: ClientCounts::default(),
             rng: fastrand::Rng::with_seed(seed),
             reuse: debug.then(ReuseHistogram::default),
+            session: 0,
         }
     }
 
@@ -226,10 +229,18 @@ impl ClientCache {
         }
     }
 
-    /// Forgets every handle (a new server knows none of them).
-    pub fn clear(&mut self) {
+    /// Forgets every handle and holds only those of `session` from now on (a new server, or a
+    /// new session, knows none of the old ones; a reply of the old session arriving late must
+    /// not bring one back).
+    pub fn reset(&mut self, session: u64) {
         self.entries.clear();
         self.by_fp.clear();
+        self.session = session;
+    }
+
+    /// The session the held handles belong to.
+    pub fn session(&self) -> u64 {
+        self.session
     }
 
     /// Counters.
