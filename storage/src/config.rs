@@ -70,6 +70,8 @@ pub struct StoreConfig {
     pub key_handle_slots: usize,
     /// Standalone mode: keep the reuse-distance histogram.
     pub key_handle_debug: bool,
+    /// Standalone mode: the shared key (`TE_AUTH_KEY_FILE`) proved to the server.
+    pub standalone_auth: Option<te_base::auth::AuthKey>,
 }
 
 /// Builds a [`StoreConfig`]: explicit settings, then `UMBP_*` variables, then defaults.
@@ -394,6 +396,7 @@ impl StoreBuilder {
                     .unwrap_or(crate::standalone::key_handles::DEFAULT_SLOTS),
             },
             key_handle_debug: flag(None, "UMBP_KEY_HANDLE_DEBUG", false)?,
+            standalone_auth: te_base::auth::AuthKey::from_env(env)?,
         })
     }
 }

@@ -386,3 +386,79 @@ fn sigterm_flushes_and_unlinks_the_socket() {
     };
     assert_eq!(got.unwrap(), vec![5u8; 9000]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_key_is_proved_before_anything_else() {
+    use std::sync::Arc;
+    use te_base::config::MapEnv;
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    let other = dir.path().join("other");
+    std::fs::write(&key, "a-shared-key-of-32-bytes-or-so!!\n").unwrap();
+    std::fs::write(&other, "another-key-of-32-bytes-or-so!!!\n").unwrap();
+    let key_s = key.to_str().unwrap().to_owned();
+    let server = Server::start(dir.path(), &["--dram", "16M"], &[("TE_AUTH_KEY_FILE", &key_s)]);
+    let with = |file: Option<&std::path::Path>| {
+        let env = match file {
+            Some(f) => MapEnv::new([("TE_AUTH_KEY_FILE", f.to_str().unwrap())]),
+            None => MapEnv::new([]),
+        };
+        Store::builder().env(Arc::new(env)).connect(&server.socket)
+    };
+    let store = with(Some(&key)).open().await.unwrap();
+    store.put("k", &[1u8; 100], 0).await.unwrap();
+    assert_eq!(store.get("k").await.unwrap(), vec![1u8; 100]);
+    for (file, what) in [(None, "no key"), (Some(other.as_path()), "another key")] {
+        let e = with(file).open().await.unwrap_err();
+        // No key: the server says it wants one. Another key: the server's proof fails here (the
+        // handshake is mutual), before this side proves anything.
+        let want = if file.is_none() {
+            "shared key"
+        } else {
+            "not authenticated"
+        };
+        assert!(
+            matches!(&e, StoreError::Refused { reason } if reason.contains(want)),
+            "{what}: {e}"
+        );
+    }
+    // A raw hello without a nonce is refused before its session token is looked at.
+    let e = Raw::connect(&server.socket, [0; 16]).err().unwrap();
+    assert!(
+        matches!(&e, StoreError::Refused { reason } if reason.contains("shared key")),
+        "{e}"
+    );
+    // A peer that answers the challenge with a wrong proof is refused by the server.
+    {
+        use umbp::standalone::io::{recv_frame, send_frame};
+        use umbp::standalone::wire::{self, Reader};
+        let s = std::os::unix::net::UnixStream::connect(&server.socket).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut tx = Vec::new();
+        wire::begin(&mut tx, Op::Hello);
+        tx.extend_from_slice(&[0u8; 16 + 32]);
+        wire::finish(&mut tx).unwrap();
+        send_frame(&s, &tx, None).unwrap();
+        let mut rx = Vec::new();
+        assert_eq!(recv_frame(&s, &mut rx, 1 << 20, false).unwrap().0.op, Op::Challenge);
+        wire::begin(&mut tx, Op::Proof);
+        tx.extend_from_slice(&[7u8; 32]);
+        wire::finish(&mut tx).unwrap();
+        send_frame(&s, &tx, None).unwrap();
+        assert_eq!(recv_frame(&s, &mut rx, 1 << 20, false).unwrap().0.op, Op::Err);
+        let e = wire::decode_error(&mut Reader::new(&rx)).unwrap();
+        assert!(matches!(e, StoreError::Refused { .. }), "{e}");
+    }
+    // A client holding a key refuses a server that proves none.
+    let dir2 = tempfile::tempdir().unwrap();
+    let open_server = Server::start(dir2.path(), &["--dram", "16M"], &[]);
+    let env = MapEnv::new([("TE_AUTH_KEY_FILE", key_s.as_str())]);
+    let e = Store::builder()
+        .env(Arc::new(env))
+        .connect(&open_server.socket)
+        .open()
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("did not prove"), "{e}");
+    store.close().await.unwrap();
+}

@@ -21,9 +21,11 @@ use parking_lot::Mutex;
 use super::io::{recv_frame, send_frame, RecvError};
 use super::key_handles::ClientCache;
 use super::memfd::KvBuffer;
+use super::server::AUTH_CONTEXT;
 use super::wire::{self, Op, Put, Reader, Welcome};
 use crate::error::{Result, StoreError};
 use crate::store::{RangedGet, RangedPut, StoreStats};
+use te_base::auth::{InitiatorHandshake, NONCE_LEN, PROOF_LEN};
 
 /// Longest reply the client reads.
 const MAX_REPLY: usize = 1 << 30;
@@ -43,6 +45,8 @@ pub struct ClientOptions {
     pub timeout: Duration,
     /// Busy-poll for the reply this long before sleeping (`UMBP_STANDALONE_SPIN_US`).
     pub spin: Duration,
+    /// The shared key to prove, and to demand the server proves (`TE_AUTH_KEY_FILE`).
+    pub auth: Option<te_base::auth::AuthKey>,
 }
 
 struct Conn {
@@ -72,8 +76,36 @@ impl Conn {
         };
         wire::begin(&mut c.tx, Op::Hello);
         c.tx.extend_from_slice(&join);
+        let hs = opts.auth.as_ref().map(|key| {
+            let (hs, nonce) = InitiatorHandshake::start(key, AUTH_CONTEXT);
+            c.tx.extend_from_slice(&nonce);
+            hs
+        });
         wire::finish(&mut c.tx)?;
-        let (op, _) = c.round_trip(None)?;
+        let (mut op, _) = c.round_trip(None)?;
+        let refused = |reason: String| StoreError::Refused { reason };
+        match (op, hs) {
+            (Op::Challenge, Some(hs)) => {
+                if c.rx.len() != NONCE_LEN + PROOF_LEN {
+                    return Err(wire::WireError::BadCount("challenge").into());
+                }
+                let nonce: [u8; NONCE_LEN] = c.rx[..NONCE_LEN].try_into().expect("32 bytes");
+                let proof = hs
+                    .finish(&nonce, &c.rx[NONCE_LEN..], &opts.socket.display().to_string())
+                    .map_err(|e| refused(e.to_string()))?;
+                wire::begin(&mut c.tx, Op::Proof);
+                c.tx.extend_from_slice(&proof);
+                wire::finish(&mut c.tx)?;
+                op = c.round_trip(None)?.0;
+            }
+            (Op::Challenge, None) => {
+                return Err(refused(
+                    "the server requires the shared key; TE_AUTH_KEY_FILE is not set here".into(),
+                ))
+            }
+            (Op::Ok, Some(_)) => return Err(refused("the server did not prove the shared key".into())),
+            _ => {}
+        }
         let w = match op {
             Op::Ok => Welcome::decode(&c.rx)?,
             _ => return Err(c.error_reply(op)),
@@ -211,7 +243,7 @@ impl Client {
                 st.delay = (st.delay * 2).clamp(FIRST_BACKOFF, MAX_BACKOFF);
                 st.next_try = now + st.delay;
                 Err(match e {
-                    e @ StoreError::ServerGone { .. } => e,
+                    e @ (StoreError::ServerGone { .. } | StoreError::Refused { .. }) => e,
                     other => StoreError::ServerGone {
                         detail: format!("re-opening the session: {other}"),
                     },

@@ -17,6 +17,7 @@
 //! | `UMBP_KEY_HANDLE_CAPACITY` | 512 | server key-set table (0: off) |
 //! | `UMBP_KEY_HANDLE_DEBUG` | 0 | keep and print the reuse-distance histogram |
 //! | `UMBP_SERVER_ALLOW_GID` | unset | a group allowed to connect besides the server's uid |
+//! | `TE_AUTH_KEY_FILE` | unset | shared key proved by both sides in the hello (`te_base::auth`) |
 //! | `UMBP_SERVER_MAX_FRAME` | 64M | longest request frame |
 //! | `UMBP_SERVER_FRAME_TIMEOUT_MS` | 10000 | longest stall within one frame or reply |
 //! | `UMBP_SERVER_MAX_CONNECTIONS`, `..._PER_SOURCE`, `..._HANDSHAKE_TIMEOUT_MS`, `..._IDLE_TIMEOUT_MS` | see `te_base::listener` | connection caps (per source = per uid) and deadlines |

@@ -27,6 +27,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
+use te_base::auth::{AuthKey, ResponderHandshake, NONCE_LEN, PROOF_LEN};
 use te_base::config::{parse_bytes, parse_var, Env};
 use te_base::listener::{AcceptBackoff, ConnectionGate, ConnectionPermit, ListenerLimits};
 
@@ -42,6 +43,8 @@ use crate::store::{RangedGet, RangedPut, Store};
 pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
 /// Default per-frame timeout.
 pub const DEFAULT_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+/// The handshake context of this listener (a proof for another listener is useless here).
+pub const AUTH_CONTEXT: &str = "umbp-standalone";
 /// Buffers one session may register.
 const MAX_REGIONS: usize = 4096;
 
@@ -61,6 +64,8 @@ pub struct ServerOptions {
     pub key_handle_capacity: usize,
     /// Busy-poll for the next request this long before sleeping (`UMBP_STANDALONE_SPIN_US`).
     pub spin: Duration,
+    /// The shared key peers must prove (`TE_AUTH_KEY_FILE`), on top of the peer credentials.
+    pub auth: Option<AuthKey>,
 }
 
 impl ServerOptions {
@@ -90,6 +95,7 @@ impl ServerOptions {
                 .unwrap_or(DEFAULT_MAX_FRAME),
             key_handle_capacity: parse_var::<usize>(env, "UMBP_KEY_HANDLE_CAPACITY")?.unwrap_or(DEFAULT_CAPACITY),
             spin: super::io::spin_from_env(env)?,
+            auth: AuthKey::from_env(env)?,
         })
     }
 }
@@ -155,6 +161,13 @@ pub async fn serve(store: Store, opts: ServerOptions, shutdown: impl Future<Outp
     let mut backoff = AcceptBackoff::default();
     let uid = rustix::process::getuid().as_raw();
     tracing::info!("umbp-server listening on {}", opts.socket.display());
+    if opts.auth.is_none() {
+        te_base::auth::warn_unauthenticated(
+            "umbp-server",
+            &opts.socket.display().to_string(),
+            "the store's keys and data to every process of an allowed uid/gid",
+        );
+    }
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -321,10 +334,31 @@ fn hello(shared: &Shared, stream: &UnixStream, rx: &mut Vec<u8>, tx: &mut Vec<u8
     let (h, _) = recv_frame(stream, rx, 64, false).map_err(|e| StoreError::Protocol {
         detail: format!("hello: {e}"),
     })?;
-    if h.op != Op::Hello || rx.len() != 16 {
+    if h.op != Op::Hello || (rx.len() != 16 && rx.len() != 16 + NONCE_LEN) {
         return Err(wire::WireError::BadOp(h.op as u8).into());
     }
     let join: [u8; 16] = rx[..16].try_into().expect("16 bytes");
+    if let Some(key) = &shared.opts.auth {
+        // The shared-key challenge-response runs before anything else (the session token
+        // included) is looked at.
+        let refused = || StoreError::Refused {
+            reason: "this server requires the shared key (TE_AUTH_KEY_FILE)".into(),
+        };
+        let initiator: [u8; NONCE_LEN] = rx.get(16..16 + NONCE_LEN).ok_or_else(refused)?.try_into().expect("32");
+        let (hs, nonce, proof) = ResponderHandshake::answer(key, AUTH_CONTEXT, &initiator);
+        wire::begin(tx, Op::Challenge);
+        tx.extend_from_slice(&nonce);
+        tx.extend_from_slice(&proof);
+        wire::finish(tx)?;
+        send_frame(stream, tx, None).map_err(|e| StoreError::io("challenge", e))?;
+        let (h, _) = recv_frame(stream, rx, 64, false).map_err(|e| StoreError::Protocol {
+            detail: format!("proof: {e}"),
+        })?;
+        if h.op != Op::Proof || rx.len() != PROOF_LEN {
+            return Err(wire::WireError::BadOp(h.op as u8).into());
+        }
+        hs.check(rx, "umbp worker").map_err(|_| refused())?;
+    }
     let (session, control) = if join == [0; 16] {
         let mut token = [0u8; 16];
         token[..8].copy_from_slice(&fastrand::u64(..).to_le_bytes());

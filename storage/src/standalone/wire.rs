@@ -60,12 +60,16 @@ pub enum Op {
     Flush = 14,
     /// Compact the SSD log.
     Compact = 15,
+    /// The client's proof of the shared key (after a `Challenge`).
+    Proof = 16,
     /// Reply: success, payload by request.
     Ok = 0x80,
     /// Reply: the call failed as a whole (an encoded [`StoreError`]).
     Err = 0x81,
     /// Reply: the key handle is not (or no longer) known; resend the keys.
     KeyHandleUnknown = 0x82,
+    /// Reply to a hello when the server has a shared key: its nonce and proof.
+    Challenge = 0x83,
 }
 
 impl Op {
@@ -87,9 +91,11 @@ impl Op {
             13 => ResetPhases,
             14 => Flush,
             15 => Compact,
+            16 => Proof,
             0x80 => Ok,
             0x81 => Err,
             0x82 => KeyHandleUnknown,
+            0x83 => Challenge,
             _ => return None,
         })
     }

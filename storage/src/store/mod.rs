@@ -306,6 +306,7 @@ impl Store {
             debug: cfg.key_handle_debug,
             timeout: cfg.standalone_timeout,
             spin: cfg.standalone_spin,
+            auth: cfg.standalone_auth.clone(),
         };
         let client = tokio::task::spawn_blocking(move || crate::standalone::client::Client::connect(opts))
             .await
