@@ -9,6 +9,7 @@ mod register;
 mod topology;
 mod transfer;
 mod umbp;
+mod umbp_standalone;
 mod util;
 
 #[derive(Parser)]

@@ -13,8 +13,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use umbp::{Range, RangedGet, RangedPut, Store};
+use umbp::{KvBuffer, Range, RangedGet, RangedPut, Store};
 
+use crate::umbp_standalone;
 use crate::util::{median, parse_list, print_json, runtime};
 
 const DEEPSEEK_V4_PRO: &str = "c4:30:37440:2/2;c4_indexer:30:8448:2/2;c128:31:1728:0,1,3,5,7,9,11,13,15,17,19,21,23,25,27,29,31,33,35,37,39,41,43,45,47,49,51,53,55,57,59";
@@ -55,6 +56,46 @@ pub struct Args {
     /// One JSON object per rank count.
     #[arg(long)]
     json: bool,
+    /// Standalone mode: the store in an `umbp-server` process (started here unless `--socket`),
+    /// ranks as worker processes.
+    #[arg(long)]
+    standalone: bool,
+    /// Standalone mode: a running server's socket.
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// With `--standalone`: also run the same shape in local mode (rows carry `mode`).
+    #[arg(long)]
+    compare_local: bool,
+    /// Chunked-reader shape (standalone): keys per pass.
+    #[arg(long)]
+    keys: Option<usize>,
+    /// Chunked-reader shape: keys per call.
+    #[arg(long, default_value_t = 1024)]
+    chunk: usize,
+    /// Chunked-reader shape: ranges per key.
+    #[arg(long, default_value_t = 1)]
+    ranges_per_key: usize,
+    /// Chunked-reader shape: bytes per range.
+    #[arg(long, default_value_t = 64)]
+    range_bytes: u64,
+    /// Chunked-reader shape: bytes per key (the seed's keys are ~128 B).
+    #[arg(long, default_value_t = 128)]
+    key_bytes: usize,
+    /// Chunked-reader shape: reader threads (one connection each).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Chunked-reader shape: timed passes per measurement (after one warm-up pass).
+    #[arg(long, default_value_t = 3)]
+    passes: usize,
+    /// Chunked-reader shape: measurements per arm, arms alternated; medians reported.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Chunked-reader shape: key-handle arms, alternated in one run (`on`, `off`).
+    #[arg(long, default_value = "on,off")]
+    key_handles: String,
+    /// Internal: run as worker process `r` of a standalone run.
+    #[arg(long, hide = true)]
+    worker_rank: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -168,42 +209,26 @@ fn seed(rank: usize, pool: usize, page: usize, layer: usize) -> u64 {
     mix(((rank as u64) << 48) ^ ((pool as u64) << 40) ^ ((page as u64) << 20) ^ layer as u64)
 }
 
-/// Memory the store writes into behind Rust's back (it is registered): only ever accessed through
-/// its raw pointer, by one rank at a time.
-struct RawBuf {
-    ptr: *mut u8,
-    len: usize,
-    _owner: Vec<u8>,
-}
-
-// SAFETY: the pointer is owned by `_owner`, which is never touched again; each rank's buffers are
-// used by that rank's thread only, one phase (restore, verify, memcpy) at a time.
-unsafe impl Send for RawBuf {}
-// SAFETY: as above.
-unsafe impl Sync for RawBuf {}
+/// Memory the store writes into behind Rust's back (it is registered): a buffer from
+/// `Store::alloc_buffer` (a sealed memfd in both modes, so the modes compare the same memory),
+/// only ever accessed by one rank at a time.
+struct RawBuf(KvBuffer);
 
 impl RawBuf {
-    fn new(mut v: Vec<u8>) -> Self {
-        RawBuf {
-            ptr: v.as_mut_ptr(),
-            len: v.len(),
-            _owner: v,
-        }
-    }
-
     fn addr(&self) -> u64 {
-        self.ptr as u64
+        self.0.addr()
     }
 
     /// The bytes. Only while no store call writes into them.
     fn bytes(&self) -> &[u8] {
-        // SAFETY: ptr/len describe the live allocation owned by `_owner`.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        // SAFETY: each rank's buffers are used by that rank only, one phase (restore, verify,
+        // memcpy) at a time.
+        unsafe { self.0.bytes() }
     }
 
     fn zero(&self) {
         // SAFETY: as above; no call is running on this rank's buffers between restores.
-        unsafe { std::ptr::write_bytes(self.ptr, 0, self.len) };
+        unsafe { self.0.bytes_mut().fill(0) };
     }
 }
 
@@ -229,6 +254,53 @@ struct Sample {
 }
 
 pub fn run(args: Args) -> Result<(), String> {
+    if let Some(r) = args.worker_rank {
+        return worker(&args, r);
+    }
+    if let Some(keys) = args.keys {
+        if !args.standalone {
+            return Err("--keys (the chunked-reader shape) runs with --standalone".into());
+        }
+        let arms = args
+            .key_handles
+            .split(',')
+            .map(|a| match a.trim() {
+                "on" => Ok(true),
+                "off" => Ok(false),
+                other => Err(format!("--key-handles {other:?}: expected on or off")),
+            })
+            .collect::<Result<Vec<bool>, String>>()?;
+        let shape = umbp_standalone::ReaderShape {
+            keys,
+            chunk: args.chunk,
+            ranges_per_key: args.ranges_per_key,
+            range_bytes: args.range_bytes,
+            key_bytes: args.key_bytes,
+            threads: args.threads,
+            passes: args.passes,
+            reps: args.reps,
+            arms,
+            verify: args.verify,
+            json: args.json,
+        };
+        return umbp_standalone::run_reader(shape, &args.socket);
+    }
+    if args.compare_local && !args.standalone {
+        return Err("--compare-local goes with --standalone".into());
+    }
+    if args.standalone {
+        run_restore(&args, true)?;
+        if args.compare_local {
+            run_restore(&args, false)?;
+        }
+        return Ok(());
+    }
+    run_restore(&args, false)
+}
+
+/// The layer-wise restore, in local mode or (with `standalone`) against an `umbp-server` with
+/// each rank a worker process.
+fn run_restore(args: &Args, standalone: bool) -> Result<(), String> {
     let pools = parse_pools(&args.pools)?;
     let ranks_list: Vec<usize> = parse_list(&args.ranks)?;
     if ranks_list.contains(&0) || args.pages == 0 || args.requests == 0 || args.layer_group == 0 {
@@ -236,7 +308,8 @@ pub fn run(args: Args) -> Result<(), String> {
     }
     let ssd = match args.tier.as_str() {
         "dram" => false,
-        "ssd" => true,
+        "ssd" if !standalone => true,
+        "ssd" => return Err("--standalone runs --tier dram (the server's SSD tier is not wired here)".into()),
         t => return Err(format!("--tier {t:?}: expected dram or ssd")),
     };
     let max_ranks = *ranks_list.iter().max().expect("non-empty");
@@ -271,79 +344,35 @@ pub fn run(args: Args) -> Result<(), String> {
             .dram_capacity((data_bytes + data_bytes / 4 + (64 << 20)).next_multiple_of(4096))
             .ssd_dirs(vec![]);
     }
+    let (socket, _server) = if standalone {
+        let dram = (data_bytes + data_bytes / 4 + (64 << 20)).next_multiple_of(4096);
+        let (s, own) = umbp_standalone::server(&args.socket, &["--dram".into(), dram.to_string()])?;
+        builder = Store::builder().connect(&s);
+        (Some(s), own)
+    } else {
+        (None, None)
+    };
     let store = rt.block_on(builder.open()).map_err(|e| format!("open store: {e}"))?;
 
     // Memory per rank: KV buffers registered with the store, mirrors for the baseline.
     let mut mems: Vec<RankMem> = Vec::new();
-    for r in 0..max_ranks {
-        let mut kv = Vec::new();
-        let mut mirror = Vec::new();
-        for (pi, p) in pools.iter().enumerate() {
-            let len = (p.object_bytes() * args.pages as u64) as usize;
-            let mut buf = vec![0u8; len];
-            let mut m = vec![0u8; len];
-            for page in 0..args.pages {
-                for l in 0..p.layers.len() {
-                    let lb = p.layer_bytes as usize;
-                    let at_kv = (l * args.pages + page) * lb;
-                    fill(seed(r, pi, page, l), &mut buf[at_kv..at_kv + lb]);
-                    let at_obj = page * p.object_bytes() as usize + l * lb;
-                    m[at_obj..at_obj + lb].copy_from_slice(&buf[at_kv..at_kv + lb]);
-                }
-            }
-            let buf = RawBuf::new(buf);
-            // SAFETY: the buffer is never reallocated and outlives the store (closed below).
-            let registering = unsafe { store.register_buffer(buf.addr(), len as u64) };
-            rt.block_on(registering).map_err(|e| format!("register: {e}"))?;
-            kv.push(buf);
-            mirror.push(m);
-        }
-        mems.push(RankMem { kv, mirror });
+    // Standalone: each worker process allocates, loads and reads its own rank.
+    for r in 0..if standalone { 0 } else { max_ranks } {
+        mems.push(rank_mem(&store, &rt, r, &pools, args.pages)?);
     }
 
     // Offload: one ranged put per rank and pool, every page, ranges tiling each object.
     let t0 = Instant::now();
-    let mut put_failures = 0u64;
-    let mut first_failure = None;
-    let mut put_bytes = 0u64;
+    let mut put = PutTally::default();
     for (r, mem) in mems.iter().enumerate() {
-        for (pi, p) in pools.iter().enumerate() {
-            let base = mem.kv[pi].addr();
-            let keys: Vec<String> = (0..args.pages).map(|page| key(r, page, p)).collect();
-            let ranges: Vec<Vec<Range>> = (0..args.pages)
-                .map(|page| {
-                    (0..p.layers.len())
-                        .map(|l| {
-                            let lb = p.layer_bytes;
-                            Range::new(l as u64 * lb, lb, base + (l * args.pages + page) as u64 * lb)
-                        })
-                        .collect()
-                })
-                .collect();
-            let puts: Vec<RangedPut<'_>> = keys
-                .iter()
-                .zip(&ranges)
-                .enumerate()
-                .map(|(page, (k, rs))| RangedPut {
-                    key: k,
-                    object_len: p.object_bytes(),
-                    ranges: rs,
-                    depth: page as u32,
-                })
-                .collect();
-            let results = store.batch_put_ranges(&puts).map_err(|e| format!("put: {e}"))?;
-            for res in results {
-                match res {
-                    Ok(()) => put_bytes += p.object_bytes(),
-                    Err(e) => {
-                        put_failures += 1;
-                        first_failure.get_or_insert(e.to_string());
-                    }
-                }
-            }
-        }
+        put_rank(&store, r, mem, &pools, args.pages, &mut put)?;
     }
     let put_time = t0.elapsed();
+    let PutTally {
+        bytes: put_bytes,
+        failures: put_failures,
+        first_failure,
+    } = put;
     let put_gbps = put_bytes as f64 / put_time.as_secs_f64() / 1e9;
     if !args.json {
         println!(
@@ -363,7 +392,7 @@ pub fn run(args: Args) -> Result<(), String> {
     }
 
     // The SSD target: one logical layer of one page read alone, against that layer's bytes.
-    let layer_read_ratio = if ssd {
+    let layer_read_ratio = if ssd && !standalone {
         Some(ssd_layer_ratio(&store, &pools, &mems[0], args.pages, 30)?)
     } else {
         None
@@ -379,19 +408,23 @@ pub fn run(args: Args) -> Result<(), String> {
         store.reset_phase_report();
         let stats0 = store.stats();
         let barrier = Arc::new(Barrier::new(ranks));
-        let samples: Vec<Vec<Sample>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..ranks)
-                .map(|r| {
-                    let (store, barrier, mem, pools, groups) = (&store, barrier.clone(), &mems[r], &pools, &groups);
-                    let args = &args;
-                    s.spawn(move || rank_loop(store, &barrier, r, mem, pools, groups, smallest, args))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("rank thread"))
-                .collect::<Result<_, String>>()
-        })?;
+        let samples: Vec<Vec<Sample>> = if let Some(socket) = &socket {
+            let outs = umbp_standalone::run_workers(socket, ranks, &worker_args(args))?;
+            outs.iter().map(|o| parse_samples(o)).collect::<Result<_, String>>()?
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = (0..ranks)
+                    .map(|r| {
+                        let (store, barrier, mem, pools, groups) = (&store, barrier.clone(), &mems[r], &pools, &groups);
+                        s.spawn(move || rank_loop(store, &barrier, r, mem, pools, groups, smallest, args))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("rank thread"))
+                    .collect::<Result<_, String>>()
+            })?
+        };
         let stats1 = store.stats();
         let all: Vec<&Sample> = samples.iter().flatten().collect();
         let pick = |f: &dyn Fn(&Sample) -> Duration, q: f64| {
@@ -434,6 +467,7 @@ pub fn run(args: Args) -> Result<(), String> {
         if args.json {
             print_json(&serde_json::json!({
                 "bench": "umbp",
+                "mode": if standalone { "standalone" } else { "local" },
                 "tier": args.tier,
                 "ranks": ranks,
                 "pages": args.pages,
@@ -467,7 +501,8 @@ pub fn run(args: Args) -> Result<(), String> {
             }));
         } else {
             println!(
-                "ranks={ranks}: restore {:.2} ms (p95 {:.2}), TTFL {:.0} us (p95 {:.0}), load {:.2} ms = {:.2} GB/s, memcpy loop {:.2} ms (load/memcpy {:.2}x), overhead {:.0} ns/fragment ({:.0} ns at {} B), mismatched {}{}",
+                "{}ranks={ranks}: restore {:.2} ms (p95 {:.2}), TTFL {:.0} us (p95 {:.0}), load {:.2} ms = {:.2} GB/s, memcpy loop {:.2} ms (load/memcpy {:.2}x), overhead {:.0} ns/fragment ({:.0} ns at {} B), mismatched {}{}",
+                if standalone { "standalone " } else { "" },
                 ms(restore),
                 ms(restore95),
                 us(ttfl),
@@ -506,12 +541,182 @@ pub fn run(args: Args) -> Result<(), String> {
             }
         }
     }
+    for m in mems {
+        for b in m.kv {
+            rt.block_on(store.free_buffer(b.0)).map_err(|e| format!("free: {e}"))?;
+        }
+    }
     rt.block_on(store.close()).map_err(|e| format!("close: {e}"))?;
-    drop(mems);
     if ssd && args.ssd_dir.is_none() {
         let _ = std::fs::remove_dir_all(std::env::temp_dir().join(format!("umbp-bench-{}", std::process::id())));
     }
     Ok(())
+}
+
+/// Allocates, fills and registers rank `r`'s KV buffers, and builds its mirror.
+fn rank_mem(
+    store: &Store,
+    rt: &tokio::runtime::Runtime,
+    r: usize,
+    pools: &[Pool],
+    pages: usize,
+) -> Result<RankMem, String> {
+    let mut kv = Vec::new();
+    let mut mirror = Vec::new();
+    for (pi, p) in pools.iter().enumerate() {
+        let len = (p.object_bytes() * pages as u64) as usize;
+        let buf = RawBuf(store.alloc_buffer(len).map_err(|e| format!("alloc: {e}"))?);
+        let mut m = vec![0u8; len];
+        {
+            // SAFETY: the buffer is not registered yet; nothing else sees it.
+            let b = unsafe { buf.0.bytes_mut() };
+            for page in 0..pages {
+                for l in 0..p.layers.len() {
+                    let lb = p.layer_bytes as usize;
+                    let at_kv = (l * pages + page) * lb;
+                    fill(seed(r, pi, page, l), &mut b[at_kv..at_kv + lb]);
+                    let at_obj = page * p.object_bytes() as usize + l * lb;
+                    m[at_obj..at_obj + lb].copy_from_slice(&b[at_kv..at_kv + lb]);
+                }
+            }
+        }
+        // SAFETY: the buffer outlives the store's use of it (freed after close).
+        let registering = unsafe { store.register_buffer(buf.addr(), len as u64) };
+        rt.block_on(registering).map_err(|e| format!("register: {e}"))?;
+        kv.push(buf);
+        mirror.push(m);
+    }
+    Ok(RankMem { kv, mirror })
+}
+
+#[derive(Default)]
+struct PutTally {
+    bytes: u64,
+    failures: u64,
+    first_failure: Option<String>,
+}
+
+/// One ranged put per pool of rank `r`: every page, ranges tiling each object.
+fn put_rank(
+    store: &Store,
+    r: usize,
+    mem: &RankMem,
+    pools: &[Pool],
+    pages: usize,
+    t: &mut PutTally,
+) -> Result<(), String> {
+    for (pi, p) in pools.iter().enumerate() {
+        let base = mem.kv[pi].addr();
+        let keys: Vec<String> = (0..pages).map(|page| key(r, page, p)).collect();
+        let ranges: Vec<Vec<Range>> = (0..pages)
+            .map(|page| {
+                (0..p.layers.len())
+                    .map(|l| {
+                        let lb = p.layer_bytes;
+                        Range::new(l as u64 * lb, lb, base + (l * pages + page) as u64 * lb)
+                    })
+                    .collect()
+            })
+            .collect();
+        let puts: Vec<RangedPut<'_>> = keys
+            .iter()
+            .zip(&ranges)
+            .enumerate()
+            .map(|(page, (k, rs))| RangedPut {
+                key: k,
+                object_len: p.object_bytes(),
+                ranges: rs,
+                depth: page as u32,
+            })
+            .collect();
+        for res in store.batch_put_ranges(&puts).map_err(|e| format!("put: {e}"))? {
+            match res {
+                Ok(()) => t.bytes += p.object_bytes(),
+                Err(e) => {
+                    t.failures += 1;
+                    t.first_failure.get_or_insert(e.to_string());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The arguments a worker process needs to build the same shape.
+fn worker_args(args: &Args) -> Vec<String> {
+    let mut v = vec![
+        format!("--pools={}", args.pools),
+        format!("--layer-group={}", args.layer_group),
+        format!("--pages={}", args.pages),
+        format!("--requests={}", args.requests),
+        format!("--compute-us-per-layer={}", args.compute_us_per_layer),
+    ];
+    if args.verify {
+        v.push("--verify".into());
+    }
+    v
+}
+
+/// A worker process of a standalone restore: loads its rank, waits for the parent's go, runs the
+/// restores and prints one sample per line (nanoseconds, then mismatched bytes).
+fn worker(args: &Args, r: usize) -> Result<(), String> {
+    let socket = args.socket.as_ref().ok_or("--worker-rank needs --socket")?;
+    let pools = parse_pools(&args.pools)?;
+    let rt = runtime()?;
+    let store = rt
+        .block_on(Store::builder().connect(socket).open())
+        .map_err(|e| format!("connect: {e}"))?;
+    let mem = rank_mem(&store, &rt, r, &pools, args.pages)?;
+    let mut put = PutTally::default();
+    put_rank(&store, r, &mem, &pools, args.pages, &mut put)?;
+    if let Some(e) = put.first_failure {
+        return Err(format!("worker {r}: {} put(s) failed; first: {e}", put.failures));
+    }
+    umbp_standalone::worker_ready_then_wait()?;
+    let groups = groups(&pools, args.layer_group);
+    let smallest = (0..pools.len()).min_by_key(|&i| pools[i].layer_bytes).expect("pools");
+    let samples = rank_loop(&store, &Barrier::new(1), r, &mem, &pools, &groups, smallest, args)?;
+    for s in samples {
+        let n = |d: Duration| d.as_nanos() as u64;
+        println!(
+            "{} {} {} {} {} {} {}",
+            n(s.restore),
+            n(s.ttfl),
+            n(s.load),
+            n(s.memcpy),
+            n(s.smallest_load),
+            n(s.smallest_memcpy),
+            s.mismatched
+        );
+    }
+    for b in mem.kv {
+        rt.block_on(store.free_buffer(b.0)).map_err(|e| format!("free: {e}"))?;
+    }
+    rt.block_on(store.close()).map_err(|e| format!("close: {e}"))
+}
+
+fn parse_samples(out: &str) -> Result<Vec<Sample>, String> {
+    out.lines()
+        .map(|l| {
+            let v: Vec<u64> = l
+                .split(' ')
+                .map(|x| x.parse::<u64>().map_err(|_| format!("bad worker line {l:?}")))
+                .collect::<Result<_, _>>()?;
+            if v.len() != 7 {
+                return Err(format!("bad worker line {l:?}"));
+            }
+            let d = Duration::from_nanos;
+            Ok(Sample {
+                restore: d(v[0]),
+                ttfl: d(v[1]),
+                load: d(v[2]),
+                memcpy: d(v[3]),
+                smallest_load: d(v[4]),
+                smallest_memcpy: d(v[5]),
+                mismatched: v[6],
+            })
+        })
+        .collect()
 }
 
 fn ms(d: Duration) -> f64 {

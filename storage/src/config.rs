@@ -20,6 +20,7 @@
 //! | `UMBP_SSD_WRITE_THROUGH` | 0 | every put also goes to the SSD log before it returns |
 //! | `UMBP_PROMOTE_ON_READ` | 1 | whole-object SSD reads are copied into DRAM |
 //! | `UMBP_RANGED_CALL_DEBUG` | 0 | per-phase timings of ranged calls |
+//! | `UMBP_STANDALONE_SOCKET` and the key-handle variables | | standalone mode, see [`crate::standalone`] |
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -59,6 +60,18 @@ pub struct StoreConfig {
     pub promote_on_read: bool,
     /// Per-phase timings of ranged calls.
     pub ranged_call_debug: bool,
+    /// Standalone mode: the server's socket (None: local mode).
+    pub standalone_socket: Option<PathBuf>,
+    /// Standalone mode: longest wait for a reply.
+    pub standalone_timeout: std::time::Duration,
+    /// Standalone mode: busy-poll for a reply this long before sleeping.
+    pub standalone_spin: std::time::Duration,
+    /// Standalone mode: key-handle cache slots (0: off).
+    pub key_handle_slots: usize,
+    /// Standalone mode: keep the reuse-distance histogram.
+    pub key_handle_debug: bool,
+    /// Standalone mode: the shared key (`TE_AUTH_KEY_FILE`) proved to the server.
+    pub standalone_auth: Option<te_base::auth::AuthKey>,
 }
 
 /// Builds a [`StoreConfig`]: explicit settings, then `UMBP_*` variables, then defaults.
@@ -82,6 +95,9 @@ pub struct StoreBuilder {
     write_through: Option<bool>,
     promote_on_read: Option<bool>,
     ranged_call_debug: Option<bool>,
+    /// `Some(None)`: local mode whatever the environment says; `Some(Some(p))`: connect to `p`.
+    standalone: Option<Option<PathBuf>>,
+    key_handle_slots: Option<usize>,
 }
 
 impl Default for StoreBuilder {
@@ -122,6 +138,8 @@ impl StoreBuilder {
             write_through: None,
             promote_on_read: None,
             ranged_call_debug: None,
+            standalone: None,
+            key_handle_slots: None,
         }
     }
 
@@ -182,6 +200,23 @@ impl StoreBuilder {
     setter!(
         /// Per-phase timings of ranged calls.
         ranged_call_debug, ranged_call_debug, bool);
+
+    /// Standalone mode: `open()` connects to the `umbp-server` listening on `socket` instead of
+    /// opening tiers in this process (as `UMBP_STANDALONE_SOCKET` does).
+    pub fn connect(mut self, socket: impl Into<PathBuf>) -> Self {
+        self.standalone = Some(Some(socket.into()));
+        self
+    }
+
+    /// Local mode even when `UMBP_STANDALONE_SOCKET` is set (the server's own store).
+    pub fn local(mut self) -> Self {
+        self.standalone = Some(None);
+        self
+    }
+
+    setter!(
+        /// Standalone mode: key-handle cache slots (0: off).
+        key_handle_slots, key_handle_slots, usize);
 
     /// Resolves and validates the configuration.
     pub fn config(&self) -> Result<StoreConfig> {
@@ -347,6 +382,21 @@ impl StoreBuilder {
             write_through,
             promote_on_read: flag(self.promote_on_read, "UMBP_PROMOTE_ON_READ", true)?,
             ranged_call_debug: flag(self.ranged_call_debug, "UMBP_RANGED_CALL_DEBUG", false)?,
+            standalone_socket: match &self.standalone {
+                Some(s) => s.clone(),
+                None => parse_var::<String>(env, "UMBP_STANDALONE_SOCKET")?.map(PathBuf::from),
+            },
+            standalone_timeout: std::time::Duration::from_millis(
+                parse_var::<u64>(env, "UMBP_STANDALONE_TIMEOUT_MS")?.unwrap_or(30_000),
+            ),
+            standalone_spin: crate::standalone::io::spin_from_env(env)?,
+            key_handle_slots: match self.key_handle_slots {
+                Some(n) => n,
+                None => parse_var::<usize>(env, "UMBP_KEY_HANDLE_SLOTS")?
+                    .unwrap_or(crate::standalone::key_handles::DEFAULT_SLOTS),
+            },
+            key_handle_debug: flag(None, "UMBP_KEY_HANDLE_DEBUG", false)?,
+            standalone_auth: te_base::auth::AuthKey::from_env(env)?,
         })
     }
 }

@@ -187,6 +187,48 @@ pub enum StoreError {
     /// The store was closed.
     #[error("the store is closed")]
     Closed,
+
+    /// Standalone mode: the server cannot be reached, or the connection broke mid-call. The next
+    /// call reconnects (with backoff) and re-registers this process's buffers.
+    #[error("the umbp-server went away: {detail}")]
+    ServerGone {
+        /// What failed.
+        detail: String,
+    },
+
+    /// Standalone mode: this memory cannot be shared with the server (only buffers allocated with
+    /// `Store::alloc_buffer`, sealed memfds, can be).
+    #[error("memory [{addr:#x}, +{len}) cannot be shared with the umbp-server: {reason}")]
+    NotShareable {
+        /// Address.
+        addr: u64,
+        /// Length.
+        len: u64,
+        /// Why.
+        reason: String,
+    },
+
+    /// Standalone mode: a malformed frame or a protocol violation.
+    #[error("protocol error: {detail}")]
+    Protocol {
+        /// What was wrong.
+        detail: String,
+    },
+
+    /// Standalone mode: the server refused the request (peer credentials, an unsealed memfd, an
+    /// unknown session, limits).
+    #[error("refused by the umbp-server: {reason}")]
+    Refused {
+        /// Why.
+        reason: String,
+    },
+
+    /// Standalone mode: an error on the server with no typed equivalent on this side.
+    #[error("umbp-server error: {detail}")]
+    Server {
+        /// The server's message.
+        detail: String,
+    },
 }
 
 impl StoreError {

@@ -27,6 +27,7 @@ pub mod config;
 pub mod error;
 pub mod eviction;
 pub mod range_map;
+pub mod standalone;
 pub mod store;
 pub mod dram {
     //! The DRAM tier.
@@ -46,4 +47,5 @@ pub use error::{Result, StoreError, Tier};
 pub use eviction::EvictionPolicy;
 pub use range_map::Range;
 pub use ssd::io::{DirectIo, IoBackend};
+pub use standalone::KvBuffer;
 pub use store::{RangedGet, RangedPut, Store, StoreStats};

@@ -58,6 +58,10 @@ impl Store {
     /// a bad key) fail the whole call before any byte moves. Per key: the bytes delivered, or its
     /// data error (missing, corrupt, I/O).
     pub fn batch_get_ranges(&self, items: &[RangedGet<'_>]) -> Result<Vec<Result<u64>>> {
+        if let Some(c) = self.remote() {
+            self.check_open()?;
+            return c.get_ranges(items);
+        }
         self.get_objects(Wants::Ranges(items))
     }
 

@@ -123,6 +123,30 @@ pub struct StoreStats {
     pub ssd_io_engine: String,
     /// True when the SSD files use O_DIRECT.
     pub ssd_direct_io: bool,
+
+    // Standalone mode (all zero in local mode); see `crate::standalone`.
+    /// Client: ranged gets that named their keys by a key handle the server accepted.
+    pub key_handle_hits: u64,
+    /// Client: ranged gets that sent their keys.
+    pub key_handle_misses: u64,
+    /// Client: handles received for key sets sent.
+    pub key_handle_mints: u64,
+    /// Client: mints of a key set minted before.
+    pub key_handle_remints: u64,
+    /// Server: handles resolved.
+    pub server_key_handle_hits: u64,
+    /// Server: handles not known.
+    pub server_key_handle_misses: u64,
+    /// Server: handles minted.
+    pub server_key_handle_mints: u64,
+    /// Server: key sets held now.
+    pub server_key_handle_held: u64,
+    /// Server: heap bytes the held key sets take.
+    pub server_key_handle_bytes: u64,
+    /// Server: worker sessions connected.
+    pub server_sessions: u64,
+    /// Server: worker buffers mapped.
+    pub server_mapped_buffers: u64,
 }
 
 #[derive(Debug, Default)]
@@ -166,6 +190,8 @@ pub(crate) struct Inner {
     stats: Option<Arc<PhaseStats>>,
     counters: Counters,
     closed: AtomicBool,
+    /// Standalone mode: every public call goes to the server through this client.
+    pub(crate) remote: Option<Arc<crate::standalone::client::Client>>,
 }
 
 /// The UMBP store. Cheap to clone; clones share one store. Data calls are blocking and may run
@@ -188,6 +214,9 @@ impl StoreBuilder {
     /// `umbp-<pid>-<n>`). Must run inside a tokio runtime (the engine's requirement).
     pub async fn open(self) -> Result<Store> {
         let cfg = self.config()?;
+        if cfg.standalone_socket.is_some() {
+            return Store::open_remote(cfg).await;
+        }
         let name = cfg.segment_name.clone().unwrap_or_else(|| {
             format!(
                 "umbp-{}-{}",
@@ -262,7 +291,94 @@ impl Store {
                 stats,
                 counters: Counters::default(),
                 closed: AtomicBool::new(false),
+                remote: None,
             }),
+        })
+    }
+
+    /// Standalone mode: a store whose calls go to the server at `cfg.standalone_socket`. It has no
+    /// tiers of its own; its engine (local transport only) is what `engine()` returns.
+    async fn open_remote(cfg: StoreConfig) -> Result<Store> {
+        let socket = cfg.standalone_socket.clone().expect("checked by the caller");
+        let opts = crate::standalone::client::ClientOptions {
+            socket,
+            slots: cfg.key_handle_slots,
+            debug: cfg.key_handle_debug,
+            timeout: cfg.standalone_timeout,
+            spin: cfg.standalone_spin,
+            auth: cfg.standalone_auth.clone(),
+        };
+        let client = tokio::task::spawn_blocking(move || crate::standalone::client::Client::connect(opts))
+            .await
+            .map_err(|e| StoreError::Server { detail: e.to_string() })??;
+        let name = format!(
+            "umbp-client-{}-{}",
+            std::process::id(),
+            STORE_COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let engine = TransferEngine::builder()
+            .segment_name(name)
+            .transports(["local"])
+            .build()
+            .await?;
+        let own = engine.open_segment(engine.segment_name()).await?.id();
+        Ok(Store {
+            inner: Arc::new(Inner {
+                engine,
+                owns_engine: true,
+                own,
+                cfg,
+                dram: None,
+                ssd: None,
+                callers: RwLock::new(CallerTable::default()),
+                clock: AtomicU64::new(1),
+                versions: AtomicU64::new(1),
+                timer: PhaseTimer::default(),
+                stats: None,
+                counters: Counters::default(),
+                closed: AtomicBool::new(false),
+                remote: Some(Arc::new(client)),
+            }),
+        })
+    }
+
+    /// The standalone client, in standalone mode.
+    #[inline]
+    pub(crate) fn remote(&self) -> Option<&crate::standalone::client::Client> {
+        self.inner.remote.as_deref()
+    }
+
+    /// True in standalone mode.
+    pub fn is_standalone(&self) -> bool {
+        self.inner.remote.is_some()
+    }
+
+    /// Allocates a KV buffer of `len` bytes as a sealed memfd mapped shared: in standalone mode
+    /// the only memory the server can map; in local mode an ordinary buffer. Register it with
+    /// [`Store::register_buffer`] and release it with [`Store::free_buffer`].
+    pub fn alloc_buffer(&self, len: usize) -> Result<crate::KvBuffer> {
+        self.check_open()?;
+        match self.remote() {
+            Some(c) => c.alloc(len),
+            None => crate::KvBuffer::new(len),
+        }
+    }
+
+    /// Deregisters (if registered) and releases a buffer from [`Store::alloc_buffer`].
+    pub async fn free_buffer(&self, buf: crate::KvBuffer) -> Result<()> {
+        if let Some(c) = self.remote() {
+            return c.free(buf);
+        }
+        self.deregister_buffer(buf.addr()).await?;
+        Ok(())
+    }
+
+    /// Standalone mode: the client's reuse-distance line (`UMBP_KEY_HANDLE_DEBUG=1`), and the
+    /// request bytes and count of its ranged gets.
+    pub fn key_handle_report(&self) -> Option<(Option<String>, u64, u64)> {
+        self.remote().map(|c| {
+            let (bytes, calls) = c.get_request_bytes();
+            (c.key_handle_report(), bytes, calls)
         })
     }
 
@@ -286,6 +402,9 @@ impl Store {
     /// running get writes into, nor change bytes a running put reads.
     pub async unsafe fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
         self.check_open()?;
+        if let Some(c) = self.remote() {
+            return c.register(addr, len);
+        }
         // SAFETY: forwarded contract: the caller keeps the memory valid while registered.
         let registration = unsafe {
             self.inner
@@ -303,6 +422,9 @@ impl Store {
 
     /// Deregisters the caller buffer that starts at `addr`. False if none does.
     pub async fn deregister_buffer(&self, addr: u64) -> Result<bool> {
+        if let Some(c) = self.remote() {
+            return c.deregister(addr);
+        }
         let Some(region) = self.inner.callers.write().remove(addr) else {
             return Ok(false);
         };
@@ -336,6 +458,9 @@ impl Store {
 
     /// True if `key` is in any tier.
     pub fn exists(&self, key: &str) -> bool {
+        if let Some(c) = self.remote() {
+            return c.exists(key).unwrap_or(false);
+        }
         if let Some(d) = &self.inner.dram {
             if d.state.read().get(key).is_some() {
                 return true;
@@ -347,6 +472,10 @@ impl Store {
     /// How many of `keys`, from the first, are stored: stops at the first miss (prefix matching).
     /// Resolves under one shared lock per tier.
     pub fn batch_exists_consecutive<K: AsRef<str>>(&self, keys: &[K]) -> usize {
+        if let Some(c) = self.remote() {
+            let keys: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
+            return c.exists_consecutive(&keys).unwrap_or(0);
+        }
         let dram = self.inner.dram.as_ref().map(|d| d.state.read());
         let ssd = self.inner.ssd.as_ref().map(|s| s.log.index());
         keys.iter()
@@ -362,6 +491,9 @@ impl Store {
     /// record is marked dead on disk before this returns.
     pub fn remove(&self, key: &str) -> Result<bool> {
         self.check_open()?;
+        if let Some(c) = self.remote() {
+            return c.remove(key);
+        }
         Self::check_keys(std::iter::once(key))?;
         let mut dram = self.inner.dram.as_ref().map(|d| d.state.write());
         let mut found = dram.as_mut().is_some_and(|st| st.remove(key));
@@ -386,11 +518,19 @@ impl Store {
     /// and the bytes come from one lookup, so a concurrent put never yields a truncated or mixed
     /// object.
     pub fn batch_get(&self, items: &[(&str, u64, u64)]) -> Result<Vec<Result<u64>>> {
+        if let Some(c) = self.remote() {
+            self.check_open()?;
+            return c.get_whole(items);
+        }
         self.get_objects(get::Wants::Whole(items))
     }
 
     /// The object lengths of `keys` (None where absent), under one shared lock per tier.
     pub fn object_lens<'a>(&self, keys: impl Iterator<Item = &'a str>) -> Vec<Option<u64>> {
+        if let Some(c) = self.remote() {
+            let keys: Vec<&str> = keys.collect();
+            return c.object_lens(&keys).unwrap_or_else(|_| vec![None; keys.len()]);
+        }
         let dram = self.inner.dram.as_ref().map(|d| d.state.read());
         let ssd = self.inner.ssd.as_ref().map(|s| s.log.index());
         keys.map(|k| {
@@ -403,6 +543,10 @@ impl Store {
 
     /// Puts one object from any memory (registered for the call if it is not already).
     pub async fn put(&self, key: &str, data: &[u8], depth: u32) -> Result<()> {
+        if let Some(c) = self.remote() {
+            self.check_open()?;
+            return c.put_bytes(key, data, depth);
+        }
         let addr = data.as_ptr() as u64;
         let len = data.len() as u64;
         if len == 0 {
@@ -419,6 +563,10 @@ impl Store {
 
     /// Gets one whole object into a new vector.
     pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
+        if let Some(c) = self.remote() {
+            self.check_open()?;
+            return c.get_bytes(key);
+        }
         let Some(mut len) = self.object_lens(std::iter::once(key))[0] else {
             return Err(StoreError::NotFound { key: key.to_owned() });
         };
@@ -447,6 +595,9 @@ impl Store {
     /// with any dead byte. Returns the number of segments compacted.
     pub fn compact(&self, force: bool) -> Result<u64> {
         self.check_open()?;
+        if let Some(c) = self.remote() {
+            return c.compact(force);
+        }
         match &self.inner.ssd {
             Some(s) => s.log.compact(force),
             None => Ok(0),
@@ -474,6 +625,9 @@ impl Store {
     /// (they stay in DRAM), then every segment and directory is fsynced. Without an SSD tier
     /// there is nothing to make durable.
     pub fn flush(&self) -> Result<()> {
+        if let Some(c) = self.remote() {
+            return c.flush();
+        }
         let Some(s) = &self.inner.ssd else { return Ok(()) };
         if let Some(d) = &self.inner.dram {
             self.write_back(d)?;
@@ -485,6 +639,11 @@ impl Store {
     /// after this fail with [`StoreError::Closed`].
     pub async fn close(&self) -> Result<()> {
         if self.inner.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        if let Some(c) = self.remote() {
+            c.close();
+            self.inner.engine.shutdown().await?;
             return Ok(());
         }
         // Registrations are released and the engine shut down even when the flush fails.
@@ -501,6 +660,9 @@ impl Store {
 
     /// Counters since open.
     pub fn stats(&self) -> StoreStats {
+        if let Some(c) = self.remote() {
+            return c.stats().unwrap_or_default();
+        }
         let c = &self.inner.counters;
         let mut s = StoreStats {
             dram_read_bytes: c.dram_read_bytes.load(Ordering::Relaxed),
@@ -539,11 +701,18 @@ impl Store {
 
     /// Per-phase timings of ranged calls (`None` unless `UMBP_RANGED_CALL_DEBUG=1`).
     pub fn phase_report(&self) -> Option<PhaseReport> {
+        if let Some(c) = self.remote() {
+            return c.phase_report().ok().flatten();
+        }
         self.inner.stats.as_ref().map(|s| s.report())
     }
 
     /// Clears the phase timings.
     pub fn reset_phase_report(&self) {
+        if let Some(c) = self.remote() {
+            let _ = c.reset_phase_report();
+            return;
+        }
         if let Some(s) = &self.inner.stats {
             s.reset();
         }

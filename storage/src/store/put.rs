@@ -33,6 +33,9 @@ impl Store {
     /// concurrent put of the same key, I/O).
     pub fn batch_put_ranges(&self, items: &[RangedPut<'_>]) -> Result<Vec<Result<()>>> {
         self.check_open()?;
+        if let Some(c) = self.remote() {
+            return c.put_ranges(items);
+        }
         let timer = self.inner.timer.clone();
         let t0 = timer.start();
         Self::check_keys(items.iter().map(|i| i.key))?;

@@ -1,0 +1,146 @@
+//! Frames over a Unix stream socket: writing a frame (with a memfd attached by `SCM_RIGHTS`),
+//! reading one under a size cap (the buffer grows only as bytes arrive, so an announced length
+//! costs what was sent), and the peer's credentials (`SO_PEERCRED`).
+//!
+//! Uses rustix's `sendmsg`/`recvmsg` ancillary buffers and `socket_peercred`: typed wrappers of
+//! exactly these calls (std's `SocketAncillary` is still unstable).
+
+use std::io::{self, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+};
+
+use super::wire::{decode_header, Header, WireError, HEADER};
+
+/// Why a frame could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RecvError {
+    /// The socket failed, timed out or closed.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The header was not a valid frame header.
+    #[error("{0}")]
+    Wire(#[from] WireError),
+}
+
+/// Writes `frame`; with `fd`, the descriptor travels with its first byte.
+pub fn send_frame(stream: &UnixStream, frame: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+    let Some(fd) = fd else {
+        return (&*stream).write_all(frame);
+    };
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [fd];
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::other("no room for SCM_RIGHTS"));
+    }
+    let sent = loop {
+        match rustix::net::sendmsg(stream, &[io::IoSlice::new(frame)], &mut control, SendFlags::NOSIGNAL) {
+            Ok(n) => break n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    (&*stream).write_all(&frame[sent..])
+}
+
+/// Reads one frame into `buf` (its payload), refusing payloads over `max`. With `accept_fd`, a
+/// descriptor sent with the header is returned (any other is closed).
+pub fn recv_frame(
+    stream: &UnixStream,
+    buf: &mut Vec<u8>,
+    max: usize,
+    accept_fd: bool,
+) -> Result<(Header, Option<OwnedFd>), RecvError> {
+    let mut head = [0u8; HEADER];
+    let mut got = 0;
+    let mut fd = None;
+    if accept_fd {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let r = loop {
+            match rustix::net::recvmsg(
+                stream,
+                &mut [io::IoSliceMut::new(&mut head)],
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC,
+            ) {
+                Ok(r) => break r,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(io::Error::from(e).into()),
+            }
+        };
+        for msg in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = msg {
+                for f in fds {
+                    // The first descriptor is kept; extras close as they drop.
+                    if fd.is_none() {
+                        fd = Some(f);
+                    }
+                }
+            }
+        }
+        got = r.bytes;
+        if got == 0 {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+        }
+    }
+    (&*stream).read_exact(&mut head[got..])?;
+    let h = decode_header(&head, max)?;
+    read_growing(stream, buf, h.len)?;
+    Ok((h, fd))
+}
+
+/// Reads exactly `len` bytes into `buf`, growing it only as bytes arrive.
+fn read_growing(stream: &UnixStream, buf: &mut Vec<u8>, len: usize) -> io::Result<()> {
+    const FIRST: usize = 64 << 10;
+    buf.clear();
+    if buf.capacity() >= len {
+        buf.resize(len, 0);
+        return (&*stream).read_exact(buf);
+    }
+    while buf.len() < len {
+        let want = (len - buf.len()).min(buf.len().max(FIRST));
+        let at = buf.len();
+        buf.resize(at + want, 0);
+        (&*stream).read_exact(&mut buf[at..])?;
+    }
+    Ok(())
+}
+
+/// Polls `stream` for readability without sleeping for up to `spin` (a reply or request usually
+/// follows within microseconds; sleeping costs a wakeup). True once readable.
+pub fn spin_readable(stream: &UnixStream, spin: std::time::Duration) -> bool {
+    if spin.is_zero() {
+        return false;
+    }
+    let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+    let start = std::time::Instant::now();
+    loop {
+        let mut fds = [rustix::event::PollFd::new(stream, rustix::event::PollFlags::IN)];
+        if rustix::event::poll(&mut fds, Some(&zero)).unwrap_or(0) > 0 {
+            return true;
+        }
+        if start.elapsed() >= spin {
+            return false;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// The spin of `UMBP_STANDALONE_SPIN_US` (default 0: block at once).
+pub fn spin_from_env(env: &dyn te_base::config::Env) -> crate::Result<std::time::Duration> {
+    Ok(std::time::Duration::from_micros(
+        te_base::config::parse_var::<u64>(env, "UMBP_STANDALONE_SPIN_US")?.unwrap_or(0),
+    ))
+}
+
+/// The uid, gid and pid of the process at the other end.
+pub fn peer_credentials(stream: &UnixStream) -> io::Result<(u32, u32, i32)> {
+    let c = rustix::net::sockopt::socket_peercred(stream)?;
+    Ok((c.uid.as_raw(), c.gid.as_raw(), c.pid.as_raw_nonzero().get()))
+}
