@@ -11,7 +11,9 @@ cd "$(dirname "$0")/.."
 # Build-time: libfabric headers (efa transport's C shim), protoc (etcd-client).
 # Test-time: libfabric providers and fi_info, etcd, ip (network namespaces), taskset, verbs.h
 # and gcc (the rdma ABI layout check compiles a C probe against the system header).
-PACKAGES=(libfabric-dev libfabric-bin etcd-server protobuf-compiler libprotobuf-dev pkg-config iproute2 util-linux libibverbs-dev gcc)
+# autoconf automake libtool make: building the vendored libfabric 2.6 (vendor/README.md).
+PACKAGES=(libfabric-dev libfabric-bin etcd-server protobuf-compiler libprotobuf-dev pkg-config iproute2 util-linux libibverbs-dev gcc
+  autoconf automake libtool make)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
