@@ -147,7 +147,10 @@ fn device_memory_and_foreign_descriptors_are_typed_errors() {
 fn denying_shared_memory_works_where_the_provider_has_no_shm_path() {
     // shm itself cannot be denied shm.
     let err = err_of(&[("TE_FABRIC_PROVIDER", "shm"), ("TE_FABRIC_SHM", "deny")]);
-    assert!(matches!(&err, Error::Config { .. }) && err.to_string().contains("TE_FABRIC_SHM"), "{err}");
+    assert!(
+        matches!(&err, Error::Config { .. }) && err.to_string().contains("TE_FABRIC_SHM"),
+        "{err}"
+    );
     let p = "tcp;ofi_rxm";
     if !provider_present(p) {
         return;
