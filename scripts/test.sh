@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace. Installs the Debian packages the build and the tests need
 # when they are missing (as root, or through sudo), then: rustfmt check, clippy with -D warnings
-# on every target and feature, the whole test suite, and a byte-verified smoke run of te-bench.
+# on every target and feature, the whole test suite, byte-verified smoke runs of te-bench, and
+# the efa transport's tests and an efa transfer against the vendored libfabric 2.6 as well.
 #
 # Tests that need something this host lacks (GPU, RDMA NIC) skip with a message. Set
 # TE_REQUIRE=libfabric,etcd,netns (CI does) to turn skips of those into failures.
