@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace. Installs the Debian packages the build and the tests need
 # when they are missing (as root, or through sudo), then: rustfmt check, clippy with -D warnings
-# on every target and feature, the whole test suite, and a byte-verified smoke run of te-bench.
+# on every target and feature, the whole test suite, byte-verified smoke runs of te-bench, and
+# the efa transport's tests and an efa transfer against the vendored libfabric 2.6 as well.
 #
 # Tests that need something this host lacks (GPU, RDMA NIC) skip with a message. Set
 # TE_REQUIRE=libfabric,etcd,netns (CI does) to turn skips of those into failures.
@@ -11,7 +12,9 @@ cd "$(dirname "$0")/.."
 # Build-time: libfabric headers (efa transport's C shim), protoc (etcd-client).
 # Test-time: libfabric providers and fi_info, etcd, ip (network namespaces), taskset, verbs.h
 # and gcc (the rdma ABI layout check compiles a C probe against the system header).
-PACKAGES=(libfabric-dev libfabric-bin etcd-server protobuf-compiler libprotobuf-dev pkg-config iproute2 util-linux libibverbs-dev gcc)
+# autoconf automake libtool make: building the vendored libfabric 2.6 (vendor/README.md).
+PACKAGES=(libfabric-dev libfabric-bin etcd-server protobuf-compiler libprotobuf-dev pkg-config iproute2 util-linux libibverbs-dev gcc
+  autoconf automake libtool make)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -37,12 +40,52 @@ echo "== cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 echo "== cargo test (all features)"
-cargo test --workspace --all-features --no-fail-fast
+# The system libfabric (Debian 12: 1.17); its refusal probe checks the loaded library is this one.
+TE_EXPECT_LIBFABRIC=$(pkg-config --modversion libfabric | cut -d. -f1,2) \
+  cargo test --workspace --all-features --no-fail-fast
 
+cargo build --release -q -p te-bench --features efa
+BENCH=target/release/te-bench
 echo "== te-bench smoke: byte-verified local copy"
-cargo run --release -q -p te-bench -- local-copy --fragments 512 --repeat 3 --verify
+$BENCH local-copy --fragments 512 --repeat 3 --verify
 echo "== te-bench smoke: byte-verified two-process transfer with the in-run kernel-copy baseline"
-cargo run --release -q -p te-bench -- transfer --transport tcp --block-bytes 64K --total-bytes 1M --batches 2 \
+$BENCH transfer --transport tcp --block-bytes 64K --total-bytes 1M --batches 2 \
     --repeat 2 --latency-samples 10 --verify --baseline cma
+
+# libfabric 2.x, as EFA instances run it: the vendored 2.6 is built once into target/ (rebuilt only
+# when the tarball's hash changes), then the efa transport's tests are built against its headers
+# in their own target directory (the 1.17 build above stays valid) and must load its library
+# (rpath), and te-bench runs a byte-verified efa transfer on both versions. Each run checks the
+# library it loaded, with ldd and with fi_version().
+echo "== libfabric 2.6 (vendored): build once"
+LF2=$(bash scripts/libfabric2.sh)
+fail_library() { echo "test.sh: $1" >&2; exit 1; }
+echo "== efa transport tests against libfabric 2.6 ($LF2)"
+(
+  export LIBFABRIC_DIR="$LF2" CARGO_TARGET_DIR="$PWD/target/libfabric-2.6/cargo" TE_EXPECT_LIBFABRIC=2.6
+  # A test binary either loads 2.6 or, when nothing in it calls libfabric, no libfabric at all.
+  loads=$(cargo test -p te-transport-efa --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' |
+    while read -r exe; do
+      lib=$(ldd "$exe" | awk '/libfabric.so/ {print $3}')
+      [ -z "$lib" ] || [ "$(dirname "$lib")" = "$LF2/lib" ] || fail_library "$exe loads $lib, not $LF2/lib"
+      [ -z "$lib" ] || echo "$exe"
+    done)
+  [ -n "$loads" ] || fail_library "no efa test binary loads libfabric from $LF2/lib"
+  cargo test -p te-transport-efa --no-fail-fast
+)
+for lib in system "$LF2/lib"; do
+  if [ "$lib" = system ]; then want=$(pkg-config --modversion libfabric | cut -d. -f1,2); path=""
+  else want=2.6; path="$lib"; fi
+  loaded=$(LD_LIBRARY_PATH="$path" ldd "$BENCH" | awk '/libfabric.so/ {print $3}')
+  [ -z "$path" ] || [ "$(dirname "$loaded")" = "$path" ] || fail_library "te-bench loads $loaded, not $path"
+  runtime=$(LD_LIBRARY_PATH="$path" $BENCH info --json | sed -n 's/.*"runtime_version":"\([0-9.]*\)".*/\1/p')
+  [ "$runtime" = "$want" ] || fail_library "te-bench reports libfabric '$runtime' at run time, expected $want"
+  for provider in "tcp;ofi_rxm" shm; do
+    echo "== te-bench smoke: byte-verified efa transfer, provider $provider, libfabric $runtime ($loaded)"
+    LD_LIBRARY_PATH="$path" $BENCH transfer --transport efa --provider "$provider" --block-bytes 64K \
+      --total-bytes 1M --batches 2 --repeat 2 --latency-samples 10 --verify
+  done
+done
+
 echo "== examples: every cargo run --example program, two-process ones included"
 bash scripts/run-examples.sh

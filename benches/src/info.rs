@@ -1,4 +1,6 @@
-//! `te-bench info`: what is compiled in and whether it runs here.
+//! `te-bench info`: what is compiled in and whether it runs here. With the efa feature also
+//! libfabric's versions (headers at build, library loaded now), the providers it finds, and what
+//! each provider's initiator sees when a request is refused (`RefusalReport`).
 
 use te_core::TransferEngine;
 
@@ -28,6 +30,8 @@ pub fn run(args: Args) -> Result<(), String> {
     for p in te_core::device_plugins() {
         rows.push(("device-plugin".to_string(), p.name.to_string(), p.unavailable.clone()));
     }
+    #[cfg(feature = "efa")]
+    libfabric(args.json);
     for (kind, name, unavailable) in rows {
         if args.json {
             print_json(&serde_json::json!({
@@ -41,4 +45,39 @@ pub fn run(args: Args) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// libfabric's versions, the providers with RDM endpoints and RMA, and their refusal reports.
+#[cfg(feature = "efa")]
+fn libfabric(json: bool) {
+    use te_transport_efa::{available_providers, libfabric_versions, RefusalReport};
+    let ((hm, hn), (rm, rn)) = libfabric_versions();
+    let providers = available_providers();
+    if json {
+        print_json(&serde_json::json!({
+            "kind": "libfabric", "header_version": format!("{hm}.{hn}"),
+            "runtime_version": format!("{rm}.{rn}"), "providers": providers,
+        }));
+    } else {
+        println!(
+            "libfabric      headers {hm}.{hn}, loaded {rm}.{rn}; providers: {}",
+            providers.join(", ")
+        );
+    }
+    for p in &providers {
+        let report = RefusalReport::of(p, (rm, rn));
+        if json {
+            print_json(&serde_json::json!({
+                "kind": "libfabric-provider", "name": p, "refusal": format!("{report:?}"),
+                "initiator_learns_of_refusal": report.initiator_learns(), "detail": report.to_string(),
+            }));
+        } else {
+            let mark = if report == RefusalReport::SilentSuccess {
+                "WARNING: "
+            } else {
+                ""
+            };
+            println!("  {p:14} {mark}{report}");
+        }
+    }
 }

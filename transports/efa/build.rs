@@ -16,17 +16,25 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBFABRIC_DIR");
 
     let mut include_dirs: Vec<PathBuf> = Vec::new();
+    let mut lib_dirs: Vec<PathBuf> = Vec::new();
     if let Ok(dir) = std::env::var("LIBFABRIC_DIR") {
-        // An explicit prefix wins (the EFA installer puts libfabric under /opt/amazon/efa).
+        // An explicit prefix wins (the EFA installer puts libfabric under /opt/amazon/efa; the
+        // tests build the vendored 2.6 into target/). This package's own binaries and tests find
+        // that library at run time through an rpath; other binaries need LD_LIBRARY_PATH.
         let dir = PathBuf::from(dir);
         include_dirs.push(dir.join("include"));
-        for lib in ["lib", "lib64"] {
-            println!("cargo:rustc-link-search=native={}", dir.join(lib).display());
+        for lib in ["lib", "lib64"].map(|l| dir.join(l)).into_iter().filter(|l| l.exists()) {
+            println!("cargo:rustc-link-search=native={}", lib.display());
+            println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+            lib_dirs.push(lib);
         }
         println!("cargo:rustc-link-lib=fabric");
     } else {
         match pkg_config::Config::new().atleast_version("1.17").probe("libfabric") {
-            Ok(lib) => include_dirs.extend(lib.include_paths),
+            Ok(lib) => {
+                include_dirs.extend(lib.include_paths);
+                lib_dirs.extend(lib.link_paths);
+            }
             Err(e) => {
                 // Debian's libfabric-dev ships a .pc file; fall back to the plain header location
                 // for distributions that do not.
@@ -50,6 +58,15 @@ fn main() {
     if !header_found {
         panic!("te-transport-efa: rdma/fabric.h not found in {include_dirs:?} or /usr/include; {PACKAGE_HINT}");
     }
+
+    // Where the headers and library came from, for tests that compile C probes against the same
+    // libfabric (tests/refusal_probe.c).
+    let join = |dirs: &[PathBuf]| std::env::join_paths(dirs).map(|p| p.to_string_lossy().into_owned());
+    println!(
+        "cargo:rustc-env=TE_FI_INCLUDE_DIRS={}",
+        join(&include_dirs).unwrap_or_default()
+    );
+    println!("cargo:rustc-env=TE_FI_LIB_DIRS={}", join(&lib_dirs).unwrap_or_default());
 
     cc::Build::new()
         .file("csrc/fi_shim.c")

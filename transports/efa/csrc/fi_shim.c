@@ -9,6 +9,7 @@
  * depends on a header version. Policy (which provider, which rails, what to do on errors) lives in
  * Rust; this file only forwards.
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 #include <rdma/fi_rma.h>
 
 _Static_assert(FI_EAGAIN == 11, "FI_EAGAIN differs from the value the Rust side expects");
+_Static_assert(FI_ENOSYS == 38 && FI_ENOPROTOOPT == 92, "errno values differ from the Rust side's");
 _Static_assert(FI_EAVAIL == 259, "FI_EAVAIL differs from the value the Rust side expects");
 _Static_assert(sizeof(struct fi_cq_entry) == sizeof(void *), "fi_cq_entry is not one context pointer");
 
@@ -44,6 +46,11 @@ _Static_assert(sizeof(struct fi_cq_entry) == sizeof(void *), "fi_cq_entry is not
 #define TE_STEP_BIND_AV 6
 #define TE_STEP_BIND_CQ 7
 #define TE_STEP_ENABLE 8
+
+/* FI_OPT_SHARED_MEMORY_PERMITTED exists from libfabric 1.18 on (an enum value, not a macro). */
+#if FI_MAJOR_VERSION > 1 || (FI_MAJOR_VERSION == 1 && FI_MINOR_VERSION >= 18)
+#define TE_HAVE_SHM_PERMITTED 1
+#endif
 
 /* libfabric 2.x drops FI_CONTEXT; accept whichever context modes the headers still define. */
 #if defined(FI_CONTEXT) && defined(FI_CONTEXT2)
@@ -149,8 +156,12 @@ void te_fi_rail_close(struct te_fi_rail *r) {
 }
 
 /* Opens fabric, domain, AV, CQ and endpoint for `info`. On failure returns the negative fi error,
- * stores the failed step in *step and closes what was opened. */
-int te_fi_rail_open(struct fi_info *info, size_t cq_size, struct te_fi_rail *r, int *step) {
+ * stores the failed step in *step and closes what was opened. With `deny_shm`, the endpoint gets
+ * FI_OPT_SHARED_MEMORY_PERMITTED = false before it is enabled; *shm_opt stores what fi_setopt said
+ * (0, -FI_ENOPROTOOPT from providers without the option, -FI_ENOSYS when these headers predate it),
+ * and the caller decides whether that is fatal. */
+int te_fi_rail_open(struct fi_info *info, size_t cq_size, int deny_shm, struct te_fi_rail *r, int *step,
+                    int *shm_opt) {
     memset(r, 0, sizeof(*r));
     int rc;
     *step = TE_STEP_FABRIC;
@@ -185,6 +196,16 @@ int te_fi_rail_open(struct fi_info *info, size_t cq_size, struct te_fi_rail *r, 
     if ((rc = fi_ep_bind(r->ep, &r->av->fid, 0))) goto fail;
     *step = TE_STEP_BIND_CQ;
     if ((rc = fi_ep_bind(r->ep, &r->cq->fid, FI_TRANSMIT | FI_RECV))) goto fail;
+    *shm_opt = 0;
+    if (deny_shm) {
+#ifdef TE_HAVE_SHM_PERMITTED
+        bool permitted = false;
+        *shm_opt = fi_setopt(&r->ep->fid, FI_OPT_ENDPOINT, FI_OPT_SHARED_MEMORY_PERMITTED, &permitted,
+                             sizeof(permitted));
+#else
+        *shm_opt = -FI_ENOSYS;
+#endif
+    }
     *step = TE_STEP_ENABLE;
     if ((rc = fi_enable(r->ep))) goto fail;
     return 0;

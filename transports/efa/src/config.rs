@@ -17,6 +17,7 @@ pub const ENV_VARS: &[&str] = &[
     VAR_MAX_FRAGMENT,
     VAR_STRIPE,
     VAR_IDLE,
+    VAR_SHM,
 ];
 
 /// Provider to use (`efa`, `tcp;ofi_rxm`, `tcp`, `shm`, `sockets`). Default: `efa`.
@@ -35,6 +36,13 @@ pub const VAR_STRIPE: &str = "TE_FABRIC_STRIPE_BYTES";
 /// How a rail's owner thread waits when idle: `block` (in fi_cq_sread) or `poll` (keep progressing).
 /// Default: `block` on socket providers, `poll` elsewhere.
 pub const VAR_IDLE: &str = "TE_FABRIC_IDLE";
+/// Whether intra-node traffic may go through shared memory: `allow` (default) or `deny`. With
+/// `deny` every endpoint gets `FI_OPT_SHARED_MEMORY_PERMITTED = false` before it is enabled, so
+/// the efa provider keeps peers on the same node on the NIC instead of handing them to its shm
+/// peer provider (libfabric >= 1.18 headers; the environment variable
+/// `FI_EFA_ENABLE_SHM_TRANSFER=0` does the same for the whole process on any version). The `shm`
+/// provider itself cannot be combined with `deny`.
+pub const VAR_SHM: &str = "TE_FABRIC_SHM";
 
 /// Parsed configuration.
 #[derive(Debug, Clone)]
@@ -55,6 +63,8 @@ pub struct FabricConfig {
     pub stripe_bytes: u64,
     /// Idle mode override.
     pub idle: Option<IdleMode>,
+    /// Shared memory for intra-node peers permitted ([`VAR_SHM`]).
+    pub shm_permitted: bool,
 }
 
 impl FabricConfig {
@@ -101,8 +111,21 @@ impl FabricConfig {
             Some("poll") => Some(IdleMode::Poll),
             Some(other) => return Err(Error::config(VAR_IDLE, other, "expected block or poll")),
         };
+        let shm_permitted = match env.get(VAR_SHM).as_deref() {
+            None | Some("allow") => true,
+            Some("deny") => false,
+            Some(other) => return Err(Error::config(VAR_SHM, other, "expected allow or deny")),
+        };
+        if !shm_permitted && provider.as_deref() == Some("shm") {
+            return Err(Error::config(
+                VAR_SHM,
+                "deny",
+                format!("contradicts {VAR_PROVIDER}=shm (choose another provider to keep traffic off shm)"),
+            ));
+        }
         Ok(FabricConfig {
             idle,
+            shm_permitted,
             provider_defaulted: provider.is_none(),
             provider: provider.unwrap_or_else(|| "efa".to_string()),
             domains,
@@ -146,9 +169,15 @@ mod tests {
             (VAR_MAX_FRAGMENT, "0"),
             (VAR_STRIPE, "1X"),
             (VAR_IDLE, "sleep"),
+            (VAR_SHM, "off"),
         ] {
             let err = FabricConfig::from_env(&MapEnv::new([(var, bad)])).unwrap_err();
             assert!(err.to_string().contains(var), "{var}={bad:?}: {err}");
         }
+        assert!(c.shm_permitted);
+        let deny = FabricConfig::from_env(&MapEnv::new([(VAR_SHM, "deny")])).unwrap();
+        assert!(!deny.shm_permitted);
+        let err = FabricConfig::from_env(&MapEnv::new([(VAR_SHM, "deny"), (VAR_PROVIDER, "shm")])).unwrap_err();
+        assert!(err.to_string().contains(VAR_SHM), "{err}");
     }
 }

@@ -5,9 +5,12 @@ use std::collections::BTreeSet;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use te_base::{Error, Result};
 
+use crate::address_table::AddressTable;
 use crate::ffi::{self, mr, FiInfo, FidMr, RawRail};
+use crate::mr_keys::KeySequence;
 
 /// Name used in errors.
 pub(crate) const TRANSPORT: &str = "efa";
@@ -169,19 +172,6 @@ impl RailAttrs {
 /// libfabric's "required key not available": the requested MR key is in use.
 const FI_ENOKEY: c_int = 266;
 
-/// A random application-chosen MR key: nonzero, within the provider's key size (`mr_key_size`
-/// bytes; 0 or 8 and more: any `u64`).
-fn random_key(key_size: usize) -> u64 {
-    let n = te_base::auth::nonce();
-    let k = u64::from_le_bytes([n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]]);
-    let k = if key_size == 0 || key_size >= 8 {
-        k
-    } else {
-        k & ((1u64 << (8 * key_size)) - 1)
-    };
-    k.max(1)
-}
-
 /// One NIC: fabric, domain, endpoint, address vector and completion queue.
 pub(crate) struct Rail {
     raw: Box<RawRail>,
@@ -190,6 +180,10 @@ pub(crate) struct Rail {
     pub address: Vec<u8>,
     /// The CQ has a wait object (blocking reads and fi_cq_signal work).
     pub cq_can_wait: bool,
+    /// Peer addresses in the AV, each inserted once (see [`AddressTable`]).
+    addresses: Mutex<AddressTable>,
+    /// Keys for registrations when the application chooses them (see [`KeySequence`]).
+    keys: Mutex<KeySequence>,
 }
 
 // SAFETY: the domain is opened FI_THREAD_SAFE, so libfabric serialises concurrent calls on these
@@ -199,8 +193,9 @@ unsafe impl Send for Rail {}
 unsafe impl Sync for Rail {}
 
 impl Rail {
-    /// Opens the objects of one rail from a getinfo entry.
-    pub(crate) fn open(info: Info<'_>) -> Result<Rail> {
+    /// Opens the objects of one rail from a getinfo entry. Without `shm_permitted` the endpoint
+    /// is told not to use shared memory for intra-node peers (see [`crate::config::VAR_SHM`]).
+    pub(crate) fn open(info: Info<'_>, shm_permitted: bool) -> Result<Rail> {
         // SAFETY: info.ptr is a live node of the borrowed list; these accessors only read it.
         let (mr_mode, mr_key_size, max_msg_size, tx_size) = unsafe {
             (
@@ -222,8 +217,18 @@ impl Rail {
         let cq_size = attrs.tx_size.clamp(64, 1 << 16) * 2;
         let mut raw = Box::new(RawRail::empty());
         let mut step: c_int = 0;
+        let mut shm_opt: c_int = 0;
         // SAFETY: info.ptr is live; raw is a valid out-struct that stays at a fixed address (boxed).
-        let rc = unsafe { ffi::te_fi_rail_open(info.ptr, cq_size, &mut *raw, &mut step) };
+        let rc = unsafe {
+            ffi::te_fi_rail_open(
+                info.ptr,
+                cq_size,
+                c_int::from(!shm_permitted),
+                &mut *raw,
+                &mut step,
+                &mut shm_opt,
+            )
+        };
         if rc != 0 {
             return Err(Error::transport(
                 TRANSPORT,
@@ -242,9 +247,36 @@ impl Rail {
             attrs,
             address: Vec::new(),
             cq_can_wait,
+            addresses: Mutex::new(AddressTable::default()),
+            keys: Mutex::new(KeySequence::new(mr_key_size)),
         };
         rail.address = rail.getname()?;
+        rail.check_shm_denied(shm_permitted, shm_opt)?;
         Ok(rail)
+    }
+
+    /// With shared memory denied: the efa provider must have accepted the option (it is the one
+    /// that hands intra-node peers to shm); providers without the option have no shm path to close.
+    fn check_shm_denied(&self, shm_permitted: bool, shm_opt: c_int) -> Result<()> {
+        if shm_permitted || shm_opt == 0 {
+            return Ok(());
+        }
+        let core = self.attrs.provider.split(';').next().unwrap_or("");
+        if core == "efa" || (shm_opt != -ffi::FI_ENOPROTOOPT && shm_opt != -ffi::FI_ENOSYS) {
+            return Err(Error::transport(
+                TRANSPORT,
+                format!(
+                    "{} domain '{}' did not accept FI_OPT_SHARED_MEMORY_PERMITTED=false ({}); set \
+                     FI_EFA_ENABLE_SHM_TRANSFER=0 in the environment instead, or {}=allow",
+                    self.attrs.provider,
+                    self.attrs.domain,
+                    ffi::strerror(shm_opt as i64),
+                    crate::config::VAR_SHM
+                ),
+            ));
+        }
+        tracing::debug!(provider = %self.attrs.provider, "efa: provider has no shared-memory option; nothing to deny");
+        Ok(())
     }
 
     fn raw(&self) -> *mut RawRail {
@@ -280,21 +312,30 @@ impl Rail {
         )
     }
 
-    /// Inserts a peer endpoint address into the AV.
-    pub(crate) fn av_insert(&self, addr: &[u8]) -> Result<u64> {
-        let mut out = 0u64;
-        // SAFETY: addr points at a full endpoint name of this provider (validated length by the
-        // caller against our own name length); out receives the fi_addr_t.
-        let rc = unsafe { ffi::te_fi_av_insert(self.raw(), addr.as_ptr().cast(), &mut out) };
-        if rc != 0 {
-            return Err(self.error("fi_av_insert", rc as i64));
-        }
-        Ok(out)
+    /// The AV address of a peer endpoint: inserted on first use, shared by every connected peer
+    /// with the same address after that. Pair each success with one [`Rail::av_release`].
+    pub(crate) fn av_acquire(&self, addr: &[u8]) -> Result<u64> {
+        self.addresses.lock().acquire(addr, |addr| {
+            let mut out = 0u64;
+            // SAFETY: addr points at a full endpoint name of this provider (the caller pads it to
+            // at least our own name's length); out receives the fi_addr_t.
+            let rc = unsafe { ffi::te_fi_av_insert(self.raw(), addr.as_ptr().cast(), &mut out) };
+            if rc != 0 {
+                return Err(self.error("fi_av_insert", rc as i64));
+            }
+            Ok(out)
+        })
     }
 
-    /// Removes a peer from the AV (closes its connection on connection-based providers).
-    pub(crate) fn av_remove(&self, fi_addr: u64) {
-        // SAFETY: fi_addr came from av_insert on this AV; a stale one only yields an error code.
+    /// Drops one user of an AV address; the last one removes it from the provider (which closes
+    /// its connection on connection-based providers).
+    pub(crate) fn av_release(&self, fi_addr: u64) {
+        let mut table = self.addresses.lock();
+        if !table.release(fi_addr) {
+            return;
+        }
+        // SAFETY: fi_addr came from av_acquire on this AV and no peer uses it any more; removal
+        // happens under the table lock, so a concurrent acquire cannot hand it out meanwhile.
         let rc = unsafe { ffi::te_fi_av_remove(self.raw(), fi_addr) };
         if rc != 0 {
             tracing::debug!(rc, domain = %self.attrs.domain, "fi_av_remove failed");
@@ -303,9 +344,10 @@ impl Rail {
 
     /// Registers `[base, base + len)` on this rail's domain. `remote` grants peers access.
     pub(crate) fn register(self: &Arc<Self>, base: u64, len: u64, remote: bool) -> Result<MemoryRegion> {
-        // Application-chosen keys (providers without FI_MR_PROV_KEY) are random, so a stranger who
-        // reaches the endpoint cannot walk them (1, 2, 3...) to reach exported memory; a key the
-        // provider already holds is drawn again, a bounded number of times.
+        // Application-chosen keys (providers without FI_MR_PROV_KEY) come from the rail's key
+        // sequence: not a walk (1, 2, 3...) a stranger could follow, and never a key an earlier,
+        // since deregistered region had. A key the provider already holds (another user of the
+        // domain) is skipped, a bounded number of times.
         const KEY_DRAWS: usize = 8;
         let mut mr: *mut FidMr = std::ptr::null_mut();
         let mut key = 0u64;
@@ -315,7 +357,15 @@ impl Rail {
             let requested_key = if self.attrs.prov_key() {
                 0
             } else {
-                random_key(self.attrs.mr_key_size)
+                self.keys.lock().next_key().ok_or_else(|| {
+                    Error::transport(
+                        TRANSPORT,
+                        format!(
+                            "{} domain '{}': every {}-byte memory-region key has been used",
+                            self.attrs.provider, self.attrs.domain, self.attrs.mr_key_size
+                        ),
+                    )
+                })?
             };
             // SAFETY: the caller guarantees [base, base+len) is mapped memory that stays valid until
             // the returned MemoryRegion is dropped (the engine's registration contract); out-params
@@ -510,24 +560,4 @@ pub fn libfabric_versions() -> ((u32, u32), (u32, u32)) {
     // SAFETY: plain value-returning calls.
     let (h, r) = unsafe { (ffi::te_fi_header_version(), ffi::te_fi_runtime_version()) };
     ((h >> 16, h & 0xffff), (r >> 16, r & 0xffff))
-}
-
-#[cfg(test)]
-mod key_tests {
-    use super::random_key;
-
-    #[test]
-    fn chosen_keys_are_random_nonzero_and_fit_the_key_size() {
-        for size in [0usize, 1, 2, 4, 8, 16] {
-            let keys: Vec<u64> = (0..64).map(|_| random_key(size)).collect();
-            assert!(keys.iter().all(|&k| k != 0), "size {size}");
-            if (1..8).contains(&size) {
-                assert!(keys.iter().all(|&k| k < 1u64 << (8 * size)), "size {size}");
-            }
-            let distinct: std::collections::BTreeSet<_> = keys.iter().collect();
-            assert!(distinct.len() > 32 || size == 1, "size {size}: {distinct:?}");
-            // Not a walk from 1: a stranger cannot enumerate them.
-            assert!(keys.windows(2).any(|w| w[1] != w[0] + 1), "size {size}");
-        }
-    }
 }

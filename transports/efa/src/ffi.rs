@@ -11,6 +11,10 @@ pub const FI_EAGAIN: isize = 11;
 pub const FI_EAVAIL: isize = 259;
 /// `-FI_ENODATA`: fi_getinfo found nothing matching.
 pub const FI_ENODATA: c_int = 61;
+/// `-FI_ENOSYS`: not implemented (here: headers older than the option).
+pub const FI_ENOSYS: c_int = 38;
+/// `-FI_ENOPROTOOPT`: the provider does not know the option.
+pub const FI_ENOPROTOOPT: c_int = 92;
 
 /// mr_mode bits in the shim's encoding.
 pub mod mr {
@@ -106,7 +110,14 @@ extern "C" {
     pub fn te_fi_info_needs_context(info: *const FiInfo) -> c_int;
     pub fn te_fi_info_hmem(info: *const FiInfo) -> c_int;
 
-    pub fn te_fi_rail_open(info: *mut FiInfo, cq_size: usize, rail: *mut RawRail, step: *mut c_int) -> c_int;
+    pub fn te_fi_rail_open(
+        info: *mut FiInfo,
+        cq_size: usize,
+        deny_shm: c_int,
+        rail: *mut RawRail,
+        step: *mut c_int,
+        shm_opt: *mut c_int,
+    ) -> c_int;
     pub fn te_fi_rail_close(rail: *mut RawRail);
     pub fn te_fi_getname(rail: *mut RawRail, buf: *mut c_void, len: *mut usize) -> c_int;
     pub fn te_fi_av_insert(rail: *mut RawRail, addr: *const c_void, fi_addr: *mut u64) -> c_int;

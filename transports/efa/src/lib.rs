@@ -10,10 +10,14 @@
 //! - Writes use `FI_DELIVERY_COMPLETE`: a request completes only when its bytes are in the target's
 //!   memory (tcp;ofi_rxm otherwise reports completion before the data lands).
 //! - Large requests are striped across rails and split at the provider's maximum message size.
-//! - Only exported regions get remote access; the provider checks keys and bounds.
+//! - Only exported regions get remote access, each registration covers exactly the exported
+//!   range, and application-chosen keys never repeat; the provider checks keys and bounds, and
+//!   [`RefusalReport`] says what the initiator sees when it refuses (shm on libfabric 2.x reports
+//!   success).
 //!
 //! Configuration: `TE_FABRIC_PROVIDER` (default `efa`), `TE_FABRIC_DOMAINS`, `TE_FABRIC_MAX_RAILS`,
-//! `TE_FABRIC_TIMEOUT_MS`, `TE_FABRIC_MAX_FRAGMENT_BYTES`, `TE_FABRIC_STRIPE_BYTES` (see [`config`]).
+//! `TE_FABRIC_TIMEOUT_MS`, `TE_FABRIC_MAX_FRAGMENT_BYTES`, `TE_FABRIC_STRIPE_BYTES`,
+//! `TE_FABRIC_IDLE`, `TE_FABRIC_SHM` (see [`config`]).
 //!
 //! ```no_run
 //! # async fn demo() -> te_base::Result<()> {
@@ -34,16 +38,20 @@ use std::sync::Arc;
 
 use te_base::{InstallContext, Result, Transport};
 
+mod address_table;
 pub mod config;
 mod fabric;
 pub mod ffi;
+mod mr_keys;
 mod peer;
+mod refusal;
 mod registry;
 mod transport;
 pub mod wire;
 mod worker;
 
 pub use fabric::libfabric_versions;
+pub use refusal::RefusalReport;
 pub use transport::FabricTransport;
 
 /// Installs the `efa` transport: opens one rail per NIC of the provider named by

@@ -75,7 +75,7 @@ impl Drop for PeerLink {
     fn drop(&mut self) {
         // No job references the link any more, so nothing is posted to these addresses.
         for (rail, &dest) in self.rails.iter().zip(&self.dests) {
-            rail.av_remove(dest);
+            rail.av_release(dest);
         }
     }
 }
@@ -127,11 +127,11 @@ impl FabricPeer {
             // copy so a short (hostile) address cannot make them read past our buffer.
             let mut padded = vec![0u8; addr.len().max(rail.address.len()).max(256)];
             padded[..addr.len()].copy_from_slice(addr);
-            match rail.av_insert(&padded) {
+            match rail.av_acquire(&padded) {
                 Ok(d) => dests.push(d),
                 Err(e) => {
                     for (r, &d) in rails.iter().zip(&dests) {
-                        r.av_remove(d);
+                        r.av_release(d);
                     }
                     return Err(Error::transport(
                         TRANSPORT,

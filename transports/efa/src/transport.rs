@@ -157,12 +157,17 @@ impl FabricTransport {
             }
         };
         let (provider, infos) = select_rails(&list, &config)?;
+        let refusal = crate::RefusalReport::of_loaded(&provider);
+        if refusal == crate::RefusalReport::SilentSuccess {
+            let (_, (major, minor)) = crate::libfabric_versions();
+            tracing::warn!(%provider, libfabric = %format!("{major}.{minor}"), "efa: {refusal}");
+        }
         let mut workers = Vec::with_capacity(infos.len());
         let mut rails_json = Vec::with_capacity(infos.len());
         let mut max_fragment = config.max_fragment.unwrap_or(u64::MAX);
         let mut virt_addr = None;
         for (i, info) in infos.into_iter().enumerate() {
-            let rail = Arc::new(Rail::open(info)?);
+            let rail = Arc::new(Rail::open(info, config.shm_permitted)?);
             max_fragment = max_fragment.min(rail.attrs.max_msg_size.max(1));
             let v = rail.attrs.virt_addr();
             if *virt_addr.get_or_insert(v) != v {

@@ -142,3 +142,30 @@ fn device_memory_and_foreign_descriptors_are_typed_errors() {
     let none = te_base::SegmentDescriptor::new("y", 1);
     assert!(matches!(block_on(t.connect(&none)), Err(Error::NoTransport { .. })));
 }
+
+#[test]
+fn denying_shared_memory_works_where_the_provider_has_no_shm_path() {
+    // shm itself cannot be denied shm.
+    let err = err_of(&[("TE_FABRIC_PROVIDER", "shm"), ("TE_FABRIC_SHM", "deny")]);
+    assert!(
+        matches!(&err, Error::Config { .. }) && err.to_string().contains("TE_FABRIC_SHM"),
+        "{err}"
+    );
+    let p = "tcp;ofi_rxm";
+    if !provider_present(p) {
+        return;
+    }
+    // tcp;ofi_rxm has no shared-memory path: on 2.x fi_setopt answers -FI_ENOPROTOOPT, on 1.17
+    // the headers lack the option; either way the transport installs and moves bytes.
+    let a = install(p, &[("TE_FABRIC_SHM", "deny")]);
+    let b = install(p, &[("TE_FABRIC_SHM", "deny")]);
+    let src = Side::new(&a, 1, 1 << 16, false, 1);
+    let dst = Side::new(&b, 1, 1 << 16, true, 2);
+    let peer = block_on(a.connect(&descriptor("b", &b, &[&dst]))).unwrap();
+    run(
+        &peer,
+        vec![request(0, te_base::TransferOp::Write, &src, 0, 0, dst.addr(), 1 << 16)],
+    )
+    .unwrap();
+    assert_eq!(pattern::mismatches(dst.bytes(), 1, 0), 0);
+}

@@ -1,6 +1,7 @@
 //! Two transports in one process, talking over real libfabric providers (tcp;ofi_rxm and shm):
 //! writes and reads from 1 B to 64 MiB, unaligned offsets, large batches, splitting and striping,
-//! byte verification, bad input, serving-side protection and deregistration while in flight.
+//! byte verification, bad input and deregistration while in flight (forged requests against
+//! unexported memory: `forged_requests.rs`).
 
 mod common;
 
@@ -185,64 +186,6 @@ fn bad_requests_fail_alone_with_typed_errors() {
         assert!(matches!(kinds[1], (2, Error::OutOfBounds { .. })), "{kinds:?}");
         assert!(matches!(kinds[2], (3, Error::OutOfBounds { .. })), "{kinds:?}");
         assert_eq!(pattern::mismatches(&dst.bytes()[..4096], 1, 0), 0);
-    });
-}
-
-#[test]
-fn unexported_memory_is_unreachable_even_with_a_forged_descriptor() {
-    each_provider(|p| {
-        // shm refuses an out-of-bounds access at the target but never reports it back (libfabric
-        // 1.17 logs "error processing command"): the initiator sees no progress and fails the
-        // request after the stall timeout, naming the peer.
-        let a = install(p, &[("TE_FABRIC_TIMEOUT_MS", "1000")]);
-        let b = install(p, &[]);
-        let src = Side::new(&a, 1, 1 << 16, false, 1);
-        // The private region must lie above the exported one so that one forged buffer starting at
-        // the exported region covers it in both address modes (virtual address and offset).
-        let x = te_base::HostBuffer::allocate(1 << 16, Default::default()).unwrap();
-        let y = te_base::HostBuffer::allocate(1 << 16, Default::default()).unwrap();
-        let (low, high) = if x.addr() < y.addr() { (x, y) } else { (y, x) };
-        let exported = Side::from_buffer(&b, low, 1, true, 2);
-        let private = Side::from_buffer(&b, high, 2, false, 3);
-        assert!(private.keys.is_null(), "a local-only region must not hand out keys");
-        // One forged buffer from the exported region to the end of the private one, carrying the
-        // exported region's keys: our bounds check passes, the provider's must refuse.
-        let mut d = descriptor("b", &b, &[&exported]);
-        d.buffers[0].len = private.addr() + (1 << 16) - exported.addr();
-        let target = private.addr() + 4096;
-        let peer = block_on(a.connect(&d)).unwrap();
-        let write = run(&peer, vec![request(0, TransferOp::Write, &src, 0, 0, target, 4096)]);
-        let back = Side::new(&a, 2, 4096, false, 9);
-        let peer = block_on(a.connect(&d)).unwrap();
-        let read = run(&peer, vec![request(0, TransferOp::Read, &back, 0, 0, target, 4096)]);
-        eprintln!("{p}: forged write -> {write:?}\nforged read -> {read:?}");
-        assert_eq!(
-            pattern::mismatches(private.bytes(), 3, 0),
-            0,
-            "{p}: private memory was written"
-        );
-        assert_eq!(
-            pattern::mismatches(back.bytes(), 9, 0),
-            0,
-            "{p}: private memory was read"
-        );
-        for (what, r) in [("write", &write), ("read", &read)] {
-            let err = r.as_ref().expect_err(what);
-            assert!(
-                err.failures[0].1.to_string().contains("'b'"),
-                "{what}: the error must name the peer: {err}"
-            );
-        }
-        // The target keeps serving: a fresh initiator writes its exported region.
-        let c = install(p, &[]);
-        let src_c = Side::new(&c, 1, 4096, false, 4);
-        let peer = block_on(c.connect(&descriptor("b", &b, &[&exported]))).unwrap();
-        run(
-            &peer,
-            vec![request(0, TransferOp::Write, &src_c, 0, 0, exported.addr(), 4096)],
-        )
-        .unwrap();
-        assert_eq!(pattern::mismatches(&exported.bytes()[..4096], 4, 0), 0);
     });
 }
 
