@@ -3,7 +3,7 @@
 //! Registration goes through the process-wide [`RegistrationPool`] (bounded workers, size-ordered
 //! dispatch, all-or-nothing batches) with this transport as its [`RegistrationProvider`]: one
 //! `fi_mr_regattr` per (region, rail). Which rails a region lands on comes from the topology's
-//! [`NicPlacement`] (rail-local NICs for a GPU or NUMA node), mapped from topology NICs to our
+//! [`NicPlacement`](te_base::topology::NicPlacement) (rail-local NICs for a GPU or NUMA node), mapped from topology NICs to our
 //! provider domains by name; without RDMA NICs in sysfs (software providers) every rail is used.
 //!
 //! Serving-side safety: only regions the engine exports get remote access (FI_REMOTE_READ |
@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use te_base::registration::{register_regions, RegistrationPool, RegistrationProvider};
-use te_base::topology::NicPlacement;
+use te_base::topology::RailPlacement;
 use te_base::{Error, RegionId, RegionInfo, RegistrationFailure, Result};
 
 use crate::fabric::{MemoryRegion, Rail, TRANSPORT};
@@ -45,37 +45,6 @@ impl LocalRegion {
     }
 }
 
-/// Maps the topology's NICs to our rails.
-pub(crate) struct RailPlacement {
-    placement: NicPlacement,
-    /// `rail_of_nic[i]`: our rail for topology NIC `i`, when we opened one on it.
-    rail_of_nic: Vec<Option<usize>>,
-}
-
-impl RailPlacement {
-    /// Builds the mapping: an EFA domain is named after its device (`rdmap79s0-rdm` for NIC
-    /// `rdmap79s0`). `None` when no topology NIC matches any rail (software providers).
-    pub(crate) fn new(placement: NicPlacement, rails: &[Arc<Rail>]) -> Option<RailPlacement> {
-        let rail_of_nic: Vec<Option<usize>> = placement
-            .topology()
-            .nics
-            .iter()
-            .map(|nic| {
-                rails.iter().position(|r| {
-                    let d = &r.attrs.domain;
-                    d == &nic.name
-                        || d.strip_prefix(nic.name.as_str())
-                            .is_some_and(|rest| rest.starts_with('-'))
-                })
-            })
-            .collect();
-        rail_of_nic
-            .iter()
-            .any(Option::is_some)
-            .then_some(RailPlacement { placement, rail_of_nic })
-    }
-}
-
 /// This transport as the registration pool's provider.
 pub(crate) struct Registrar {
     rails: Vec<Arc<Rail>>,
@@ -89,27 +58,9 @@ impl Registrar {
 
     /// The rails the topology places `region` on (every rail when it cannot say).
     fn placed(&self, region: &RegionInfo) -> Vec<usize> {
-        let all = || (0..self.rails.len()).collect();
-        let Some(p) = &self.placement else { return all() };
-        match p.placement.rails_for(region.location, Some(region.base)) {
-            Ok(sel) => {
-                let mut ours: Vec<usize> = sel
-                    .rails
-                    .iter()
-                    .filter_map(|&nic| p.rail_of_nic.get(nic).copied().flatten())
-                    .collect();
-                ours.sort_unstable();
-                ours.dedup();
-                if ours.is_empty() {
-                    all()
-                } else {
-                    ours
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "efa: rail placement failed; registering on every rail");
-                all()
-            }
+        match &self.placement {
+            Some(p) => p.rails_for(region, self.rails.len(), TRANSPORT),
+            None => (0..self.rails.len()).collect(),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use te_base::topology::{NicPlacement, Topology};
+use te_base::topology::{NicPlacement, RailPlacement, Topology};
 use te_base::{
     Capabilities, Error, InstallContext, MemoryKinds, Peer, RegionInfo, Result, SegmentDescriptor, Transport,
 };
@@ -14,7 +14,7 @@ use te_base::{
 use crate::config::{FabricConfig, VAR_DOMAINS, VAR_PROVIDER};
 use crate::fabric::{providers_found, Info, InfoList, Rail, TRANSPORT};
 use crate::peer::FabricPeer;
-use crate::registry::{RailPlacement, RegionTable, Registrar};
+use crate::registry::{RegionTable, Registrar};
 use crate::wire::{to_hex, EndpointInfo, RailEndpoint};
 use crate::worker::RailWorker;
 
@@ -194,7 +194,8 @@ impl FabricTransport {
             workers.push(RailWorker::start(rail, i, config.timeout, config.idle)?);
         }
         let rails: Vec<Arc<Rail>> = workers.iter().map(|w| w.rail().clone()).collect();
-        let placement = placement.and_then(|p| RailPlacement::new(p, &rails));
+        let names: Vec<&str> = rails.iter().map(|r| r.attrs.domain.as_str()).collect();
+        let placement = placement.and_then(|p| RailPlacement::new(p, &names));
         let regions = RegionTable::new(Registrar::new(rails, placement));
         let endpoint = serde_json::to_value(EndpointInfo {
             provider: provider.clone(),

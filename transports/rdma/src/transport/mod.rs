@@ -4,7 +4,6 @@
 pub mod device_memory;
 mod handshake_io;
 mod peer;
-pub mod placement;
 #[cfg(test)]
 mod placement_tests;
 mod progress;
@@ -26,7 +25,7 @@ use parking_lot::{Mutex, RwLock};
 use te_base::auth::AuthKey;
 use te_base::device::DevicePlugin;
 use te_base::registration::{deregister_regions, register_regions, DomainHandles, RegistrationPool};
-use te_base::topology::{NicPlacement, RailRate, StripePlanner};
+use te_base::topology::{NicPlacement, RailPlacement, RailRate, StripePlanner};
 use te_base::{Capabilities, Error, Peer, RegionId, RegionInfo, Result, SegmentDescriptor, Transport};
 
 use crate::config::RdmaConfig;
@@ -37,7 +36,6 @@ use crate::verbs::{QpCaps, Verbs};
 use crate::NAME;
 use device_memory::DeviceMemory;
 use peer::{PeerInner, QpInner, QpSlot, RailPair, RdmaPeer, SlotRef};
-use placement::RailPlacement;
 use rails::{gid_ipv4, RailRegistrar, RailRegistration, RailSet};
 
 /// A registered region: the rails holding it, its lkeys per rail and chunk, and the handles to

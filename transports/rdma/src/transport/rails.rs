@@ -14,11 +14,11 @@ use te_base::topology::Topology;
 use te_base::{Error, RegionId, RegionInfo, Result};
 
 use super::device_memory::DeviceMemory;
-use super::placement::RailPlacement;
 use crate::config::RdmaConfig;
 use crate::protocol::handshake::{gid_hex, RailInfo};
 use crate::protocol::mr_split;
 use crate::verbs::{Access, DeviceAttrs, Gid, LinkLayer, MrKeys, PortAttrs, Verbs};
+use te_base::topology::RailPlacement;
 
 /// One device port in use.
 pub struct Rail<V: Verbs> {
@@ -316,7 +316,7 @@ impl<V: Verbs> RailRegistrar<V> {
     pub fn rails_for(&self, region: &RegionInfo) -> Vec<usize> {
         let n = self.set.rails.len();
         match &self.placement {
-            Some(p) => p.rails_for(region, n),
+            Some(p) => p.rails_for(region, n, "rdma"),
             None => (0..n).collect(),
         }
     }
