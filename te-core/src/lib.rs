@@ -37,18 +37,25 @@ pub use install::{device_plugins, PluginStatus, COMPILED_TRANSPORTS};
 pub use metrics::MetricsSnapshot;
 pub use segment::SegmentHandle;
 
-/// Peer authentication: the shared key ([`auth::AuthKey`]) for
-/// [`TransferEngineBuilder::auth_key`].
-pub use te_base::auth;
-/// Device-memory plugin trait and types.
-pub use te_base::device;
-/// The registration pool and its configuration.
-pub use te_base::registration;
-/// Topology discovery, rail map, NIC policy and striping.
-pub use te_base::topology;
+/// Peer authentication: the shared key every peer must prove (see `docs/security.md`).
+pub mod auth {
+    pub use te_base::auth::{AuthKey, KEY_FILE_VAR};
+}
+
+/// Where the engine reads its `TE_*` variables from: the process environment, or a map.
+pub mod config {
+    pub use te_base::config::{parse_byte_size, Env, MapEnv, ProcessEnv, UnknownVar};
+}
+
+/// Device memory (CUDA, ROCm) through the device plugins: allocating it and copying to and from it.
+pub mod device {
+    pub use te_base::device::{
+        CopyDirection, CopyFragment, DeviceBuffer, DevicePlugin, DeviceRuntimeInfo, PendingCopy, PointerKind,
+    };
+}
 
 pub use te_base::{
-    config, Batch, BatchError, BatchProgress, BatchReport, Error, ExportedBuffer, HostBuffer, HostBufferOptions,
-    HugePages, MemoryKind, MemoryLocation, MetadataStore, Phase, PhaseReport, PhaseStats, PhaseTimer, RequestStatus,
-    Result, SegmentDescriptor, SegmentId, TransferOp, TransferRequest,
+    Batch, BatchError, BatchProgress, BatchReport, Error, ExportedBuffer, HostBuffer, HostBufferOptions, HugePages,
+    MemoryKind, MemoryLocation, MetadataStore, Phase, PhaseReport, PhaseStats, PhaseTimer, RequestStatus, Result,
+    SegmentDescriptor, SegmentId, TransferOp, TransferRequest,
 };
