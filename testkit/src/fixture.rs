@@ -112,7 +112,7 @@ pub struct FixtureDir {
 }
 
 impl FixtureDir {
-    /// The sysfs root to pass to [`Topology::discover_at`](super::Topology::discover_at).
+    /// The sysfs root to pass to [`Topology::discover_at`](te_base::topology::Topology::discover_at).
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -30,7 +30,7 @@
 //! not: the first threads of a batch then finish many registrations before the last ones start,
 //! which makes an unbounded batch order-sensitive where the node's is not).
 //!
-//! Why `sim` is a [`RegistrationProvider`] and not a [`crate::Transport`]: a transport must move
+//! Why `sim` is a [`RegistrationProvider`] and not a [`te_base::Transport`]: a transport must move
 //! bytes to peers (endpoint, connect, submit), which the cost model has no business faking; the
 //! provider is the part of a transport that registers, and it is what benchmarks and the pool need.
 //! Real transports implement the same trait for their domains.

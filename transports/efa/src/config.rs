@@ -6,7 +6,7 @@ use std::time::Duration;
 use te_base::config::{parse_bytes, parse_var, Env};
 use te_base::{Error, Result};
 
-pub use crate::worker::IdleMode;
+pub use crate::idle::IdleMode;
 
 /// Every variable this transport reads.
 pub const ENV_VARS: &[&str] = &[
@@ -85,12 +85,12 @@ impl FabricConfig {
                 Some(list)
             }
         };
-        let max_rails: usize = parse_var(env, VAR_MAX_RAILS)?.unwrap_or(crate::registry::MAX_RAILS);
-        if max_rails == 0 || max_rails > crate::registry::MAX_RAILS {
+        let max_rails: usize = parse_var(env, VAR_MAX_RAILS)?.unwrap_or(crate::wire::MAX_RAILS);
+        if max_rails == 0 || max_rails > crate::wire::MAX_RAILS {
             return Err(Error::config(
                 VAR_MAX_RAILS,
                 max_rails.to_string(),
-                format!("must be 1..={}", crate::registry::MAX_RAILS),
+                format!("must be 1..={}", crate::wire::MAX_RAILS),
             ));
         }
         let timeout_ms: u64 = parse_var(env, VAR_TIMEOUT_MS)?.unwrap_or(3000);

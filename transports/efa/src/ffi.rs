@@ -1,6 +1,6 @@
 //! Hand-written bindings to the C shim in `csrc/fi_shim.c` (see `build.rs` for why we keep our own).
 //!
-//! Everything here is raw; the safe wrappers live in [`crate::fabric`]. Constants use the shim's own
+//! Everything here is raw; the safe wrappers live in the crate's `fabric` module. Constants use the shim's own
 //! stable encoding, not libfabric's header values, so these declarations hold for 1.x and 2.x.
 
 use std::ffi::{c_char, c_int, c_void};

@@ -11,74 +11,14 @@ use parking_lot::Mutex;
 use te_base::{BatchState, Error, Peer, ResolvedRequest, Result, SegmentDescriptor, SubmitContext};
 
 use crate::fabric::{Rail, TRANSPORT};
+use crate::inner::Inner;
+use crate::link::PeerLink;
 use crate::registry::LocalRegion;
-use crate::transport::Inner;
 use crate::wire::{BufferKeys, EndpointInfo};
 use crate::worker::{BatchPlan, Fragment, RailJob};
 
 /// Requests striped across rails are cut at multiples of this (page) size.
 const STRIPE_ALIGN: u64 = 4096;
-
-/// The part of a peer the rail owners see: where it is in each AV and whether it is alive.
-pub(crate) struct PeerLink {
-    name: String,
-    healthy: AtomicBool,
-    gone_reason: Mutex<Option<String>>,
-    /// Per local rail: the peer's address in that rail's AV.
-    dests: Vec<u64>,
-    rails: Vec<Arc<Rail>>,
-}
-
-impl PeerLink {
-    /// The peer's segment name.
-    pub(crate) fn name(&self) -> &str {
-        &self.name
-    }
-
-    pub(crate) fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Acquire)
-    }
-
-    /// Marks the peer gone (first reason wins) and returns the error naming it.
-    pub(crate) fn mark_gone(&self, reason: String) -> Error {
-        let mut r = self.gone_reason.lock();
-        if r.is_none() {
-            tracing::warn!(peer = %self.name, %reason, "efa: peer went away");
-            *r = Some(reason);
-        }
-        self.healthy.store(false, Ordering::Release);
-        Error::PeerGone {
-            peer: self.name.clone(),
-            reason: r.clone().unwrap_or_default(),
-        }
-    }
-
-    /// The error for requests to a peer already marked gone.
-    pub(crate) fn gone_error(&self) -> Error {
-        Error::PeerGone {
-            peer: self.name.clone(),
-            reason: self
-                .gone_reason
-                .lock()
-                .clone()
-                .unwrap_or_else(|| "marked unhealthy".into()),
-        }
-    }
-
-    /// Wraps a local posting error so it names the peer.
-    pub(crate) fn error_from(&self, call: &str, e: &Error) -> Error {
-        Error::transport(TRANSPORT, format!("{call} to peer '{}': {e}", self.name))
-    }
-}
-
-impl Drop for PeerLink {
-    fn drop(&mut self) {
-        // No job references the link any more, so nothing is posted to these addresses.
-        for (rail, &dest) in self.rails.iter().zip(&self.dests) {
-            rail.av_release(dest);
-        }
-    }
-}
 
 /// A peer's exported memory as this transport needs it.
 struct RemoteBuffers {

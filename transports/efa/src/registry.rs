@@ -22,9 +22,6 @@ use te_base::{Error, RegionId, RegionInfo, RegistrationFailure, Result};
 use crate::fabric::{MemoryRegion, Rail, TRANSPORT};
 use crate::wire::BufferKeys;
 
-/// Most rails one transport drives (rail sets are 64-bit masks).
-pub(crate) const MAX_RAILS: usize = 64;
-
 /// A registered local region: one optional registration per rail.
 pub(crate) struct LocalRegion {
     pub info: RegionInfo,

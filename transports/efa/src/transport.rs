@@ -13,29 +13,11 @@ use te_base::{
 
 use crate::config::{FabricConfig, VAR_DOMAINS, VAR_PROVIDER};
 use crate::fabric::{providers_found, Info, InfoList, Rail, TRANSPORT};
+use crate::inner::Inner;
 use crate::peer::FabricPeer;
 use crate::registry::{RegionTable, Registrar};
 use crate::wire::{to_hex, EndpointInfo, RailEndpoint};
 use crate::worker::RailWorker;
-
-/// State shared by the transport and its peers.
-pub(crate) struct Inner {
-    pub config: FabricConfig,
-    /// The provider every rail uses (as fi_getinfo names it, e.g. `tcp;ofi_rxm`).
-    pub provider: String,
-    pub workers: Vec<RailWorker>,
-    pub regions: RegionTable,
-    /// Largest single RMA operation over every rail.
-    pub max_fragment: u64,
-    endpoint: serde_json::Value,
-    closed: AtomicBool,
-}
-
-impl Inner {
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-}
 
 /// The libfabric transport (`efa`). Create it with [`crate::install`].
 pub struct FabricTransport {

@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use te_base::{Error, Result};
 
 /// Upper bounds that keep a hostile descriptor from exhausting memory.
-const MAX_RAILS: usize = crate::registry::MAX_RAILS;
+/// Most rails one transport drives (rail sets are 64-bit masks).
+pub(crate) const MAX_RAILS: usize = 64;
 const MAX_ADDR_LEN: usize = 1024;
 
 /// One rail of a peer, as advertised.

@@ -21,7 +21,8 @@ use te_base::{BatchState, Error, TransferOp};
 
 use crate::fabric::{Rail, TRANSPORT};
 use crate::ffi;
-use crate::peer::PeerLink;
+use crate::idle::IdleMode;
+use crate::link::PeerLink;
 use crate::registry::LocalRegion;
 
 /// Completions read per `fi_cq_read` call.
@@ -42,30 +43,6 @@ const POLL_QUIET: Duration = Duration::from_millis(50);
 const SERVED_HINT: Duration = Duration::from_micros(20);
 /// Polling providers: the nap between progress calls once quiet.
 const POLL_NAP: Duration = Duration::from_micros(50);
-
-/// How a rail's owner thread waits when there is nothing to post or complete.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IdleMode {
-    /// Block in `fi_cq_sread`: the CQ's wait object wakes on incoming traffic (socket providers).
-    Block,
-    /// Keep calling `fi_cq_read`: providers whose progress engine is only driven by our calls and
-    /// whose wait object does not wake for peers' operations (shm: measured, a peer's first RMA
-    /// stalled with -FI_EAGAIN until our blocking read timed out).
-    Poll,
-}
-
-impl IdleMode {
-    /// The mode for a rail: blocking only where the provider rides on sockets and the CQ has a
-    /// wait object.
-    pub(crate) fn for_rail(rail: &Rail) -> IdleMode {
-        let core = rail.attrs.provider.split(';').next().unwrap_or("");
-        if rail.cq_can_wait && matches!(core, "tcp" | "sockets" | "net" | "udp") {
-            IdleMode::Block
-        } else {
-            IdleMode::Poll
-        }
-    }
-}
 
 /// One RMA operation of a job.
 #[derive(Debug, Clone, Copy)]
@@ -202,7 +179,7 @@ impl RailWorker {
         timeout: Duration,
         idle: Option<IdleMode>,
     ) -> te_base::Result<RailWorker> {
-        let idle = idle.unwrap_or_else(|| IdleMode::for_rail(&rail));
+        let idle = idle.unwrap_or_else(|| IdleMode::for_provider(&rail.attrs.provider, rail.cq_can_wait));
         let shared = Arc::new(Shared {
             idle,
             rail,
