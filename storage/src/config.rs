@@ -20,6 +20,7 @@
 //! | `UMBP_SSD_WRITE_THROUGH` | 0 | every put also goes to the SSD log before it returns |
 //! | `UMBP_PROMOTE_ON_READ` | 1 | whole-object SSD reads are copied into DRAM |
 //! | `UMBP_RANGED_CALL_DEBUG` | 0 | per-phase timings of ranged calls |
+//! | `UMBP_CLUSTER` | unset | distributed mode: `etcd://host:port[,...][/prefix]` (see `cluster::config`) |
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -59,6 +60,9 @@ pub struct StoreConfig {
     pub promote_on_read: bool,
     /// Per-phase timings of ranged calls.
     pub ranged_call_debug: bool,
+    /// Distributed mode (`UMBP_CLUSTER`); `None`: local mode.
+    #[cfg(feature = "cluster")]
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 /// Builds a [`StoreConfig`]: explicit settings, then `UMBP_*` variables, then defaults.
@@ -82,6 +86,8 @@ pub struct StoreBuilder {
     write_through: Option<bool>,
     promote_on_read: Option<bool>,
     ranged_call_debug: Option<bool>,
+    #[cfg(feature = "cluster")]
+    cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 impl Default for StoreBuilder {
@@ -122,7 +128,16 @@ impl StoreBuilder {
             write_through: None,
             promote_on_read: None,
             ranged_call_debug: None,
+            #[cfg(feature = "cluster")]
+            cluster: None,
         }
+    }
+
+    /// Distributed mode: join the cluster described by `cfg` (else `UMBP_CLUSTER`, unset: local).
+    #[cfg(feature = "cluster")]
+    pub fn cluster(mut self, cfg: crate::cluster::ClusterConfig) -> Self {
+        self.cluster = Some(cfg);
+        self
     }
 
     /// Reads variables from `env` instead of the process environment.
@@ -347,6 +362,11 @@ impl StoreBuilder {
             write_through,
             promote_on_read: flag(self.promote_on_read, "UMBP_PROMOTE_ON_READ", true)?,
             ranged_call_debug: flag(self.ranged_call_debug, "UMBP_RANGED_CALL_DEBUG", false)?,
+            #[cfg(feature = "cluster")]
+            cluster: match &self.cluster {
+                Some(c) => Some(c.clone()),
+                None => crate::cluster::ClusterConfig::from_env(env)?,
+            },
         })
     }
 }

@@ -114,6 +114,12 @@ impl Store {
             None => self.put_ssd(items, &all, &versions, &mut errors)?,
         }
         let failed = errors.iter().filter(|e| e.is_some()).count() as u64;
+        // Distributed mode: the stored keys are routable to this peer before the put returns.
+        #[cfg(feature = "cluster")]
+        if let Some(cluster) = self.inner.cluster.get() {
+            let stored = items.iter().zip(&errors).filter(|(_, e)| e.is_none());
+            cluster.publish(stored.map(|(it, _)| it.key.to_owned()).collect());
+        }
         let c = &self.inner.counters;
         c.puts_ok.fetch_add(items.len() as u64 - failed, Ordering::Relaxed);
         c.puts_failed.fetch_add(failed, Ordering::Relaxed);
