@@ -268,10 +268,10 @@ fn eviction_racing_remote_reads_yields_whole_versions_or_misses() {
     p0.ok("put hot 524288 1");
     wait_owner(&mut p1, "hot", "peer-0");
     let writer = std::thread::spawn(move || {
-        let a = p0.ok("churn hot 524288 3000");
+        let a = p0.ok("churn hot 524288 8000");
         (p0, a)
     });
-    let a = p1.ok("stream hot 600 0:524288");
+    let a = p1.ok("stream hot 400 0:524288");
     let (_p0, w) = writer.join().expect("writer");
     assert_eq!(w, "OK failed=0");
     assert!(a.contains(" bad=0 "), "a remote read returned torn bytes as data: {a}");

@@ -11,7 +11,8 @@
 //! - `get KEY OFF:LEN[,OFF:LEN...]`: ranged get into registered memory, then check every byte:
 //!   `OK <bytes> <seed>`, `MISS`, `ERR <error>` or `BAD <first bad offset>`.
 //! - `stream KEY N OFF:LEN[,...]`: N such gets: `OK ok=.. miss=.. err=.. bad=.. max_ms=..`.
-//! - `churn KEY LEN N`: overwrite KEY N times with new seeds (the consistency test's writer).
+//! - `churn KEY LEN N`: overwrite KEY N times, seeds 1, 2, 3 in rotation (the consistency
+//!   test's writer).
 //! - `owner KEY`: `OK <owner or none>`; `wait-owner KEY OWNER MS`: poll until it matches.
 //! - `remove KEY`, `stats`, `members`, `quit`.
 
@@ -193,11 +194,18 @@ async fn main() {
             },
             ["churn", key, len, n] => match (len.parse::<usize>(), n.parse::<u64>()) {
                 (Ok(len), Ok(n)) => {
-                    let mut data = vec![0u8; len];
+                    // Three versions in rotation, filled once: puts follow each other as fast as
+                    // the store takes them, and pages reused two puts later hold other bytes.
+                    let versions: Vec<Vec<u8>> = (1..=3)
+                        .map(|seed| {
+                            let mut d = vec![0u8; len];
+                            fill(seed, 0, &mut d);
+                            d
+                        })
+                        .collect();
                     let mut failed = 0;
-                    for seed in 1..=n {
-                        fill(seed, 0, &mut data);
-                        if store.put(key, &data, 0).await.is_err() {
+                    for i in 0..n {
+                        if store.put(key, &versions[(i % 3) as usize], 0).await.is_err() {
                             failed += 1;
                         }
                     }

@@ -212,6 +212,12 @@ impl Directory {
         .collect()
     }
 
+    /// Drops from `keys` those the directory already routes to this peer (one read lock).
+    pub(crate) fn retain_unowned(&self, keys: &mut Vec<String>) {
+        let view = self.view.read();
+        keys.retain(|k| view.keys.get(k.as_str()).is_none_or(|o| **o != *self.name));
+    }
+
     /// The owner of `key` as this peer's copy of the directory says (for visibility checks).
     pub(crate) fn owner_of(&self, key: &str) -> Option<Arc<str>> {
         self.view.read().keys.get(key).cloned()

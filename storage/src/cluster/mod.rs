@@ -186,9 +186,12 @@ impl Cluster {
         self.conns.lock().remove(owner);
     }
 
-    /// Writes `keys` to the directory as owned here; waits at most the cluster timeout (an etcd
-    /// outage is logged, and the keys are written again when it is back).
-    pub(crate) fn publish(&self, keys: Vec<String>) {
+    /// Writes `keys` to the directory as owned here, unless it already says so; waits at most
+    /// the cluster timeout (an etcd outage is logged, and the keys are written again when it is
+    /// back).
+    pub(crate) fn publish(&self, mut keys: Vec<String>) {
+        // Keys the directory already routes here need no write (an overwrite, a re-put).
+        self.dir.retain_unowned(&mut keys);
         if keys.is_empty() {
             return;
         }
