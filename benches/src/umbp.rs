@@ -17,61 +17,73 @@ use umbp::{Range, RangedGet, RangedPut, Store};
 
 use crate::util::{median, parse_list, print_json, runtime};
 
-const DEEPSEEK_V4_PRO: &str = "c4:30:37440:2/2;c4_indexer:30:8448:2/2;c128:31:1728:0,1,3,5,7,9,11,13,15,17,19,21,23,25,27,29,31,33,35,37,39,41,43,45,47,49,51,53,55,57,59";
+pub(crate) const DEEPSEEK_V4_PRO: &str = "c4:30:37440:2/2;c4_indexer:30:8448:2/2;c128:31:1728:0,1,3,5,7,9,11,13,15,17,19,21,23,25,27,29,31,33,35,37,39,41,43,45,47,49,51,53,55,57,59";
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Pools: `name:count:layer_bytes[:first/stride | :l1,l2,...]`, `;`-separated. The optional
     /// part gives each pool layer's logical layer number (default 0..count-1).
     #[arg(long, default_value = DEEPSEEK_V4_PRO)]
-    pools: String,
+    pub(crate) pools: String,
     /// Logical layers per layer group.
     #[arg(long, default_value_t = 8)]
-    layer_group: u32,
+    pub(crate) layer_group: u32,
     /// Pages per rank (one object per page and pool).
     #[arg(long, default_value_t = 32)]
-    pages: usize,
+    pub(crate) pages: usize,
     /// Timed restores per rank count; medians and p95 are reported.
     #[arg(long, default_value_t = 9)]
-    requests: usize,
+    pub(crate) requests: usize,
     /// Rank counts to run (concurrent readers, one thread each), comma-separated.
     #[arg(long, default_value = "1,2")]
-    ranks: String,
+    pub(crate) ranks: String,
     /// Simulated forward compute per logical layer, in microseconds.
     #[arg(long, default_value_t = 150)]
-    compute_us_per_layer: u64,
+    pub(crate) compute_us_per_layer: u64,
     /// Tier the pages are stored in: dram or ssd.
     #[arg(long, default_value = "dram")]
-    tier: String,
+    pub(crate) tier: String,
     /// SSD directory for `--tier ssd` (default: a fresh directory under /tmp, removed after).
     #[arg(long)]
-    ssd_dir: Option<PathBuf>,
+    pub(crate) ssd_dir: Option<PathBuf>,
     /// Record per-phase timings of the store's ranged calls (as UMBP_RANGED_CALL_DEBUG=1).
     #[arg(long)]
-    phases: bool,
+    pub(crate) phases: bool,
     /// Recompute every restored byte from its position-dependent seed.
     #[arg(long)]
-    verify: bool,
+    pub(crate) verify: bool,
     /// One JSON object per rank count.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
+    /// Distributed mode: put the pages on one peer process and restore them from another over
+    /// `--transport`, next to a raw engine transfer of the same spans between the same two
+    /// processes (see `umbp_distributed`).
+    #[arg(long)]
+    pub(crate) distributed: bool,
+    /// With `--distributed`: an existing cluster (`etcd://host:port[/prefix]`); default: an etcd
+    /// started on loopback for the run.
+    #[arg(long)]
+    pub(crate) cluster: Option<String>,
+    /// With `--distributed`: the transport between the peers (besides local).
+    #[arg(long, default_value = "tcp")]
+    pub(crate) transport: String,
 }
 
 #[derive(Debug, Clone)]
-struct Pool {
-    name: String,
-    layer_bytes: u64,
+pub(crate) struct Pool {
+    pub(crate) name: String,
+    pub(crate) layer_bytes: u64,
     /// Logical layer number of each pool layer.
-    layers: Vec<u32>,
+    pub(crate) layers: Vec<u32>,
 }
 
 impl Pool {
-    fn object_bytes(&self) -> u64 {
+    pub(crate) fn object_bytes(&self) -> u64 {
         self.layers.len() as u64 * self.layer_bytes
     }
 }
 
-fn parse_pools(spec: &str) -> Result<Vec<Pool>, String> {
+pub(crate) fn parse_pools(spec: &str) -> Result<Vec<Pool>, String> {
     let mut pools = Vec::new();
     for part in spec.split(';').map(str::trim).filter(|p| !p.is_empty()) {
         let fields: Vec<&str> = part.splitn(4, ':').collect();
@@ -123,12 +135,12 @@ fn parse_pools(spec: &str) -> Result<Vec<Pool>, String> {
 }
 
 /// One (layer group, pool) call: pool-layer indices in the group.
-struct GroupCall {
-    pool: usize,
-    pool_layers: Vec<usize>,
+pub(crate) struct GroupCall {
+    pub(crate) pool: usize,
+    pub(crate) pool_layers: Vec<usize>,
 }
 
-fn groups(pools: &[Pool], layer_group: u32) -> Vec<(u32, Vec<GroupCall>)> {
+pub(crate) fn groups(pools: &[Pool], layer_group: u32) -> Vec<(u32, Vec<GroupCall>)> {
     let max = pools.iter().flat_map(|p| p.layers.iter()).copied().max().unwrap_or(0);
     let mut out = Vec::new();
     let mut g0 = 0;
@@ -170,7 +182,7 @@ fn seed(rank: usize, pool: usize, page: usize, layer: usize) -> u64 {
 
 /// Memory the store writes into behind Rust's back (it is registered): only ever accessed through
 /// its raw pointer, by one rank at a time.
-struct RawBuf {
+pub(crate) struct RawBuf {
     ptr: *mut u8,
     len: usize,
     _owner: Vec<u8>,
@@ -191,7 +203,7 @@ impl RawBuf {
         }
     }
 
-    fn addr(&self) -> u64 {
+    pub(crate) fn addr(&self) -> u64 {
         self.ptr as u64
     }
 
@@ -209,26 +221,29 @@ impl RawBuf {
 
 /// A rank's memory: per pool, the registered KV buffer `[pool layer][page]` and a mirror laid
 /// out like the store's objects (page-major) for the memcpy baseline.
-struct RankMem {
-    kv: Vec<RawBuf>,
-    mirror: Vec<Vec<u8>>,
+pub(crate) struct RankMem {
+    pub(crate) kv: Vec<RawBuf>,
+    pub(crate) mirror: Vec<Vec<u8>>,
 }
 
-fn key(rank: usize, page: usize, pool: &Pool) -> String {
+pub(crate) fn key(rank: usize, page: usize, pool: &Pool) -> String {
     format!("r{rank}/p{page}/{}", pool.name)
 }
 
-struct Sample {
-    restore: Duration,
-    ttfl: Duration,
-    load: Duration,
-    memcpy: Duration,
-    smallest_load: Duration,
-    smallest_memcpy: Duration,
-    mismatched: u64,
+pub(crate) struct Sample {
+    pub(crate) restore: Duration,
+    pub(crate) ttfl: Duration,
+    pub(crate) load: Duration,
+    pub(crate) memcpy: Duration,
+    pub(crate) smallest_load: Duration,
+    pub(crate) smallest_memcpy: Duration,
+    pub(crate) mismatched: u64,
 }
 
 pub fn run(args: Args) -> Result<(), String> {
+    if args.distributed {
+        return crate::umbp_distributed::run(args);
+    }
     let pools = parse_pools(&args.pools)?;
     let ranks_list: Vec<usize> = parse_list(&args.ranks)?;
     if ranks_list.contains(&0) || args.pages == 0 || args.requests == 0 || args.layer_group == 0 {
@@ -276,73 +291,20 @@ pub fn run(args: Args) -> Result<(), String> {
     // Memory per rank: KV buffers registered with the store, mirrors for the baseline.
     let mut mems: Vec<RankMem> = Vec::new();
     for r in 0..max_ranks {
-        let mut kv = Vec::new();
-        let mut mirror = Vec::new();
-        for (pi, p) in pools.iter().enumerate() {
-            let len = (p.object_bytes() * args.pages as u64) as usize;
-            let mut buf = vec![0u8; len];
-            let mut m = vec![0u8; len];
-            for page in 0..args.pages {
-                for l in 0..p.layers.len() {
-                    let lb = p.layer_bytes as usize;
-                    let at_kv = (l * args.pages + page) * lb;
-                    fill(seed(r, pi, page, l), &mut buf[at_kv..at_kv + lb]);
-                    let at_obj = page * p.object_bytes() as usize + l * lb;
-                    m[at_obj..at_obj + lb].copy_from_slice(&buf[at_kv..at_kv + lb]);
-                }
-            }
-            let buf = RawBuf::new(buf);
-            // SAFETY: the buffer is never reallocated and outlives the store (closed below).
-            let registering = unsafe { store.register_buffer(buf.addr(), len as u64) };
-            rt.block_on(registering).map_err(|e| format!("register: {e}"))?;
-            kv.push(buf);
-            mirror.push(m);
-        }
-        mems.push(RankMem { kv, mirror });
+        mems.push(rank_mem(&rt, &store, &pools, args.pages, r)?);
     }
 
     // Offload: one ranged put per rank and pool, every page, ranges tiling each object.
     let t0 = Instant::now();
-    let mut put_failures = 0u64;
-    let mut first_failure = None;
-    let mut put_bytes = 0u64;
+    let mut put = PutTotals::default();
     for (r, mem) in mems.iter().enumerate() {
-        for (pi, p) in pools.iter().enumerate() {
-            let base = mem.kv[pi].addr();
-            let keys: Vec<String> = (0..args.pages).map(|page| key(r, page, p)).collect();
-            let ranges: Vec<Vec<Range>> = (0..args.pages)
-                .map(|page| {
-                    (0..p.layers.len())
-                        .map(|l| {
-                            let lb = p.layer_bytes;
-                            Range::new(l as u64 * lb, lb, base + (l * args.pages + page) as u64 * lb)
-                        })
-                        .collect()
-                })
-                .collect();
-            let puts: Vec<RangedPut<'_>> = keys
-                .iter()
-                .zip(&ranges)
-                .enumerate()
-                .map(|(page, (k, rs))| RangedPut {
-                    key: k,
-                    object_len: p.object_bytes(),
-                    ranges: rs,
-                    depth: page as u32,
-                })
-                .collect();
-            let results = store.batch_put_ranges(&puts).map_err(|e| format!("put: {e}"))?;
-            for res in results {
-                match res {
-                    Ok(()) => put_bytes += p.object_bytes(),
-                    Err(e) => {
-                        put_failures += 1;
-                        first_failure.get_or_insert(e.to_string());
-                    }
-                }
-            }
-        }
+        put_rank(&store, mem, &pools, args.pages, r, &mut put)?;
     }
+    let PutTotals {
+        bytes: put_bytes,
+        failures: put_failures,
+        first_failure,
+    } = put;
     let put_time = t0.elapsed();
     let put_gbps = put_bytes as f64 / put_time.as_secs_f64() / 1e9;
     if !args.json {
@@ -514,11 +476,101 @@ pub fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
-fn ms(d: Duration) -> f64 {
+/// A rank's memory: per pool a KV buffer `[pool layer][page]` filled with the rank's pattern and
+/// registered with `store`, and its page-major mirror.
+pub(crate) fn rank_mem(
+    rt: &tokio::runtime::Runtime,
+    store: &Store,
+    pools: &[Pool],
+    pages: usize,
+    r: usize,
+) -> Result<RankMem, String> {
+    let mut kv = Vec::new();
+    let mut mirror = Vec::new();
+    for (pi, p) in pools.iter().enumerate() {
+        let len = (p.object_bytes() * pages as u64) as usize;
+        let mut buf = vec![0u8; len];
+        let mut m = vec![0u8; len];
+        for page in 0..pages {
+            for l in 0..p.layers.len() {
+                let lb = p.layer_bytes as usize;
+                let at_kv = (l * pages + page) * lb;
+                fill(seed(r, pi, page, l), &mut buf[at_kv..at_kv + lb]);
+                let at_obj = page * p.object_bytes() as usize + l * lb;
+                m[at_obj..at_obj + lb].copy_from_slice(&buf[at_kv..at_kv + lb]);
+            }
+        }
+        let buf = RawBuf::new(buf);
+        // SAFETY: the buffer is never reallocated and outlives the store (closed before the
+        // memory is dropped).
+        let registering = unsafe { store.register_buffer(buf.addr(), len as u64) };
+        rt.block_on(registering).map_err(|e| format!("register: {e}"))?;
+        kv.push(buf);
+        mirror.push(m);
+    }
+    Ok(RankMem { kv, mirror })
+}
+
+/// What the puts of [`put_rank`] stored.
+#[derive(Default)]
+pub(crate) struct PutTotals {
+    pub(crate) bytes: u64,
+    pub(crate) failures: u64,
+    pub(crate) first_failure: Option<String>,
+}
+
+/// Offloads rank `r`'s pages: one ranged put per pool, every page, ranges tiling each object.
+pub(crate) fn put_rank(
+    store: &Store,
+    mem: &RankMem,
+    pools: &[Pool],
+    pages: usize,
+    r: usize,
+    totals: &mut PutTotals,
+) -> Result<(), String> {
+    for (pi, p) in pools.iter().enumerate() {
+        let base = mem.kv[pi].addr();
+        let keys: Vec<String> = (0..pages).map(|page| key(r, page, p)).collect();
+        let ranges: Vec<Vec<Range>> = (0..pages)
+            .map(|page| {
+                (0..p.layers.len())
+                    .map(|l| {
+                        let lb = p.layer_bytes;
+                        Range::new(l as u64 * lb, lb, base + (l * pages + page) as u64 * lb)
+                    })
+                    .collect()
+            })
+            .collect();
+        let puts: Vec<RangedPut<'_>> = keys
+            .iter()
+            .zip(&ranges)
+            .enumerate()
+            .map(|(page, (k, rs))| RangedPut {
+                key: k,
+                object_len: p.object_bytes(),
+                ranges: rs,
+                depth: page as u32,
+            })
+            .collect();
+        let results = store.batch_put_ranges(&puts).map_err(|e| format!("put: {e}"))?;
+        for res in results {
+            match res {
+                Ok(()) => totals.bytes += p.object_bytes(),
+                Err(e) => {
+                    totals.failures += 1;
+                    totals.first_failure.get_or_insert(e.to_string());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn us(d: Duration) -> f64 {
+pub(crate) fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
@@ -574,7 +626,7 @@ fn ssd_layer_ratio(store: &Store, pools: &[Pool], mem: &RankMem, pages: usize, l
 }
 
 #[allow(clippy::too_many_arguments)]
-fn rank_loop(
+pub(crate) fn rank_loop(
     store: &Store,
     barrier: &Barrier,
     rank: usize,
