@@ -577,7 +577,7 @@ pub(crate) fn us(d: Duration) -> f64 {
 /// Simulated forward compute. On a GPU node the reading thread blocks while the device computes,
 /// so this sleeps (leaving the core to other ranks) and spins only the last stretch, where sleep
 /// would overshoot.
-fn compute(d: Duration) {
+pub(crate) fn compute(d: Duration) {
     const SPIN: Duration = Duration::from_micros(80);
     let t = Instant::now();
     if d > SPIN {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use te_base::auth::AuthKey;
 use te_base::auth::{InitiatorHandshake, ResponderHandshake, NONCE_LEN, PROOF_LEN};
-use te_base::listener::{deadline, read_growing, tune_socket};
+use te_base::listener::{deadline, read_growing};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -40,21 +40,24 @@ pub(crate) async fn write_frame(s: &mut TcpStream, op: Op, body: &[u8], timeout:
     deadline(timeout, "writing a frame", s.write_all(&frame(op, body))).await
 }
 
-/// An open, authenticated connection to a peer's control listener.
+/// An open, authenticated connection to a peer's control listener, used blocking from the
+/// caller's thread: a control round trip costs two syscalls each side and no thread hand-off.
+/// Every read and write ends by a deadline (re-armed per syscall with what is left of it).
 pub(crate) struct Conn {
-    stream: TcpStream,
+    stream: std::net::TcpStream,
     timeout: Duration,
 }
 
 impl Conn {
-    /// Connects and runs the handshake, all within `timeout`.
-    pub(crate) async fn connect(addr: SocketAddr, auth: Option<&AuthKey>, timeout: Duration) -> io::Result<Conn> {
-        let mut stream = deadline(timeout, "connecting", TcpStream::connect(addr)).await?;
-        tune_socket(&stream, timeout);
+    /// Connects and runs the handshake, within `timeout` for the connect and each frame.
+    pub(crate) fn connect(addr: SocketAddr, auth: Option<&AuthKey>, timeout: Duration) -> io::Result<Conn> {
+        let stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+        stream.set_nodelay(true)?;
+        let mut c = Conn { stream, timeout };
         match auth {
             None => {
-                write_frame(&mut stream, Op::Hello, &[], timeout).await?;
-                match read_frame(&mut stream, timeout, timeout).await? {
+                c.send(Op::Hello, &[])?;
+                match c.recv()? {
                     (Op::Ready, _) => {}
                     (Op::Refused, why) => return Err(refused(&why)),
                     (op, _) => return Err(invalid(format!("expected READY, got {op:?}"))),
@@ -62,8 +65,8 @@ impl Conn {
             }
             Some(key) => {
                 let (hs, nonce) = InitiatorHandshake::start(key, AUTH_CONTEXT);
-                write_frame(&mut stream, Op::Hello, &nonce, timeout).await?;
-                let (op, body) = read_frame(&mut stream, timeout, timeout).await?;
+                c.send(Op::Hello, &nonce)?;
+                let (op, body) = c.recv()?;
                 match op {
                     Op::Challenge if body.len() == NONCE_LEN + PROOF_LEN => {}
                     Op::Refused => return Err(refused(&body)),
@@ -73,22 +76,78 @@ impl Conn {
                 let proof = hs
                     .finish(&theirs, &body[NONCE_LEN..], &addr.to_string())
                     .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e.to_string()))?;
-                write_frame(&mut stream, Op::Proof, &proof, timeout).await?;
-                match read_frame(&mut stream, timeout, timeout).await? {
+                c.send(Op::Proof, &proof)?;
+                match c.recv()? {
                     (Op::Ready, _) => {}
                     (Op::Refused, why) => return Err(refused(&why)),
                     (op, _) => return Err(invalid(format!("expected READY, got {op:?}"))),
                 }
             }
         }
-        Ok(Conn { stream, timeout })
+        Ok(c)
     }
 
-    /// Sends one request and reads its answer, each bounded by the connection's timeout.
-    pub(crate) async fn call(&mut self, op: Op, body: &[u8]) -> io::Result<(Op, Vec<u8>)> {
-        write_frame(&mut self.stream, op, body, self.timeout).await?;
-        read_frame(&mut self.stream, self.timeout, self.timeout).await
+    /// Sends one frame (a request; read its answer with [`Conn::recv`]).
+    pub(crate) fn send(&mut self, op: Op, body: &[u8]) -> io::Result<()> {
+        use std::io::Write;
+        let f = frame(op, body);
+        let end = std::time::Instant::now() + self.timeout;
+        let mut at = 0;
+        while at < f.len() {
+            self.stream.set_write_timeout(Some(left(end)?))?;
+            match self.stream.write(&f[at..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => at += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
+
+    /// Reads one frame, all of it within the connection's timeout; the body buffer grows only
+    /// as its bytes arrive.
+    pub(crate) fn recv(&mut self) -> io::Result<(Op, Vec<u8>)> {
+        let end = std::time::Instant::now() + self.timeout;
+        let mut head = [0u8; HEAD];
+        self.fill(&mut head, end)?;
+        let h = decode_head(&head).map_err(invalid)?;
+        let mut body = Vec::with_capacity(h.len.min(64 << 10));
+        let mut chunk = [0u8; 64 << 10];
+        while body.len() < h.len {
+            let want = (h.len - body.len()).min(chunk.len());
+            self.fill(&mut chunk[..want], end)?;
+            body.extend_from_slice(&chunk[..want]);
+        }
+        Ok((h.op, body))
+    }
+
+    fn fill(&mut self, buf: &mut [u8], end: std::time::Instant) -> io::Result<()> {
+        use std::io::Read;
+        let mut at = 0;
+        while at < buf.len() {
+            self.stream.set_read_timeout(Some(left(end)?))?;
+            match self.stream.read(&mut buf[at..]) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => at += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "control answer timed out"))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What is left until `end` (never zero, which would mean "no timeout" to the socket).
+fn left(end: std::time::Instant) -> io::Result<Duration> {
+    let d = end.saturating_duration_since(std::time::Instant::now());
+    if d.is_zero() {
+        return Err(io::Error::new(io::ErrorKind::TimedOut, "control frame timed out"));
+    }
+    Ok(d)
 }
 
 fn refused(why: &[u8]) -> io::Error {

@@ -64,6 +64,9 @@ pub(crate) struct Cluster {
     pub(crate) leases: Leases,
     conns: Mutex<HashMap<Arc<str>, Vec<Conn>>>,
     segments: RwLock<HashMap<Arc<str>, SegmentId>>,
+    /// Placements of remote DRAM objects read before (owner, extents, generation): a later read
+    /// of the same key skips RESOLVE; VALIDATE still checks it, and a stale one is resolved again.
+    pub(crate) placements: RwLock<HashMap<String, (Arc<str>, Arc<wire::Place>)>>,
     pub(crate) counters: ClusterCounters,
 }
 
@@ -112,6 +115,7 @@ impl Cluster {
             leases: Leases::default(),
             conns: Mutex::new(HashMap::new()),
             segments: RwLock::new(HashMap::new()),
+            placements: RwLock::new(HashMap::new()),
             counters: ClusterCounters::default(),
         }))
     }

@@ -27,15 +27,26 @@ struct OwnerWork {
     addr: SocketAddr,
     /// Indices (into the call's items) of the keys it owns.
     keys: Vec<usize>,
+    /// Per key, the placement remembered from an earlier read (no RESOLVE needed for it).
+    cached: Vec<Option<Arc<Place>>>,
 }
 
-/// What RESOLVE brought back from one owner.
+/// Where one owner's keys are: from RESOLVE, or remembered.
 struct Resolved {
     conn: Conn,
     lease: u64,
-    places: Vec<Place>,
+    places: Vec<Arc<Place>>,
     segment: SegmentId,
     control_bytes: u64,
+}
+
+/// A key whose ranges are in an owner's batch.
+struct ReadKey {
+    k: usize,
+    generation: u64,
+    place: Arc<Place>,
+    /// The placement came from the cache (if it turns out stale, the key is resolved again).
+    cached: bool,
 }
 
 fn remote_err(key: &str, peer: &str, reason: impl std::fmt::Display) -> StoreError {
@@ -46,6 +57,9 @@ fn remote_err(key: &str, peer: &str, reason: impl std::fmt::Display) -> StoreErr
     }
 }
 
+/// Most placements remembered (about 100 bytes each); the map is cleared when it is full.
+const MAX_PLACEMENTS: usize = 1 << 16;
+
 /// Totals of one call.
 #[derive(Default)]
 pub(crate) struct RemoteOutcome {
@@ -55,7 +69,8 @@ pub(crate) struct RemoteOutcome {
 
 impl Cluster {
     /// Reads `missed` keys of `items` from their owners. Per key, sets `errors[k]` on failure or
-    /// pushes `k` to `hits` when its bytes were delivered and validated.
+    /// pushes `k` to `hits` when its bytes were delivered and validated. Keys read through a
+    /// remembered placement that turned out stale are resolved and read once more.
     pub(crate) fn get_remote(
         self: &Arc<Self>,
         store: &Store,
@@ -68,60 +83,129 @@ impl Cluster {
         if missed.is_empty() || !self.dir.is_live() {
             return out;
         }
-        let owners = self.dir.owners(missed.iter().map(|&k| items[k].key));
+        let mut retry = Vec::new();
+        self.pass(store, items, missed, true, errors, hits, &mut out, &mut retry);
+        if !retry.is_empty() {
+            let mut again = Vec::new();
+            self.pass(store, items, &retry, false, errors, hits, &mut out, &mut again);
+        }
+        let c = &self.counters;
+        c.remote_hits.fetch_add(out.hits, Ordering::Relaxed);
+        c.remote_bytes.fetch_add(out.bytes, Ordering::Relaxed);
+        let failed = missed
+            .iter()
+            .filter(|&&k| matches!(errors[k], Some(StoreError::Remote { .. })))
+            .count();
+        c.remote_errors.fetch_add(failed as u64, Ordering::Relaxed);
+        out
+    }
+
+    /// One round: RESOLVE (keys without a usable remembered placement), one engine batch per
+    /// owner, VALIDATE. Stale remembered keys go to `retry`.
+    #[allow(clippy::too_many_arguments)]
+    fn pass(
+        &self,
+        store: &Store,
+        items: &[RangedGet<'_>],
+        keys: &[usize],
+        use_cache: bool,
+        errors: &mut [Option<StoreError>],
+        hits: &mut Vec<usize>,
+        out: &mut RemoteOutcome,
+        retry: &mut Vec<usize>,
+    ) {
+        let owners = self.dir.owners(keys.iter().map(|&k| items[k].key));
         let mut work: Vec<OwnerWork> = Vec::new();
-        for (&k, o) in missed.iter().zip(owners) {
-            let Some((owner, addr)) = o else { continue };
-            match work.iter_mut().find(|w| w.owner == owner) {
-                Some(w) => w.keys.push(k),
-                None => work.push(OwnerWork {
-                    owner,
-                    addr,
-                    keys: vec![k],
-                }),
+        {
+            let placements = self.placements.read();
+            for (&k, o) in keys.iter().zip(owners) {
+                let Some((owner, addr)) = o else { continue };
+                let cached = if use_cache {
+                    placements
+                        .get(items[k].key)
+                        .filter(|(o, _)| *o == owner)
+                        .map(|(_, p)| p.clone())
+                } else {
+                    None
+                };
+                match work.iter_mut().find(|w| w.owner == owner) {
+                    Some(w) => {
+                        w.keys.push(k);
+                        w.cached.push(cached);
+                    }
+                    None => work.push(OwnerWork {
+                        owner,
+                        addr,
+                        keys: vec![k],
+                        cached: vec![cached],
+                    }),
+                }
             }
         }
         if work.is_empty() {
-            return out;
+            return;
         }
 
-        // RESOLVE at every owner at once (and open its segment the first time).
         let timeout = self.cfg.timeout;
-        let futs: Vec<_> = work
-            .iter()
-            .map(|w| {
-                let body = wire::encode_resolve(w.keys.iter().map(|&k| (items[k].key, items[k].ranges)));
-                let (me, owner, addr) = (self.clone(), w.owner.clone(), w.addr);
-                let engine = store.engine().clone();
-                async move { me.resolve_at(engine, owner, addr, body).await }
-            })
-            .collect();
-        let resolved = self.run_all(futs, timeout * 2);
-
-        // One engine batch per owner, all submitted before any is waited on.
-        let mut batches = Vec::with_capacity(work.len());
-        for (w, r) in work.iter().zip(resolved) {
-            let r = match r {
-                Some(Ok(r)) => r,
-                failed => {
-                    let why = match failed {
-                        Some(Err(e)) => e,
-                        _ => format!("no answer within {} ms", (timeout * 2).as_millis()),
-                    };
-                    self.forget(&w.owner);
-                    for &k in &w.keys {
-                        errors[k] = Some(remote_err(items[k].key, &w.owner, &why));
-                    }
-                    batches.push(None);
-                    continue;
+        // RESOLVE: sent to every owner before any answer is read, so the owners work at once.
+        let mut sent: Vec<Option<(Conn, SegmentId, u64, bool)>> = Vec::with_capacity(work.len());
+        for w in &work {
+            let r = self.segment_for(store, &w.owner).and_then(|seg| {
+                let mut conn = self.conn_to(&w.owner, w.addr)?;
+                let fresh = w.keys.iter().zip(&w.cached).filter(|(_, c)| c.is_none());
+                if fresh.clone().next().is_none() {
+                    return Ok((conn, seg, 0, false));
                 }
-            };
-            batches.push(Some(self.submit_owner(store, items, w, r, errors)));
+                let body = wire::encode_resolve(
+                    fresh
+                        .map(|(&k, _)| (items[k].key, items[k].ranges))
+                        .collect::<Vec<_>>()
+                        .into_iter(),
+                );
+                conn.send(Op::Resolve, &body).map_err(|e| format!("sending RESOLVE: {e}"))?;
+                Ok((conn, seg, (body.len() + wire::HEAD) as u64, true))
+            });
+            sent.push(self.keep_or_fail(r, w, items, errors));
+        }
+        let mut batches: Vec<Option<SubmitState>> = Vec::with_capacity(work.len());
+        for (w, s) in work.iter().zip(sent) {
+            let resolved = s.map(|(mut conn, segment, out_bytes, asked)| {
+                let (mut lease, mut fresh, mut in_bytes) = (0, Vec::new().into_iter(), 0);
+                if asked {
+                    let (op, answer) = conn.recv().map_err(|e| format!("reading PLACES: {e}"))?;
+                    if op != Op::Places {
+                        return Err(format!("RESOLVE answered {op:?}"));
+                    }
+                    let (l, places) = wire::decode_places(&answer).map_err(|e| format!("malformed PLACES: {e}"))?;
+                    if places.len() != w.cached.iter().filter(|c| c.is_none()).count() {
+                        return Err("RESOLVE answered the wrong number of keys".into());
+                    }
+                    (lease, fresh, in_bytes) = (l, places.into_iter(), wire::HEAD + answer.len());
+                }
+                let places = w
+                    .cached
+                    .iter()
+                    .map(|c| c.clone().unwrap_or_else(|| Arc::new(fresh.next().unwrap_or(Place::Missing))))
+                    .collect();
+                Ok(Resolved {
+                    conn,
+                    lease,
+                    places,
+                    segment,
+                    control_bytes: out_bytes + in_bytes as u64,
+                })
+            });
+            // One engine batch per owner, all submitted before any is waited on.
+            batches.push(match resolved {
+                Some(r) => self
+                    .keep_or_fail(r, w, items, errors)
+                    .map(|r| self.submit_owner(store, items, w, r, errors)),
+                None => None,
+            });
         }
 
-        // Wait for each owner's batch, then VALIDATE what was read.
-        let mut validations = Vec::new();
-        let mut validated_keys: Vec<(usize, Vec<(usize, u64)>)> = Vec::new();
+        // Wait for each owner's batch, then VALIDATE what was read (sent to all, then read).
+        let mut validating: Vec<(usize, Vec<ReadKey>, Conn, u64)> = Vec::new();
         for (wi, b) in batches.into_iter().enumerate() {
             let Some(sub) = b else { continue };
             let w = &work[wi];
@@ -131,7 +215,15 @@ impl Cluster {
                 owner_of_request,
                 read,
                 requests,
+                retry: again,
             } = sub;
+            if !again.is_empty() {
+                let mut placements = self.placements.write();
+                for &k in &again {
+                    placements.remove(items[k].key);
+                }
+                retry.extend(again);
+            }
             if let Some(batch) = batch {
                 match batch.wait_blocking(Some(timeout)) {
                     Some(Ok(_)) => {}
@@ -147,7 +239,7 @@ impl Cluster {
                     None => {
                         batch.cancel();
                         self.forget(&w.owner);
-                        for &(k, _) in &read {
+                        for k in read.iter().map(|x| x.k) {
                             errors[k].get_or_insert_with(|| {
                                 remote_err(
                                     items[k].key,
@@ -160,60 +252,119 @@ impl Cluster {
                 }
             }
             self.counters.remote_requests.fetch_add(requests, Ordering::Relaxed);
-            let checked: Vec<(usize, u64)> = read.into_iter().filter(|&(k, _)| errors[k].is_none()).collect();
-            let body = wire::encode_validate(r.lease, checked.iter().map(|&(k, g)| (items[k].key, g)));
-            let me = self.clone();
-            let owner = w.owner.clone();
+            let checked: Vec<ReadKey> = read.into_iter().filter(|x| errors[x.k].is_none()).collect();
+            let body = wire::encode_validate(r.lease, checked.iter().map(|x| (items[x.k].key, x.generation)));
             let Resolved {
-                conn, control_bytes, ..
+                mut conn,
+                control_bytes,
+                ..
             } = r;
-            self.counters.control_bytes.fetch_add(control_bytes, Ordering::Relaxed);
-            validations.push(async move { me.validate_at(owner, conn, body).await });
-            validated_keys.push((wi, checked));
+            match conn.send(Op::Validate, &body) {
+                Ok(()) => validating.push((wi, checked, conn, control_bytes + (body.len() + wire::HEAD) as u64)),
+                Err(e) => {
+                    self.forget(&w.owner);
+                    for x in &checked {
+                        errors[x.k] = Some(remote_err(items[x.k].key, &w.owner, format!("sending VALIDATE: {e}")));
+                    }
+                }
+            }
         }
-        let verdicts = self.run_all(validations, timeout * 2);
         let mut stale = 0u64;
-        for ((wi, checked), v) in validated_keys.into_iter().zip(verdicts) {
+        let mut control = 0u64;
+        for (wi, checked, mut conn, bytes) in validating {
             let w = &work[wi];
-            match v {
-                Some(Ok(ok)) if ok.len() == checked.len() => {
-                    for (&(k, _), good) in checked.iter().zip(ok) {
+            let verdicts = conn.recv().map_err(|e| format!("reading VERDICTS: {e}")).and_then(|(op, a)| {
+                control += bytes + (wire::HEAD + a.len()) as u64;
+                match op {
+                    Op::Verdicts => wire::decode_verdicts(&a).map_err(|e| format!("malformed VERDICTS: {e}")),
+                    other => Err(format!("VALIDATE answered {other:?}")),
+                }
+            });
+            match verdicts {
+                Ok(ok) if ok.len() == checked.len() => {
+                    self.put_conn(w.owner.clone(), conn);
+                    let mut placements = self.placements.write();
+                    for (x, good) in checked.into_iter().zip(ok) {
+                        let key = items[x.k].key;
                         if good {
-                            hits.push(k);
+                            hits.push(x.k);
                             out.hits += 1;
-                            out.bytes += items[k].ranges.iter().map(|r| r.len).sum::<u64>();
+                            out.bytes += items[x.k].ranges.iter().map(|r| r.len).sum::<u64>();
+                            if !x.cached && matches!(*x.place, Place::Dram { .. }) {
+                                if placements.len() >= MAX_PLACEMENTS {
+                                    placements.clear();
+                                }
+                                placements.insert(key.to_owned(), (w.owner.clone(), x.place));
+                            }
+                        } else if x.cached {
+                            // The remembered placement is gone: resolve the key afresh.
+                            placements.remove(key);
+                            retry.push(x.k);
                         } else {
                             // The object moved or changed while it was read: a miss, not data.
                             stale += 1;
-                            errors[k] = Some(StoreError::NotFound {
-                                key: items[k].key.to_owned(),
-                            });
+                            errors[x.k] = Some(StoreError::NotFound { key: key.to_owned() });
                         }
                     }
                 }
                 other => {
                     let why = match other {
-                        Some(Err(e)) => e,
-                        Some(Ok(_)) => "VALIDATE answered the wrong number of keys".into(),
-                        None => format!("VALIDATE not answered within {} ms", (timeout * 2).as_millis()),
+                        Err(e) => e,
+                        Ok(_) => "VALIDATE answered the wrong number of keys".into(),
                     };
                     self.forget(&w.owner);
-                    for &(k, _) in &checked {
-                        errors[k] = Some(remote_err(items[k].key, &w.owner, &why));
+                    for x in &checked {
+                        errors[x.k] = Some(remote_err(items[x.k].key, &w.owner, &why));
                     }
                 }
             }
         }
-        let c = &self.counters;
-        c.remote_hits.fetch_add(out.hits, Ordering::Relaxed);
-        c.remote_bytes.fetch_add(out.bytes, Ordering::Relaxed);
-        c.stale.fetch_add(stale, Ordering::Relaxed);
-        let failed = missed
-            .iter()
-            .filter(|&&k| matches!(errors[k], Some(StoreError::Remote { .. })))
-            .count();
-        c.remote_errors.fetch_add(failed as u64, Ordering::Relaxed);
-        out
+        self.counters.control_bytes.fetch_add(control, Ordering::Relaxed);
+        self.counters.stale.fetch_add(stale, Ordering::Relaxed);
+    }
+
+    /// `Ok` passes through; an error fails every key of the owner (and forgets its connections
+    /// and segment, so the next call starts afresh).
+    fn keep_or_fail<T>(
+        &self,
+        r: Result<T, String>,
+        w: &OwnerWork,
+        items: &[RangedGet<'_>],
+        errors: &mut [Option<StoreError>],
+    ) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(why) => {
+                self.forget(&w.owner);
+                for &k in &w.keys {
+                    errors[k] = Some(remote_err(items[k].key, &w.owner, &why));
+                }
+                None
+            }
+        }
+    }
+
+    /// A pooled control connection to `owner`, or a new one.
+    fn conn_to(&self, owner: &Arc<str>, addr: SocketAddr) -> Result<Conn, String> {
+        match self.take_conn(owner) {
+            Some(c) => Ok(c),
+            None => Conn::connect(addr, self.cfg.auth.as_ref(), self.cfg.timeout)
+                .map_err(|e| format!("control connection: {e}")),
+        }
+    }
+
+    /// `owner`'s engine segment, opened (on the control runtime, bounded) the first time.
+    fn segment_for(&self, store: &Store, owner: &Arc<str>) -> Result<SegmentId, String> {
+        if let Some(s) = self.segment(owner) {
+            return Ok(s);
+        }
+        let (engine, name) = (store.engine().clone(), owner.to_string());
+        let opened = self.run(async move { engine.open_segment(&name).await.map(|h| h.id()) }, self.cfg.timeout);
+        let s = opened
+            .ok_or_else(|| "opening its segment timed out".to_string())?
+            .map_err(|e| format!("opening its segment: {e}"))?;
+        self.remember_segment(owner.clone(), s);
+        Ok(s)
     }
 
     /// Builds and submits one owner's batch from its places; keys that cannot be read get their
@@ -229,22 +380,13 @@ impl Cluster {
         let n: usize = w.keys.iter().map(|&k| items[k].ranges.len()).sum();
         let mut requests: Vec<TransferRequest> = Vec::with_capacity(n);
         let mut owner_of_request: Vec<u32> = Vec::with_capacity(n);
-        let mut read: Vec<(usize, u64)> = Vec::with_capacity(w.keys.len());
+        let mut read: Vec<ReadKey> = Vec::with_capacity(w.keys.len());
+        let mut retry = Vec::new();
         let mut extents: Vec<Extent> = Vec::new();
         let seg = r.segment;
-        if r.places.len() != w.keys.len() {
-            for &k in &w.keys {
-                errors[k] = Some(remote_err(
-                    items[k].key,
-                    &w.owner,
-                    "RESOLVE answered the wrong number of keys",
-                ));
-            }
-            return SubmitState::empty(r);
-        }
-        for (&k, place) in w.keys.iter().zip(&r.places) {
+        for ((&k, place), cached) in w.keys.iter().zip(&r.places).zip(&w.cached) {
             let it = &items[k];
-            let (object_len, generation) = match place {
+            let (object_len, generation) = match &**place {
                 Place::Dram {
                     object_len, generation, ..
                 } => (*object_len, *generation),
@@ -264,6 +406,11 @@ impl Cluster {
                 .enumerate()
                 .find(|(_, x)| x.offset > object_len || x.len > object_len - x.offset)
             {
+                if cached.is_some() {
+                    // The remembered size may be an older version's: ask the owner.
+                    retry.push(k);
+                    continue;
+                }
                 errors[k] = Some(StoreError::RangeOutsideObject {
                     key_index: k,
                     range_index: i,
@@ -274,7 +421,7 @@ impl Cluster {
                 continue;
             }
             let start = requests.len();
-            match place {
+            match &**place {
                 Place::Dram { extents: ex, .. } => {
                     extents.clear();
                     extents.extend(ex.iter().map(|&(addr, len)| Extent { addr, len }));
@@ -302,7 +449,12 @@ impl Cluster {
                 _ => unreachable!("handled above"),
             }
             debug_assert!(requests.len() > start);
-            read.push((k, generation));
+            read.push(ReadKey {
+                k,
+                generation,
+                place: place.clone(),
+                cached: cached.is_some(),
+            });
         }
         let count = requests.len() as u64;
         let batch = if requests.is_empty() {
@@ -311,8 +463,8 @@ impl Cluster {
             match store.engine().submit(&requests) {
                 Ok(b) => Some(b),
                 Err(e) => {
-                    for &(k, _) in &read {
-                        errors[k] = Some(remote_err(items[k].key, &w.owner, &e));
+                    for x in &read {
+                        errors[x.k] = Some(remote_err(items[x.k].key, &w.owner, &e));
                     }
                     None
                 }
@@ -324,61 +476,8 @@ impl Cluster {
             owner_of_request,
             read,
             requests: count,
+            retry,
         }
-    }
-
-    async fn resolve_at(
-        self: Arc<Self>,
-        engine: te_core::TransferEngine,
-        owner: Arc<str>,
-        addr: SocketAddr,
-        body: Vec<u8>,
-    ) -> Result<Resolved, String> {
-        let mut conn = match self.take_conn(&owner) {
-            Some(c) => c,
-            None => Conn::connect(addr, self.cfg.auth.as_ref(), self.cfg.timeout)
-                .await
-                .map_err(|e| format!("control connection: {e}"))?,
-        };
-        let segment = match self.segment(&owner) {
-            Some(s) => s,
-            None => {
-                let s = tokio::time::timeout(self.cfg.timeout, engine.open_segment(&owner))
-                    .await
-                    .map_err(|_| "opening its segment timed out".to_string())?
-                    .map_err(|e| format!("opening its segment: {e}"))?
-                    .id();
-                self.remember_segment(owner.clone(), s);
-                s
-            }
-        };
-        let sent = body.len() + wire::HEAD;
-        let (op, answer) = conn.call(Op::Resolve, &body).await.map_err(|e| e.to_string())?;
-        let control_bytes = (sent + wire::HEAD + answer.len()) as u64;
-        if op != Op::Places {
-            return Err(format!("RESOLVE answered {op:?}: {}", String::from_utf8_lossy(&answer)));
-        }
-        let (lease, places) = wire::decode_places(&answer).map_err(|e| format!("malformed PLACES: {e}"))?;
-        Ok(Resolved {
-            conn,
-            lease,
-            places,
-            segment,
-            control_bytes,
-        })
-    }
-
-    async fn validate_at(self: Arc<Self>, owner: Arc<str>, mut conn: Conn, body: Vec<u8>) -> Result<Vec<bool>, String> {
-        let (op, answer) = conn.call(Op::Validate, &body).await.map_err(|e| e.to_string())?;
-        self.counters
-            .control_bytes
-            .fetch_add((2 * wire::HEAD + body.len() + answer.len()) as u64, Ordering::Relaxed);
-        if op != Op::Verdicts {
-            return Err(format!("VALIDATE answered {op:?}"));
-        }
-        let v = wire::decode_verdicts(&answer).map_err(|e| format!("malformed VERDICTS: {e}"))?;
-        self.put_conn(owner, conn);
-        Ok(v)
     }
 }
 
@@ -387,19 +486,9 @@ struct SubmitState {
     r: Resolved,
     batch: Option<te_core::Batch>,
     owner_of_request: Vec<u32>,
-    /// `(key index, generation)` of every key whose ranges are in the batch.
-    read: Vec<(usize, u64)>,
+    /// Every key whose ranges are in the batch.
+    read: Vec<ReadKey>,
+    /// Keys whose remembered placement could not serve the ranges (resolve them again).
+    retry: Vec<usize>,
     requests: u64,
-}
-
-impl SubmitState {
-    fn empty(r: Resolved) -> Self {
-        SubmitState {
-            r,
-            batch: None,
-            owner_of_request: Vec::new(),
-            read: Vec::new(),
-            requests: 0,
-        }
-    }
 }
