@@ -85,9 +85,12 @@ pub fn owner(args: Args) -> Result<(), String> {
     for m in &mem.mirror {
         // SAFETY: the mirror is never reallocated and outlives the registration (dropped first).
         let reg = unsafe {
-            store
-                .engine()
-                .register_raw(m.as_ptr() as u64, m.len() as u64, MemoryLocation::HOST, RegisterOptions::default())
+            store.engine().register_raw(
+                m.as_ptr() as u64,
+                m.len() as u64,
+                MemoryLocation::HOST,
+                RegisterOptions::default(),
+            )
         };
         exported.push(rt.block_on(reg).map_err(|e| format!("export mirror: {e}"))?);
         addrs.push((m.as_ptr() as u64).to_string());
@@ -212,7 +215,11 @@ pub fn run(args: Args) -> Result<(), String> {
         None => {
             _etcd = te_base::test_support::etcd::EtcdServer::start_on_loopback()
                 .ok_or("no etcd (Debian etcd-server) to start; pass --cluster etcd://host:port")?;
-            format!("{}/te-bench-{}", _etcd.endpoint.replace("http://", "etcd://"), std::process::id())
+            format!(
+                "{}/te-bench-{}",
+                _etcd.endpoint.replace("http://", "etcd://"),
+                std::process::id()
+            )
         }
     };
     let (mut owner, mirror, owner_put_gbps) = spawn_owner(&args, &url)?;
@@ -267,8 +274,17 @@ pub fn run(args: Args) -> Result<(), String> {
     let smallest = (0..pools.len()).min_by_key(|&i| pools[i].layer_bytes).expect("pools");
     let barrier = Barrier::new(1);
     let s0 = store.stats();
+    store.reset_phase_report();
     let remote = rank_loop(&store, &barrier, 0, &mem, &pools, &groups, smallest, &args)?;
     let s1 = store.stats();
+    let phases = store.phase_report().map(|p| {
+        let mut m = serde_json::Map::new();
+        for ph in te_base::Phase::ALL {
+            m.insert(ph.name().into(), serde_json::json!(p.us_per_call(ph)));
+        }
+        m.insert("calls".into(), serde_json::json!(p.calls));
+        serde_json::Value::Object(m)
+    });
 
     // The raw transfer: the same requests at the owner's exported mirror.
     let seg = rt
@@ -384,6 +400,7 @@ pub fn run(args: Args) -> Result<(), String> {
         "mismatched_bytes": mismatched,
         "verified": args.verify,
         "owner_put_gbps": owner_put_gbps,
+        "phases_us_per_call": phases,
     });
     if args.json {
         print_json(&v);

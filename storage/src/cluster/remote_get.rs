@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use te_base::SegmentId;
+use te_base::{Phase, SegmentId};
 use te_core::TransferRequest;
 
 use super::conn::Conn;
@@ -145,6 +145,10 @@ impl Cluster {
         if work.is_empty() {
             return;
         }
+        // With the phase report on: resolve = RESOLVE round trips, build + submit = the batches,
+        // wait = the reads, other = VALIDATE.
+        let timer = &store.inner.timer;
+        let t0 = timer.start();
 
         let timeout = self.cfg.timeout;
         // RESOLVE: sent to every owner before any answer is read, so the owners work at once.
@@ -162,12 +166,14 @@ impl Cluster {
                         .collect::<Vec<_>>()
                         .into_iter(),
                 );
-                conn.send(Op::Resolve, &body).map_err(|e| format!("sending RESOLVE: {e}"))?;
+                conn.send(Op::Resolve, &body)
+                    .map_err(|e| format!("sending RESOLVE: {e}"))?;
                 Ok((conn, seg, (body.len() + wire::HEAD) as u64, true))
             });
             sent.push(self.keep_or_fail(r, w, items, errors));
         }
         let mut batches: Vec<Option<SubmitState>> = Vec::with_capacity(work.len());
+        let mut t1 = t0;
         for (w, s) in work.iter().zip(sent) {
             let resolved = s.map(|(mut conn, segment, out_bytes, asked)| {
                 let (mut lease, mut fresh, mut in_bytes) = (0, Vec::new().into_iter(), 0);
@@ -185,7 +191,10 @@ impl Cluster {
                 let places = w
                     .cached
                     .iter()
-                    .map(|c| c.clone().unwrap_or_else(|| Arc::new(fresh.next().unwrap_or(Place::Missing))))
+                    .map(|c| {
+                        c.clone()
+                            .unwrap_or_else(|| Arc::new(fresh.next().unwrap_or(Place::Missing)))
+                    })
                     .collect();
                 Ok(Resolved {
                     conn,
@@ -195,6 +204,7 @@ impl Cluster {
                     control_bytes: out_bytes + in_bytes as u64,
                 })
             });
+            t1 = timer.lap(Phase::Resolve, t1);
             // One engine batch per owner, all submitted before any is waited on.
             batches.push(match resolved {
                 Some(r) => self
@@ -204,6 +214,7 @@ impl Cluster {
             });
         }
 
+        let t2 = timer.lap(Phase::Submit, t1);
         // Wait for each owner's batch, then VALIDATE what was read (sent to all, then read).
         let mut validating: Vec<(usize, Vec<ReadKey>, Conn, u64)> = Vec::new();
         for (wi, b) in batches.into_iter().enumerate() {
@@ -269,17 +280,21 @@ impl Cluster {
                 }
             }
         }
+        let t3 = timer.lap(Phase::Wait, t2);
         let mut stale = 0u64;
         let mut control = 0u64;
         for (wi, checked, mut conn, bytes) in validating {
             let w = &work[wi];
-            let verdicts = conn.recv().map_err(|e| format!("reading VERDICTS: {e}")).and_then(|(op, a)| {
-                control += bytes + (wire::HEAD + a.len()) as u64;
-                match op {
-                    Op::Verdicts => wire::decode_verdicts(&a).map_err(|e| format!("malformed VERDICTS: {e}")),
-                    other => Err(format!("VALIDATE answered {other:?}")),
-                }
-            });
+            let verdicts = conn
+                .recv()
+                .map_err(|e| format!("reading VERDICTS: {e}"))
+                .and_then(|(op, a)| {
+                    control += bytes + (wire::HEAD + a.len()) as u64;
+                    match op {
+                        Op::Verdicts => wire::decode_verdicts(&a).map_err(|e| format!("malformed VERDICTS: {e}")),
+                        other => Err(format!("VALIDATE answered {other:?}")),
+                    }
+                });
             match verdicts {
                 Ok(ok) if ok.len() == checked.len() => {
                     self.put_conn(w.owner.clone(), conn);
@@ -321,6 +336,7 @@ impl Cluster {
         }
         self.counters.control_bytes.fetch_add(control, Ordering::Relaxed);
         self.counters.stale.fetch_add(stale, Ordering::Relaxed);
+        timer.lap(Phase::Other, t3);
     }
 
     /// `Ok` passes through; an error fails every key of the owner (and forgets its connections
@@ -359,7 +375,10 @@ impl Cluster {
             return Ok(s);
         }
         let (engine, name) = (store.engine().clone(), owner.to_string());
-        let opened = self.run(async move { engine.open_segment(&name).await.map(|h| h.id()) }, self.cfg.timeout);
+        let opened = self.run(
+            async move { engine.open_segment(&name).await.map(|h| h.id()) },
+            self.cfg.timeout,
+        );
         let s = opened
             .ok_or_else(|| "opening its segment timed out".to_string())?
             .map_err(|e| format!("opening its segment: {e}"))?;
