@@ -307,4 +307,18 @@ fn peers_without_the_key_are_refused() {
     let a = p2.cmd("get secret 0:4096").unwrap();
     assert!(a.starts_with("ERR") && a.contains("peer-0"), "{a}");
     assert!(!a.contains("OK"), "{a}");
+    // A client without credentials: its HELLO is answered REFUSED (opcode 9), never READY (4).
+    let script = format!(
+        "exec 3<>/dev/tcp/{}/{CONTROL_PORT} && printf '\\x00\\x00\\x00\\x00\\x01\\x00\\x00\\x00' >&3 && head -c 8 <&3 | od -An -tu1",
+        cl.net.host_ip(0)
+    );
+    let out = Network::command_in(&cl.net.host_ns(2), "bash")
+        .args(["-c", &script])
+        .output()
+        .expect("bash");
+    let head: Vec<u32> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|b| b.parse().ok())
+        .collect();
+    assert_eq!(head.get(4), Some(&9), "answer head {head:?}");
 }
