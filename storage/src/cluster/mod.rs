@@ -184,10 +184,12 @@ impl Cluster {
         self.segments.write().insert(owner, id);
     }
 
-    /// Forgets `owner`'s segment and connections (it failed; the next call re-opens them).
+    /// Forgets `owner`'s segment, connections and remembered placements (it failed, perhaps
+    /// restarted; the next call re-opens and re-resolves).
     pub(crate) fn forget(&self, owner: &str) {
         self.segments.write().remove(owner);
         self.conns.lock().remove(owner);
+        self.placements.write().retain(|_, (o, _)| **o != *owner);
     }
 
     /// Writes `keys` to the directory as owned here, unless it already says so; waits at most

@@ -86,6 +86,9 @@ impl Cluster {
         let mut retry = Vec::new();
         self.pass(store, items, missed, true, errors, hits, &mut out, &mut retry);
         if !retry.is_empty() {
+            for &k in &retry {
+                errors[k] = None;
+            }
             let mut again = Vec::new();
             self.pass(store, items, &retry, false, errors, hits, &mut out, &mut again);
         }
@@ -242,7 +245,16 @@ impl Cluster {
                         self.forget(&w.owner);
                         for (i, err) in e.failures {
                             let k = owner_of_request[i] as usize;
-                            if errors[k].is_none() {
+                            if errors[k].is_some() {
+                                continue;
+                            }
+                            if read.iter().any(|x| x.k == k && x.cached) {
+                                // Marked so VALIDATE skips it; read afresh in the next round.
+                                errors[k] = Some(StoreError::NotFound {
+                                    key: items[k].key.to_owned(),
+                                });
+                                retry.push(k);
+                            } else {
                                 errors[k] = Some(remote_err(items[k].key, &w.owner, err));
                             }
                         }
@@ -482,8 +494,13 @@ impl Cluster {
             match store.engine().submit(&requests) {
                 Ok(b) => Some(b),
                 Err(e) => {
-                    for x in &read {
-                        errors[x.k] = Some(remote_err(items[x.k].key, &w.owner, &e));
+                    for x in read.drain(..) {
+                        if x.cached {
+                            // Remembered from an earlier instance of the owner, perhaps.
+                            retry.push(x.k);
+                        } else {
+                            errors[x.k] = Some(remote_err(items[x.k].key, &w.owner, &e));
+                        }
                     }
                     None
                 }
