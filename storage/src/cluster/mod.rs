@@ -55,6 +55,9 @@ pub(crate) struct ClusterCounters {
     pub(crate) remote_errors: AtomicU64,
 }
 
+/// A remote placement read before: its owner and where the object was.
+pub(crate) type Remembered = (Arc<str>, Arc<wire::Place>);
+
 /// One peer's cluster state.
 pub(crate) struct Cluster {
     pub(crate) cfg: ClusterConfig,
@@ -66,7 +69,7 @@ pub(crate) struct Cluster {
     segments: RwLock<HashMap<Arc<str>, SegmentId>>,
     /// Placements of remote DRAM objects read before (owner, extents, generation): a later read
     /// of the same key skips RESOLVE; VALIDATE still checks it, and a stale one is resolved again.
-    pub(crate) placements: RwLock<HashMap<String, (Arc<str>, Arc<wire::Place>)>>,
+    pub(crate) placements: RwLock<HashMap<String, Remembered>>,
     pub(crate) counters: ClusterCounters,
 }
 
