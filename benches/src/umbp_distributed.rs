@@ -365,6 +365,16 @@ pub fn run(args: Args) -> Result<(), String> {
         .collect();
     local_over.sort_by(f64::total_cmp);
     let local_ns_per_fragment = local_over[local_over.len() / 2] / fragments as f64;
+    // What fetching whole objects (the anchor's main branch) would move for the first group,
+    // the one TTFL waits for, over the spans it needs.
+    let (g0_whole, g0_spans) = groups[0].1.iter().fold((0u64, 0u64), |(w, sp), c| {
+        let p = &pools[c.pool];
+        let n = pages as u64;
+        (
+            w + n * p.object_bytes(),
+            sp + n * c.pool_layers.len() as u64 * p.layer_bytes,
+        )
+    });
     let v = serde_json::json!({
         "bench": "umbp-distributed",
         "transport": args.transport,
@@ -382,6 +392,7 @@ pub fn run(args: Args) -> Result<(), String> {
         "vs_raw_back_to_back": raw_b2b.as_secs_f64() / load.as_secs_f64(),
         "wire_bytes_per_delivered_byte": wire as f64 / delivered as f64,
         "whole_object_bytes_per_delivered_byte": (bytes * restores) as f64 / delivered as f64,
+        "first_group_whole_object_over_spans": g0_whole as f64 / g0_spans.max(1) as f64,
         "control_bytes_per_restore": control / restores,
         "remote_requests_per_restore": requests / restores,
         "commit_to_visible_ms": ms(commit_to_visible),

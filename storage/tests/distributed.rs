@@ -212,14 +212,30 @@ fn an_etcd_outage_degrades_to_local_only_and_recovers() {
     let mut p0 = cl.peer(0, &PeerOpts::default());
     let mut p1 = cl.peer(1, &PeerOpts::default());
     p0.ok("put before 65536 1");
+    p1.ok("put other 4096 6");
     wait_owner(&mut p1, "before", "peer-0");
+    wait_owner(&mut p0, "other", "peer-1");
     expect_seed(&mut p1, "before", "0:65536", 1);
+    expect_seed(&mut p0, "other", "0:4096", 6);
 
     drop(cl.etcd.take());
     // Calls go on, bounded: local keys are served, remote ones are misses, puts succeed locally.
     let t = Instant::now();
     expect_seed(&mut p0, "before", "0:8", 1);
+    // Once a peer sees the outage (its remote keys turn into misses), a put does not wait for
+    // etcd at all.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p0.cmd("get other 0:8").unwrap() != "MISS" {
+        assert!(Instant::now() < deadline, "p0 should go local-only");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let tp = Instant::now();
     p0.ok("put during 65536 2");
+    assert!(
+        tp.elapsed() < Duration::from_millis(TIMEOUT_MS / 2),
+        "a put during the outage waited {:?}",
+        tp.elapsed()
+    );
     expect_seed(&mut p0, "during", "0:65536", 2);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

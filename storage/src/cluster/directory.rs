@@ -253,6 +253,11 @@ impl Directory {
         Ok(())
     }
 
+    /// Asks for every local key to be written again once etcd answers.
+    pub(crate) fn mark_dirty(&self) {
+        self.dirty.store(true, Ordering::Release);
+    }
+
     /// Removes `key` from the directory if this peer is still its owner there.
     pub(crate) async fn unpublish(&self, key: &str) {
         let k = format!("{}{key}", self.keys_prefix());

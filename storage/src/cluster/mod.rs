@@ -204,6 +204,12 @@ impl Cluster {
         if keys.is_empty() {
             return;
         }
+        if !self.dir.is_live() {
+            // etcd is out of reach: the put stays local and fast; every local key is written
+            // again when it answers.
+            self.dir.mark_dirty();
+            return;
+        }
         let dir = self.dir.clone();
         let limit = self.cfg.timeout + Duration::from_millis(100);
         if self.run(async move { dir.publish(&keys).await }, limit).is_none() {
