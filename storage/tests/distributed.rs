@@ -330,3 +330,35 @@ fn peers_without_the_key_are_refused() {
         .collect();
     assert_eq!(head.get(4), Some(&9), "answer head {head:?}");
 }
+
+#[test]
+fn a_put_that_does_not_fit_goes_to_the_peer_with_the_most_free_dram() {
+    let Some(cl) = Cluster::start() else { return };
+    let tiny = PeerOpts {
+        dram: Some("1M"),
+        ..Default::default()
+    };
+    let mut p0 = cl.peer(0, &tiny);
+    let mut p1 = cl.peer(1, &PeerOpts::default());
+    let mut p2 = cl.peer(
+        2,
+        &PeerOpts {
+            dram: Some("16M"),
+            ..Default::default()
+        },
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p0.ok("members") != "OK peer-0,peer-1,peer-2" {
+        assert!(Instant::now() < deadline, "membership did not converge");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // 4 MiB cannot live in peer-0's 1 MiB arena (and it has no SSD): peer-1 (64 MiB) takes it.
+    p0.ok("put big 4194304 11");
+    assert_eq!(p0.ok("owner big"), "OK peer-1");
+    wait_owner(&mut p2, "big", "peer-1");
+    expect_seed(&mut p2, "big", "0:4096,4190208:4096", 11);
+    expect_seed(&mut p0, "big", "1048576:1048576", 11);
+    expect_seed(&mut p1, "big", "0:4194304", 11);
+    assert_eq!(stat(&mut p1, "local_hits"), 1);
+    assert_eq!(stat(&mut p0, "puts_ok"), 1);
+}

@@ -28,14 +28,16 @@ const MAX_TXN_OPS: usize = 128;
 /// What the directory knows, as the watch last saw it.
 #[derive(Default)]
 struct View {
-    /// Peer name to control address.
-    peers: HashMap<Arc<str>, SocketAddr>,
+    /// Peer name to control address and the DRAM bytes it last said it had free.
+    peers: HashMap<Arc<str>, (SocketAddr, u64)>,
     /// Key to the name of its owner.
     keys: HashMap<String, Arc<str>>,
 }
 
 /// Lists the keys this peer holds (for re-publishing after an outage).
 pub(crate) type LocalKeys = Box<dyn Fn() -> Vec<String> + Send + Sync>;
+/// This peer's free DRAM bytes (announced with its membership, for remote puts).
+pub(crate) type FreeBytes = Box<dyn Fn() -> u64 + Send + Sync>;
 
 pub(crate) struct Directory {
     client: Client,
@@ -50,6 +52,7 @@ pub(crate) struct Directory {
     dirty: AtomicBool,
     warned: AtomicBool,
     local_keys: LocalKeys,
+    free_bytes: FreeBytes,
     tasks: parking_lot::Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -91,6 +94,7 @@ impl Directory {
         name: String,
         addr: SocketAddr,
         local_keys: LocalKeys,
+        free_bytes: FreeBytes,
     ) -> Result<Arc<Directory>, String> {
         let opts = ConnectOptions::new()
             .with_connect_timeout(cfg.timeout)
@@ -111,6 +115,7 @@ impl Directory {
             dirty: AtomicBool::new(false),
             warned: AtomicBool::new(false),
             local_keys,
+            free_bytes,
             tasks: parking_lot::Mutex::new(Vec::new()),
         });
         d.grant().await?;
@@ -140,7 +145,11 @@ impl Directory {
         let key = format!("{}{}", self.peers_prefix(), self.name);
         self.timed(
             "announcing this peer",
-            c.put(key, self.addr.to_string(), Some(self.lease_opts())),
+            c.put(
+                key,
+                format!("{} {}", self.addr, (self.free_bytes)()),
+                Some(self.lease_opts()),
+            ),
         )
         .await
         .map(|_| ())
@@ -166,9 +175,14 @@ impl Directory {
     fn apply_to(&self, view: &mut View, key: &[u8], value: Option<&[u8]>) {
         let Ok(key) = std::str::from_utf8(key) else { return };
         if let Some(peer) = key.strip_prefix(&self.peers_prefix()) {
-            let addr = value.and_then(|v| std::str::from_utf8(v).ok()?.parse().ok());
-            match addr {
-                Some(a) => view.peers.insert(Arc::from(peer), a),
+            // "addr free_bytes"
+            let entry = value.and_then(|v| {
+                let mut w = std::str::from_utf8(v).ok()?.split_whitespace();
+                let addr = w.next()?.parse().ok()?;
+                Some((addr, w.next().and_then(|f| f.parse().ok()).unwrap_or(0)))
+            });
+            match entry {
+                Some(e) => view.peers.insert(Arc::from(peer), e),
                 None => view.peers.remove(peer),
             };
         } else if let Some(k) = key.strip_prefix(&self.keys_prefix()) {
@@ -207,7 +221,7 @@ impl Directory {
             if **owner == *self.name {
                 return None;
             }
-            view.peers.get(owner).map(|a| (owner.clone(), *a))
+            view.peers.get(owner).map(|&(a, _)| (owner.clone(), a))
         })
         .collect()
     }
@@ -225,7 +239,22 @@ impl Directory {
 
     /// Live members and their control addresses.
     pub(crate) fn members(&self) -> Vec<(Arc<str>, SocketAddr)> {
-        self.view.read().peers.iter().map(|(n, a)| (n.clone(), *a)).collect()
+        self.view
+            .read()
+            .peers
+            .iter()
+            .map(|(n, &(a, _))| (n.clone(), a))
+            .collect()
+    }
+
+    /// The other live member with the most free DRAM, if it announced at least `need` bytes.
+    pub(crate) fn roomiest_peer(&self, need: u64) -> Option<(Arc<str>, SocketAddr)> {
+        let view = self.view.read();
+        view.peers
+            .iter()
+            .filter(|(n, &(_, free))| ***n != *self.name && free >= need)
+            .max_by_key(|(_, &(_, free))| free)
+            .map(|(n, &(a, _))| (n.clone(), a))
     }
 
     /// Writes `keys` as owned by this peer, in transactions of at most [`MAX_TXN_OPS`]. On
@@ -367,6 +396,9 @@ async fn keep_alive_loop(d: Arc<Directory>) {
                         if !recovered {
                             d.recover(false).await?;
                             recovered = true;
+                        } else {
+                            // Keeps the announced free capacity current for remote puts.
+                            d.announce().await?;
                         }
                         tokio::time::sleep(period).await;
                     }

@@ -22,6 +22,7 @@ pub(crate) mod directory;
 pub(crate) mod leases;
 pub(crate) mod owner;
 pub(crate) mod remote_get;
+pub(crate) mod remote_put;
 pub(crate) mod server;
 pub mod wire;
 
@@ -37,7 +38,7 @@ use te_base::SegmentId;
 
 pub use config::ClusterConfig;
 use conn::Conn;
-use directory::{Directory, LocalKeys};
+use directory::{Directory, FreeBytes, LocalKeys};
 use leases::Leases;
 use server::Server;
 
@@ -70,6 +71,8 @@ pub(crate) struct Cluster {
     /// Placements of remote DRAM objects read before (owner, extents, generation): a later read
     /// of the same key skips RESOLVE; VALIDATE still checks it, and a stale one is resolved again.
     pub(crate) placements: RwLock<HashMap<String, Remembered>>,
+    /// Reservations peers are writing into (remote puts), with their deadlines.
+    pub(crate) reservations: Mutex<HashMap<u64, std::time::Instant>>,
     pub(crate) counters: ClusterCounters,
 }
 
@@ -91,6 +94,7 @@ impl Cluster {
         name: &str,
         store: Weak<Inner>,
         local_keys: LocalKeys,
+        free_bytes: FreeBytes,
     ) -> Result<Arc<Cluster>> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -106,7 +110,13 @@ impl Cluster {
             .map_err(|e| StoreError::Cluster(format!("starting the control listener: {e}")))?
             .map_err(|e| StoreError::io(format!("binding the control listener on {}", cfg.listen), e))?;
         let dir = rt
-            .spawn(Directory::join(cfg.clone(), name.to_owned(), server.addr, local_keys))
+            .spawn(Directory::join(
+                cfg.clone(),
+                name.to_owned(),
+                server.addr,
+                local_keys,
+                free_bytes,
+            ))
             .await
             .map_err(|e| StoreError::Cluster(format!("joining: {e}")))?
             .map_err(StoreError::Cluster)?;
@@ -119,6 +129,7 @@ impl Cluster {
             conns: Mutex::new(HashMap::new()),
             segments: RwLock::new(HashMap::new()),
             placements: RwLock::new(HashMap::new()),
+            reservations: Mutex::new(HashMap::new()),
             counters: ClusterCounters::default(),
         }))
     }
@@ -272,7 +283,13 @@ pub(crate) async fn join(store: &crate::store::Store, cc: ClusterConfig, name: &
             .map(|inner| crate::store::Store { inner }.local_keys())
             .unwrap_or_default()
     });
-    let c = Cluster::start(cc, name, weak, local_keys).await?;
+    let free = weak.clone();
+    let free_bytes: FreeBytes = Box::new(move || {
+        free.upgrade()
+            .map(|inner| crate::store::Store { inner }.dram_free())
+            .unwrap_or(0)
+    });
+    let c = Cluster::start(cc, name, weak, local_keys, free_bytes).await?;
     let keys = store.local_keys();
     c.dir.publish(&keys).await;
     let _ = store.inner.cluster.set(c);
@@ -280,6 +297,15 @@ pub(crate) async fn join(store: &crate::store::Store, cc: ClusterConfig, name: &
 }
 
 impl crate::store::Store {
+    /// DRAM bytes below the high watermark not yet allocated (what a remote put may use here).
+    pub(crate) fn dram_free(&self) -> u64 {
+        self.inner
+            .dram
+            .as_ref()
+            .map(|d| d.high.saturating_sub(d.state.read().used()))
+            .unwrap_or(0)
+    }
+
     /// Every key this store's tiers hold.
     pub(crate) fn local_keys(&self) -> Vec<String> {
         let mut keys: Vec<String> = Vec::new();

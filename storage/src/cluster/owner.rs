@@ -14,7 +14,7 @@
 
 use std::time::Instant;
 
-use super::wire::{Place, WantedKey};
+use super::wire::{Allocation, Place, WantedKey};
 use crate::ssd::log::{LogCore, ReadSpan, SsdEntry};
 use crate::store::Store;
 
@@ -158,4 +158,80 @@ impl Store {
             })
             .collect()
     }
+}
+
+impl Store {
+    /// ALLOCATE: reserves arena space for each object of a remote put, from free space below the
+    /// high watermark only (a peer's put never evicts here). A reservation is invisible to
+    /// readers; it is published by COMMIT, or freed when `UMBP_CLUSTER_TIMEOUT_MS` passes first.
+    pub(crate) fn allocate_for_peer(&self, objs: &[Allocation]) -> Vec<Place> {
+        let (Some(d), Some(c)) = (&self.inner.dram, self.inner.cluster.get()) else {
+            return vec![Place::Failed("no DRAM tier".into()); objs.len()];
+        };
+        let versions: Vec<u64> = self.next_versions(objs.len()).collect();
+        let deadline = Instant::now() + c.cfg.timeout;
+        let mut st = d.state.write();
+        let mut held = c.reservations.lock();
+        expire(&mut st, &mut held, self.now());
+        objs.iter()
+            .zip(versions)
+            .map(|(o, v)| {
+                if o.len == 0 || st.used() + st.footprint(o.len) > d.high {
+                    return Place::Failed("no space".into());
+                }
+                match st.reserve(&o.key, o.len, o.depth, v) {
+                    Ok(generation) => {
+                        held.insert(generation, deadline);
+                        Place::Dram {
+                            object_len: o.len,
+                            generation,
+                            extents: st
+                                .pending_extents(generation)
+                                .unwrap_or_default()
+                                .iter()
+                                .map(|x| (x.addr, x.len))
+                                .collect(),
+                        }
+                    }
+                    Err(_) => Place::Failed("no space".into()),
+                }
+            })
+            .collect()
+    }
+
+    /// COMMIT: publishes the reservations a peer wrote into (those still held); returns a verdict
+    /// per key and the keys now committed here.
+    pub(crate) fn commit_for_peer(&self, keys: &[(String, u64)]) -> (Vec<bool>, Vec<String>) {
+        let (Some(d), Some(c)) = (&self.inner.dram, self.inner.cluster.get()) else {
+            return (vec![false; keys.len()], Vec::new());
+        };
+        let now = self.now();
+        let mut st = d.state.write();
+        let mut held = c.reservations.lock();
+        expire(&mut st, &mut held, now);
+        let mut committed = Vec::new();
+        let verdicts = keys
+            .iter()
+            .map(|(k, g)| {
+                let ok = held.remove(g).is_some() && st.commit(*g, true, now, false, |_, _| true);
+                if ok {
+                    committed.push(k.clone());
+                }
+                ok
+            })
+            .collect();
+        (verdicts, committed)
+    }
+}
+
+/// Frees the reservations of remote puts whose deadline passed (their writer died or gave up).
+fn expire(st: &mut crate::dram::tier::DramState, held: &mut std::collections::HashMap<u64, Instant>, now: u64) {
+    let t = Instant::now();
+    held.retain(|&g, &mut deadline| {
+        let keep = deadline > t;
+        if !keep {
+            st.commit(g, false, now, false, |_, _| false);
+        }
+        keep
+    });
 }

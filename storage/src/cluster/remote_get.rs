@@ -373,7 +373,7 @@ impl Cluster {
     }
 
     /// A pooled control connection to `owner`, or a new one.
-    fn conn_to(&self, owner: &Arc<str>, addr: SocketAddr) -> Result<Conn, String> {
+    pub(crate) fn conn_to(&self, owner: &Arc<str>, addr: SocketAddr) -> Result<Conn, String> {
         match self.take_conn(owner) {
             Some(c) => Ok(c),
             None => Conn::connect(addr, self.cfg.auth.as_ref(), self.cfg.timeout)
@@ -382,7 +382,7 @@ impl Cluster {
     }
 
     /// `owner`'s engine segment, opened (on the control runtime, bounded) the first time.
-    fn segment_for(&self, store: &Store, owner: &Arc<str>) -> Result<SegmentId, String> {
+    pub(crate) fn segment_for(&self, store: &Store, owner: &Arc<str>) -> Result<SegmentId, String> {
         if let Some(s) = self.segment(owner) {
             return Ok(s);
         }

@@ -96,9 +96,24 @@ async fn serve(
                 ),
                 Err(e) => (Op::Refused, format!("malformed VALIDATE: {e}").into_bytes()),
             },
+            Op::Allocate => match wire::decode_allocate(&body) {
+                Ok(objs) => (Op::Places, wire::encode_places(0, &store.allocate_for_peer(&objs))),
+                Err(e) => (Op::Refused, format!("malformed ALLOCATE: {e}").into_bytes()),
+            },
+            Op::Commit => match wire::decode_validate(&body) {
+                Ok((_, keys)) => {
+                    let (verdicts, committed) = store.commit_for_peer(&keys);
+                    // Routable before the writer's put returns.
+                    if let Some(c) = store.inner.cluster.get().cloned() {
+                        drop(store);
+                        c.dir.publish(&committed).await;
+                    }
+                    (Op::Verdicts, wire::encode_verdicts(&verdicts))
+                }
+                Err(e) => (Op::Refused, format!("malformed COMMIT: {e}").into_bytes()),
+            },
             other => (Op::Refused, format!("unexpected {other:?}").into_bytes()),
         };
-        drop(store);
         write_frame(&mut s, op, &answer, limits.frame_timeout).await?;
         if op == Op::Refused {
             return Ok(());

@@ -50,6 +50,11 @@ pub enum Op {
     Verdicts = 8,
     /// A request was refused.
     Refused = 9,
+    /// Reserve space for these objects (a remote put); answered by PLACES (DRAM or FAILED).
+    Allocate = 10,
+    /// Publish these reservations (VALIDATE's body: lease 0, key and generation); answered by
+    /// VERDICTS.
+    Commit = 11,
 }
 
 impl Op {
@@ -64,6 +69,8 @@ impl Op {
             7 => Op::Validate,
             8 => Op::Verdicts,
             9 => Op::Refused,
+            10 => Op::Allocate,
+            11 => Op::Commit,
             _ => return None,
         })
     }
@@ -345,6 +352,45 @@ pub fn decode_places(body: &[u8]) -> Result<(u64, Vec<Place>), WireError> {
     Ok((lease, places))
 }
 
+/// One object of an ALLOCATE: its key, length and depth hint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    /// The key.
+    pub key: String,
+    /// Object length.
+    pub len: u64,
+    /// Depth hint.
+    pub depth: u32,
+}
+
+/// Encodes an ALLOCATE body: `u32 n`, then per object `u16 key_len, key, u64 len, u32 depth`.
+pub fn encode_allocate<'a>(objs: impl ExactSizeIterator<Item = (&'a str, u64, u32)>) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&(objs.len() as u32).to_le_bytes());
+    for (key, len, depth) in objs {
+        put_key(&mut out, key);
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&depth.to_le_bytes());
+    }
+    out
+}
+
+/// Decodes an ALLOCATE body.
+pub fn decode_allocate(body: &[u8]) -> Result<Vec<Allocation>, WireError> {
+    let mut r = Reader { b: body };
+    let n = r.count(15, "object count")?;
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(Allocation {
+            key: r.key()?,
+            len: r.u64("object length")?,
+            depth: r.u32("depth")?,
+        });
+    }
+    r.end()?;
+    Ok(v)
+}
+
 /// Encodes a VALIDATE body.
 pub fn encode_validate<'a>(lease: u64, keys: impl ExactSizeIterator<Item = (&'a str, u64)>) -> Vec<u8> {
     let mut out = Vec::new();
@@ -426,6 +472,7 @@ mod tests {
             let _ = decode_places(&b);
             let _ = decode_validate(&b);
             let _ = decode_verdicts(&b);
+            let _ = decode_allocate(&b);
             if b.len() >= HEAD {
                 let _ = decode_head(b[..HEAD].try_into().unwrap());
             }
@@ -458,10 +505,20 @@ mod tests {
             prop_assert_eq!(decode_validate(&body).unwrap(), (lease, gens.clone()));
             let body = encode_verdicts(&ok);
             prop_assert_eq!(decode_verdicts(&body).unwrap(), ok);
+            let objs: Vec<(String, u64, u32)> = gens.iter().map(|(k, g)| (k.clone(), *g, *g as u32)).collect();
+            let body = encode_allocate(objs.iter().map(|(k, l, d)| (k.as_str(), *l, *d)));
+            let back = decode_allocate(&body).unwrap();
+            prop_assert_eq!(back.len(), objs.len());
+            for (b, (k, l, d)) in back.iter().zip(&objs) {
+                prop_assert!(b.key == *k && b.len == *l && b.depth == *d);
+            }
+            for cut in 0..body.len() {
+                prop_assert!(decode_allocate(&body[..cut]).is_err());
+            }
         }
 
         #[test]
-        fn heads_round_trip_and_bound_the_body(len in 0usize..(2 * MAX_BODY), op in 1u8..=9) {
+        fn heads_round_trip_and_bound_the_body(len in 0usize..(2 * MAX_BODY), op in 1u8..=11) {
             let f = frame(Op::from_u8(op).unwrap(), &[]);
             let mut head: [u8; HEAD] = f[..HEAD].try_into().unwrap();
             head[..4].copy_from_slice(&(len as u32).to_le_bytes());

@@ -395,6 +395,16 @@ impl Store {
     pub fn remove(&self, key: &str) -> Result<bool> {
         self.check_open()?;
         Self::check_keys(std::iter::once(key))?;
+        let found = self.remove_local(key)?;
+        #[cfg(feature = "cluster")]
+        if let (true, Some(c)) = (found, self.inner.cluster.get()) {
+            c.unpublish(key);
+        }
+        Ok(found)
+    }
+
+    /// Removes `key` from this store's tiers (not from a cluster's directory).
+    pub(crate) fn remove_local(&self, key: &str) -> Result<bool> {
         let mut dram = self.inner.dram.as_ref().map(|d| d.state.write());
         let mut found = dram.as_mut().is_some_and(|st| st.remove(key));
         let old = self.inner.ssd.as_ref().and_then(|s| s.log.unpublish(key));
@@ -402,10 +412,6 @@ impl Store {
         if let (Some(old), Some(s)) = (old, &self.inner.ssd) {
             found = true;
             s.log.retire(&old)?;
-        }
-        #[cfg(feature = "cluster")]
-        if let (true, Some(c)) = (found, self.inner.cluster.get()) {
-            c.unpublish(key);
         }
         Ok(found)
     }
