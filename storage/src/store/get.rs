@@ -26,6 +26,7 @@ enum Found {
     /// A data error decided at resolve time (buffer too small, damaged record).
     Failed,
     /// Read from the peer that owns it (distributed mode).
+    #[cfg(feature = "cluster")]
     Remote,
 }
 

@@ -61,6 +61,7 @@ impl Store {
         timer.lap(Phase::Classify, t0);
         let versions: Vec<u64> = self.next_versions(items.len()).collect();
         // Keys stored on another peer (distributed mode): their owner writes the directory.
+        #[cfg(feature = "cluster")]
         let mut remote = vec![false; items.len()];
         let mut errors: Vec<Option<StoreError>> = (0..items.len()).map(|_| None).collect();
         let all: Vec<usize> = (0..items.len()).collect();

@@ -42,6 +42,7 @@ impl Staging {
     }
 }
 
+#[cfg(feature = "cluster")]
 impl Staging {
     /// Takes a free slot without waiting (for a remote reader: its lease returns it).
     pub(crate) fn try_acquire_index(&self) -> Option<usize> {
