@@ -9,6 +9,7 @@ mod register;
 mod topology;
 mod transfer;
 mod umbp;
+mod umbp_distributed;
 mod umbp_standalone;
 mod util;
 
@@ -33,6 +34,9 @@ enum Command {
     Transfer(transfer::Args),
     /// UMBP store: layer-wise ranged restore (TTFL) and offload.
     Umbp(umbp::Args),
+    /// The owner peer of `umbp --distributed` (started by it).
+    #[command(hide = true)]
+    UmbpOwner(umbp::Args),
 }
 
 fn main() {
@@ -44,6 +48,7 @@ fn main() {
         Command::Topology(a) => topology::run(a),
         Command::Transfer(a) => transfer::run(a),
         Command::Umbp(a) => umbp::run(a),
+        Command::UmbpOwner(a) => umbp_distributed::owner(a),
     };
     if let Err(e) = result {
         eprintln!("te-bench: {e}");

@@ -25,94 +25,106 @@ pub struct Args {
     /// Pools: `name:count:layer_bytes[:first/stride | :l1,l2,...]`, `;`-separated. The optional
     /// part gives each pool layer's logical layer number (default 0..count-1).
     #[arg(long, default_value = DEEPSEEK_V4_PRO)]
-    pools: String,
+    pub(crate) pools: String,
     /// Logical layers per layer group.
     #[arg(long, default_value_t = 8)]
-    layer_group: u32,
+    pub(crate) layer_group: u32,
     /// Pages per rank (one object per page and pool).
     #[arg(long, default_value_t = 32)]
-    pages: usize,
+    pub(crate) pages: usize,
     /// Timed restores per rank count; medians and p95 are reported.
     #[arg(long, default_value_t = 9)]
-    requests: usize,
+    pub(crate) requests: usize,
     /// Rank counts to run (concurrent readers, one thread each), comma-separated.
     #[arg(long, default_value = "1,2")]
-    ranks: String,
+    pub(crate) ranks: String,
     /// Simulated forward compute per logical layer, in microseconds.
     #[arg(long, default_value_t = 150)]
-    compute_us_per_layer: u64,
+    pub(crate) compute_us_per_layer: u64,
     /// Tier the pages are stored in: dram or ssd.
     #[arg(long, default_value = "dram")]
-    tier: String,
+    pub(crate) tier: String,
     /// SSD directory for `--tier ssd` (default: a fresh directory under /tmp, removed after).
     #[arg(long)]
-    ssd_dir: Option<PathBuf>,
+    pub(crate) ssd_dir: Option<PathBuf>,
     /// Record per-phase timings of the store's ranged calls (as UMBP_RANGED_CALL_DEBUG=1).
     #[arg(long)]
-    phases: bool,
+    pub(crate) phases: bool,
     /// Recompute every restored byte from its position-dependent seed.
     #[arg(long)]
-    verify: bool,
+    pub(crate) verify: bool,
     /// One JSON object per rank count.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Standalone mode: the store in an `umbp-server` process (started here unless `--socket`),
     /// ranks as worker processes.
     #[arg(long)]
-    standalone: bool,
+    pub(crate) standalone: bool,
     /// Standalone mode: a running server's socket.
     #[arg(long)]
-    socket: Option<PathBuf>,
+    pub(crate) socket: Option<PathBuf>,
     /// With `--standalone`: also run the same shape in local mode (rows carry `mode`).
     #[arg(long)]
-    compare_local: bool,
+    pub(crate) compare_local: bool,
     /// Chunked-reader shape (standalone): keys per pass.
     #[arg(long)]
-    keys: Option<usize>,
+    pub(crate) keys: Option<usize>,
     /// Chunked-reader shape: keys per call.
     #[arg(long, default_value_t = 1024)]
-    chunk: usize,
+    pub(crate) chunk: usize,
     /// Chunked-reader shape: ranges per key.
     #[arg(long, default_value_t = 1)]
-    ranges_per_key: usize,
+    pub(crate) ranges_per_key: usize,
     /// Chunked-reader shape: bytes per range.
     #[arg(long, default_value_t = 64)]
-    range_bytes: u64,
+    pub(crate) range_bytes: u64,
     /// Chunked-reader shape: bytes per key (the seed's keys are ~128 B).
     #[arg(long, default_value_t = 128)]
-    key_bytes: usize,
+    pub(crate) key_bytes: usize,
     /// Chunked-reader shape: reader threads (one connection each).
     #[arg(long, default_value_t = 1)]
-    threads: usize,
+    pub(crate) threads: usize,
     /// Chunked-reader shape: timed passes per measurement (after one warm-up pass).
     #[arg(long, default_value_t = 3)]
-    passes: usize,
+    pub(crate) passes: usize,
     /// Chunked-reader shape: measurements per arm, arms alternated; medians reported.
     #[arg(long, default_value_t = 5)]
-    reps: usize,
+    pub(crate) reps: usize,
     /// Chunked-reader shape: key-handle arms, alternated in one run (`on`, `off`).
     #[arg(long, default_value = "on,off")]
-    key_handles: String,
+    pub(crate) key_handles: String,
     /// Internal: run as worker process `r` of a standalone run.
     #[arg(long, hide = true)]
-    worker_rank: Option<usize>,
+    pub(crate) worker_rank: Option<usize>,
+    /// Distributed mode: put the pages on one peer process and restore them from another over
+    /// `--transport`, next to a raw engine transfer of the same spans between the same two
+    /// processes (see `umbp_distributed`).
+    #[arg(long)]
+    pub(crate) distributed: bool,
+    /// With `--distributed`: an existing cluster (`etcd://host:port[/prefix]`); default: an etcd
+    /// started on loopback for the run.
+    #[arg(long)]
+    pub(crate) cluster: Option<String>,
+    /// With `--distributed`: the transport between the peers (besides local).
+    #[arg(long, default_value = "tcp")]
+    pub(crate) transport: String,
 }
 
 #[derive(Debug, Clone)]
-struct Pool {
-    name: String,
-    layer_bytes: u64,
+pub(crate) struct Pool {
+    pub(crate) name: String,
+    pub(crate) layer_bytes: u64,
     /// Logical layer number of each pool layer.
-    layers: Vec<u32>,
+    pub(crate) layers: Vec<u32>,
 }
 
 impl Pool {
-    fn object_bytes(&self) -> u64 {
+    pub(crate) fn object_bytes(&self) -> u64 {
         self.layers.len() as u64 * self.layer_bytes
     }
 }
 
-fn parse_pools(spec: &str) -> Result<Vec<Pool>, String> {
+pub(crate) fn parse_pools(spec: &str) -> Result<Vec<Pool>, String> {
     let mut pools = Vec::new();
     for part in spec.split(';').map(str::trim).filter(|p| !p.is_empty()) {
         let fields: Vec<&str> = part.splitn(4, ':').collect();
@@ -164,12 +176,12 @@ fn parse_pools(spec: &str) -> Result<Vec<Pool>, String> {
 }
 
 /// One (layer group, pool) call: pool-layer indices in the group.
-struct GroupCall {
-    pool: usize,
-    pool_layers: Vec<usize>,
+pub(crate) struct GroupCall {
+    pub(crate) pool: usize,
+    pub(crate) pool_layers: Vec<usize>,
 }
 
-fn groups(pools: &[Pool], layer_group: u32) -> Vec<(u32, Vec<GroupCall>)> {
+pub(crate) fn groups(pools: &[Pool], layer_group: u32) -> Vec<(u32, Vec<GroupCall>)> {
     let max = pools.iter().flat_map(|p| p.layers.iter()).copied().max().unwrap_or(0);
     let mut out = Vec::new();
     let mut g0 = 0;
@@ -212,10 +224,10 @@ fn seed(rank: usize, pool: usize, page: usize, layer: usize) -> u64 {
 /// Memory the store writes into behind Rust's back (it is registered): a buffer from
 /// `Store::alloc_buffer` (a sealed memfd in both modes, so the modes compare the same memory),
 /// only ever accessed by one rank at a time.
-struct RawBuf(KvBuffer);
+pub(crate) struct RawBuf(KvBuffer);
 
 impl RawBuf {
-    fn addr(&self) -> u64 {
+    pub(crate) fn addr(&self) -> u64 {
         self.0.addr()
     }
 
@@ -234,28 +246,31 @@ impl RawBuf {
 
 /// A rank's memory: per pool, the registered KV buffer `[pool layer][page]` and a mirror laid
 /// out like the store's objects (page-major) for the memcpy baseline.
-struct RankMem {
-    kv: Vec<RawBuf>,
-    mirror: Vec<Vec<u8>>,
+pub(crate) struct RankMem {
+    pub(crate) kv: Vec<RawBuf>,
+    pub(crate) mirror: Vec<Vec<u8>>,
 }
 
-fn key(rank: usize, page: usize, pool: &Pool) -> String {
+pub(crate) fn key(rank: usize, page: usize, pool: &Pool) -> String {
     format!("r{rank}/p{page}/{}", pool.name)
 }
 
-struct Sample {
-    restore: Duration,
-    ttfl: Duration,
-    load: Duration,
-    memcpy: Duration,
-    smallest_load: Duration,
-    smallest_memcpy: Duration,
-    mismatched: u64,
+pub(crate) struct Sample {
+    pub(crate) restore: Duration,
+    pub(crate) ttfl: Duration,
+    pub(crate) load: Duration,
+    pub(crate) memcpy: Duration,
+    pub(crate) smallest_load: Duration,
+    pub(crate) smallest_memcpy: Duration,
+    pub(crate) mismatched: u64,
 }
 
 pub fn run(args: Args) -> Result<(), String> {
     if let Some(r) = args.worker_rank {
         return worker(&args, r);
+    }
+    if args.distributed {
+        return crate::umbp_distributed::run(args);
     }
     if let Some(keys) = args.keys {
         if !args.standalone {
@@ -554,7 +569,7 @@ fn run_restore(args: &Args, standalone: bool) -> Result<(), String> {
 }
 
 /// Allocates, fills and registers rank `r`'s KV buffers, and builds its mirror.
-fn rank_mem(
+pub(crate) fn rank_mem(
     store: &Store,
     rt: &tokio::runtime::Runtime,
     r: usize,
@@ -590,14 +605,14 @@ fn rank_mem(
 }
 
 #[derive(Default)]
-struct PutTally {
-    bytes: u64,
-    failures: u64,
-    first_failure: Option<String>,
+pub(crate) struct PutTally {
+    pub(crate) bytes: u64,
+    pub(crate) failures: u64,
+    pub(crate) first_failure: Option<String>,
 }
 
 /// One ranged put per pool of rank `r`: every page, ranges tiling each object.
-fn put_rank(
+pub(crate) fn put_rank(
     store: &Store,
     r: usize,
     mem: &RankMem,
@@ -719,18 +734,18 @@ fn parse_samples(out: &str) -> Result<Vec<Sample>, String> {
         .collect()
 }
 
-fn ms(d: Duration) -> f64 {
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn us(d: Duration) -> f64 {
+pub(crate) fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
 /// Simulated forward compute. On a GPU node the reading thread blocks while the device computes,
 /// so this sleeps (leaving the core to other ranks) and spins only the last stretch, where sleep
 /// would overshoot.
-fn compute(d: Duration) {
+pub(crate) fn compute(d: Duration) {
     const SPIN: Duration = Duration::from_micros(80);
     let t = Instant::now();
     if d > SPIN {
@@ -779,7 +794,7 @@ fn ssd_layer_ratio(store: &Store, pools: &[Pool], mem: &RankMem, pages: usize, l
 }
 
 #[allow(clippy::too_many_arguments)]
-fn rank_loop(
+pub(crate) fn rank_loop(
     store: &Store,
     barrier: &Barrier,
     rank: usize,

@@ -21,6 +21,7 @@
 //! | `UMBP_PROMOTE_ON_READ` | 1 | whole-object SSD reads are copied into DRAM |
 //! | `UMBP_RANGED_CALL_DEBUG` | 0 | per-phase timings of ranged calls |
 //! | `UMBP_STANDALONE_SOCKET` and the key-handle variables | | standalone mode, see [`crate::standalone`] |
+//! | `UMBP_CLUSTER` | unset | distributed mode: `etcd://host:port[,...][/prefix]` (see `cluster::config`) |
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -72,6 +73,10 @@ pub struct StoreConfig {
     pub key_handle_debug: bool,
     /// Standalone mode: the shared key (`TE_AUTH_KEY_FILE`) proved to the server.
     pub standalone_auth: Option<te_base::auth::AuthKey>,
+
+    /// Distributed mode (`UMBP_CLUSTER`); `None`: local mode.
+    #[cfg(feature = "cluster")]
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 /// Builds a [`StoreConfig`]: explicit settings, then `UMBP_*` variables, then defaults.
@@ -98,6 +103,9 @@ pub struct StoreBuilder {
     /// `Some(None)`: local mode whatever the environment says; `Some(Some(p))`: connect to `p`.
     standalone: Option<Option<PathBuf>>,
     key_handle_slots: Option<usize>,
+
+    #[cfg(feature = "cluster")]
+    cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 impl Default for StoreBuilder {
@@ -140,7 +148,17 @@ impl StoreBuilder {
             ranged_call_debug: None,
             standalone: None,
             key_handle_slots: None,
+
+            #[cfg(feature = "cluster")]
+            cluster: None,
         }
+    }
+
+    /// Distributed mode: join the cluster described by `cfg` (else `UMBP_CLUSTER`, unset: local).
+    #[cfg(feature = "cluster")]
+    pub fn cluster(mut self, cfg: crate::cluster::ClusterConfig) -> Self {
+        self.cluster = Some(cfg);
+        self
     }
 
     /// Reads variables from `env` instead of the process environment.
@@ -369,7 +387,7 @@ impl StoreBuilder {
                 "no tier left: set UMBP_SSD_DIRS or a DRAM capacity",
             ));
         }
-        Ok(StoreConfig {
+        StoreConfig {
             segment_name: self.segment_name.clone(),
             dram_capacity,
             dram_page_bytes,
@@ -397,7 +415,29 @@ impl StoreBuilder {
             },
             key_handle_debug: flag(None, "UMBP_KEY_HANDLE_DEBUG", false)?,
             standalone_auth: te_base::auth::AuthKey::from_env(env)?,
-        })
+            #[cfg(feature = "cluster")]
+            cluster: match &self.cluster {
+                Some(c) => Some(c.clone()),
+                None => crate::cluster::ClusterConfig::from_env(env)?,
+            },
+        }
+        .exclusive_modes()
+    }
+}
+
+impl StoreConfig {
+    /// A standalone client has no tiers of its own, so it cannot also be a cluster peer: the
+    /// `umbp-server` it talks to is the one that joins the cluster.
+    fn exclusive_modes(self) -> Result<StoreConfig> {
+        #[cfg(feature = "cluster")]
+        if let (Some(socket), Some(_)) = (&self.standalone_socket, &self.cluster) {
+            return Err(StoreError::Engine(te_base::Error::config(
+                "UMBP_CLUSTER",
+                format!("(with UMBP_STANDALONE_SOCKET={})", socket.display()),
+                "a standalone client cannot join a cluster; configure the cluster on its umbp-server",
+            )));
+        }
+        Ok(self)
     }
 }
 

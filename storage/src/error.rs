@@ -229,6 +229,23 @@ pub enum StoreError {
         /// The server's message.
         detail: String,
     },
+
+    /// Data (distributed mode): the key's owner could not serve it (unreachable, did not answer
+    /// within the cluster timeout, refused, failed mid-read). The key's bytes in the caller's
+    /// buffer are not data. Other keys of the call are unaffected.
+    #[error("key {key:?}: its owner {peer} could not serve it: {reason}")]
+    Remote {
+        /// The key.
+        key: String,
+        /// The owner's name.
+        peer: String,
+        /// What went wrong.
+        reason: String,
+    },
+
+    /// Distributed mode could not start or be reached (etcd, the control listener).
+    #[error("cluster: {0}")]
+    Cluster(String),
 }
 
 impl StoreError {

@@ -23,6 +23,8 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod eviction;
@@ -42,6 +44,8 @@ pub mod ssd {
     pub mod record;
 }
 
+#[cfg(feature = "cluster")]
+pub use cluster::ClusterConfig;
 pub use config::{StoreBuilder, StoreConfig};
 pub use error::{Result, StoreError, Tier};
 pub use eviction::EvictionPolicy;

@@ -31,6 +31,9 @@ pub struct DramEntry {
     /// True when the SSD tier holds this same version (written through, or promoted from it):
     /// demoting it needs no write.
     pub on_ssd: bool,
+    /// The reservation this entry was copied into: unique per arena placement, so a remote
+    /// reader that saw it before and after its read knows the pages were not reused meanwhile.
+    pub generation: u64,
 }
 
 /// A reservation: space being copied into, invisible to readers and never evicted.
@@ -131,8 +134,6 @@ impl DramState {
                 }
             })
             .collect();
-        let generation = self.next_generation;
-        self.next_generation += 1;
         let entry = DramEntry {
             len,
             depth,
@@ -141,8 +142,11 @@ impl DramState {
             last_access: AtomicU64::new(0),
             version,
             on_ssd: false,
+            generation: self.next_generation,
         };
         self.runs = runs;
+        let generation = self.next_generation;
+        self.next_generation += 1;
         self.pending.insert(
             generation,
             Pending {

@@ -25,6 +25,9 @@ enum Found {
     Ssd(SsdEntry),
     /// A data error decided at resolve time (buffer too small, damaged record).
     Failed,
+    /// Read from the peer that owns it (distributed mode).
+    #[cfg(feature = "cluster")]
+    Remote,
 }
 
 /// What a read call asks for.
@@ -194,16 +197,35 @@ impl Store {
         }
 
         let ssd_bytes = self.read_from_ssd(&items, &found, &mut errors)?;
+        // Distributed mode: ranged reads of keys no local tier holds go to their owners.
+        #[cfg(feature = "cluster")]
+        if let (Wants::Ranges(_), Some(cluster)) = (&wants, self.inner.cluster.get()) {
+            let missed: Vec<usize> = (0..n).filter(|&k| matches!(found[k], Found::Missing)).collect();
+            let mut hits = Vec::new();
+            cluster.get_remote(self, &items, &missed, &mut errors, &mut hits);
+            for k in hits {
+                found[k] = Found::Remote;
+            }
+        }
         let t3 = timer.start();
         let mut results = Vec::with_capacity(items.len());
+        let (mut local_hits, mut misses) = (0u64, 0u64);
         for (k, (it, f)) in items.iter().zip(found).enumerate() {
+            let local = matches!(f, Found::Dram | Found::Ssd(_));
             results.push(match (errors[k].take(), f) {
                 (Some(e), _) => Err(e),
                 (None, Found::Missing | Found::Failed) => Err(StoreError::NotFound { key: it.key.to_owned() }),
                 (None, _) => Ok(it.ranges.iter().map(|r| r.len).sum()),
             });
+            match &results[k] {
+                Ok(_) if local => local_hits += 1,
+                Err(StoreError::NotFound { .. }) => misses += 1,
+                _ => {}
+            }
         }
         let c = &self.inner.counters;
+        c.local_hits.fetch_add(local_hits, Ordering::Relaxed);
+        c.misses.fetch_add(misses, Ordering::Relaxed);
         c.dram_read_bytes.fetch_add(dram_bytes, Ordering::Relaxed);
         c.ssd_delivered_bytes.fetch_add(ssd_bytes, Ordering::Relaxed);
         timer.lap(Phase::Other, t3);

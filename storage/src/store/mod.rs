@@ -147,6 +147,24 @@ pub struct StoreStats {
     pub server_sessions: u64,
     /// Server: worker buffers mapped.
     pub server_mapped_buffers: u64,
+
+    // Distributed mode (local hits and misses are counted in every mode).
+    /// Keys of ranged/whole gets served by this store's own tiers.
+    pub local_hits: u64,
+    /// Keys of gets served by no tier and no peer.
+    pub misses: u64,
+    /// Keys read from another peer.
+    pub remote_hits: u64,
+    /// Bytes delivered from other peers (exactly the requested spans).
+    pub remote_bytes: u64,
+    /// Engine requests issued to other peers.
+    pub remote_requests: u64,
+    /// Control-protocol bytes sent and received (RESOLVE, PLACES, VALIDATE, VERDICTS).
+    pub remote_control_bytes: u64,
+    /// Remote keys whose placement changed while they were read (returned as misses).
+    pub remote_stale: u64,
+    /// Remote keys whose owner failed them (`StoreError::Remote`).
+    pub remote_errors: u64,
 }
 
 #[derive(Debug, Default)]
@@ -159,6 +177,8 @@ struct Counters {
     promoted: AtomicU64,
     puts_ok: AtomicU64,
     puts_failed: AtomicU64,
+    local_hits: AtomicU64,
+    misses: AtomicU64,
 }
 
 pub(crate) struct Dram {
@@ -192,6 +212,10 @@ pub(crate) struct Inner {
     closed: AtomicBool,
     /// Standalone mode: every public call goes to the server through this client.
     pub(crate) remote: Option<Arc<crate::standalone::client::Client>>,
+
+    /// Distributed mode: set once at open.
+    #[cfg(feature = "cluster")]
+    pub(crate) cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
 }
 
 /// The UMBP store. Cheap to clone; clones share one store. Data calls are blocking and may run
@@ -224,6 +248,13 @@ impl StoreBuilder {
                 STORE_COUNTER.fetch_add(1, Ordering::Relaxed)
             )
         });
+        #[cfg(feature = "cluster")]
+        if let Some(cc) = cfg.cluster.clone() {
+            let engine = crate::cluster::engine(&cc, &name).await?;
+            let store = Store::open_with(cfg, engine, true).await?;
+            crate::cluster::join(&store, cc, &name).await?;
+            return Ok(store);
+        }
         let engine = TransferEngine::builder().segment_name(name).build().await?;
         Store::open_with(cfg, engine, true).await
     }
@@ -292,6 +323,9 @@ impl Store {
                 counters: Counters::default(),
                 closed: AtomicBool::new(false),
                 remote: None,
+
+                #[cfg(feature = "cluster")]
+                cluster: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -338,6 +372,8 @@ impl Store {
                 counters: Counters::default(),
                 closed: AtomicBool::new(false),
                 remote: Some(Arc::new(client)),
+                #[cfg(feature = "cluster")]
+                cluster: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -495,6 +531,16 @@ impl Store {
             return c.remove(key);
         }
         Self::check_keys(std::iter::once(key))?;
+        let found = self.remove_local(key)?;
+        #[cfg(feature = "cluster")]
+        if let (true, Some(c)) = (found, self.inner.cluster.get()) {
+            c.unpublish(key);
+        }
+        Ok(found)
+    }
+
+    /// Removes `key` from this store's tiers (not from a cluster's directory).
+    pub(crate) fn remove_local(&self, key: &str) -> Result<bool> {
         let mut dram = self.inner.dram.as_ref().map(|d| d.state.write());
         let mut found = dram.as_mut().is_some_and(|st| st.remove(key));
         let old = self.inner.ssd.as_ref().and_then(|s| s.log.unpublish(key));
@@ -648,6 +694,10 @@ impl Store {
         }
         // Registrations are released and the engine shut down even when the flush fails.
         let flushed = self.flush();
+        #[cfg(feature = "cluster")]
+        if let Some(c) = self.inner.cluster.get() {
+            c.leave();
+        }
         let regions = self.inner.callers.write().drain();
         for r in regions {
             r.registration.deregister().await?;
@@ -673,8 +723,14 @@ impl Store {
             promoted: c.promoted.load(Ordering::Relaxed),
             puts_ok: c.puts_ok.load(Ordering::Relaxed),
             puts_failed: c.puts_failed.load(Ordering::Relaxed),
+            local_hits: c.local_hits.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
             ..Default::default()
         };
+        #[cfg(feature = "cluster")]
+        if let Some(cl) = self.inner.cluster.get() {
+            cl.counters.fill(&mut s);
+        }
         if let Some(d) = &self.inner.dram {
             let st = d.state.read();
             s.dram_objects = st.len() as u64;

@@ -63,6 +63,9 @@ impl Store {
         }
         timer.lap(Phase::Classify, t0);
         let versions: Vec<u64> = self.next_versions(items.len()).collect();
+        // Keys stored on another peer (distributed mode): their owner writes the directory.
+        #[cfg(feature = "cluster")]
+        let mut remote = vec![false; items.len()];
         let mut errors: Vec<Option<StoreError>> = (0..items.len()).map(|_| None).collect();
         let all: Vec<usize> = (0..items.len()).collect();
         let has_ssd = self.inner.ssd.is_some();
@@ -99,6 +102,15 @@ impl Store {
                     &mut errors,
                     &mut overflow,
                 );
+                // Distributed mode: what local DRAM cannot hold goes to the roomiest peer first.
+                #[cfg(feature = "cluster")]
+                if let (false, Some(c)) = (overflow.is_empty(), self.inner.cluster.get()) {
+                    for k in c.put_remote(self, items, &overflow) {
+                        remote[k] = true;
+                        self.remove_local(items[k].key)?;
+                    }
+                    overflow.retain(|&k| !remote[k]);
+                }
                 if !overflow.is_empty() {
                     if has_ssd {
                         self.put_ssd(items, &overflow, &versions, &mut errors)?;
@@ -117,6 +129,13 @@ impl Store {
             None => self.put_ssd(items, &all, &versions, &mut errors)?,
         }
         let failed = errors.iter().filter(|e| e.is_some()).count() as u64;
+        // Distributed mode: the stored keys are routable to this peer before the put returns.
+        #[cfg(feature = "cluster")]
+        if let Some(cluster) = self.inner.cluster.get() {
+            let stored = items.iter().zip(&errors).zip(&remote);
+            let local = stored.filter(|((_, e), &r)| e.is_none() && !r);
+            cluster.publish(local.map(|((it, _), _)| it.key.to_owned()).collect());
+        }
         let c = &self.inner.counters;
         c.puts_ok.fetch_add(items.len() as u64 - failed, Ordering::Relaxed);
         c.puts_failed.fetch_add(failed, Ordering::Relaxed);

@@ -42,6 +42,33 @@ impl Staging {
     }
 }
 
+#[cfg(feature = "cluster")]
+impl Staging {
+    /// Takes a free slot without waiting (for a remote reader: its lease returns it).
+    pub(crate) fn try_acquire_index(&self) -> Option<usize> {
+        self.free.lock().pop()
+    }
+
+    /// Returns a slot taken with [`Staging::try_acquire_index`].
+    pub(crate) fn release_index(&self, index: usize) {
+        self.free.lock().push(index);
+        self.returned.notify_one();
+    }
+
+    /// Address of slot `index`.
+    pub(crate) fn slot_addr(&self, index: usize) -> u64 {
+        self.region.addr() + index as u64 * self.slot_bytes
+    }
+
+    /// First byte of slot `index`.
+    pub(crate) fn slot_ptr(&self, index: usize) -> *mut u8 {
+        debug_assert!(self.slot_addr(index) + self.slot_bytes <= self.region.addr() + self.region.len());
+        // SAFETY: slot indices come from the free list, built as 0..slots, so the offset stays
+        // inside the registered allocation.
+        unsafe { self.region.as_ptr().add(index * self.slot_bytes as usize) }
+    }
+}
+
 impl Slot<'_> {
     /// Address of the slot's first byte (4 KiB-aligned).
     pub(crate) fn addr(&self) -> u64 {

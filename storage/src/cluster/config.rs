@@ -1,0 +1,146 @@
+//! Settings of distributed mode, from `UMBP_CLUSTER*` variables or the builder.
+//!
+//! | variable | default | meaning |
+//! | --- | --- | --- |
+//! | `UMBP_CLUSTER` | unset (local mode) | `etcd://host:port[,host:port...][/prefix]`: etcd endpoints and the key prefix separating clusters (default prefix `/umbp`) |
+//! | `UMBP_CLUSTER_LISTEN` | `127.0.0.1:0` | address of this peer's control listener (an IP other peers reach) |
+//! | `UMBP_CLUSTER_LEASE_TTL_S` | 10 | membership lease: a dead peer's keys stop being routed to it within this |
+//! | `UMBP_CLUSTER_TIMEOUT_MS` | 3000 | bound of one etcd call, one control request and one remote read |
+//!
+//! The peer's name is the store's segment name. With `TE_AUTH_KEY`/`TE_AUTH_KEY_FILE` set, the
+//! control listener and the engine's transports require it of every peer.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use te_base::auth::AuthKey;
+use te_base::config::{parse_var, Env};
+use te_base::{Error, Result};
+
+/// Distributed-mode settings.
+#[derive(Clone)]
+pub struct ClusterConfig {
+    /// etcd endpoints (`http://host:port`).
+    pub endpoints: Vec<String>,
+    /// Key prefix (starts with `/`, no trailing `/`).
+    pub prefix: String,
+    /// Control listener address.
+    pub listen: SocketAddr,
+    /// Membership lease time-to-live in seconds (2..=3600).
+    pub lease_ttl_s: i64,
+    /// Bound of one etcd call, control request or remote read.
+    pub timeout: Duration,
+    /// Shared key peers must prove (the engine's `TE_AUTH_KEY`).
+    pub auth: Option<AuthKey>,
+}
+
+impl std::fmt::Debug for ClusterConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterConfig")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("listen", &self.listen)
+            .field("lease_ttl_s", &self.lease_ttl_s)
+            .field("timeout", &self.timeout)
+            .field("auth", &self.auth.is_some())
+            .finish()
+    }
+}
+
+impl ClusterConfig {
+    /// Parses `etcd://host:port[,host:port...][/prefix]` with default listener, lease and timeout.
+    pub fn parse(url: &str) -> Result<ClusterConfig> {
+        let bad = |why: &str| Error::config("UMBP_CLUSTER", url, why);
+        let rest = url
+            .strip_prefix("etcd://")
+            .ok_or_else(|| bad("expected etcd://host:port[,host:port...][/prefix]"))?;
+        let (hosts, prefix) = match rest.find('/') {
+            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/').to_string()),
+            None => (rest, "/umbp".to_string()),
+        };
+        if prefix.is_empty() || prefix.contains("//") {
+            return Err(bad("empty prefix segment"));
+        }
+        let endpoints: Vec<String> = hosts.split(',').map(|h| format!("http://{h}")).collect();
+        if hosts
+            .split(',')
+            .any(|h| h.is_empty() || h.contains(char::is_whitespace) || !h.contains(':'))
+        {
+            return Err(bad("each endpoint must be host:port"));
+        }
+        Ok(ClusterConfig {
+            endpoints,
+            prefix,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            lease_ttl_s: 10,
+            timeout: Duration::from_millis(3000),
+            auth: None,
+        })
+    }
+
+    /// Reads `UMBP_CLUSTER*` and the engine's auth key; `None` when `UMBP_CLUSTER` is unset.
+    pub fn from_env(env: &dyn Env) -> Result<Option<ClusterConfig>> {
+        let Some(url) = parse_var::<String>(env, "UMBP_CLUSTER")? else {
+            return Ok(None);
+        };
+        let mut c = ClusterConfig::parse(&url)?;
+        if let Some(listen) = parse_var::<String>(env, "UMBP_CLUSTER_LISTEN")? {
+            c.listen = listen
+                .parse()
+                .map_err(|_| Error::config("UMBP_CLUSTER_LISTEN", &listen, "expected ip:port"))?;
+        }
+        if let Some(ttl) = parse_var::<i64>(env, "UMBP_CLUSTER_LEASE_TTL_S")? {
+            if !(2..=3600).contains(&ttl) {
+                return Err(Error::config(
+                    "UMBP_CLUSTER_LEASE_TTL_S",
+                    ttl.to_string(),
+                    "must be 2..=3600",
+                ));
+            }
+            c.lease_ttl_s = ttl;
+        }
+        if let Some(ms) = parse_var::<u64>(env, "UMBP_CLUSTER_TIMEOUT_MS")? {
+            if ms == 0 {
+                return Err(Error::config("UMBP_CLUSTER_TIMEOUT_MS", "0", "must be at least 1"));
+            }
+            c.timeout = Duration::from_millis(ms);
+        }
+        c.auth = AuthKey::from_env(env)?;
+        Ok(Some(c))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use te_base::config::MapEnv;
+
+    #[test]
+    fn parses_endpoints_prefix_and_refuses_malformed_values() {
+        let c = ClusterConfig::parse("etcd://10.0.0.1:2379,10.0.0.2:2379/kv/a").unwrap();
+        assert_eq!(c.endpoints, ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]);
+        assert_eq!(c.prefix, "/kv/a");
+        assert_eq!(ClusterConfig::parse("etcd://h:1").unwrap().prefix, "/umbp");
+        for bad in ["http://h:1", "etcd://", "etcd://h", "etcd://h:1,", "etcd://h:1//x"] {
+            assert!(ClusterConfig::parse(bad).is_err(), "{bad}");
+        }
+        let env = |pairs: &[(&str, &str)]| MapEnv(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        assert!(ClusterConfig::from_env(&env(&[])).unwrap().is_none());
+        let c = ClusterConfig::from_env(&env(&[
+            ("UMBP_CLUSTER", "etcd://h:1"),
+            ("UMBP_CLUSTER_LISTEN", "10.1.0.2:7100"),
+            ("UMBP_CLUSTER_LEASE_TTL_S", "3"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!((c.listen.port(), c.lease_ttl_s), (7100, 3));
+        for (var, value) in [
+            ("UMBP_CLUSTER_LISTEN", "nowhere"),
+            ("UMBP_CLUSTER_LEASE_TTL_S", "1"),
+            ("UMBP_CLUSTER_TIMEOUT_MS", "0"),
+        ] {
+            let e = ClusterConfig::from_env(&env(&[("UMBP_CLUSTER", "etcd://h:1"), (var, value)])).unwrap_err();
+            assert!(e.to_string().contains(var), "{e}");
+        }
+    }
+}

@@ -1,0 +1,429 @@
+//! Membership and the key directory, in etcd.
+//!
+//! - `<prefix>/umbp/peers/<name>` holds a peer's control address; `<prefix>/umbp/keys/<key>` the
+//!   name of the peer that committed the key last. Both are attached to the writer's lease, so a
+//!   dead peer's membership and keys vanish within the lease TTL without anyone cleaning up.
+//! - A put's keys are written in one transaction before the put returns (bounded by the etcd
+//!   timeout): a key is routable as soon as the watch delivers that write, not at a heartbeat.
+//! - A watch on `<prefix>/umbp/` keeps an in-memory copy of both maps; lookups never ask etcd.
+//! - When etcd is out of reach the directory reports itself down (callers go local-only, a
+//!   warning is logged once per outage); when it is back, the lease is re-granted if it expired,
+//!   every local key is written again and the copy is re-listed.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use parking_lot::RwLock;
+use tokio::task::JoinHandle;
+
+use super::config::ClusterConfig;
+
+/// Most operations in one etcd transaction (etcd's default `--max-txn-ops`).
+const MAX_TXN_OPS: usize = 128;
+
+/// What the directory knows, as the watch last saw it.
+#[derive(Default)]
+struct View {
+    /// Peer name to control address and the DRAM bytes it last said it had free.
+    peers: HashMap<Arc<str>, (SocketAddr, u64)>,
+    /// Key to the name of its owner.
+    keys: HashMap<String, Arc<str>>,
+}
+
+/// Lists the keys this peer holds (for re-publishing after an outage).
+pub(crate) type LocalKeys = Box<dyn Fn() -> Vec<String> + Send + Sync>;
+/// This peer's free DRAM bytes (announced with its membership, for remote puts).
+pub(crate) type FreeBytes = Box<dyn Fn() -> u64 + Send + Sync>;
+
+pub(crate) struct Directory {
+    client: Client,
+    cfg: ClusterConfig,
+    name: Arc<str>,
+    addr: SocketAddr,
+    lease: AtomicI64,
+    view: RwLock<View>,
+    /// The watch is established and the view current.
+    live: AtomicBool,
+    /// A publication failed: every local key is written again when etcd is back.
+    dirty: AtomicBool,
+    warned: AtomicBool,
+    local_keys: LocalKeys,
+    free_bytes: FreeBytes,
+    tasks: parking_lot::Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn etcd_err(what: &str, e: impl std::fmt::Display) -> String {
+    format!("etcd: {what}: {e}")
+}
+
+impl Directory {
+    fn peers_prefix(&self) -> String {
+        format!("{}/umbp/peers/", self.cfg.prefix)
+    }
+
+    fn keys_prefix(&self) -> String {
+        format!("{}/umbp/keys/", self.cfg.prefix)
+    }
+
+    fn root(&self) -> String {
+        format!("{}/umbp/", self.cfg.prefix)
+    }
+
+    async fn timed<T, E: std::fmt::Display>(
+        &self,
+        what: &str,
+        f: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, String> {
+        match tokio::time::timeout(self.cfg.timeout, f).await {
+            Ok(r) => r.map_err(|e| etcd_err(what, e)),
+            Err(_) => Err(format!(
+                "etcd: {what}: no answer within {} ms",
+                self.cfg.timeout.as_millis()
+            )),
+        }
+    }
+
+    /// Connects, joins (membership under a fresh lease), lists the directory and starts the
+    /// watch and keep-alive tasks on the current runtime.
+    pub(crate) async fn join(
+        cfg: ClusterConfig,
+        name: String,
+        addr: SocketAddr,
+        local_keys: LocalKeys,
+        free_bytes: FreeBytes,
+    ) -> Result<Arc<Directory>, String> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(cfg.timeout)
+            .with_timeout(cfg.timeout);
+        let client = match tokio::time::timeout(cfg.timeout, Client::connect(&cfg.endpoints, Some(opts))).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(etcd_err(&format!("connecting to {:?}", cfg.endpoints), e)),
+            Err(_) => return Err(format!("etcd: connecting to {:?}: timed out", cfg.endpoints)),
+        };
+        let d = Arc::new(Directory {
+            client,
+            cfg,
+            name: Arc::from(name.as_str()),
+            addr,
+            lease: AtomicI64::new(0),
+            view: RwLock::default(),
+            live: AtomicBool::new(false),
+            dirty: AtomicBool::new(false),
+            warned: AtomicBool::new(false),
+            local_keys,
+            free_bytes,
+            tasks: parking_lot::Mutex::new(Vec::new()),
+        });
+        d.grant().await?;
+        d.announce().await?;
+        let revision = d.list().await?;
+        let watch = tokio::spawn(watch_loop(d.clone(), revision));
+        let keep = tokio::spawn(keep_alive_loop(d.clone()));
+        d.tasks.lock().extend([watch, keep]);
+        Ok(d)
+    }
+
+    async fn grant(&self) -> Result<(), String> {
+        let mut c = self.client.clone();
+        let l = self
+            .timed("granting a lease", c.lease_grant(self.cfg.lease_ttl_s, None))
+            .await?;
+        self.lease.store(l.id(), Ordering::Release);
+        Ok(())
+    }
+
+    fn lease_opts(&self) -> PutOptions {
+        PutOptions::new().with_lease(self.lease.load(Ordering::Acquire))
+    }
+
+    async fn announce(&self) -> Result<(), String> {
+        let mut c = self.client.clone();
+        let key = format!("{}{}", self.peers_prefix(), self.name);
+        self.timed(
+            "announcing this peer",
+            c.put(
+                key,
+                format!("{} {}", self.addr, (self.free_bytes)()),
+                Some(self.lease_opts()),
+            ),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Reads the whole directory into the view; returns the revision it was read at.
+    async fn list(&self) -> Result<i64, String> {
+        let mut c = self.client.clone();
+        let resp = self
+            .timed(
+                "listing the directory",
+                c.get(self.root(), Some(GetOptions::new().with_prefix())),
+            )
+            .await?;
+        let mut view = View::default();
+        for kv in resp.kvs() {
+            self.apply_to(&mut view, kv.key(), Some(kv.value()));
+        }
+        *self.view.write() = view;
+        Ok(resp.header().map(|h| h.revision()).unwrap_or(0))
+    }
+
+    fn apply_to(&self, view: &mut View, key: &[u8], value: Option<&[u8]>) {
+        let Ok(key) = std::str::from_utf8(key) else { return };
+        if let Some(peer) = key.strip_prefix(&self.peers_prefix()) {
+            // "addr free_bytes"
+            let entry = value.and_then(|v| {
+                let mut w = std::str::from_utf8(v).ok()?.split_whitespace();
+                let addr = w.next()?.parse().ok()?;
+                Some((addr, w.next().and_then(|f| f.parse().ok()).unwrap_or(0)))
+            });
+            match entry {
+                Some(e) => view.peers.insert(Arc::from(peer), e),
+                None => view.peers.remove(peer),
+            };
+        } else if let Some(k) = key.strip_prefix(&self.keys_prefix()) {
+            match value.and_then(|v| std::str::from_utf8(v).ok()) {
+                Some(owner) if !owner.is_empty() => {
+                    // Owner names are shared: one allocation per peer, not per key.
+                    let owner = view
+                        .peers
+                        .get_key_value(owner)
+                        .map(|(n, _)| n.clone())
+                        .unwrap_or_else(|| Arc::from(owner));
+                    view.keys.insert(k.to_owned(), owner);
+                }
+                _ => {
+                    view.keys.remove(k);
+                }
+            }
+        }
+    }
+
+    /// True while the watch is established; logs once per outage when it is not.
+    pub(crate) fn is_live(&self) -> bool {
+        let live = self.live.load(Ordering::Acquire);
+        if !live && !self.warned.swap(true, Ordering::AcqRel) {
+            tracing::warn!("umbp cluster: etcd is out of reach; serving local keys only until it is back");
+        }
+        live
+    }
+
+    /// The owner and its control address of each key (`None`: not in the directory, owned by
+    /// this peer, or its owner is not a live member). One read lock for the batch.
+    pub(crate) fn owners<'k>(&self, keys: impl Iterator<Item = &'k str>) -> Vec<Option<(Arc<str>, SocketAddr)>> {
+        let view = self.view.read();
+        keys.map(|k| {
+            let owner = view.keys.get(k)?;
+            if **owner == *self.name {
+                return None;
+            }
+            view.peers.get(owner).map(|&(a, _)| (owner.clone(), a))
+        })
+        .collect()
+    }
+
+    /// Drops from `keys` those the directory already routes to this peer (one read lock).
+    pub(crate) fn retain_unowned(&self, keys: &mut Vec<String>) {
+        let view = self.view.read();
+        keys.retain(|k| view.keys.get(k.as_str()).is_none_or(|o| **o != *self.name));
+    }
+
+    /// The owner of `key` as this peer's copy of the directory says (for visibility checks).
+    pub(crate) fn owner_of(&self, key: &str) -> Option<Arc<str>> {
+        self.view.read().keys.get(key).cloned()
+    }
+
+    /// Live members and their control addresses.
+    pub(crate) fn members(&self) -> Vec<(Arc<str>, SocketAddr)> {
+        self.view
+            .read()
+            .peers
+            .iter()
+            .map(|(n, &(a, _))| (n.clone(), a))
+            .collect()
+    }
+
+    /// The other live member with the most free DRAM, if it announced at least `need` bytes.
+    pub(crate) fn roomiest_peer(&self, need: u64) -> Option<(Arc<str>, SocketAddr)> {
+        let view = self.view.read();
+        view.peers
+            .iter()
+            .filter(|(n, &(_, free))| ***n != *self.name && free >= need)
+            .max_by_key(|(_, &(_, free))| free)
+            .map(|(n, &(a, _))| (n.clone(), a))
+    }
+
+    /// Writes `keys` as owned by this peer, in transactions of at most [`MAX_TXN_OPS`]. On
+    /// failure the directory is marked for a full re-publication when etcd answers again.
+    pub(crate) async fn publish(&self, keys: &[String]) {
+        if let Err(e) = self.write_keys(keys).await {
+            self.dirty.store(true, Ordering::Release);
+            tracing::warn!(
+                "umbp cluster: publishing {} keys failed ({e}); retried when etcd is back",
+                keys.len()
+            );
+        }
+    }
+
+    async fn write_keys(&self, keys: &[String]) -> Result<(), String> {
+        let prefix = self.keys_prefix();
+        for chunk in keys.chunks(MAX_TXN_OPS) {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|k| TxnOp::put(format!("{prefix}{k}"), &*self.name, Some(self.lease_opts())))
+                .collect();
+            let mut c = self.client.clone();
+            self.timed("publishing keys", c.txn(Txn::new().and_then(ops))).await?;
+        }
+        Ok(())
+    }
+
+    /// Asks for every local key to be written again once etcd answers.
+    pub(crate) fn mark_dirty(&self) {
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    /// Removes `key` from the directory if this peer is still its owner there.
+    pub(crate) async fn unpublish(&self, key: &str) {
+        let k = format!("{}{key}", self.keys_prefix());
+        let txn = Txn::new()
+            .when([etcd_client::Compare::value(
+                k.clone(),
+                etcd_client::CompareOp::Equal,
+                &*self.name,
+            )])
+            .and_then([TxnOp::delete(k, None)]);
+        let mut c = self.client.clone();
+        if let Err(e) = self.timed("removing a key", c.txn(txn)).await {
+            tracing::warn!("umbp cluster: {e}");
+        }
+    }
+
+    /// Leaves: stops the tasks and revokes the lease, so this peer's membership and keys vanish
+    /// now rather than at the TTL.
+    pub(crate) async fn leave(&self) {
+        for t in self.tasks.lock().drain(..) {
+            t.abort();
+        }
+        let mut c = self.client.clone();
+        let id = self.lease.load(Ordering::Acquire);
+        if let Err(e) = self.timed("revoking the lease", c.lease_revoke(id)).await {
+            tracing::warn!("umbp cluster: leaving: {e}");
+        }
+    }
+
+    /// After an outage: a new lease if the old one expired, membership and every local key
+    /// written again.
+    async fn recover(&self, lease_expired: bool) -> Result<(), String> {
+        if lease_expired {
+            self.grant().await?;
+        }
+        self.announce().await?;
+        if lease_expired || self.dirty.swap(false, Ordering::AcqRel) {
+            let keys = (self.local_keys)();
+            if let Err(e) = self.write_keys(&keys).await {
+                self.dirty.store(true, Ordering::Release);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Directory {
+    fn drop(&mut self) {
+        for t in self.tasks.get_mut().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+async fn watch_loop(d: Arc<Directory>, mut revision: i64) {
+    loop {
+        let opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
+        let mut c = d.client.clone();
+        match d.timed("watching the directory", c.watch(d.root(), Some(opts))).await {
+            Ok(mut stream) => {
+                d.live.store(true, Ordering::Release);
+                d.warned.store(false, Ordering::Release);
+                while let Ok(Some(resp)) = stream.message().await {
+                    if resp.canceled() {
+                        break;
+                    }
+                    let mut view = d.view.write();
+                    for ev in resp.events() {
+                        let Some(kv) = ev.kv() else { continue };
+                        revision = revision.max(kv.mod_revision());
+                        match ev.event_type() {
+                            EventType::Put => d.apply_to(&mut view, kv.key(), Some(kv.value())),
+                            EventType::Delete => d.apply_to(&mut view, kv.key(), None),
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::debug!("umbp cluster: {e}"),
+        }
+        d.live.store(false, Ordering::Release);
+        // Re-list before watching again: a restarted (or compacted) etcd may be at a lower
+        // revision than the one this watch reached, and a watch from there would skip its writes.
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if let Ok(r) = d.list().await {
+                revision = r;
+                break;
+            }
+        }
+    }
+}
+
+async fn keep_alive_loop(d: Arc<Directory>) {
+    let period = Duration::from_millis((d.cfg.lease_ttl_s as u64 * 1000) / 3);
+    loop {
+        let id = d.lease.load(Ordering::Acquire);
+        let mut c = d.client.clone();
+        // Err: etcd out of reach (or the lease unknown to it); Ok(true): the lease expired.
+        let outcome: Result<bool, String> = async {
+            let (mut keeper, mut stream) = d.timed("keeping the lease", c.lease_keep_alive(id)).await?;
+            let mut recovered = !d.dirty.load(Ordering::Acquire);
+            loop {
+                d.timed("keeping the lease", keeper.keep_alive()).await?;
+                match d.timed("keeping the lease", stream.message()).await? {
+                    Some(r) if r.ttl() > 0 => {
+                        if !recovered {
+                            d.recover(false).await?;
+                            recovered = true;
+                        } else {
+                            // Keeps the announced free capacity current for remote puts.
+                            d.announce().await?;
+                        }
+                        tokio::time::sleep(period).await;
+                    }
+                    Some(_) => return Ok(true),
+                    None => return Err("keep-alive stream closed".into()),
+                }
+            }
+        }
+        .await;
+        let expired = match outcome {
+            Ok(expired) => expired,
+            // etcd reports a lost lease as an error of the keep-alive stream: ask it directly.
+            Err(_) => {
+                d.dirty.store(true, Ordering::Release);
+                let mut c = d.client.clone();
+                matches!(d.timed("checking the lease", c.lease_time_to_live(id, None)).await, Ok(r) if r.ttl() <= 0)
+            }
+        };
+        if expired {
+            // Whatever was written under the old lease is gone: a new lease, membership and
+            // every local key again.
+            if let Err(e) = d.recover(true).await {
+                tracing::debug!("umbp cluster: {e}");
+            }
+        }
+        tokio::time::sleep(period.min(Duration::from_secs(1))).await;
+    }
+}

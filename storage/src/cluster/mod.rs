@@ -1,0 +1,337 @@
+//! Distributed mode (cargo feature `cluster`): every peer runs a local store plus a control
+//! listener; a key one peer misses is read from the peer that owns it, straight from that peer's
+//! exported DRAM arena (or a staging slot its SSD tier filled) into the caller's registered
+//! buffer, by te-core's engine over whichever transport reaches it (tcp here, efa/rdma on
+//! clusters). Only the requested spans move.
+//!
+//! - Membership and the key directory live in etcd ([`directory`]), cached in memory and followed
+//!   by a watch: a lookup never asks etcd, a committed put is routable when its directory write
+//!   reaches the watchers, and a dead peer's entries vanish with its lease.
+//! - Each peer's engine publishes its segment (arena and staging, exported) in etcd too, so a
+//!   reader opens an owner's segment by name.
+//! - A remote read is RESOLVE (control round trip: extents and placement generations), one
+//!   engine batch per owner per call, then VALIDATE (was any page reused meanwhile): see
+//!   [`owner`] for why a seqlock-style check rather than a pin.
+//!
+//! Control work (etcd, the listener, control requests) runs on a small runtime the cluster owns,
+//! so the store's blocking data calls work from any thread, inside a runtime or not.
+
+pub mod config;
+pub(crate) mod conn;
+pub(crate) mod directory;
+pub(crate) mod leases;
+pub(crate) mod owner;
+pub(crate) mod remote_get;
+pub(crate) mod remote_put;
+pub(crate) mod server;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use te_base::listener::ListenerLimits;
+use te_base::SegmentId;
+
+pub use config::ClusterConfig;
+use conn::Conn;
+use directory::{Directory, FreeBytes, LocalKeys};
+use leases::Leases;
+use server::Server;
+
+use crate::error::{Result, StoreError};
+use crate::store::Inner;
+
+/// Counters of the distributed path, updated once per call.
+#[derive(Debug, Default)]
+pub(crate) struct ClusterCounters {
+    pub(crate) remote_hits: AtomicU64,
+    pub(crate) remote_bytes: AtomicU64,
+    pub(crate) remote_requests: AtomicU64,
+    pub(crate) control_bytes: AtomicU64,
+    pub(crate) stale: AtomicU64,
+    pub(crate) remote_errors: AtomicU64,
+}
+
+/// A remote placement read before: its owner and where the object was.
+pub(crate) type Remembered = (Arc<str>, Arc<wire::Place>);
+
+/// One peer's cluster state.
+pub(crate) struct Cluster {
+    pub(crate) cfg: ClusterConfig,
+    rt: Option<tokio::runtime::Runtime>,
+    pub(crate) dir: Arc<Directory>,
+    server: Option<Server>,
+    pub(crate) leases: Leases,
+    conns: Mutex<HashMap<Arc<str>, Vec<Conn>>>,
+    segments: RwLock<HashMap<Arc<str>, SegmentId>>,
+    /// Placements of remote DRAM objects read before (owner, extents, generation): a later read
+    /// of the same key skips RESOLVE; VALIDATE still checks it, and a stale one is resolved again.
+    pub(crate) placements: RwLock<HashMap<String, Remembered>>,
+    /// Reservations peers are writing into (remote puts), with their deadlines.
+    pub(crate) reservations: Mutex<HashMap<u64, std::time::Instant>>,
+    pub(crate) counters: ClusterCounters,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // The listener's task belongs to the runtime; neither may block the dropping thread.
+        self.server.take();
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Cluster {
+    /// Starts the control runtime and listener, then joins the directory. `local_keys` lists the
+    /// keys this peer holds (re-published after an etcd outage).
+    pub(crate) async fn start(
+        cfg: ClusterConfig,
+        name: &str,
+        store: Weak<Inner>,
+        local_keys: LocalKeys,
+        free_bytes: FreeBytes,
+    ) -> Result<Arc<Cluster>> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("umbp-cluster")
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::io("starting the cluster runtime", e))?;
+        let env = te_base::config::ProcessEnv;
+        let limits = ListenerLimits::from_env(&env, "UMBP_CLUSTER", cfg.timeout)?;
+        let server = rt
+            .spawn(Server::start(cfg.listen, cfg.auth.clone(), limits, store))
+            .await
+            .map_err(|e| StoreError::Cluster(format!("starting the control listener: {e}")))?
+            .map_err(|e| StoreError::io(format!("binding the control listener on {}", cfg.listen), e))?;
+        let dir = rt
+            .spawn(Directory::join(
+                cfg.clone(),
+                name.to_owned(),
+                server.addr,
+                local_keys,
+                free_bytes,
+            ))
+            .await
+            .map_err(|e| StoreError::Cluster(format!("joining: {e}")))?
+            .map_err(StoreError::Cluster)?;
+        Ok(Arc::new(Cluster {
+            cfg,
+            rt: Some(rt),
+            dir,
+            server: Some(server),
+            leases: Leases::default(),
+            conns: Mutex::new(HashMap::new()),
+            segments: RwLock::new(HashMap::new()),
+            placements: RwLock::new(HashMap::new()),
+            reservations: Mutex::new(HashMap::new()),
+            counters: ClusterCounters::default(),
+        }))
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.rt.as_ref().expect("present until drop").handle()
+    }
+
+    /// Runs `futs` concurrently on the control runtime and waits (blocking this thread) for them,
+    /// at most `limit` in all; a future not done by then reports `None`.
+    pub(crate) fn run_all<F, T>(&self, futs: Vec<F>, limit: Duration) -> Vec<Option<T>>
+    where
+        F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let n = futs.len();
+        let (tx, rx) = std::sync::mpsc::channel();
+        for (i, f) in futs.into_iter().enumerate() {
+            let tx = tx.clone();
+            self.handle().spawn(async move {
+                let _ = tx.send((i, f.await));
+            });
+        }
+        drop(tx);
+        let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
+        let end = std::time::Instant::now() + limit;
+        for _ in 0..n {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok((i, v)) => out[i] = Some(v),
+                Err(_) => break,
+            }
+        }
+        out
+    }
+
+    /// Runs one future on the control runtime, waiting at most `limit`.
+    pub(crate) fn run<F, T>(&self, fut: F, limit: Duration) -> Option<T>
+    where
+        F: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.run_all(vec![fut], limit).pop().flatten()
+    }
+
+    /// An idle connection to `owner`, if one is pooled.
+    pub(crate) fn take_conn(&self, owner: &Arc<str>) -> Option<Conn> {
+        self.conns.lock().get_mut(owner).and_then(Vec::pop)
+    }
+
+    /// Returns a healthy connection to the pool.
+    pub(crate) fn put_conn(&self, owner: Arc<str>, c: Conn) {
+        let mut conns = self.conns.lock();
+        let v = conns.entry(owner).or_default();
+        if v.len() < 8 {
+            v.push(c);
+        }
+    }
+
+    /// The engine segment of `owner`, if already opened.
+    pub(crate) fn segment(&self, owner: &str) -> Option<SegmentId> {
+        self.segments.read().get(owner).copied()
+    }
+
+    pub(crate) fn remember_segment(&self, owner: Arc<str>, id: SegmentId) {
+        self.segments.write().insert(owner, id);
+    }
+
+    /// Forgets `owner`'s segment, connections and remembered placements (it failed, perhaps
+    /// restarted; the next call re-opens and re-resolves).
+    pub(crate) fn forget(&self, owner: &str) {
+        self.segments.write().remove(owner);
+        self.conns.lock().remove(owner);
+        self.placements.write().retain(|_, (o, _)| **o != *owner);
+    }
+
+    /// Writes `keys` to the directory as owned here, unless it already says so; waits at most
+    /// the cluster timeout (an etcd outage is logged, and the keys are written again when it is
+    /// back).
+    pub(crate) fn publish(&self, mut keys: Vec<String>) {
+        // Keys the directory already routes here need no write (an overwrite, a re-put).
+        self.dir.retain_unowned(&mut keys);
+        if keys.is_empty() {
+            return;
+        }
+        if !self.dir.is_live() {
+            // etcd is out of reach: the put stays local and fast; every local key is written
+            // again when it answers.
+            self.dir.mark_dirty();
+            return;
+        }
+        let dir = self.dir.clone();
+        let limit = self.cfg.timeout + Duration::from_millis(100);
+        if self.run(async move { dir.publish(&keys).await }, limit).is_none() {
+            tracing::warn!("umbp cluster: publishing keys timed out; retried when etcd is back");
+        }
+    }
+
+    /// Removes `key` from the directory if this peer still owns it there.
+    pub(crate) fn unpublish(&self, key: &str) {
+        let dir = self.dir.clone();
+        let key = key.to_owned();
+        let _ = self.run(async move { dir.unpublish(&key).await }, self.cfg.timeout);
+    }
+
+    /// Leaves the cluster: membership and keys vanish now (bounded by the cluster timeout).
+    pub(crate) fn leave(&self) {
+        let dir = self.dir.clone();
+        let _ = self.run(async move { dir.leave().await }, self.cfg.timeout);
+    }
+}
+
+impl ClusterCounters {
+    /// Copies the counters into `s`.
+    pub(crate) fn fill(&self, s: &mut crate::store::StoreStats) {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        s.remote_hits = l(&self.remote_hits);
+        s.remote_bytes = l(&self.remote_bytes);
+        s.remote_requests = l(&self.remote_requests);
+        s.remote_control_bytes = l(&self.control_bytes);
+        s.remote_stale = l(&self.stale);
+        s.remote_errors = l(&self.remote_errors);
+    }
+}
+
+/// The engine of a peer: its segment (arena and staging, exported) published in the cluster's
+/// etcd under the same prefix and lease TTL, with the cluster's key on every transport.
+pub(crate) async fn engine(cc: &ClusterConfig, name: &str) -> Result<te_core::TransferEngine> {
+    let mut ec = te_core::metadata::etcd::EtcdConfig::new(cc.endpoints.clone());
+    ec.prefix = cc.prefix.clone();
+    ec.lease_ttl_s = cc.lease_ttl_s;
+    ec.timeout = cc.timeout;
+    let meta = te_core::metadata::etcd::EtcdStore::connect(ec).await?;
+    let mut b = te_core::TransferEngine::builder()
+        .segment_name(name)
+        .metadata(Arc::new(meta));
+    if let Some(k) = &cc.auth {
+        b = b.auth_key(k.clone());
+    }
+    Ok(b.build().await?)
+}
+
+/// Joins `store` to the cluster: control listener, membership, and every key it already holds
+/// (a restarted peer's SSD keys) written to the directory.
+pub(crate) async fn join(store: &crate::store::Store, cc: ClusterConfig, name: &str) -> Result<()> {
+    let weak = Arc::downgrade(&store.inner);
+    let lister = weak.clone();
+    let local_keys: LocalKeys = Box::new(move || {
+        lister
+            .upgrade()
+            .map(|inner| crate::store::Store { inner }.local_keys())
+            .unwrap_or_default()
+    });
+    let free = weak.clone();
+    let free_bytes: FreeBytes = Box::new(move || {
+        free.upgrade()
+            .map(|inner| crate::store::Store { inner }.dram_free())
+            .unwrap_or(0)
+    });
+    let c = Cluster::start(cc, name, weak, local_keys, free_bytes).await?;
+    let keys = store.local_keys();
+    c.dir.publish(&keys).await;
+    let _ = store.inner.cluster.set(c);
+    Ok(())
+}
+
+impl crate::store::Store {
+    /// DRAM bytes below the high watermark not yet allocated (what a remote put may use here).
+    pub(crate) fn dram_free(&self) -> u64 {
+        self.inner
+            .dram
+            .as_ref()
+            .map(|d| d.high.saturating_sub(d.state.read().used()))
+            .unwrap_or(0)
+    }
+
+    /// Every key this store's tiers hold.
+    pub(crate) fn local_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = Vec::new();
+        if let Some(d) = &self.inner.dram {
+            keys.extend(d.state.read().keys().map(|k| k.to_string()));
+        }
+        if let Some(s) = &self.inner.ssd {
+            keys.extend(s.log.index().keys().map(|k| k.to_string()));
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
+    /// Distributed mode: the peer this store's copy of the directory names as `key`'s owner
+    /// (this peer's own name for its keys); `None` in local mode or when unknown.
+    pub fn cluster_owner(&self, key: &str) -> Option<String> {
+        self.inner.cluster.get()?.dir.owner_of(key).map(|o| o.to_string())
+    }
+
+    /// Distributed mode: the live members this store knows, with their control addresses.
+    pub fn cluster_members(&self) -> Vec<(String, std::net::SocketAddr)> {
+        self.inner
+            .cluster
+            .get()
+            .map(|c| c.dir.members().into_iter().map(|(n, a)| (n.to_string(), a)).collect())
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,130 @@
+//! The overflow path of a put: objects local DRAM cannot hold go to the live peer that announced
+//! the most free DRAM (membership carries it, refreshed every keep-alive period).
+//!
+//! ALLOCATE (control round trip: the owner reserves arena space, invisible to readers, and says
+//! where), one engine batch writing the caller's ranges straight into those extents, then COMMIT
+//! (the owner publishes the objects and writes them to the directory before answering). A
+//! reservation the writer never commits is freed by the owner at its deadline. Objects that could
+//! not be placed remotely are left to the local path (SSD, or `NoSpace`).
+
+use std::sync::Arc;
+
+use te_core::TransferRequest;
+
+use super::wire::{self, Op, Place};
+use super::Cluster;
+use crate::range_map::{map_range, Extent};
+use crate::store::{RangedPut, Store};
+
+impl Cluster {
+    /// Stores `keys` of `items` on another peer; returns those stored there.
+    pub(crate) fn put_remote(&self, store: &Store, items: &[RangedPut<'_>], keys: &[usize]) -> Vec<usize> {
+        if keys.is_empty() || !self.dir.is_live() {
+            return Vec::new();
+        }
+        let need: u64 = keys.iter().map(|&k| items[k].object_len).sum();
+        let Some((owner, addr)) = self.dir.roomiest_peer(need) else {
+            return Vec::new();
+        };
+        match self.put_at(store, items, keys, &owner, addr) {
+            Ok(stored) => stored,
+            Err(e) => {
+                tracing::warn!("umbp cluster: remote put on {owner} failed: {e}");
+                self.forget(&owner);
+                Vec::new()
+            }
+        }
+    }
+
+    fn put_at(
+        &self,
+        store: &Store,
+        items: &[RangedPut<'_>],
+        keys: &[usize],
+        owner: &Arc<str>,
+        addr: std::net::SocketAddr,
+    ) -> Result<Vec<usize>, String> {
+        let seg = self.segment_for(store, owner)?;
+        let mut conn = self.conn_to(owner, addr)?;
+        let objs: Vec<(&str, u64, u32)> = keys
+            .iter()
+            .map(|&k| (items[k].key, items[k].object_len, items[k].depth))
+            .collect();
+        conn.send(Op::Allocate, &wire::encode_allocate(objs.into_iter()))
+            .map_err(|e| format!("sending ALLOCATE: {e}"))?;
+        let (op, answer) = conn.recv().map_err(|e| format!("reading its answer: {e}"))?;
+        if op != Op::Places {
+            return Err(format!("ALLOCATE answered {op:?}"));
+        }
+        let (_, places) = wire::decode_places(&answer).map_err(|e| format!("malformed PLACES: {e}"))?;
+        if places.len() != keys.len() {
+            return Err("ALLOCATE answered the wrong number of objects".into());
+        }
+        let n: usize = keys.iter().map(|&k| items[k].ranges.len()).sum();
+        let mut requests = Vec::with_capacity(n);
+        let mut owner_of_request: Vec<usize> = Vec::with_capacity(n);
+        let mut placed: Vec<(usize, usize, u64)> = Vec::with_capacity(keys.len());
+        let mut extents: Vec<Extent> = Vec::new();
+        for (j, (&k, p)) in keys.iter().zip(&places).enumerate() {
+            let Place::Dram {
+                object_len,
+                generation,
+                extents: ex,
+            } = p
+            else {
+                continue;
+            };
+            extents.clear();
+            extents.extend(ex.iter().map(|&(addr, len)| Extent { addr, len }));
+            if *object_len != items[k].object_len || extents.iter().map(|e| e.len).sum::<u64>() < *object_len {
+                continue;
+            }
+            for r in items[k].ranges {
+                map_range(&extents, r, |remote, caller, len| {
+                    requests.push(TransferRequest::write(caller, seg, remote, len));
+                    owner_of_request.push(j);
+                });
+            }
+            placed.push((j, k, *generation));
+        }
+        let mut failed = vec![false; keys.len()];
+        if !requests.is_empty() {
+            let batch = store.engine().submit(&requests).map_err(|e| format!("writing: {e}"))?;
+            match batch.wait_blocking(Some(self.cfg.timeout)) {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    for (i, _) in e.failures {
+                        failed[owner_of_request[i]] = true;
+                    }
+                }
+                None => {
+                    batch.cancel();
+                    return Err("writing: not done within the cluster timeout".into());
+                }
+            }
+        }
+        let done: Vec<(usize, u64)> = placed
+            .into_iter()
+            .filter(|&(j, _, _)| !failed[j])
+            .map(|(_, k, g)| (k, g))
+            .collect();
+        let body = wire::encode_validate(0, done.iter().map(|&(k, g)| (items[k].key, g)));
+        conn.send(Op::Commit, &body)
+            .map_err(|e| format!("sending COMMIT: {e}"))?;
+        let (op, answer) = conn.recv().map_err(|e| format!("reading its answer: {e}"))?;
+        if op != Op::Verdicts {
+            return Err(format!("COMMIT answered {op:?}"));
+        }
+        let ok = wire::decode_verdicts(&answer).map_err(|e| format!("malformed VERDICTS: {e}"))?;
+        if ok.len() != done.len() {
+            return Err("COMMIT answered the wrong number of objects".into());
+        }
+        self.put_conn(owner.clone(), conn);
+        Ok(done
+            .iter()
+            .zip(ok)
+            .filter(|(_, ok)| *ok)
+            .map(|(&(k, _), _)| k)
+            .collect())
+    }
+}

@@ -1,0 +1,122 @@
+//! The control listener of a peer: answers RESOLVE (where a key's bytes are in this peer's
+//! exported memory) and VALIDATE (is the placement a reader used still the committed one).
+//!
+//! It faces whoever reaches it: the shared key is proved first when one is configured,
+//! connections are capped in total and per source, every frame has a deadline, a body is read
+//! only as its bytes arrive, and accept errors back off (te_base::listener). It holds the store
+//! weakly, so a store that is dropped stops serving.
+
+use std::net::SocketAddr;
+use std::sync::Weak;
+
+use te_base::auth::AuthKey;
+use te_base::listener::{accept_admitted, AcceptBackoff, ConnectionGate, ListenerLimits};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+use super::conn::{accept_handshake, read_frame, write_frame};
+use super::wire::{self, Op};
+use crate::store::{Inner, Store};
+
+const NAME: &str = "umbp cluster control listener";
+
+/// A running control listener; stops when dropped.
+pub(crate) struct Server {
+    pub(crate) addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Server {
+    /// Binds `listen` and serves on the current runtime.
+    pub(crate) async fn start(
+        listen: SocketAddr,
+        auth: Option<AuthKey>,
+        limits: ListenerLimits,
+        store: Weak<Inner>,
+    ) -> std::io::Result<Server> {
+        let listener = TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        if auth.is_none() {
+            te_base::auth::warn_unauthenticated(NAME, &addr.to_string(), "where this peer's KV pages are");
+        }
+        let task = tokio::spawn(accept_loop(listener, auth, limits, store));
+        Ok(Server { addr, task })
+    }
+}
+
+async fn accept_loop(listener: TcpListener, auth: Option<AuthKey>, limits: ListenerLimits, store: Weak<Inner>) {
+    let gate = ConnectionGate::new(&limits);
+    let mut backoff = AcceptBackoff::default();
+    loop {
+        let (stream, from, permit) = accept_admitted(&listener, &gate, &mut backoff, NAME, limits.frame_timeout).await;
+        let (auth, store) = (auth.clone(), store.clone());
+        tokio::spawn(async move {
+            if let Err(e) = serve(stream, from, auth, limits, store).await {
+                tracing::debug!("{NAME}: {from}: {e}");
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn serve(
+    mut s: TcpStream,
+    from: SocketAddr,
+    auth: Option<AuthKey>,
+    limits: ListenerLimits,
+    store: Weak<Inner>,
+) -> std::io::Result<()> {
+    accept_handshake(&mut s, auth.as_ref(), &from.to_string(), limits.handshake_timeout).await?;
+    loop {
+        let (op, body) = match read_frame(&mut s, limits.idle_timeout, limits.frame_timeout).await {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let Some(inner) = store.upgrade() else { return Ok(()) };
+        let store = Store { inner };
+        let (op, answer) = match op {
+            Op::Resolve => match wire::decode_resolve(&body) {
+                Ok(keys) => {
+                    let (lease, places) = store.places_for_peer(&keys);
+                    (Op::Places, wire::encode_places(lease, &places))
+                }
+                Err(e) => (Op::Refused, format!("malformed RESOLVE: {e}").into_bytes()),
+            },
+            Op::Validate => match wire::decode_validate(&body) {
+                Ok((lease, keys)) => (
+                    Op::Verdicts,
+                    wire::encode_verdicts(&store.validate_for_peer(lease, &keys)),
+                ),
+                Err(e) => (Op::Refused, format!("malformed VALIDATE: {e}").into_bytes()),
+            },
+            Op::Allocate => match wire::decode_allocate(&body) {
+                Ok(objs) => (Op::Places, wire::encode_places(0, &store.allocate_for_peer(&objs))),
+                Err(e) => (Op::Refused, format!("malformed ALLOCATE: {e}").into_bytes()),
+            },
+            Op::Commit => match wire::decode_validate(&body) {
+                Ok((_, keys)) => {
+                    let (verdicts, committed) = store.commit_for_peer(&keys);
+                    // Routable before the writer's put returns.
+                    if let Some(c) = store.inner.cluster.get().cloned() {
+                        drop(store);
+                        c.dir.publish(&committed).await;
+                    }
+                    (Op::Verdicts, wire::encode_verdicts(&verdicts))
+                }
+                Err(e) => (Op::Refused, format!("malformed COMMIT: {e}").into_bytes()),
+            },
+            other => (Op::Refused, format!("unexpected {other:?}").into_bytes()),
+        };
+        write_frame(&mut s, op, &answer, limits.frame_timeout).await?;
+        if op == Op::Refused {
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,364 @@
+//! Distributed mode across real processes: three `umbp-peer` processes in three network
+//! namespaces (separate network stacks joined by a bridge), and a real etcd on the bridge. Every
+//! get is checked byte for byte inside the reading peer (self-describing pattern: a torn or
+//! foreign byte is reported as BAD).
+//!
+//! Needs root and iproute2 (skips otherwise; fails when TE_REQUIRE names netns) and Debian's
+//! etcd-server (TE_REQUIRE=etcd makes its absence a failure).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use te_tests::etcd::EtcdServer;
+use te_tests::netns::{network_or_skip, Network};
+use te_tests::node::Node;
+use te_tests::skip_or_fail;
+
+const PEERS: usize = 3;
+const CONTROL_PORT: u16 = 7100;
+/// The bound of one control request or remote read in these tests (UMBP_CLUSTER_TIMEOUT_MS,
+/// TE_TCP_TIMEOUT_MS).
+const TIMEOUT_MS: u64 = 2000;
+
+struct Cluster {
+    net: Network,
+    etcd: Option<EtcdServer>,
+    dirs: Vec<tempfile::TempDir>,
+}
+
+/// How one peer is configured.
+#[derive(Clone, Default)]
+struct PeerOpts {
+    dram: Option<&'static str>,
+    ssd: bool,
+    write_through: bool,
+    key_file: Option<PathBuf>,
+}
+
+impl Cluster {
+    fn start() -> Option<Cluster> {
+        let net = network_or_skip(PEERS)?;
+        let etcd = match EtcdServer::start(&net.bridge_ns(), &net.bridge_ip()) {
+            Ok(e) => e,
+            Err(e) => {
+                skip_or_fail("etcd", &e);
+                return None;
+            }
+        };
+        let dirs = (0..PEERS).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+        Some(Cluster {
+            net,
+            etcd: Some(etcd),
+            dirs,
+        })
+    }
+
+    fn peer(&self, h: usize, o: &PeerOpts) -> Node {
+        let ip = self.net.host_ip(h);
+        let mut c = Network::command_in(&self.net.host_ns(h), env!("CARGO_BIN_EXE_umbp-peer"));
+        c.args(["--name", &format!("peer-{h}")])
+            .env(
+                "UMBP_CLUSTER",
+                format!("etcd://{}:2379/umbp-test", self.net.bridge_ip()),
+            )
+            .env("UMBP_CLUSTER_LISTEN", format!("{ip}:{CONTROL_PORT}"))
+            .env("UMBP_CLUSTER_LEASE_TTL_S", "3")
+            .env("UMBP_CLUSTER_TIMEOUT_MS", TIMEOUT_MS.to_string())
+            .env("TE_TCP_LISTEN", format!("{ip}:0"))
+            .env("TE_TCP_TIMEOUT_MS", TIMEOUT_MS.to_string())
+            .env("UMBP_DRAM_CAPACITY", o.dram.unwrap_or("64M"))
+            .env("UMBP_SSD_STAGING_BYTES", "4M")
+            .env_remove("TE_AUTH_KEY_FILE");
+        if o.ssd {
+            c.env("UMBP_SSD_DIRS", self.dirs[h].path());
+            c.env("UMBP_SSD_CAPACITY", "256M");
+        }
+        if o.write_through {
+            c.env("UMBP_SSD_WRITE_THROUGH", "1");
+        }
+        if let Some(k) = &o.key_file {
+            c.env("TE_AUTH_KEY_FILE", k);
+        }
+        Node::start(c).unwrap_or_else(|e| panic!("peer-{h}: {e}"))
+    }
+}
+
+/// Waits until `node` routes `key` to `owner`; returns the milliseconds it took.
+fn wait_owner(node: &mut Node, key: &str, owner: &str) -> u64 {
+    let a = node.ok(&format!("wait-owner {key} {owner} 10000"));
+    a[3..].trim().parse().unwrap_or(0)
+}
+
+fn expect_seed(node: &mut Node, key: &str, spans: &str, seed: u64) {
+    let a = node.ok(&format!("get {key} {spans}"));
+    let want_bytes: u64 = spans
+        .split(',')
+        .map(|s| s.split_once(':').unwrap().1.parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(a, format!("OK {want_bytes} {seed}"), "get {key} {spans}");
+}
+
+fn stat(node: &mut Node, field: &str) -> u64 {
+    let s = node.ok("stats");
+    let at = s
+        .find(&format!("{field}: "))
+        .unwrap_or_else(|| panic!("{field} in {s}"));
+    s[at + field.len() + 2..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn three_peers_read_each_others_dram_and_ssd_keys_by_span() {
+    let Some(cl) = Cluster::start() else { return };
+    let dram = PeerOpts::default();
+    let ssd_only = PeerOpts {
+        dram: Some("0"),
+        ssd: true,
+        ..Default::default()
+    };
+    let mut p = [cl.peer(0, &dram), cl.peer(1, &dram), cl.peer(2, &ssd_only)];
+    for n in p.iter_mut() {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while n.ok("members") != "OK peer-0,peer-1,peer-2" {
+            assert!(Instant::now() < deadline, "membership did not converge");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    p[0].ok("put dram-key 1048576 7");
+    p[2].ok("put ssd-key 262144 9");
+    for reader in [1, 2] {
+        wait_owner(&mut p[reader], "dram-key", "peer-0");
+    }
+    for reader in [0, 1] {
+        wait_owner(&mut p[reader], "ssd-key", "peer-2");
+    }
+    let spans = "0:1728,37440:8448,524288:65536,1048568:8";
+    expect_seed(&mut p[1], "dram-key", spans, 7);
+    expect_seed(&mut p[2], "dram-key", spans, 7);
+    expect_seed(&mut p[0], "ssd-key", "8:1720,131072:4096,262136:8", 9);
+    expect_seed(&mut p[1], "ssd-key", "0:262144", 9);
+    // The owner reads its own key locally.
+    expect_seed(&mut p[0], "dram-key", "0:4096", 7);
+    // Only the spans moved: the remote bytes are exactly what was asked for.
+    assert_eq!(stat(&mut p[1], "remote_bytes"), (1728 + 8448 + 65536 + 8) + 262144);
+    assert_eq!(stat(&mut p[1], "remote_hits"), 2);
+    assert_eq!(stat(&mut p[0], "local_hits"), 1);
+    // A key nobody holds, and a span past the end of a remote object.
+    assert_eq!(p[1].cmd("get nobody 0:8").unwrap(), "MISS");
+    let a = p[1].cmd("get dram-key 1048576:8").unwrap();
+    assert!(a.starts_with("ERR") && a.contains("outside"), "{a}");
+    // A removed key is a miss everywhere once the removal is seen.
+    p[0].ok("remove dram-key");
+    wait_owner(&mut p[1], "dram-key", "none");
+    assert_eq!(p[1].cmd("get dram-key 0:8").unwrap(), "MISS");
+}
+
+#[test]
+fn a_killed_owner_fails_only_its_keys_and_rejoins_with_its_ssd_keys() {
+    let Some(cl) = Cluster::start() else { return };
+    let durable = PeerOpts {
+        ssd: true,
+        write_through: true,
+        ..Default::default()
+    };
+    let mut p0 = cl.peer(0, &durable);
+    let mut p1 = cl.peer(1, &PeerOpts::default());
+    let mut p2 = cl.peer(2, &PeerOpts::default());
+    p0.ok("put doomed 2097152 3");
+    p1.ok("put survivor 65536 4");
+    wait_owner(&mut p2, "doomed", "peer-0");
+    wait_owner(&mut p2, "survivor", "peer-1");
+    expect_seed(&mut p2, "doomed", "0:2097152", 3);
+
+    // peer-2 streams remote gets of peer-0's key while peer-0 is SIGKILLed.
+    let victim = p0.pid();
+    let reader = std::thread::spawn(move || {
+        let a = p2.ok("stream doomed 400 0:1048576,1048576:1048576");
+        (p2, a)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = Command::new("kill").args(["-KILL", &victim.to_string()]).status();
+    let (mut p2, a) = reader.join().expect("reader thread");
+    drop(p0);
+    let field = |name: &str| -> u64 {
+        let at = a.find(&format!("{name}=")).unwrap() + name.len() + 1;
+        a[at..].split(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(field("bad"), 0, "no wrong byte: {a}");
+    assert!(field("ok") > 0, "some reads finished before the kill: {a}");
+    assert!(field("err") + field("miss") > 0, "reads after the kill fail: {a}");
+    assert!(field("max_ms") < 3 * TIMEOUT_MS, "no get waited past the timeouts: {a}");
+    // The survivors keep serving each other.
+    expect_seed(&mut p2, "survivor", "0:65536", 4);
+    expect_seed(&mut p1, "survivor", "8:64", 4);
+
+    // peer-0 restarts on the same SSD directory: once it is up (its SSD keys written to the
+    // directory as it joined), the first get is served, through placements remembered from its
+    // previous instance being dropped and resolved afresh.
+    let mut p0 = cl.peer(0, &durable);
+    wait_owner(&mut p2, "doomed", "peer-0");
+    expect_seed(&mut p2, "doomed", "0:4096,2093056:4096", 3);
+    expect_seed(&mut p0, "doomed", "0:8", 3);
+}
+
+#[test]
+fn an_etcd_outage_degrades_to_local_only_and_recovers() {
+    let Some(mut cl) = Cluster::start() else { return };
+    let mut p0 = cl.peer(0, &PeerOpts::default());
+    let mut p1 = cl.peer(1, &PeerOpts::default());
+    p0.ok("put before 65536 1");
+    p1.ok("put other 4096 6");
+    wait_owner(&mut p1, "before", "peer-0");
+    wait_owner(&mut p0, "other", "peer-1");
+    expect_seed(&mut p1, "before", "0:65536", 1);
+    expect_seed(&mut p0, "other", "0:4096", 6);
+
+    drop(cl.etcd.take());
+    // Calls go on, bounded: local keys are served, remote ones are misses, puts succeed locally.
+    let t = Instant::now();
+    expect_seed(&mut p0, "before", "0:8", 1);
+    // Once a peer sees the outage (its remote keys turn into misses), a put does not wait for
+    // etcd at all.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p0.cmd("get other 0:8").unwrap() != "MISS" {
+        assert!(Instant::now() < deadline, "p0 should go local-only");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let tp = Instant::now();
+    p0.ok("put during 65536 2");
+    assert!(
+        tp.elapsed() < Duration::from_millis(TIMEOUT_MS / 2),
+        "a put during the outage waited {:?}",
+        tp.elapsed()
+    );
+    expect_seed(&mut p0, "during", "0:65536", 2);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let a = p1.cmd("get before 0:8").unwrap();
+        assert!(!a.starts_with("BAD"), "{a}");
+        if a == "MISS" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "p1 should go local-only: {a}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(t.elapsed() < Duration::from_secs(15), "no call hung: {:?}", t.elapsed());
+
+    // etcd comes back (empty: everything is written again from the peers).
+    cl.etcd = Some(EtcdServer::start(&cl.net.bridge_ns(), &cl.net.bridge_ip()).expect("etcd restart"));
+    wait_owner(&mut p1, "during", "peer-0");
+    wait_owner(&mut p1, "before", "peer-0");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match p1.cmd("get during 0:65536").unwrap().as_str() {
+            "OK 65536 2" => break,
+            other => assert!(Instant::now() < deadline && !other.starts_with("BAD"), "{other}"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn eviction_racing_remote_reads_yields_whole_versions_or_misses() {
+    let Some(cl) = Cluster::start() else { return };
+    // A 2 MiB arena: each overwrite of the 512 KiB key lands in pages the previous versions used.
+    let small = PeerOpts {
+        dram: Some("2M"),
+        ..Default::default()
+    };
+    let mut p0 = cl.peer(0, &small);
+    let mut p1 = cl.peer(1, &PeerOpts::default());
+    p0.ok("put hot 524288 1");
+    wait_owner(&mut p1, "hot", "peer-0");
+    let writer = std::thread::spawn(move || {
+        let a = p0.ok("churn hot 524288 8000");
+        (p0, a)
+    });
+    let a = p1.ok("stream hot 400 0:524288");
+    let (_p0, w) = writer.join().expect("writer");
+    assert_eq!(w, "OK failed=0");
+    assert!(a.contains(" bad=0 "), "a remote read returned torn bytes as data: {a}");
+    assert!(!a.contains("ok=0 "), "reads succeeded: {a}");
+    eprintln!("race: {a}; stale reads: {}", stat(&mut p1, "remote_stale"));
+}
+
+#[test]
+fn peers_without_the_key_are_refused() {
+    let Some(cl) = Cluster::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let key = |name: &str, bytes: &[u8]| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        let _ = Command::new("chmod").arg("600").arg(&path).status();
+        path
+    };
+    let good = PeerOpts {
+        key_file: Some(key("good", b"0123456789abcdef0123456789abcdef")),
+        ..Default::default()
+    };
+    let wrong = PeerOpts {
+        key_file: Some(key("wrong", b"fedcba9876543210fedcba9876543210")),
+        ..Default::default()
+    };
+    let mut p0 = cl.peer(0, &good);
+    let mut p1 = cl.peer(1, &good);
+    let mut p2 = cl.peer(2, &wrong);
+    p0.ok("put secret 4096 5");
+    wait_owner(&mut p1, "secret", "peer-0");
+    wait_owner(&mut p2, "secret", "peer-0");
+    expect_seed(&mut p1, "secret", "0:4096", 5);
+    let a = p2.cmd("get secret 0:4096").unwrap();
+    assert!(a.starts_with("ERR") && a.contains("peer-0"), "{a}");
+    assert!(!a.contains("OK"), "{a}");
+    // A client without credentials: its HELLO is answered REFUSED (opcode 9), never READY (4).
+    let script = format!(
+        "exec 3<>/dev/tcp/{}/{CONTROL_PORT} && printf '\\x00\\x00\\x00\\x00\\x01\\x00\\x00\\x00' >&3 && head -c 8 <&3 | od -An -tu1",
+        cl.net.host_ip(0)
+    );
+    let out = Network::command_in(&cl.net.host_ns(2), "bash")
+        .args(["-c", &script])
+        .output()
+        .expect("bash");
+    let head: Vec<u32> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|b| b.parse().ok())
+        .collect();
+    assert_eq!(head.get(4), Some(&9), "answer head {head:?}");
+}
+
+#[test]
+fn a_put_that_does_not_fit_goes_to_the_peer_with_the_most_free_dram() {
+    let Some(cl) = Cluster::start() else { return };
+    let tiny = PeerOpts {
+        dram: Some("1M"),
+        ..Default::default()
+    };
+    let mut p0 = cl.peer(0, &tiny);
+    let mut p1 = cl.peer(1, &PeerOpts::default());
+    let mut p2 = cl.peer(
+        2,
+        &PeerOpts {
+            dram: Some("16M"),
+            ..Default::default()
+        },
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p0.ok("members") != "OK peer-0,peer-1,peer-2" {
+        assert!(Instant::now() < deadline, "membership did not converge");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // 4 MiB cannot live in peer-0's 1 MiB arena (and it has no SSD): peer-1 (64 MiB) takes it.
+    p0.ok("put big 4194304 11");
+    assert_eq!(p0.ok("owner big"), "OK peer-1");
+    wait_owner(&mut p2, "big", "peer-1");
+    expect_seed(&mut p2, "big", "0:4096,4190208:4096", 11);
+    expect_seed(&mut p0, "big", "1048576:1048576", 11);
+    expect_seed(&mut p1, "big", "0:4194304", 11);
+    assert_eq!(stat(&mut p1, "local_hits"), 1);
+    assert_eq!(stat(&mut p0, "puts_ok"), 1);
+}
