@@ -684,6 +684,46 @@ mod etcd {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn descriptors_come_back_after_etcd_restarts_without_its_data() {
+        let Some(mut server) = EtcdServer::start_on_loopback() else {
+            return;
+        };
+        let a = store(&server, "/te-test/restart", 3).await;
+        a.publish(&descriptor("node-r", 7, 1)).await.unwrap();
+        server.restart_empty().unwrap();
+        // The lease and the key died with etcd's data: the keep-alive must notice that the
+        // lease is gone (an error, not a TTL of 0), take a new one and write the key again.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let observer = loop {
+            match EtcdStore::connect(EtcdConfig {
+                prefix: "/te-test/restart".into(),
+                ..EtcdConfig::new(vec![server.endpoint.clone()])
+            })
+            .await
+            {
+                Ok(s) => break s,
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!("etcd not back yet: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("etcd did not come back: {e}"),
+            }
+        };
+        loop {
+            match observer.fetch("node-r").await {
+                Ok(d) => {
+                    assert_eq!(d.instance, 7);
+                    break;
+                }
+                Err(Error::UnknownSegment(_)) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("node-r not republished within 30 s of etcd's restart: {e}"),
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn unreachable_etcd_is_an_error_not_a_hang() {
         let mut c = EtcdConfig::new(vec![format!(
             "http://127.0.0.1:{}",

@@ -16,6 +16,8 @@ pub struct EtcdServer {
     dir: PathBuf,
     /// Client endpoint, `http://ip:port`.
     pub endpoint: String,
+    /// Where it runs: namespace, address, client and peer ports (for a restart).
+    place: (Option<String>, String, u16, u16),
 }
 
 impl Drop for EtcdServer {
@@ -72,9 +74,30 @@ impl EtcdServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         let child = cmd.spawn().map_err(|e| format!("starting etcd: {e}"))?;
-        let server = EtcdServer { child, dir, endpoint };
+        let place = (ns.map(str::to_string), ip.to_string(), client_port, peer_port);
+        let server = EtcdServer {
+            child,
+            dir,
+            endpoint,
+            place,
+        };
         server.wait_ready(ns, ip, client_port)?;
         Ok(server)
+    }
+
+    /// Kills etcd and starts a new one on the same address and ports with an empty data
+    /// directory: every key and lease is gone, as after losing a single-node cluster's disk.
+    pub fn restart_empty(&mut self) -> Result<(), String> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let (ns, ip, client, peer) = self.place.clone();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let fresh = Self::start_at(ns.as_deref(), &ip, client, peer)?;
+        // Take the new process over. The old handle is forgotten, not dropped: its drop would
+        // remove the directory, which is the same path the new etcd now uses.
+        let old = std::mem::replace(self, fresh);
+        std::mem::forget(old);
+        Ok(())
     }
 
     fn wait_ready(&self, ns: Option<&str>, ip: &str, port: u16) -> Result<(), String> {

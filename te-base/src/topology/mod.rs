@@ -28,8 +28,8 @@ mod pci;
 mod placement;
 mod policy;
 mod priority_matrix;
-mod rail_placement;
 mod rail_map;
+mod rail_placement;
 mod striping;
 
 pub use buffer_rails::{BufferRails, MAX_RAILS_PER_BUFFER};
@@ -46,6 +46,6 @@ pub use policy::{
     STRIPE_MIN_BYTES_VAR,
 };
 pub use priority_matrix::{MatrixEntry, MatrixKey, PriorityMatrix};
-pub use rail_placement::RailPlacement;
 pub use rail_map::{GpuRails, NodeRails, RailMap, RailSource};
+pub use rail_placement::RailPlacement;
 pub use striping::{common_rails, RailRate, Stripe, StripePlanner};

@@ -353,6 +353,17 @@ async fn watch_loop(shared: Arc<Shared>, mut revision: i64) {
     }
 }
 
+/// Whether etcd still holds lease `id` (`None`: etcd did not answer).
+async fn lease_exists(shared: &Shared, id: i64) -> Option<bool> {
+    let mut c = shared.client.clone();
+    match shared.timed("reading a lease", c.lease_time_to_live(id, None)).await {
+        Ok(r) => Some(r.ttl() > 0),
+        // etcd answers "requested lease not found" as an error status, not as a TTL.
+        Err(e) if e.to_string().contains("lease not found") => Some(false),
+        Err(_) => None,
+    }
+}
+
 async fn keep_alive_loop(shared: Arc<Shared>) {
     let period = Duration::from_millis((shared.config.lease_ttl_s as u64 * 1000) / 3);
     loop {
@@ -371,6 +382,10 @@ async fn keep_alive_loop(shared: Arc<Shared>) {
             },
             Err(_) => true,
         };
+        // A broken keep-alive does not say whether the lease is gone: an etcd that restarted
+        // without its data answers with an error, not a TTL of 0. Ask; when etcd cannot be
+        // reached, assume the lease lives and try again next period.
+        let alive = alive && lease_exists(&shared, id).await != Some(false);
         if !alive {
             // The lease expired (etcd was out of reach too long): take a new one and write our
             // descriptors again.
