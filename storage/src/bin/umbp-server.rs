@@ -36,7 +36,21 @@ fn bytes(flag: &str, v: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{flag} needs a value"))
 }
 
+/// Gives SIGTERM and SIGINT back their default action before tokio takes them. A library linked
+/// into this binary may have installed its own handler at load time: with the efa transport
+/// compiled in, Debian's libfabric pulls in libinfinipath (psm provider), whose handler resets
+/// the signals and calls `exit(1)`. tokio's handler chains to whatever was installed before it,
+/// so that handler would end the server before it flushes and unlinks its socket.
+fn own_termination_signals() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: no other thread exists yet (the runtime is built after this), and SIG_DFL is a
+        // valid disposition for both signals.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+}
+
 fn run() -> Result<(), String> {
+    own_termination_signals();
     let mut args = std::env::args().skip(1);
     let mut socket = None;
     let mut builder = Store::builder().local();
@@ -85,6 +99,12 @@ fn run() -> Result<(), String> {
         .build()
         .map_err(|e| format!("tokio runtime: {e}"))?;
     rt.block_on(async move {
+        // The handlers go in before the store opens its engine: a provider library loaded then
+        // (libfabric's shm, in cluster mode) chains to them instead of replacing them.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| format!("SIGTERM handler: {e}"))?;
+        let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .map_err(|e| format!("SIGINT handler: {e}"))?;
         let store = builder.open().await.map_err(|e| format!("opening the store: {e}"))?;
         let stats = store.stats();
         eprintln!(
@@ -93,12 +113,10 @@ fn run() -> Result<(), String> {
             stats.dram_capacity_bytes,
             stats.ssd_objects
         );
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| format!("SIGTERM handler: {e}"))?;
         let shutdown = async move {
             tokio::select! {
                 _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+                _ = interrupt.recv() => {}
             }
         };
         serve(store, opts, shutdown).await.map_err(|e| e.to_string())?;

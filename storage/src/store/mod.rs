@@ -255,7 +255,14 @@ impl StoreBuilder {
             crate::cluster::join(&store, cc, &name).await?;
             return Ok(store);
         }
-        let engine = TransferEngine::builder().segment_name(name).build().await?;
+        // A local store only moves bytes inside this process: the local-copy transport is all
+        // it needs. Installing the others would open network listeners nobody uses and, with
+        // efa compiled in, load libfabric, whose shm provider installs its own SIGTERM handler.
+        let engine = TransferEngine::builder()
+            .segment_name(name)
+            .transports(["local"])
+            .build()
+            .await?;
         Store::open_with(cfg, engine, true).await
     }
 
