@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use standalone_support::*;
 use umbp::standalone::wire::Op;
-use umbp::{KvBuffer, Range, RangedGet, RangedPut, Store, StoreError};
+use umbp::{KvBuffer, Range, RangedGet, Store, StoreError};
 
 const WORKER_VAR: &str = "UMBP_TEST_WORKER_SOCKET";
 
@@ -51,22 +51,7 @@ async fn cycle(store: &Store, c: usize, rounds: usize) -> umbp::StoreStats {
         .await
         .unwrap();
     let keys: Vec<String> = (0..c).map(|i| format!("cycle/{c}/{i}")).collect();
-    let ranges: Vec<[Range; 1]> = (0..c)
-        .map(|i| [Range::new(0, 4096, buf.addr() + i as u64 * 4096)])
-        .collect();
-    let puts: Vec<RangedPut<'_>> = keys
-        .iter()
-        .zip(&ranges)
-        .map(|(k, r)| RangedPut {
-            key: k,
-            object_len: 4096,
-            ranges: r,
-            depth: 0,
-        })
-        .collect();
-    for r in store.batch_put_ranges(&puts).unwrap() {
-        r.unwrap();
-    }
+    put_whole(store, &keys, buf.addr(), 4096);
     let part = [Range::new(1024, 512, buf.addr())];
     for _ in 0..rounds {
         for k in &keys {
@@ -237,22 +222,7 @@ async fn worker_child() {
             fill(b, p * obj, k, 0, obj);
         }
     }
-    let ranges: Vec<[Range; 1]> = (0..pages)
-        .map(|p| [Range::new(0, obj as u64, buf.addr() + (p * obj) as u64)])
-        .collect();
-    let puts: Vec<RangedPut<'_>> = keys
-        .iter()
-        .zip(&ranges)
-        .map(|(k, r)| RangedPut {
-            key: k,
-            object_len: obj as u64,
-            ranges: r,
-            depth: 0,
-        })
-        .collect();
-    for r in store.batch_put_ranges(&puts).unwrap() {
-        r.unwrap();
-    }
+    put_whole(&store, &keys, buf.addr(), obj as u64);
     let back = pages * obj;
     for round in 0..20 {
         // SAFETY: no call uses the buffer now.

@@ -30,22 +30,10 @@ async fn killed_worker_child() {
             .unwrap();
     }
     let keys: Vec<String> = (0..64).map(|i| format!("victim/{i}")).collect();
+    put_whole(&store, &keys, bufs[0].addr(), 16384);
     let ranges: Vec<[Range; 1]> = (0..64)
         .map(|i| [Range::new(0, 16384, bufs[0].addr() + i * 16384)])
         .collect();
-    let puts: Vec<RangedPut<'_>> = keys
-        .iter()
-        .zip(&ranges)
-        .map(|(k, r)| RangedPut {
-            key: k,
-            object_len: 16384,
-            ranges: r,
-            depth: 0,
-        })
-        .collect();
-    for r in store.batch_put_ranges(&puts).unwrap() {
-        r.unwrap();
-    }
     let gets: Vec<RangedGet<'_>> = keys
         .iter()
         .zip(&ranges)
@@ -137,20 +125,7 @@ fn a_killed_server_fails_calls_in_bound_and_the_restart_serves_the_ssd_again() {
             fill(b, i * 4096, k, 0, 4096);
         }
     }
-    let ranges: Vec<[Range; 1]> = (0..32).map(|i| [Range::new(0, 4096, buf.addr() + i * 4096)]).collect();
-    let puts: Vec<RangedPut<'_>> = keys
-        .iter()
-        .zip(&ranges)
-        .map(|(k, r)| RangedPut {
-            key: k,
-            object_len: 4096,
-            ranges: r,
-            depth: 0,
-        })
-        .collect();
-    for r in store.batch_put_ranges(&puts).unwrap() {
-        r.unwrap();
-    }
+    put_whole(&store, &keys, buf.addr(), 4096);
     server.kill();
 
     // Calls fail, typed, well within the bound (the socket closes with the process).

@@ -199,6 +199,27 @@ impl Raw {
 }
 
 /// The byte at `pos` of object `key`.
+/// Puts key `i` of `keys` as one object of `len` bytes read from `base + i * len`, and requires
+/// every put to succeed.
+pub fn put_whole(store: &Store, keys: &[String], base: u64, len: u64) {
+    let ranges: Vec<[Range; 1]> = (0..keys.len() as u64)
+        .map(|i| [Range::new(0, len, base + i * len)])
+        .collect();
+    let puts: Vec<RangedPut<'_>> = keys
+        .iter()
+        .zip(&ranges)
+        .map(|(k, r)| RangedPut {
+            key: k,
+            object_len: len,
+            ranges: r,
+            depth: 0,
+        })
+        .collect();
+    for r in store.batch_put_ranges(&puts).unwrap() {
+        r.unwrap();
+    }
+}
+
 pub fn pattern(key: &str, pos: u64) -> u8 {
     let h = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
