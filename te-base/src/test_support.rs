@@ -26,3 +26,27 @@ pub fn free_port() -> Result<u16, String> {
         .map(|a| a.port())
         .map_err(|e| format!("finding a free port: {e}"))
 }
+
+/// Reads what a peer sends until it closes the connection, at most `max` bytes, within `within`.
+/// `None` if the peer still held the connection open at the deadline: a hostile-input test
+/// asserts that a listener answered and hung up.
+#[cfg(feature = "conformance")]
+pub async fn read_until_closed<S: tokio::io::AsyncRead + Unpin>(
+    s: &mut S,
+    max: usize,
+    within: std::time::Duration,
+) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(within, async {
+        let mut chunk = [0u8; 4096];
+        while out.len() < max {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => out.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    read.ok().map(|()| out)
+}

@@ -238,20 +238,9 @@ fn p2p_config(auth: Option<te_base::auth::AuthKey>) -> P2pConfig {
 
 /// Reads what a server sends until it closes (at most 64 KiB, within 5 s).
 async fn read_to_close(s: &mut tokio::net::TcpStream) -> Vec<u8> {
-    use tokio::io::AsyncReadExt;
-    let mut out = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(5), async {
-        let mut chunk = [0u8; 4096];
-        while out.len() < 64 << 10 {
-            match s.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => out.extend_from_slice(&chunk[..n]),
-            }
-        }
-    })
-    .await;
-    assert!(read.is_ok(), "the server kept the connection open");
-    out
+    te_base::test_support::read_until_closed(s, 64 << 10, Duration::from_secs(5))
+        .await
+        .expect("the server kept the connection open")
 }
 
 fn reveals_nothing(bytes: &[u8]) -> bool {

@@ -602,24 +602,14 @@ fn forged_request(claimant: &Fake, name: &str, target: &Fake, claim: [u8; 32]) -
 /// Sends `frames` on a fresh connection to `target`'s listener and reads until it closes (at most
 /// 64 KiB, within 10 s).
 async fn raw_exchange(target: &Fake, frames: &[Vec<u8>]) -> Vec<u8> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let mut s = tokio::net::TcpStream::connect(target.handshake_addr()).await.unwrap();
     for f in frames {
         s.write_all(f).await.unwrap();
     }
-    let mut out = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(10), async {
-        let mut chunk = [0u8; 4096];
-        while out.len() < 64 << 10 {
-            match s.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => out.extend_from_slice(&chunk[..n]),
-            }
-        }
-    })
-    .await;
-    assert!(read.is_ok(), "the target kept the connection open");
-    out
+    te_base::test_support::read_until_closed(&mut s, 64 << 10, Duration::from_secs(10))
+        .await
+        .expect("the target kept the connection open")
 }
 
 fn reveals_no_instance(text: &str, t: &Fake) -> bool {
