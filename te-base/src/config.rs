@@ -63,7 +63,7 @@ pub const ENV_VARS: &[&str] = &[
     crate::registration::CAP_VAR,
     crate::registration::CAP_ALIAS,
     crate::registration::ORDER_VAR,
-    "TE_LOCAL_RANKS",
+    crate::registration::LOCAL_RANK_VARS[0],
     crate::topology::NIC_SELECTION_VAR,
     crate::topology::NIC_SELECTION_ALIAS,
     crate::topology::PRIORITY_MATRIX_VAR,
