@@ -41,7 +41,8 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 echo "== cargo test (all features)"
 # The system libfabric (Debian 12: 1.17); its refusal probe checks the loaded library is this one.
-TE_EXPECT_LIBFABRIC=$(pkg-config --modversion libfabric | cut -d. -f1,2) \
+SYSTEM_LIBFABRIC=$(pkg-config --modversion libfabric | cut -d. -f1,2)
+TE_EXPECT_LIBFABRIC=$SYSTEM_LIBFABRIC \
   cargo test --workspace --all-features --no-fail-fast
 
 cargo build --release -q -p te-bench --features efa
@@ -74,7 +75,7 @@ echo "== efa transport tests against libfabric 2.6 ($LF2)"
   cargo test -p te-transport-efa --no-fail-fast
 )
 for lib in system "$LF2/lib"; do
-  if [ "$lib" = system ]; then want=$(pkg-config --modversion libfabric | cut -d. -f1,2); path=""
+  if [ "$lib" = system ]; then want=$SYSTEM_LIBFABRIC; path=""
   else want=2.6; path="$lib"; fi
   loaded=$(LD_LIBRARY_PATH="$path" ldd "$BENCH" | awk '/libfabric.so/ {print $3}')
   [ -z "$path" ] || [ "$(dirname "$loaded")" = "$path" ] || fail_library "te-bench loads $loaded, not $path"

@@ -1,7 +1,8 @@
 //! Peer authentication: a shared secret proved by a mutual HMAC-SHA256 challenge-response.
 //!
-//! Every listener of the engine (TCP transport, p2p metadata, rdma and efa handshakes, UMBP
-//! servers) uses this one mechanism, so there is one thing to review. With a key configured
+//! Every listener of the engine (TCP transport, p2p metadata, the rdma handshake, the UMBP
+//! standalone server and cluster peers) uses this one mechanism (efa has no listener: its
+//! addresses and keys travel in the descriptor), so there is one thing to review. With a key configured
 //! (`TE_AUTH_KEY_FILE`), connection set-up runs:
 //!
 //! ```text

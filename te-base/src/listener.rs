@@ -3,7 +3,7 @@
 //! TCP keepalive and `TCP_USER_TIMEOUT` on accepted sockets, and a backoff on accept errors so
 //! `EMFILE` does not spin a core.
 //!
-//! The TCP transport, the p2p metadata listener, the rdma/efa handshake listeners and the UMBP
+//! The TCP transport, the p2p metadata listener, the rdma handshake listener and the UMBP
 //! servers use these pieces with their own variable prefix (`TE_TCP`, `TE_P2P`...).
 
 use std::collections::HashMap;

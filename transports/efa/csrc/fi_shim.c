@@ -25,7 +25,7 @@
 #include <rdma/fi_rma.h>
 
 _Static_assert(FI_EAGAIN == 11, "FI_EAGAIN differs from the value the Rust side expects");
-_Static_assert(FI_ENOSYS == 38 && FI_ENOPROTOOPT == 92, "errno values differ from the Rust side's");
+_Static_assert(FI_ENOSYS == 38 && FI_ENOPROTOOPT == 92 && FI_ENOKEY == 266, "errno values differ from the Rust side's");
 _Static_assert(FI_EAVAIL == 259, "FI_EAVAIL differs from the value the Rust side expects");
 _Static_assert(sizeof(struct fi_cq_entry) == sizeof(void *), "fi_cq_entry is not one context pointer");
 

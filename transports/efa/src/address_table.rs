@@ -13,9 +13,8 @@ use std::collections::HashMap;
 
 use te_base::Result;
 
-/// A provider address in use, and how many connected peers use it.
+/// A provider address in use (the key it is stored under), and how many connected peers use it.
 struct Entry {
-    fi_addr: u64,
     users: usize,
     /// Every address byte string that resolved to this `fi_addr` (a provider may read fewer bytes
     /// than it is handed, so two strings can name one peer).
@@ -41,7 +40,6 @@ impl AddressTable {
         let fi_addr = insert(name)?;
         self.by_name.insert(name.to_vec(), fi_addr);
         let entry = self.entries.entry(fi_addr).or_insert(Entry {
-            fi_addr,
             users: 0,
             names: Vec::new(),
         });
@@ -63,7 +61,6 @@ impl AddressTable {
             return false;
         }
         if let Some(e) = self.entries.remove(&fi_addr) {
-            debug_assert_eq!(e.fi_addr, fi_addr);
             for n in e.names {
                 self.by_name.remove(&n);
             }

@@ -169,9 +169,6 @@ impl RailAttrs {
     }
 }
 
-/// libfabric's "required key not available": the requested MR key is in use.
-const FI_ENOKEY: c_int = 266;
-
 /// One NIC: fabric, domain, endpoint, address vector and completion queue.
 pub(crate) struct Rail {
     raw: Box<RawRail>,
@@ -261,7 +258,7 @@ impl Rail {
         if shm_permitted || shm_opt == 0 {
             return Ok(());
         }
-        let core = self.attrs.provider.split(';').next().unwrap_or("");
+        let core = core_provider(&self.attrs.provider);
         if core == "efa" || (shm_opt != -ffi::FI_ENOPROTOOPT && shm_opt != -ffi::FI_ENOSYS) {
             return Err(Error::transport(
                 TRANSPORT,
@@ -385,7 +382,7 @@ impl Rail {
                     &mut desc,
                 )
             };
-            let key_taken = rc == -FI_ENOKEY || rc == -libc::EKEYREJECTED;
+            let key_taken = rc == -ffi::FI_ENOKEY || rc == -libc::EKEYREJECTED;
             if !key_taken || self.attrs.prov_key() {
                 break;
             }
@@ -560,4 +557,9 @@ pub fn libfabric_versions() -> ((u32, u32), (u32, u32)) {
     // SAFETY: plain value-returning calls.
     let (h, r) = unsafe { (ffi::te_fi_header_version(), ffi::te_fi_runtime_version()) };
     ((h >> 16, h & 0xffff), (r >> 16, r & 0xffff))
+}
+
+/// The core provider of a provider name: `tcp` for `tcp;ofi_rxm`, `efa` for `efa`.
+pub(crate) fn core_provider(provider: &str) -> &str {
+    provider.split(';').next().unwrap_or("")
 }

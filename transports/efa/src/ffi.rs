@@ -15,6 +15,9 @@ pub const FI_ENODATA: c_int = 61;
 pub const FI_ENOSYS: c_int = 38;
 /// `-FI_ENOPROTOOPT`: the provider does not know the option.
 pub const FI_ENOPROTOOPT: c_int = 92;
+/// `-FI_ENOKEY`: "required key not available": the requested MR key is in use (or, from the shim,
+/// the provider has no key to report).
+pub const FI_ENOKEY: c_int = 266;
 
 /// mr_mode bits in the shim's encoding.
 pub mod mr {

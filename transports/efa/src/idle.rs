@@ -16,7 +16,7 @@ impl IdleMode {
     /// The mode for a rail of `provider`: blocking only where the provider rides on sockets and
     /// the rail's CQ has a wait object (`cq_can_wait`).
     pub(crate) fn for_provider(provider: &str, cq_can_wait: bool) -> IdleMode {
-        let core = provider.split(';').next().unwrap_or("");
+        let core = crate::fabric::core_provider(provider);
         if cq_can_wait && matches!(core, "tcp" | "sockets" | "net" | "udp") {
             IdleMode::Block
         } else {

@@ -11,6 +11,10 @@
 
 /// Feistel rounds; four make each output bit depend on every input bit.
 const ROUNDS: usize = 4;
+const _: () = assert!(
+    ROUNDS * 8 <= te_base::auth::NONCE_LEN,
+    "one nonce must hold every round key"
+);
 
 /// The key sequence of one rail.
 pub(crate) struct KeySequence {
@@ -24,10 +28,13 @@ impl KeySequence {
     /// A sequence over keys of `key_size` bytes (0 or more than 8: 64-bit keys).
     pub(crate) fn new(key_size: usize) -> KeySequence {
         let bytes = if key_size == 0 || key_size > 8 { 8 } else { key_size };
+        // One 32-byte nonce holds the four 64-bit round keys.
+        let nonce = te_base::auth::nonce();
         let mut round_keys = [0u64; ROUNDS];
-        for k in round_keys.iter_mut() {
-            let n = te_base::auth::nonce();
-            *k = u64::from_le_bytes([n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]]);
+        for (k, bytes) in round_keys.iter_mut().zip(nonce.chunks_exact(8)) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(bytes);
+            *k = u64::from_le_bytes(b);
         }
         KeySequence {
             half_bits: bytes as u32 * 4,

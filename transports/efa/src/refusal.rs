@@ -29,7 +29,7 @@ pub enum RefusalReport {
 impl RefusalReport {
     /// The report of `provider` (as fi_getinfo names it) on libfabric `version` (major, minor).
     pub fn of(provider: &str, version: (u32, u32)) -> RefusalReport {
-        let core = provider.split(';').next().unwrap_or("");
+        let core = crate::fabric::core_provider(provider);
         match (core, version.0) {
             // rxm forwards the tcp provider's error for the refused RMA.
             ("tcp", 1 | 2) if provider.contains("ofi_rxm") => RefusalReport::ErrorCompletion,

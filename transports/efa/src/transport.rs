@@ -139,9 +139,9 @@ impl FabricTransport {
             }
         };
         let (provider, infos) = select_rails(&list, &config)?;
-        let refusal = crate::RefusalReport::of_loaded(&provider);
+        let (_, (major, minor)) = crate::libfabric_versions();
+        let refusal = crate::RefusalReport::of(&provider, (major, minor));
         if refusal == crate::RefusalReport::SilentSuccess {
-            let (_, (major, minor)) = crate::libfabric_versions();
             tracing::warn!(%provider, libfabric = %format!("{major}.{minor}"), "efa: {refusal}");
         }
         let mut workers = Vec::with_capacity(infos.len());
