@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use umbp::{KvBuffer, Range, RangedGet, RangedPut, Store};
 
-use crate::util::{print_json, runtime};
+use crate::util::{median, print_json, runtime};
 
 /// A server this bench started; killed on drop.
 pub struct OwnServer {
@@ -122,9 +122,11 @@ pub fn run_reader(shape: ReaderShape, socket: &Option<PathBuf>) -> Result<(), St
     // One client per arm, on the same server: "on" with the default cache, "off" with none.
     let mut stores = Vec::new();
     for &on in &shape.arms {
-        let b = Store::builder()
-            .connect(&socket)
-            .key_handle_slots(if on { 128 } else { 0 });
+        let b = Store::builder().connect(&socket).key_handle_slots(if on {
+            umbp::standalone::key_handles::DEFAULT_SLOTS
+        } else {
+            0
+        });
         stores.push(rt.block_on(b.open()).map_err(|e| format!("connect: {e}"))?);
     }
     // Fill: objects of ranges_per_key ranges, pattern-filled, through the first client.
@@ -312,15 +314,13 @@ fn measure_arm(store: &Store, dests: &[KvBuffer], keys: &[String], shape: &Reade
         pass.push(p);
         bad += b;
     }
-    calls.sort_unstable();
-    pass.sort_unstable();
     let st1 = store.stats();
     let (b1, c1) = store.key_handle_report().map_or((0, 0), |r| (r.1, r.2));
     let hits = st1.key_handle_hits - st0.key_handle_hits;
     let total = hits + st1.key_handle_misses - st0.key_handle_misses;
     Ok(ArmSample {
-        call_us_p50: calls[calls.len() / 2].as_secs_f64() * 1e6,
-        pass_ms: pass[pass.len() / 2].as_secs_f64() * 1e3,
+        call_us_p50: median(&mut calls).as_secs_f64() * 1e6,
+        pass_ms: median(&mut pass).as_secs_f64() * 1e3,
         hit_rate: hits as f64 / total.max(1) as f64,
         bytes_per_call: (b1 - b0) as f64 / (c1 - c0).max(1) as f64,
         mismatched: bad,

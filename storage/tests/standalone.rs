@@ -6,7 +6,7 @@ mod standalone_support;
 
 use std::os::fd::AsFd;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use standalone_support::*;
 use umbp::standalone::wire::Op;
@@ -348,9 +348,12 @@ fn sigterm_flushes_and_unlinks_the_socket() {
     assert!(!server.socket.exists(), "the socket file was left behind");
     // The DRAM-only object was flushed to SSD on the way out: a new server serves it.
     let _server = Server::start(dir.path(), &args, &[("UMBP_SSD_SEGMENT_BYTES", "8M")]);
+    let deadline = Instant::now() + Duration::from_secs(10);
     let got = loop {
         match rt.block_on(store.get("kept")) {
-            Err(StoreError::ServerGone { .. }) => std::thread::sleep(Duration::from_millis(20)),
+            Err(StoreError::ServerGone { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
             other => break other,
         }
     };

@@ -174,8 +174,10 @@ fn hostile_frames_get_typed_errors_and_touch_no_other_client() {
     // A victim with a buffer, a stored key, and a minted handle.
     let mut victim = Raw::connect(&server.socket, [0; 16]).unwrap();
     let vbuf = KvBuffer::new(8192).unwrap();
+    // The secret is 0xCD; the buffer holds 0xAB while the attacker runs, so a get of the secret
+    // into it would show.
     // SAFETY: nothing uses the buffer yet.
-    unsafe { vbuf.bytes_mut().fill(0xAB) };
+    unsafe { vbuf.bytes_mut().fill(0xCD) };
     victim.register(vbuf.addr(), 8192, vbuf.fd()).unwrap();
     let vr = [Range::new(0, 4096, vbuf.addr())];
     let mut tx = Vec::new();
@@ -201,6 +203,8 @@ fn hostile_frames_get_typed_errors_and_touch_no_other_client() {
         )
         .unwrap();
     assert_ne!(handle, 0);
+    // SAFETY: no call is running on the victim's buffer.
+    unsafe { vbuf.bytes_mut().fill(0xAB) };
 
     let mut evil = Raw::connect(&server.socket, [0; 16]).unwrap();
     let ebuf = KvBuffer::new(4096).unwrap();

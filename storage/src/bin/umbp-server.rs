@@ -5,14 +5,14 @@
 //! the SSD tier from its log.
 //!
 //! ```text
-//! umbp-server --socket /run/umbp.sock [--dram 64G] [--ssd-dirs /nvme0,/nvme1] [--ssd-capacity 2T]
+//! umbp-server --socket /run/umbp.sock [--dram 64G] [--ssd-dirs /nvme0,/nvme1] [--ssd-capacity 2048G]
 //!             [--eviction prefix] [--write-through] [--allow-gid 1001] [--key-handle-capacity 512]
 //! ```
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use te_base::config::{parse_bytes, MapEnv, ProcessEnv};
+use te_base::config::{parse_byte_size, ProcessEnv};
 use umbp::standalone::server::{serve, ServerOptions};
 use umbp::{EvictionPolicy, Store};
 
@@ -30,10 +30,7 @@ fn main() -> ExitCode {
 }
 
 fn bytes(flag: &str, v: &str) -> Result<u64, String> {
-    let env = MapEnv::new([(flag, v)]);
-    parse_bytes(&env, flag)
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("{flag} needs a value"))
+    parse_byte_size(v).map_err(|e| format!("{flag} {v:?}: {e}"))
 }
 
 /// Gives SIGTERM and SIGINT back their default action before tokio takes them. A library linked

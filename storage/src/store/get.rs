@@ -63,6 +63,7 @@ impl Store {
     pub fn batch_get_ranges(&self, items: &[RangedGet<'_>]) -> Result<Vec<Result<u64>>> {
         if let Some(c) = self.remote() {
             self.check_open()?;
+            Self::check_keys(items.iter().map(|i| i.key))?;
             return c.get_ranges(items);
         }
         self.get_objects(Wants::Ranges(items))

@@ -534,10 +534,10 @@ impl Store {
     /// record is marked dead on disk before this returns.
     pub fn remove(&self, key: &str) -> Result<bool> {
         self.check_open()?;
+        Self::check_keys(std::iter::once(key))?;
         if let Some(c) = self.remote() {
             return c.remove(key);
         }
-        Self::check_keys(std::iter::once(key))?;
         let found = self.remove_local(key)?;
         #[cfg(feature = "cluster")]
         if let (true, Some(c)) = (found, self.inner.cluster.get()) {
@@ -573,6 +573,7 @@ impl Store {
     pub fn batch_get(&self, items: &[(&str, u64, u64)]) -> Result<Vec<Result<u64>>> {
         if let Some(c) = self.remote() {
             self.check_open()?;
+            Self::check_keys(items.iter().map(|i| i.0))?;
             return c.get_whole(items);
         }
         self.get_objects(get::Wants::Whole(items))
@@ -598,6 +599,7 @@ impl Store {
     pub async fn put(&self, key: &str, data: &[u8], depth: u32) -> Result<()> {
         if let Some(c) = self.remote() {
             self.check_open()?;
+            Self::check_keys(std::iter::once(key))?;
             return c.put_bytes(key, data, depth);
         }
         let addr = data.as_ptr() as u64;
@@ -618,6 +620,7 @@ impl Store {
     pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
         if let Some(c) = self.remote() {
             self.check_open()?;
+            Self::check_keys(std::iter::once(key))?;
             return c.get_bytes(key);
         }
         let Some(mut len) = self.object_lens(std::iter::once(key))[0] else {

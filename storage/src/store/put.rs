@@ -33,12 +33,13 @@ impl Store {
     /// concurrent put of the same key, I/O).
     pub fn batch_put_ranges(&self, items: &[RangedPut<'_>]) -> Result<Vec<Result<()>>> {
         self.check_open()?;
+        // Keys are checked here in both modes: a bad key is BadKey, never a wire error.
+        Self::check_keys(items.iter().map(|i| i.key))?;
         if let Some(c) = self.remote() {
             return c.put_ranges(items);
         }
         let timer = self.inner.timer.clone();
         let t0 = timer.start();
-        Self::check_keys(items.iter().map(|i| i.key))?;
         if items.len() > 1 {
             let mut seen: HashMap<&str, usize> = HashMap::with_capacity(items.len());
             for (k, it) in items.iter().enumerate() {
