@@ -414,7 +414,7 @@ async fn keep_alive_loop(d: Arc<Directory>) {
             Err(_) => {
                 d.dirty.store(true, Ordering::Release);
                 let mut c = d.client.clone();
-                matches!(d.timed("checking the lease", c.lease_time_to_live(id, None)).await, Ok(r) if r.ttl() <= 0)
+                te_core::metadata::etcd::lease_exists(&mut c, id, d.cfg.timeout).await == Some(false)
             }
         };
         if expired {

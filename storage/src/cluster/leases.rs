@@ -15,24 +15,26 @@ pub(crate) struct Leases {
 }
 
 impl Leases {
-    /// Holds `slot` until `deadline`; returns the lease id (never 0). Slots of leases past their
-    /// deadline are handed to `release` first.
-    pub(crate) fn hold(&self, slot: usize, deadline: Instant, release: impl FnOnce(Vec<usize>)) -> u64 {
+    /// Holds `slot` until `deadline`; returns the lease id (never 0).
+    pub(crate) fn hold(&self, slot: usize, deadline: Instant) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut held = self.held.lock();
+        self.held.lock().insert(id, (slot, deadline));
+        id
+    }
+
+    /// Ends the leases past their deadline (their reader died or gave up) and returns their
+    /// slots, for the caller to give back.
+    pub(crate) fn expire(&self) -> Vec<usize> {
         let now = Instant::now();
         let mut expired = Vec::new();
-        held.retain(|_, &mut (s, d)| {
+        self.held.lock().retain(|_, &mut (s, d)| {
             let keep = d > now;
             if !keep {
                 expired.push(s);
             }
             keep
         });
-        held.insert(id, (slot, deadline));
-        drop(held);
-        release(expired);
-        id
+        expired
     }
 
     /// Ends lease `id`: its slot, and whether it was released within its deadline (past it, the
@@ -40,5 +42,24 @@ impl Leases {
     pub(crate) fn release(&self, id: u64) -> Option<(usize, bool)> {
         let (slot, deadline) = self.held.lock().remove(&id)?;
         Some((slot, deadline > Instant::now()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::Leases;
+
+    #[test]
+    fn expire_returns_only_the_slots_past_their_deadline() {
+        let leases = Leases::default();
+        let now = Instant::now();
+        let dead = leases.hold(3, now - Duration::from_millis(1));
+        let live = leases.hold(5, now + Duration::from_secs(60));
+        assert_eq!(leases.expire(), vec![3]);
+        assert!(leases.expire().is_empty());
+        assert_eq!(leases.release(dead), None);
+        assert_eq!(leases.release(live), Some((5, true)));
     }
 }

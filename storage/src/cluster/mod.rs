@@ -289,9 +289,22 @@ pub(crate) async fn join(store: &crate::store::Store, cc: ClusterConfig, name: &
             .map(|inner| crate::store::Store { inner }.dram_free())
             .unwrap_or(0)
     });
+    let reaper = weak.clone();
     let c = Cluster::start(cc, name, weak, local_keys, free_bytes).await?;
     let keys = store.local_keys();
     c.dir.publish(&keys).await;
+    // Frees staging slots and DRAM reservations whose holder died, at half the deadline's
+    // granularity; ends with the store.
+    let period = (c.cfg.timeout / 2).max(std::time::Duration::from_millis(10));
+    c.handle().spawn(async move {
+        loop {
+            tokio::time::sleep(period).await;
+            let Some(inner) = reaper.upgrade() else {
+                return;
+            };
+            crate::store::Store { inner }.expire_peer_holds();
+        }
+    });
     let _ = store.inner.cluster.set(c);
     Ok(())
 }

@@ -57,6 +57,9 @@ impl Store {
         let (Some(ssd), Some(cluster)) = (&self.inner.ssd, self.inner.cluster.get()) else {
             return 0;
         };
+        for s in cluster.leases.expire() {
+            ssd.staging.release_index(s);
+        }
         let Some(slot) = ssd.staging.try_acquire_index() else {
             for &(i, _) in on_ssd {
                 places[i] = Place::Failed("no staging slot free on the owner".into());
@@ -132,11 +135,7 @@ impl Store {
             };
         }
         let deadline = Instant::now() + cluster.cfg.timeout;
-        cluster.leases.hold(slot, deadline, |expired| {
-            for s in expired {
-                ssd.staging.release_index(s);
-            }
-        })
+        cluster.leases.hold(slot, deadline)
     }
 
     /// VALIDATE: releases `lease` and says, per key, whether what the reader read was stable:
@@ -161,6 +160,29 @@ impl Store {
 }
 
 impl Store {
+    /// Frees what peers hold past their deadline: staging slots of SSD reads never validated,
+    /// and DRAM reserved for remote puts never committed. The cluster's reaper calls it
+    /// periodically, so a dead reader or writer holds its slot or space only until its deadline,
+    /// whether or not another request arrives.
+    pub(crate) fn expire_peer_holds(&self) {
+        let Some(c) = self.inner.cluster.get() else {
+            return;
+        };
+        if let Some(ssd) = &self.inner.ssd {
+            for s in c.leases.expire() {
+                ssd.staging.release_index(s);
+            }
+        }
+        if let Some(d) = &self.inner.dram {
+            if c.reservations.lock().is_empty() {
+                return;
+            }
+            let now = self.now();
+            let mut st = d.state.write();
+            expire(&mut st, &mut c.reservations.lock(), now);
+        }
+    }
+
     /// ALLOCATE: reserves arena space for each object of a remote put, from free space below the
     /// high watermark only (a peer's put never evicts here). A reservation is invisible to
     /// readers; it is published by COMMIT, or freed when `UMBP_CLUSTER_TIMEOUT_MS` passes first.

@@ -353,14 +353,15 @@ async fn watch_loop(shared: Arc<Shared>, mut revision: i64) {
     }
 }
 
-/// Whether etcd still holds lease `id` (`None`: etcd did not answer).
-async fn lease_exists(shared: &Shared, id: i64) -> Option<bool> {
-    let mut c = shared.client.clone();
-    match shared.timed("reading a lease", c.lease_time_to_live(id, None)).await {
-        Ok(r) => Some(r.ttl() > 0),
-        // etcd answers "requested lease not found" as an error status, not as a TTL.
-        Err(e) if e.to_string().contains("lease not found") => Some(false),
-        Err(_) => None,
+/// Whether etcd still holds lease `id` (`None`: etcd did not answer within `timeout`). A lease
+/// etcd no longer knows (it expired, or etcd lost its data) reads as gone, whether etcd answers
+/// with a TTL of -1 or with a "requested lease not found" error. For every holder of an etcd
+/// lease whose keep-alive broke: a broken keep-alive does not say which happened.
+pub async fn lease_exists(client: &mut Client, id: i64, timeout: Duration) -> Option<bool> {
+    match tokio::time::timeout(timeout, client.lease_time_to_live(id, None)).await {
+        Ok(Ok(r)) => Some(r.ttl() > 0),
+        Ok(Err(e)) if e.to_string().contains("lease not found") => Some(false),
+        _ => None,
     }
 }
 
@@ -385,7 +386,7 @@ async fn keep_alive_loop(shared: Arc<Shared>) {
         // A broken keep-alive does not say whether the lease is gone: an etcd that restarted
         // without its data answers with an error, not a TTL of 0. Ask; when etcd cannot be
         // reached, assume the lease lives and try again next period.
-        let alive = alive && lease_exists(&shared, id).await != Some(false);
+        let alive = alive && lease_exists(&mut c, id, shared.config.timeout).await != Some(false);
         if !alive {
             // The lease expired (etcd was out of reach too long): take a new one and write our
             // descriptors again.
