@@ -49,8 +49,12 @@ pub struct BatchState {
     failures: Mutex<Vec<(usize, Error)>>,
     cancel_requested: AtomicBool,
     keep_alive: Mutex<Vec<Box<dyn Any + Send + Sync>>>,
+    on_complete: Mutex<Vec<CompletionHook>>,
     done: Event,
 }
+
+/// Work to run once when the last request of a batch settles (see [`BatchState::on_complete`]).
+pub type CompletionHook = Box<dyn FnOnce(&BatchState) + Send>;
 
 impl std::fmt::Debug for BatchState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -77,6 +81,7 @@ impl BatchState {
             failures: Mutex::new(Vec::new()),
             cancel_requested: AtomicBool::new(false),
             keep_alive: Mutex::new(Vec::new()),
+            on_complete: Mutex::new(Vec::new()),
             done: Event::new(),
         })
     }
@@ -113,6 +118,26 @@ impl BatchState {
         }
     }
 
+    /// Runs `hook` once, on the thread that settles the batch's last request, after the keep-alive
+    /// values were dropped and before waiters wake; at once (on this thread) if the batch already
+    /// completed. Per batch, never per request: for metrics, notifications and similar follow-ups.
+    /// A hook must not block.
+    pub fn on_complete(&self, hook: CompletionHook) {
+        let mut guard = self.on_complete.lock();
+        if self.remaining.load(Ordering::Acquire) == 0 {
+            drop(guard);
+            hook(self);
+        } else {
+            guard.push(hook);
+        }
+    }
+
+    /// True when every request completed: none failed or was cancelled. Meaningful once
+    /// [`BatchState::is_complete`].
+    pub fn succeeded(&self) -> bool {
+        self.failed.load(Ordering::Acquire) == 0 && self.cancelled.load(Ordering::Acquire) == 0
+    }
+
     /// True once the caller asked to cancel. Transports check it before starting queued work.
     pub fn cancel_requested(&self) -> bool {
         self.cancel_requested.load(Ordering::Relaxed)
@@ -134,6 +159,10 @@ impl BatchState {
         if self.remaining.fetch_sub(n, Ordering::AcqRel) == n {
             let kept = std::mem::take(&mut *self.keep_alive.lock());
             drop(kept);
+            let hooks = std::mem::take(&mut *self.on_complete.lock());
+            for hook in hooks {
+                hook(self);
+            }
             self.done.notify(usize::MAX);
         }
     }
@@ -248,7 +277,7 @@ impl BatchState {
 
     fn outcome(&self) -> Result<BatchReport, BatchError> {
         // Called once every request settled; without a failure or cancellation all are done.
-        if self.failed.load(Ordering::Acquire) == 0 && self.cancelled.load(Ordering::Acquire) == 0 {
+        if self.succeeded() {
             return Ok(BatchReport {
                 requests: self.lens.len(),
                 bytes: self.total_bytes,
@@ -409,6 +438,30 @@ mod tests {
         assert_eq!(Arc::strong_count(&token), 2);
         s.complete(0);
         assert_eq!(Arc::strong_count(&token), 1);
+    }
+
+    #[test]
+    fn completion_hooks_run_once_with_the_outcome() {
+        let s = BatchState::new(vec![1, 2].into());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let seen_ok = Arc::new(AtomicBool::new(true));
+        let (r, ok) = (runs.clone(), seen_ok.clone());
+        s.on_complete(Box::new(move |b| {
+            r.fetch_add(1, Ordering::SeqCst);
+            ok.store(b.succeeded(), Ordering::SeqCst);
+        }));
+        s.complete(0);
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "ran before the last request settled");
+        s.fail(1, Error::Cancelled);
+        s.fail(1, Error::Cancelled);
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert!(!seen_ok.load(Ordering::SeqCst), "a failed batch reported success");
+        // Registered after completion: runs at once.
+        let r = runs.clone();
+        s.on_complete(Box::new(move |_| {
+            r.fetch_add(1, Ordering::SeqCst);
+        }));
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
     }
 
     #[test]
