@@ -104,9 +104,23 @@ pub enum Error {
     #[error("registration batch failed for {} item(s): {}", failures.len(), summarize(failures))]
     RegistrationFailed { failures: Vec<RegistrationFailure> },
 
-    /// A transport-level failure with the transport's own description (provider error text...).
-    #[error("{transport}: {message}")]
-    Transport { transport: String, message: String },
+    /// A transport-level failure: what was being done, and, where a native library failed, its
+    /// own error as the [`std::error::Error::source`] (a [`NativeError`] with libfabric's code, an
+    /// [`std::io::Error`] with the verbs errno), so callers can match on it. The display includes
+    /// the source's text, so a log line that prints only this error loses nothing.
+    #[error("{transport}: {message}{}", source_suffix(source))]
+    Transport {
+        transport: String,
+        message: String,
+        #[source]
+        source: Option<ErrorSource>,
+    },
+
+    /// Some requests of a submitted batch failed (the others completed): every failed request's
+    /// index and error. Returned by waiting calls such as `TransferEngine::transfer`, so one `?`
+    /// covers a refused submission and a failed transfer alike.
+    #[error(transparent)]
+    BatchFailed(#[from] crate::batch::BatchError),
 
     /// Metadata service failure (etcd, peer-to-peer lookup).
     #[error("metadata: {0}")]
@@ -123,6 +137,44 @@ pub enum Error {
     /// The engine or component was shut down.
     #[error("{0} is closed")]
     Closed(String),
+}
+
+/// The underlying error kept as the [`std::error::Error::source`] of an [`Error`]: shared, so
+/// the error stays cheap to clone. It derefs to the error itself, so
+/// `source()` yields that error and callers can `downcast_ref` it (an `Arc` in the chain would
+/// hide the type).
+#[derive(Debug, Clone)]
+pub struct ErrorSource(Arc<dyn std::error::Error + Send + Sync>);
+
+impl ErrorSource {
+    /// Wraps an error.
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        ErrorSource(Arc::new(error))
+    }
+}
+
+impl std::ops::Deref for ErrorSource {
+    type Target = dyn std::error::Error + Send + Sync;
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+fn source_suffix(source: &Option<ErrorSource>) -> String {
+    source.as_ref().map(|s| format!(": {}", &**s)).unwrap_or_default()
+}
+
+/// A native library's own error: its numeric code and text (libfabric's `fi_strerror`...). Kept
+/// as the source of [`Error::Transport`] so the code survives for callers that match on it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text} ({library} error {code})")]
+pub struct NativeError {
+    /// The library (`libfabric`...).
+    pub library: &'static str,
+    /// Its error code, as the library returns it (libfabric: a negative `FI_E*`).
+    pub code: i64,
+    /// Its text for the code.
+    pub text: String,
 }
 
 /// One failed item of a registration batch.
@@ -159,11 +211,25 @@ impl Error {
         }
     }
 
-    /// A transport-specific failure.
+    /// A transport-specific failure described by text alone.
     pub fn transport(transport: impl Into<String>, message: impl Into<String>) -> Self {
         Error::Transport {
             transport: transport.into(),
             message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A transport failure caused by `source` (a native library's error), kept as the source.
+    pub fn transport_caused(
+        transport: impl Into<String>,
+        context: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Transport {
+            transport: transport.into(),
+            message: context.into(),
+            source: Some(ErrorSource::new(source)),
         }
     }
 

@@ -29,9 +29,7 @@ mod registry;
 mod segment;
 
 pub use builder::TransferEngineBuilder;
-pub use engine::{
-    RawRegion, RegisterOptions, Registration, SubmitOptions, TransferEngine, TransferError, TransportStatus,
-};
+pub use engine::{RawRegion, RegisterOptions, Registration, SubmitOptions, TransferEngine, TransportStatus};
 pub use env_check::known_vars;
 pub use install::{device_plugins, PluginStatus, COMPILED_TRANSPORTS};
 pub use metrics::MetricsSnapshot;
@@ -55,7 +53,7 @@ pub mod device {
 }
 
 pub use te_base::{
-    Batch, BatchError, BatchProgress, BatchReport, Error, ExportedBuffer, HostBuffer, HostBufferOptions, HugePages,
-    MemoryKind, MemoryLocation, MetadataStore, Phase, PhaseReport, PhaseStats, PhaseTimer, RequestStatus, Result,
-    SegmentDescriptor, SegmentId, TransferOp, TransferRequest,
+    Batch, BatchError, BatchProgress, BatchReport, Error, ErrorSource, ExportedBuffer, HostBuffer, HostBufferOptions,
+    HugePages, MemoryKind, MemoryLocation, MetadataStore, NativeError, Phase, PhaseReport, PhaseStats, PhaseTimer,
+    RequestStatus, Result, SegmentDescriptor, SegmentId, TransferOp, TransferRequest,
 };

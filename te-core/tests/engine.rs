@@ -5,8 +5,7 @@ use std::sync::Arc;
 
 use te_core::config::MapEnv;
 use te_core::{
-    Error, HostBufferOptions, MemoryLocation, RegisterOptions, RequestStatus, TransferEngine, TransferError,
-    TransferRequest,
+    Error, HostBufferOptions, MemoryLocation, RegisterOptions, RequestStatus, TransferEngine, TransferRequest,
 };
 
 mod common;
@@ -357,7 +356,8 @@ async fn failed_requests_do_not_disturb_the_others() {
     );
     let e = a.transfer(&reqs[..1]);
     manual.complete_all_later();
-    assert!(!matches!(e.await, Err(TransferError::Refused(_))));
+    // Accepted at submission; the transfer then completes (the manual transport finishes it).
+    assert!(matches!(e.await, Ok(_) | Err(Error::BatchFailed(_))));
 }
 
 #[tokio::test]
@@ -515,15 +515,18 @@ async fn build_validates_every_known_variable_whichever_transports_run_here() {
 fn every_variable_in_the_sources_is_known() {
     let known = te_core::known_vars();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    // known_vars() lists what the compiled-in components read, so only their sources count
+    // (`cargo test -p te-core` builds the default features alone).
     let dirs = [
-        "te-base/src",
-        "te-core/src",
-        "transports/local/src",
-        "transports/tcp/src",
-        "transports/rdma/src",
-        "transports/efa/src",
-        "plugins/cuda/src",
+        ("te-base/src", true),
+        ("te-core/src", true),
+        ("transports/local/src", cfg!(feature = "local")),
+        ("transports/tcp/src", cfg!(feature = "tcp")),
+        ("transports/rdma/src", cfg!(feature = "rdma")),
+        ("transports/efa/src", cfg!(feature = "efa")),
+        ("plugins/cuda/src", cfg!(feature = "cuda")),
     ];
+    let dirs = dirs.iter().filter(|(_, compiled)| *compiled).map(|(d, _)| *d);
     // Names that only tests and test support read.
     let test_only = ["TE_REQUIRE", "TE_ETCD_BIN"];
     let mut missing = Vec::new();

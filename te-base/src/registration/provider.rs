@@ -89,11 +89,12 @@ fn register_on_domains<P: RegistrationProvider>(provider: &P, region: &RegionInf
             Ok(h) => handles.push((domain, h)),
             Err(e) => {
                 let undo = release_domains(provider, region, handles);
-                let mut message = format!("{} domain {domain}: {e}", provider.name());
+                let mut message = format!("{} domain {domain}", provider.name());
                 if let Err(u) = undo {
-                    message.push_str(&format!("; releasing its earlier domains also failed: {u}"));
+                    message.push_str(&format!(" (releasing its earlier domains also failed: {u})"));
                 }
-                return Err(Error::transport(provider.name().to_string(), message));
+                // The provider's error stays the source, with its own source (an errno...).
+                return Err(Error::transport_caused(provider.name().to_string(), message, e));
             }
         }
     }

@@ -58,15 +58,20 @@ pub(crate) struct EngineInner {
 
 /// The transfer engine. Cheap to clone; all clones share one engine.
 ///
-/// ```no_run
-/// # async fn demo() -> te_base::Result<()> {
-/// use te_core::{TransferEngine, TransferRequest, HostBufferOptions};
-/// let engine = TransferEngine::builder().segment_name("a").build().await?;
+/// ```
+/// # #[tokio::main] async fn main() -> te_core::Result<()> {
+/// use te_core::{HostBufferOptions, TransferEngine, TransferRequest};
+/// let engine = TransferEngine::builder().segment_name("doc-engine").build().await?;
 /// let src = engine.allocate(1 << 20, HostBufferOptions::default()).await?;
 /// let dst = engine.allocate(1 << 20, HostBufferOptions::default()).await?;
-/// let me = engine.open_segment("a").await?;
-/// engine.transfer(&[TransferRequest::write(src.addr(), me.id(), dst.addr(), 4096)]).await
-///     .map_err(|e| te_base::Error::transport("demo", e.to_string()))?;
+/// src.write_at(0, &[7u8; 4096])?;
+/// let me = engine.open_segment("doc-engine").await?;
+/// // One `?` covers a refused submission and a failed transfer alike.
+/// let report = engine.transfer(&[TransferRequest::write(src.addr(), me.id(), dst.addr(), 4096)]).await?;
+/// assert_eq!(report.bytes, 4096);
+/// let mut back = [0u8; 4096];
+/// dst.read_at(0, &mut back)?;
+/// assert_eq!(back, [7u8; 4096]);
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -268,8 +273,9 @@ impl TransferEngine {
         self.inner.submit(requests, opts)
     }
 
-    /// Submits and waits.
-    pub async fn transfer(&self, requests: &[TransferRequest]) -> std::result::Result<BatchReport, TransferError> {
+    /// Submits and waits. A refused batch gives the refusal ([`Error::OutOfBounds`]...); a batch
+    /// in which some requests failed gives [`Error::BatchFailed`] with each failure.
+    pub async fn transfer(&self, requests: &[TransferRequest]) -> Result<BatchReport> {
         let batch = self.submit(requests)?;
         let t0 = self.inner.timer.start();
         let out = batch.wait().await;
@@ -325,16 +331,4 @@ impl Drop for EngineInner {
 struct Teardown {
     transports: Vec<Arc<dyn Transport>>,
     _regions: Vec<Arc<crate::registry::Region>>,
-}
-
-/// Why [`TransferEngine::transfer`] failed: the batch was refused, or some requests failed.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum TransferError {
-    /// The batch was malformed; nothing started.
-    #[error(transparent)]
-    Refused(#[from] Error),
-    /// Some requests failed; the others completed.
-    #[error(transparent)]
-    Failed(#[from] te_base::BatchError),
 }

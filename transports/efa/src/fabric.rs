@@ -61,9 +61,10 @@ impl InfoList {
             return Ok(None);
         }
         if rc != 0 {
-            return Err(Error::transport(
+            return Err(Error::transport_caused(
                 TRANSPORT,
-                format!("fi_getinfo: {}", ffi::strerror(rc as i64)),
+                "fi_getinfo",
+                ffi::native_error(rc as i64),
             ));
         }
         Ok(Some(InfoList { head }))
@@ -227,15 +228,15 @@ impl Rail {
             )
         };
         if rc != 0 {
-            return Err(Error::transport(
+            return Err(Error::transport_caused(
                 TRANSPORT,
                 format!(
-                    "opening rail on {} domain '{}': {} failed: {}",
+                    "opening rail on {} domain '{}': {} failed",
                     attrs.provider,
                     attrs.domain,
-                    ffi::rail_step_name(step),
-                    ffi::strerror(rc as i64)
+                    ffi::rail_step_name(step)
                 ),
+                ffi::native_error(rc as i64),
             ));
         }
         let cq_can_wait = raw.cq_can_wait != 0;
@@ -298,14 +299,10 @@ impl Rail {
     }
 
     pub(crate) fn error(&self, call: &str, rc: i64) -> Error {
-        Error::transport(
+        Error::transport_caused(
             TRANSPORT,
-            format!(
-                "{call} on {} domain '{}': {}",
-                self.attrs.provider,
-                self.attrs.domain,
-                ffi::strerror(rc)
-            ),
+            format!("{call} on {} domain '{}'", self.attrs.provider, self.attrs.domain),
+            ffi::native_error(rc),
         )
     }
 

@@ -176,6 +176,16 @@ extern "C" {
     ) -> isize;
 }
 
+/// libfabric's error for a return code, kept as the source of a transport error so callers can
+/// match on the code.
+pub fn native_error(rc: i64) -> te_base::NativeError {
+    te_base::NativeError {
+        library: "libfabric",
+        code: -(rc.unsigned_abs().min(i32::MAX as u64) as i64),
+        text: strerror(rc),
+    }
+}
+
 /// libfabric's text for a (positive or negative) fi error code.
 pub fn strerror(err: i64) -> String {
     let code = err.unsigned_abs().min(i32::MAX as u64) as c_int;

@@ -523,9 +523,16 @@ unsafe fn settle(ctx: *mut c_void, error: Option<(i32, String)>) {
             let e = if is_peer_failure(err) {
                 peer.mark_gone(text)
             } else {
-                Error::transport(
+                // The provider's code stays the error's source (its text names the provider
+                // errno too), so a caller can tell a refused key from a fault.
+                Error::transport_caused(
                     TRANSPORT,
-                    format!("{} to peer '{}' failed: {text}", op_name(slot.frag.op), peer.name()),
+                    format!("{} to peer '{}' failed", op_name(slot.frag.op), peer.name()),
+                    te_base::NativeError {
+                        library: "libfabric",
+                        code: -(err.unsigned_abs() as i64),
+                        text,
+                    },
                 )
             };
             job.plan.fail(slot.frag.request, e);

@@ -520,7 +520,7 @@ async fn plugin_errors_fail_only_their_group() {
         for (i, s) in st.iter().enumerate() {
             let in_failed_group = i == 1 || i == 2 || i == 3;
             match s {
-                RequestStatus::Failed(Error::Transport { transport, message }) if in_failed_group => {
+                RequestStatus::Failed(Error::Transport { transport, message, .. }) if in_failed_group => {
                     assert_eq!(transport, "fake");
                     assert!(message.contains("device 1"), "{message}");
                 }

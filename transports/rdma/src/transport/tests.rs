@@ -339,6 +339,35 @@ async fn large_registrations_are_split_and_each_rail_uses_its_own_keys() {
     assert_eq!(rails_used, [true, true], "striped across both rails");
 }
 
+#[tokio::test]
+async fn a_failed_verb_keeps_its_errno_as_the_error_source() {
+    let verbs = fabric(vec![FakeDevice::roce("mlx5_0", [10, 0, 0, 1])]);
+    let a = transport(&verbs, &["mlx5_0"], "a", config()).await;
+    let buf = HostBuffer::allocate(1 << 16, HostBufferOptions::default()).unwrap();
+    let info = RegionInfo {
+        id: RegionId(1),
+        base: buf.addr(),
+        len: 1 << 16,
+        location: MemoryLocation::Host { numa: None },
+        exported: true,
+    };
+    verbs.fail_next_call("reg_mr", libc::ENOMEM);
+    let err = a.register(std::slice::from_ref(&info)).await.unwrap_err();
+    // A registration batch lists each item's cause; walk that cause's chain to the OS error.
+    let Error::RegistrationFailed { failures } = &err else {
+        panic!("expected RegistrationFailed, got {err:?}");
+    };
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*failures[0].cause);
+    let mut errno = None;
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            errno = io.raw_os_error();
+        }
+        cause = c.source();
+    }
+    assert_eq!(errno, Some(libc::ENOMEM), "errno lost from the chain of: {err:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transient_errors_retry_on_a_sibling_and_the_failed_qp_is_reestablished() {
     let verbs = fabric(vec![

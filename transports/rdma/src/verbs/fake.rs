@@ -220,9 +220,10 @@ impl RecordingVerbs {
 
 fn injected(state: &mut State, name: &'static str) -> Result<()> {
     match state.fail_calls.remove(name) {
-        Some(errno) => Err(Error::transport(
+        Some(errno) => Err(Error::transport_caused(
             "rdma",
-            format!("{name}: {}", std::io::Error::from_raw_os_error(errno)),
+            name,
+            std::io::Error::from_raw_os_error(errno),
         )),
         None => Ok(()),
     }

@@ -109,7 +109,7 @@ unsafe impl Send for Qp {}
 unsafe impl Sync for Qp {}
 
 fn verbs_error(call: &str, errno: i32) -> Error {
-    Error::transport("rdma", format!("{call}: {}", std::io::Error::from_raw_os_error(errno)))
+    Error::transport_caused("rdma", call, std::io::Error::from_raw_os_error(errno))
 }
 
 fn last_errno() -> i32 {
