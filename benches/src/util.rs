@@ -33,8 +33,4 @@ pub fn parse_list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>, String> {
         .collect()
 }
 
-/// The byte at position `pos` of the position-dependent verification pattern.
-pub fn pattern(seed: u64, pos: u64) -> u8 {
-    let x = pos.wrapping_add(seed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (x >> 56) as u8 ^ (pos as u8)
-}
+pub use te_base::pattern::pattern;

@@ -125,11 +125,7 @@ impl TestRegion {
     }
 }
 
-/// The byte at position `pos` of a position-dependent pattern.
-pub fn pattern(seed: u64, pos: u64) -> u8 {
-    let x = (pos.wrapping_add(seed)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (x >> 56) as u8 ^ (pos as u8)
-}
+pub use crate::pattern::pattern;
 
 /// Allocates and registers `len` bytes on `t`.
 pub async fn region(t: &Arc<dyn Transport>, len: usize, exported: bool) -> (TestRegion, serde_json::Value) {

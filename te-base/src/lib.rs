@@ -17,6 +17,7 @@ pub mod host_buffer;
 pub mod listener;
 pub mod memory;
 pub mod metadata;
+pub mod pattern;
 pub mod registration;
 pub mod request;
 pub mod segment;

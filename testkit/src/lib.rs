@@ -6,5 +6,8 @@
 pub mod fixture;
 pub mod registration_sim;
 
+/// A TCP port free on loopback right now (for a server about to start).
+pub use te_base::test_support::free_port;
+
 pub use fixture::{FixtureDevice, FixtureDir, FixtureKind, FixtureNuma, FixturePort, FixtureSpec};
 pub use registration_sim::{NodeLoad, SimConfig, SimCostModel, SimHandle, SimProvider};

@@ -6,10 +6,4 @@ pub mod node;
 
 pub use te_base::test_support::{etcd, netns, required, skip_or_fail};
 
-/// The byte at `pos` of the verification pattern `seed`.
-pub fn pattern(seed: u64, pos: u64) -> u8 {
-    let x = pos
-        .wrapping_add(seed.wrapping_mul(0x2545_F491_4F6C_DD1D))
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (x >> 56) as u8 ^ (pos as u8)
-}
+pub use te_base::pattern::pattern;

@@ -5,6 +5,7 @@
 
 use std::process::Command;
 
+use te_base::test_support::free_port;
 use te_tests::node::Node;
 
 const SLOT: u64 = 4 << 20;
@@ -26,12 +27,8 @@ fn node(name: &str, port: u16, extra_env: &[(&str, &str)]) -> Node {
     Node::start(c).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
-fn free_port() -> u16 {
-    te_base::test_support::free_port().unwrap()
-}
-
 fn both_ways(env: &[(&str, &str)]) {
-    let (pa, pb) = (free_port(), free_port());
+    let (pa, pb) = (free_port().unwrap(), free_port().unwrap());
     let mut a = node("proc-a", pa, env);
     let mut b = node("proc-b", pb, env);
     a.ok(&format!("sweep 127.0.0.1:{pb} 11"));
@@ -55,7 +52,7 @@ fn every_size_both_directions_three_lanes_small_slices() {
 
 #[test]
 fn killed_target_fails_the_batch_and_its_restart_is_reachable() {
-    let (pa, pb) = (free_port(), free_port());
+    let (pa, pb) = (free_port().unwrap(), free_port().unwrap());
     let mut a = node("proc-a", pa, &[]);
     let b = node("proc-b", pb, &[]);
     let peer = format!("127.0.0.1:{pb}");
@@ -92,10 +89,14 @@ fn processes_sharing_a_key_move_bytes_and_a_wrong_key_is_refused() {
     let good_env = [("TE_AUTH_KEY_FILE", good.to_str().unwrap())];
     both_ways(&good_env);
 
-    let (pa, pb) = (free_port(), free_port());
+    let (pa, pb) = (free_port().unwrap(), free_port().unwrap());
     let mut a = node("proc-a", pa, &good_env);
-    let mut c = node("proc-c", free_port(), &[("TE_AUTH_KEY_FILE", bad.to_str().unwrap())]);
-    let mut open = node("proc-open", free_port(), &[]);
+    let mut c = node(
+        "proc-c",
+        free_port().unwrap(),
+        &[("TE_AUTH_KEY_FILE", bad.to_str().unwrap())],
+    );
+    let mut open = node("proc-open", free_port().unwrap(), &[]);
     let _b = node("proc-b", pb, &good_env);
     for (who, n) in [("wrong key", &mut c), ("no key", &mut open)] {
         let answer = n.cmd(&format!("open 127.0.0.1:{pb}")).unwrap();

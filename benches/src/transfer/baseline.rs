@@ -6,6 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use te_core::TransferOp;
+use te_testkit::free_port;
 
 use super::cma;
 use super::Args;
@@ -34,13 +35,6 @@ pub(super) struct BaselineResult {
 pub(super) fn median_f64(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
-}
-
-fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| e.to_string())
 }
 
 /// Runs a server command and a client command against it; retries the client while the server

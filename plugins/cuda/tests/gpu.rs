@@ -48,7 +48,7 @@ fn plain_memcpy_baseline_is_byte_exact() {
     use te_base::device::{CopyDirection, CopyFragment, DeviceBuffer};
     let Some((plugin, cuda)) = gpu() else { return };
     let len = 37_440;
-    let src = suite::pattern(9, len);
+    let src = suite::pattern_bytes(9, 0, len);
     let mut back = vec![0u8; len];
     let a = DeviceBuffer::allocate(&cuda, 0, len as u64).unwrap();
     let b = DeviceBuffer::allocate(&cuda, 0, len as u64).unwrap();

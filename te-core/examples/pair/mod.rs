@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use te_base::pattern::pattern;
 use te_core::{HostBufferOptions, Registration, TransferEngine, TransferRequest};
 
 /// Size of the server's exported buffer: the server fills the first half, the client the second.
@@ -13,16 +14,11 @@ const MARKER: u64 = 0x5445_2d44_4f4e_4521;
 /// Each request moves one 64 KiB block, so a read or write is a batch of 32 requests.
 const BLOCK: u64 = 64 << 10;
 
-/// The byte at `offset` of a buffer `side` ("server" or "client") wrote.
-fn pattern(side: u8, offset: u64) -> u8 {
-    (offset.wrapping_mul(31) as u8) ^ side
-}
-
 /// Server: export a buffer holding the server's pattern, then wait (at most `deadline`) for the
 /// client's marker and check every byte the client wrote.
 pub async fn serve(engine: &TransferEngine, announce: impl FnOnce()) -> Result<(), Box<dyn std::error::Error>> {
     let buffer = engine.allocate(BUFFER as usize, HostBufferOptions::default()).await?;
-    let half: Vec<u8> = (0..BUFFER / 2).map(|o| pattern(b's', o)).collect();
+    let half: Vec<u8> = (0..BUFFER / 2).map(|o| pattern(b's' as u64, o)).collect();
     buffer.write_at(0, &half)?;
     announce();
     wait_for_marker(&buffer, Duration::from_secs(60))?;
@@ -31,7 +27,7 @@ pub async fn serve(engine: &TransferEngine, announce: impl FnOnce()) -> Result<(
     let bad = written
         .iter()
         .enumerate()
-        .filter(|&(i, &b)| b != pattern(b'c', BUFFER / 2 + i as u64))
+        .filter(|&(i, &b)| b != pattern(b'c' as u64, BUFFER / 2 + i as u64))
         .count();
     if bad > 0 {
         return Err(format!("{bad} bytes the client wrote are wrong").into());
@@ -70,13 +66,17 @@ pub async fn client(engine: &TransferEngine, name: &str) -> Result<(), Box<dyn s
     engine.transfer(&reads).await?;
     let mut got = vec![0u8; (BUFFER / 2) as usize];
     local.read_at(0, &mut got)?;
-    if got.iter().enumerate().any(|(o, &b)| b != pattern(b's', o as u64)) {
+    if got
+        .iter()
+        .enumerate()
+        .any(|(o, &b)| b != pattern(b's' as u64, o as u64))
+    {
         return Err("the server's bytes arrived wrong".into());
     }
 
     // One batch of writes from our second half into the server's, then the marker on its own,
     // after the data is in place (transfer returns only once the bytes have landed).
-    let ours: Vec<u8> = (BUFFER / 2..BUFFER - 8).map(|o| pattern(b'c', o)).collect();
+    let ours: Vec<u8> = (BUFFER / 2..BUFFER - 8).map(|o| pattern(b'c' as u64, o)).collect();
     local.write_at(BUFFER / 2, &ours)?;
     let writes: Vec<TransferRequest> = (0..BUFFER / 2 / BLOCK)
         .map(|i| {

@@ -357,16 +357,10 @@ mod x86 {
 mod tests {
     use super::*;
 
-    fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
-            .collect()
-    }
-
     /// Copies `len` bytes at every source and destination misalignment within a cache line and
     /// checks the destination byte for byte, including that nothing around it was touched.
     fn check(kernel: NtKernel, nt_min: u64, len: usize) {
-        let src = pattern(len + 2 * CACHE_LINE, 7);
+        let src = te_base::pattern::pattern_bytes(7, 0, len + 2 * CACHE_LINE);
         for src_off in [0, 1, 7, 16, 31, 33, 63] {
             for dst_off in [0, 1, 5, 15, 32, 47, 63] {
                 let mut dst = vec![0xEEu8; len + 3 * CACHE_LINE];

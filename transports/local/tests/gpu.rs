@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use te_base::device::{CopyDirection, CopyFragment, DeviceBuffer, DevicePlugin};
+use te_base::pattern::pattern_bytes;
 use te_base::{
     BatchState, Error, ExportedBuffer, MemoryKind, MemoryLocation, RegionId, RegionInfo, RequestStatus,
     ResolvedRequest, SegmentDescriptor, SubmitContext, TransferOp, Transport, TransportEndpoint,
@@ -33,12 +34,6 @@ fn gpu() -> Option<Arc<dyn DevicePlugin>> {
             None
         }
     }
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len as u64)
-        .map(|i| (i.wrapping_mul(131) ^ (i >> 9) ^ seed.wrapping_mul(0x9e37)) as u8)
-        .collect()
 }
 
 /// Copies `data` into device memory at `addr`.
@@ -114,12 +109,12 @@ async fn transport_moves_every_direction_with_the_cuda_plugin() {
     let t =
         LocalTransport::with_devices(LocalConfig::default(), NtKernel::detect(), std::slice::from_ref(&cuda)).unwrap();
     const LEN: usize = 4 << 20;
-    let host_src = pattern(1, LEN);
+    let host_src = pattern_bytes(1, 0, LEN);
     let mut host_dst = vec![0u8; LEN];
     let dev_a = DeviceBuffer::allocate(&cuda, 0, LEN as u64).unwrap();
     let dev_b = DeviceBuffer::allocate(&cuda, 0, LEN as u64).unwrap();
     let dev_lie = DeviceBuffer::allocate(&cuda, 0, 4096).unwrap();
-    upload(&cuda, 0, dev_a.addr(), &pattern(2, LEN));
+    upload(&cuda, 0, dev_a.addr(), &pattern_bytes(2, 0, LEN));
     upload(&cuda, 0, dev_b.addr(), &vec![0u8; LEN]);
     let regions = [
         region(host_src.as_ptr() as u64, LEN as u64, MemoryLocation::HOST),
@@ -264,7 +259,7 @@ fn engine_round_trips_kv_fragments_through_device_memory() {
                 RegisterOptions::local_only(),
             ))
             .unwrap();
-        let data = pattern(frag, span as usize);
+        let data = pattern_bytes(frag, 0, span as usize);
         src.write_at(0, &data).unwrap();
         let dev_a = DeviceBuffer::allocate(&cuda, 0, span).unwrap();
         let dev_b = DeviceBuffer::allocate(&cuda, 0, span).unwrap();

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use te_base::config::MapEnv;
+use te_base::pattern::pattern_bytes;
 use te_base::{
     Batch, BatchState, Error, ExportedBuffer, InstallContext, MemoryLocation, Peer, RegionId, RegionInfo,
     ResolvedRequest, SegmentDescriptor, SubmitContext, TransferOp, Transport, TransportEndpoint,
@@ -18,10 +19,7 @@ struct Buf {
 
 impl Buf {
     fn new(id: u64, len: usize, seed: u8) -> Buf {
-        let data = (0..len)
-            .map(|i| pattern(i, seed))
-            .collect::<Vec<u8>>()
-            .into_boxed_slice();
+        let data = pattern_bytes(seed as u64, 0, len).into_boxed_slice();
         Buf { data, id: RegionId(id) }
     }
     fn addr(&self) -> u64 {
@@ -36,10 +34,6 @@ impl Buf {
             exported: true,
         }
     }
-}
-
-fn pattern(i: usize, seed: u8) -> u8 {
-    (i.wrapping_mul(131) >> 3) as u8 ^ seed
 }
 
 async fn transport(extra: &[(&str, &str)]) -> Arc<TcpTransport> {

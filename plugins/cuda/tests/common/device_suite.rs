@@ -30,12 +30,7 @@ pub fn plugin_or_skip<P>(loaded: te_base::Result<P>, require_names: &[&str]) -> 
     }
 }
 
-/// A position-dependent pattern, so a shifted or misplaced copy is caught.
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    (0..len as u64)
-        .map(|i| (i.wrapping_mul(131) ^ (i >> 9) ^ seed.wrapping_mul(0x9e37)) as u8)
-        .collect()
-}
+pub use te_base::pattern::pattern_bytes;
 
 fn addr(v: &[u8]) -> u64 {
     v.as_ptr() as u64
@@ -78,7 +73,7 @@ pub fn bus_ids_are_distinct_and_exist_in_sysfs(gpu: &Arc<dyn DevicePlugin>) {
 /// host -> device -> device -> host of 4 MiB + 123 B, and an unaligned pair of copies.
 pub fn synchronous_copies_round_trip_every_byte(gpu: &Arc<dyn DevicePlugin>) {
     let len = (4 << 20) + 123;
-    let src = pattern(1, len);
+    let src = pattern_bytes(1, 0, len);
     let mut back = vec![0u8; len];
     let a = DeviceBuffer::allocate(gpu, 0, len as u64).unwrap();
     let b = DeviceBuffer::allocate(gpu, 0, len as u64).unwrap();
@@ -122,7 +117,7 @@ pub fn synchronous_copies_round_trip_every_byte(gpu: &Arc<dyn DevicePlugin>) {
 /// order, copies them back device->host in one batch each, and checks every fragment.
 pub fn fragment_round_trip(gpu: &Arc<dyn DevicePlugin>, frag: u64, n: u64) {
     let total = (frag * n) as usize;
-    let src = pattern(frag ^ n, total);
+    let src = pattern_bytes(frag ^ n, 0, total);
     let mut back = vec![0u8; total];
     let scattered = DeviceBuffer::allocate(gpu, 0, 2 * frag * n).unwrap();
     let gathered = DeviceBuffer::allocate(gpu, 0, frag * n).unwrap();
