@@ -69,7 +69,7 @@ async fn a_frozen_peer_cannot_keep_a_batch_in_progress() {
     a.transfer(&write_a).await.expect("the peer answers while it runs");
     c.transfer(&write_c).await.expect("the peer answers while it runs");
 
-    b.signal("STOP");
+    b.freeze();
     let batch_a = a.submit(&write_a).unwrap();
     let opts = SubmitOptions {
         deadline: Some(Duration::from_millis(200)),
