@@ -393,6 +393,7 @@ async fn a_callers_phase_timer_receives_the_call() {
     let o = te_core::SubmitOptions {
         background: false,
         timer: Some(te_core::PhaseTimer::on(stats.clone())),
+        ..Default::default()
     };
     a.submit_with(&[TransferRequest::write(src.addr(), me.id(), dst.addr(), 64)], &o)
         .unwrap()

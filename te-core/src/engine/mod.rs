@@ -298,6 +298,7 @@ impl TransferEngine {
     /// does the same on the engine's runtime, so a forgotten call leaves no stale descriptor.
     pub async fn shutdown(&self) -> Result<()> {
         self.inner.closed.store(true, Ordering::Release);
+        self.inner.live.stop_all();
         self.inner
             .metadata
             .withdraw(&self.inner.name, self.inner.instance)

@@ -39,8 +39,18 @@ struct Follower {
     /// The name the segment was opened by (a p2p address, or the segment name).
     name: String,
     events: broadcast::Sender<SegmentEvent>,
-    /// The watch task, or a re-fetch in progress.
-    task: Option<AbortHandle>,
+    /// The task applying the metadata store's watch events, if the store can watch.
+    watch: Option<AbortHandle>,
+    /// A re-fetch after a lost connection, while one runs.
+    refetch: Option<AbortHandle>,
+}
+
+impl Follower {
+    fn stop(&self) {
+        for t in self.watch.iter().chain(&self.refetch) {
+            t.abort();
+        }
+    }
 }
 
 impl LiveSegments {
@@ -51,13 +61,18 @@ impl LiveSegments {
     }
 }
 
+impl LiveSegments {
+    /// Stops following every segment (the engine shuts down).
+    pub(super) fn stop_all(&self) {
+        for f in self.followers.lock().values() {
+            f.stop();
+        }
+    }
+}
+
 impl Drop for LiveSegments {
     fn drop(&mut self) {
-        for f in self.followers.get_mut().values() {
-            if let Some(t) = &f.task {
-                t.abort();
-            }
-        }
+        self.stop_all();
     }
 }
 
@@ -135,13 +150,14 @@ impl EngineInner {
         let f = followers.entry(id).or_insert_with(|| Follower {
             name: name.to_string(),
             events: broadcast::channel(EVENT_CAPACITY).0,
-            task: None,
+            watch: None,
+            refetch: None,
         });
-        if let Some(watch) = watch.filter(|_| f.task.is_none()) {
+        if let Some(watch) = watch.filter(|_| f.watch.is_none()) {
             let task = self
                 .runtime
                 .spawn(follow_watch(Arc::downgrade(self), id, name.to_string(), watch));
-            f.task = Some(task.abort_handle());
+            f.watch = Some(task.abort_handle());
         }
         SegmentHandle {
             id: SegmentId(id),
@@ -152,12 +168,13 @@ impl EngineInner {
 
     /// The connection of segment `id` was found lost at submit: fetch its descriptor again and
     /// reconnect in the background (one at a time), so the next submit finds it current. This is
-    /// how peer-to-peer metadata, which cannot watch, learns of a restart.
+    /// how peer-to-peer metadata, which cannot watch, learns of a restart, and how a connection
+    /// cut by a deadline comes back.
     pub(super) fn reconnect_later(self: &Arc<Self>, id: u32) {
         let mut followers = self.live.followers.lock();
         let Some(f) = followers.get_mut(&id) else { return };
-        if f.task.is_some() {
-            return; // a watch follows it already, or a re-fetch runs
+        if f.refetch.is_some() {
+            return;
         }
         let engine = Arc::downgrade(self);
         let name = f.name.clone();
@@ -172,10 +189,10 @@ impl EngineInner {
             }
             let mut followers = e.live.followers.lock();
             if let Some(f) = followers.get_mut(&id) {
-                f.task = None;
+                f.refetch = None;
             }
         });
-        f.task = Some(task.abort_handle());
+        f.refetch = Some(task.abort_handle());
     }
 
     /// Closes segment `id`: forgets its descriptor, drops its connections (requests in flight
@@ -187,9 +204,7 @@ impl EngineInner {
         let Some(follower) = self.live.followers.lock().remove(&id.0) else {
             return Err(unknown());
         };
-        if let Some(t) = &follower.task {
-            t.abort();
-        }
+        follower.stop();
         self.segment_ids.lock().retain(|_, v| *v != id.0);
         let old = {
             let mut segs = self.segments.write();
@@ -316,7 +331,7 @@ async fn follow_watch(engine: Weak<EngineInner>, id: u32, name: String, mut watc
     // The watch ended (the store closed): fall back to re-fetching on a lost connection.
     if let Some(e) = engine.upgrade() {
         if let Some(f) = e.live.followers.lock().get_mut(&id) {
-            f.task = None;
+            f.watch = None;
         }
     }
 }

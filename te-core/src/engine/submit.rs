@@ -63,7 +63,7 @@ impl EngineInner {
                 self.reconnect_later(g.segment);
                 let err = Error::PeerGone {
                     peer: seg.descriptor.name.clone(),
-                    reason: "connection lost; reopen the segment".into(),
+                    reason: "connection lost; reconnecting in the background".into(),
                 };
                 failed += g.requests.len() as u64;
                 state.fail_many(g.requests.iter().map(|r| r.index as usize), &err);
