@@ -135,10 +135,12 @@ impl EngineInner {
     }
 
     pub(super) async fn open_segment(self: &Arc<Self>, name: &str) -> Result<SegmentHandle> {
+        // Watch before fetching, so a change published in between is not missed (a change the
+        // fetch already saw comes again as an event and is found unchanged).
+        let watch = self.metadata.watch(name).await?;
         let desc = Arc::new(self.metadata.fetch(name).await?);
         desc.validate()?;
         let (id, _) = self.apply(name, desc).await?;
-        let watch = self.metadata.watch(name).await?;
         Ok(self.follow(id, name, watch))
     }
 
