@@ -92,9 +92,8 @@ pub enum Error {
     #[error("peer '{peer}' restarted: {reason}")]
     PeerRestarted { peer: String, reason: String },
 
-    /// The segment was closed by this engine ([`close_segment`]); reopen it to use it again.
-    ///
-    /// [`close_segment`]: https://docs.rs/te-core/latest/te_core/struct.TransferEngine.html#method.close_segment
+    /// The segment was closed by this engine (`TransferEngine::close_segment`); open it again
+    /// to use it.
     #[error("segment '{0}' was closed")]
     SegmentClosed(String),
 

@@ -88,12 +88,13 @@ impl MetadataStore for InProcessStore {
     }
 
     async fn watch(&self, name: &str) -> Result<Option<Box<dyn DescriptorWatch>>> {
-        let current = self.map.read().get(name).cloned();
+        // The map is read under the watchers' lock: a publish racing with this either is in the
+        // value read here or notifies the channel created here (it takes this lock after writing).
         let rx = {
             let mut watchers = self.watchers.write();
             let tx = watchers
                 .entry(name.to_string())
-                .or_insert_with(|| watch::channel(current).0);
+                .or_insert_with(|| watch::channel(self.map.read().get(name).cloned()).0);
             tx.subscribe()
         };
         Ok(Some(Box::new(InProcessWatch(rx))))
