@@ -20,9 +20,9 @@ pub struct SubmitOptions {
     /// Record this call's phases (the engine's resolve/build/other, the transport's plan/submit)
     /// into the caller's timer instead of the engine's; the caller counts its own calls.
     pub timer: Option<PhaseTimer>,
-    /// Fail the batch's unfinished requests with [`Error::Timeout`] this long after submission
-    /// (see [`deadline`](super::deadline)); `None`: the engine's default, `TE_TRANSFER_TIMEOUT_MS`
-    /// (off unless set).
+    /// Fail the batch's unfinished requests with [`Error::Timeout`] this long after submission,
+    /// each once its transport stopped touching the memory (docs/architecture.md, Deadlines);
+    /// `None`: the engine's default, `TE_TRANSFER_TIMEOUT_MS` (off unless set).
     pub deadline: Option<Duration>,
 }
 
