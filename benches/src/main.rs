@@ -12,6 +12,7 @@ mod umbp;
 mod umbp_distributed;
 mod umbp_standalone;
 mod util;
+mod watch;
 
 #[derive(Parser)]
 #[command(name = "te-bench", version, about = "Transfer engine benchmarks")]
@@ -34,6 +35,8 @@ enum Command {
     Transfer(transfer::Args),
     /// UMBP store: layer-wise ranged restore (TTFL) and offload.
     Umbp(umbp::Args),
+    /// How soon an open segment follows its peer's descriptor (metadata watch + apply).
+    Watch(watch::Args),
     /// The owner peer of `umbp --distributed` (started by it).
     #[command(hide = true)]
     UmbpOwner(umbp::Args),
@@ -49,6 +52,7 @@ fn main() {
         Command::Transfer(a) => transfer::run(a),
         Command::Umbp(a) => umbp::run(a),
         Command::UmbpOwner(a) => umbp_distributed::owner(a),
+        Command::Watch(a) => watch::run(a),
     };
     if let Err(e) = result {
         eprintln!("te-bench: {e}");

@@ -87,6 +87,16 @@ pub enum Error {
     #[error("{what} timed out after {after_ms} ms")]
     Timeout { what: String, after_ms: u64 },
 
+    /// The peer restarted (its descriptor names a new instance): requests that were in flight to
+    /// the old instance failed; new ones go to the new instance.
+    #[error("peer '{peer}' restarted: {reason}")]
+    PeerRestarted { peer: String, reason: String },
+
+    /// The segment was closed by this engine (`TransferEngine::close_segment`); open it again
+    /// to use it.
+    #[error("segment '{0}' was closed")]
+    SegmentClosed(String),
+
     /// The request was cancelled before it started.
     #[error("request cancelled")]
     Cancelled,
@@ -203,6 +213,16 @@ fn summarize(failures: &[RegistrationFailure]) -> String {
 }
 
 impl Error {
+    /// True for [`Error::Timeout`]: a deadline passed (a batch's, a connect's, a metadata call's).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Timeout { .. })
+    }
+
+    /// True when the peer is unreachable as opened: it went away or restarted.
+    pub fn is_peer_lost(&self) -> bool {
+        matches!(self, Error::PeerGone { .. } | Error::PeerRestarted { .. })
+    }
+
     /// Wraps an I/O error with what was being done.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {

@@ -32,7 +32,7 @@ pub use batch::{Batch, BatchError, BatchProgress, BatchReport, BatchState, Reque
 pub use error::{Error, ErrorSource, NativeError, RegistrationFailure, Result};
 pub use host_buffer::{HostBuffer, HostBufferOptions, HugePages};
 pub use memory::{MemoryKind, MemoryKinds, MemoryLocation, RegionId, RegionInfo};
-pub use metadata::MetadataStore;
+pub use metadata::{DescriptorEvent, DescriptorWatch, MetadataStore};
 pub use request::{ResolvedRequest, SegmentId, TransferOp, TransferRequest};
 pub use segment::{ExportedBuffer, SegmentDescriptor, TransportEndpoint, DESCRIPTOR_VERSION};
 pub use timing::{Phase, PhaseReport, PhaseStats, PhaseTimer};

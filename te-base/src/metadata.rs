@@ -5,6 +5,24 @@ use async_trait::async_trait;
 use crate::error::Result;
 use crate::segment::SegmentDescriptor;
 
+/// A change to one watched segment's descriptor (see [`MetadataStore::watch`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum DescriptorEvent {
+    /// The descriptor was published or replaced; this is the new one, validated.
+    Changed(SegmentDescriptor),
+    /// The descriptor was removed (withdrawn, or its owner's lease ran out).
+    Removed,
+}
+
+/// A stream of changes to one segment's descriptor. Events may be coalesced (a follower only
+/// needs the latest descriptor), never reordered.
+#[async_trait]
+pub trait DescriptorWatch: Send + 'static {
+    /// Waits for the next change; `None` once the watch ended (the store closed).
+    async fn next(&mut self) -> Option<DescriptorEvent>;
+}
+
 /// A store of segment descriptors shared by the engines of a cluster.
 #[async_trait]
 pub trait MetadataStore: Send + Sync + 'static {
@@ -19,6 +37,14 @@ pub trait MetadataStore: Send + Sync + 'static {
 
     /// Removes the descriptor of `name` (no error if absent).
     async fn remove(&self, name: &str) -> Result<()>;
+
+    /// Follows the descriptor of `name` from now on, pushed by the store (never by polling).
+    /// `Ok(None)` when this backend cannot watch: the engine then re-fetches the descriptor when
+    /// its connection to the segment is lost (peer-to-peer metadata).
+    async fn watch(&self, name: &str) -> Result<Option<Box<dyn DescriptorWatch>>> {
+        let _ = name;
+        Ok(None)
+    }
 
     /// Removes the descriptor of `name` only while it is the one engine `instance` published, so
     /// an engine that goes away late never withdraws a successor that reused its name. Backends

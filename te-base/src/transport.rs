@@ -82,6 +82,21 @@ pub trait Peer: Send + Sync + 'static {
     fn is_healthy(&self) -> bool {
         true
     }
+
+    /// Cuts this connection (a batch's deadline passed, or the peer restarted): every request
+    /// outstanding on it fails with `err`, but only once the transport guarantees that no byte of
+    /// those requests will be read or written any more, because settling the last request of a
+    /// batch releases the pins on its memory. Returns at once; the failing happens when the
+    /// transport has quiesced (tcp: both I/O tasks of each lane stopped). Later submits on this
+    /// peer fail and [`Peer::is_healthy`] turns false, so the engine reconnects.
+    ///
+    /// Returns false when the transport cannot cut its requests short; they then settle on their
+    /// own. The default, for transports whose requests always finish by themselves within bounded
+    /// time (the local copy: synchronous, or on helper threads that run to the end).
+    fn abort(&self, err: crate::error::Error) -> bool {
+        let _ = err;
+        false
+    }
 }
 
 /// Per-call context of [`Peer::submit`].

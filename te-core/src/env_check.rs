@@ -23,6 +23,7 @@ const ENGINE_VARS: &[&str] = &[
     "TE_ETCD_PREFIX",
     "TE_ETCD_TIMEOUT_MS",
     "TE_ETCD_LEASE_TTL_S",
+    crate::engine::TRANSFER_TIMEOUT_VAR,
 ];
 
 /// Every `TE_*` / `MC_*` variable this build reads: te-base's, te-core's and those of every
@@ -54,6 +55,7 @@ pub(crate) fn check(env: &dyn Env) -> Result<Vec<UnknownVar>> {
     te_base::registration::RegistrationConfig::from_env(env)?;
     te_base::topology::NicPolicy::from_env(env)?;
     crate::metadata::p2p::P2pConfig::from_env(env, None)?;
+    crate::engine::check_transfer_timeout(env)?;
     #[cfg(feature = "etcd")]
     if env.get("TE_ETCD_ENDPOINTS").is_some() {
         crate::metadata::etcd::EtcdConfig::from_env(env)?;

@@ -132,6 +132,9 @@ fn find_remote(
         .get(r.segment.0 as usize)
         .ok_or_else(|| Error::UnknownSegment(format!("id {}", r.segment.0)))?;
     let d = &seg.descriptor;
+    if seg.closed {
+        return Err(Error::SegmentClosed(d.name.clone()));
+    }
     let buffer = d.find_buffer(r.remote_addr, r.len)?;
     let remote = &d.buffers[buffer];
     let remote_kind = remote.location.kind();

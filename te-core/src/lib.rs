@@ -29,11 +29,13 @@ mod registry;
 mod segment;
 
 pub use builder::TransferEngineBuilder;
-pub use engine::{RawRegion, RegisterOptions, Registration, SubmitOptions, TransferEngine, TransportStatus};
+pub use engine::{
+    RawRegion, RegisterOptions, Registration, SubmitOptions, TransferEngine, TransportStatus, TRANSFER_TIMEOUT_VAR,
+};
 pub use env_check::known_vars;
 pub use install::{device_plugins, PluginStatus, COMPILED_TRANSPORTS};
 pub use metrics::MetricsSnapshot;
-pub use segment::SegmentHandle;
+pub use segment::{SegmentEvent, SegmentHandle};
 
 /// Peer authentication: the shared key every peer must prove (see `docs/security.md`).
 pub mod auth {

@@ -7,7 +7,6 @@ use te_base::{Capabilities, ExportedBuffer, MemoryKind, Peer, SegmentDescriptor,
 
 /// One route to an open segment: a transport and its connection.
 pub(crate) struct Route {
-    pub transport: usize,
     pub caps: Capabilities,
     pub peer: Arc<dyn Peer>,
 }
@@ -16,6 +15,8 @@ pub(crate) struct Route {
 pub(crate) struct OpenSegment {
     pub descriptor: Arc<SegmentDescriptor>,
     pub routes: Vec<Route>,
+    /// Closed by [`crate::TransferEngine::close_segment`]: submits to it are refused.
+    pub closed: bool,
 }
 
 impl OpenSegment {
@@ -27,11 +28,27 @@ impl OpenSegment {
     }
 }
 
+/// What happened to an open segment (see [`SegmentHandle::events`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum SegmentEvent {
+    /// The peer published a new descriptor (buffers added or removed); submits use it now.
+    Changed(Arc<SegmentDescriptor>),
+    /// The peer restarted (a new instance): requests in flight to the old one failed with
+    /// [`te_base::Error::PeerRestarted`]; submits go to the new one, reconnected.
+    Restarted(Arc<SegmentDescriptor>),
+    /// The peer withdrew its descriptor (it shut down, or its metadata lease ran out).
+    Gone,
+    /// This engine closed the segment.
+    Closed,
+}
+
 /// A handle on an open segment.
 #[derive(Debug, Clone)]
 pub struct SegmentHandle {
     pub(crate) id: SegmentId,
     pub(crate) descriptor: Arc<SegmentDescriptor>,
+    pub(crate) events: tokio::sync::broadcast::Sender<SegmentEvent>,
 }
 
 impl SegmentHandle {
@@ -43,6 +60,13 @@ impl SegmentHandle {
     /// The segment's name.
     pub fn name(&self) -> &str {
         &self.descriptor.name
+    }
+
+    /// Changes to the segment from now on: descriptor changes, a restart, its removal, its
+    /// closing. A receiver that falls more than 64 events behind gets `Lagged` and then the
+    /// latest events.
+    pub fn events(&self) -> tokio::sync::broadcast::Receiver<SegmentEvent> {
+        self.events.subscribe()
     }
 
     /// The descriptor it was opened with.

@@ -393,6 +393,7 @@ async fn a_callers_phase_timer_receives_the_call() {
     let o = te_core::SubmitOptions {
         background: false,
         timer: Some(te_core::PhaseTimer::on(stats.clone())),
+        ..Default::default()
     };
     a.submit_with(&[TransferRequest::write(src.addr(), me.id(), dst.addr(), 64)], &o)
         .unwrap()
@@ -563,4 +564,38 @@ fn every_variable_in_the_sources_is_known() {
         }
     }
     assert!(missing.is_empty(), "read but not in known_vars(): {missing:?}");
+}
+
+/// The deadline asks the transport to abort and leaves settling to it: until the transport
+/// quiesced the batch stays in flight (its memory pinned), then every request fails with the
+/// timeout.
+#[tokio::test]
+async fn a_deadline_aborts_through_the_transport_which_settles_the_requests() {
+    let manual = ManualTransport::new();
+    let a = manual_engine("deadline-manual", &manual).await;
+    let src = a.allocate(8192, opts()).await.unwrap();
+    let dst = a.allocate(8192, opts()).await.unwrap();
+    let me = a.open_segment("deadline-manual").await.unwrap();
+    let reqs = [
+        TransferRequest::write(src.addr(), me.id(), dst.addr(), 4096),
+        TransferRequest::write(src.addr() + 4096, me.id(), dst.addr() + 4096, 4096),
+    ];
+    let o = te_core::SubmitOptions {
+        deadline: Some(std::time::Duration::from_millis(20)),
+        ..Default::default()
+    };
+    let batch = a.submit_with(&reqs, &o).unwrap();
+    let err = tokio::time::timeout(std::time::Duration::from_secs(20), manual.first_abort())
+        .await
+        .expect("the deadline never asked the transport to abort");
+    assert!(err.is_timeout(), "{err}");
+    assert!(err.to_string().contains("deadline-manual"), "{err}");
+    assert!(
+        !batch.is_complete(),
+        "the engine settled requests the transport still holds"
+    );
+    manual.quiesce();
+    let e = batch.wait().await.unwrap_err();
+    assert_eq!(e.failures.len(), 2);
+    assert!(e.failures.iter().all(|(_, e)| e.is_timeout()));
 }

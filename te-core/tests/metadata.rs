@@ -16,6 +16,8 @@ pub struct Flags {
     /// by their plain name (etcd: yes; in-process: only clones of one store; p2p: no, those are
     /// fetched by address).
     pub shared_by_name: bool,
+    /// Whether the store pushes descriptor changes ([`MetadataStore::watch`]; p2p cannot).
+    pub watches: bool,
 }
 
 fn descriptor(name: &str, instance: u64, buffers: u64) -> SegmentDescriptor {
@@ -106,6 +108,44 @@ pub async fn visible_across_stores(a: &dyn MetadataStore, b: &dyn MetadataStore,
     assert!(matches!(b.fetch(&name).await, Err(Error::UnknownSegment(_))));
 }
 
+async fn next_change(watch: &mut dyn te_base::DescriptorWatch) -> te_base::DescriptorEvent {
+    tokio::time::timeout(Duration::from_secs(20), watch.next())
+        .await
+        .expect("a change was never pushed")
+        .expect("the watch ended")
+}
+
+/// A watch on one store sees what another store of the cluster publishes and removes, in order,
+/// and nothing about other names.
+pub async fn watch_pushes_changes(a: &dyn MetadataStore, b: &dyn MetadataStore, prefix: &str, flags: Flags) {
+    use te_base::DescriptorEvent;
+    let name = format!("{prefix}-watched");
+    let Some(mut watch) = b.watch(&name).await.unwrap() else {
+        assert!(!flags.watches, "{}: no watch", b.name());
+        return;
+    };
+    assert!(flags.watches && flags.shared_by_name, "{}: unexpected watch", b.name());
+    a.publish(&descriptor(&format!("{prefix}-other"), 9, 1)).await.unwrap();
+    for instance in [1, 2] {
+        let d = descriptor(&name, instance, instance);
+        a.publish(&d).await.unwrap();
+        assert_eq!(
+            next_change(watch.as_mut()).await,
+            DescriptorEvent::Changed(d),
+            "{}",
+            b.name()
+        );
+    }
+    a.remove(&name).await.unwrap();
+    assert_eq!(
+        next_change(watch.as_mut()).await,
+        DescriptorEvent::Removed,
+        "{}",
+        b.name()
+    );
+    a.remove(&format!("{prefix}-other")).await.unwrap();
+}
+
 /// Every check against one store (and a second store of the same cluster).
 pub async fn run_all(a: &dyn MetadataStore, b: &dyn MetadataStore, prefix: &str, flags: Flags) {
     round_trip(a, prefix).await;
@@ -114,6 +154,7 @@ pub async fn run_all(a: &dyn MetadataStore, b: &dyn MetadataStore, prefix: &str,
     many_segments(a, prefix).await;
     large_descriptor(a, prefix).await;
     visible_across_stores(a, b, prefix, flags).await;
+    watch_pushes_changes(a, b, prefix, flags).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -123,7 +164,16 @@ pub async fn run_all(a: &dyn MetadataStore, b: &dyn MetadataStore, prefix: &str,
 async fn in_process_passes_the_suite() {
     let a = InProcessStore::new();
     let b = a.clone();
-    run_all(&a, &b, "inproc", Flags { shared_by_name: true }).await;
+    run_all(
+        &a,
+        &b,
+        "inproc",
+        Flags {
+            shared_by_name: true,
+            watches: true,
+        },
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -139,7 +189,16 @@ async fn p2p() -> P2pStore {
 async fn p2p_passes_the_suite() {
     let a = p2p().await;
     let b = p2p().await;
-    run_all(&a, &b, "p2p", Flags { shared_by_name: false }).await;
+    run_all(
+        &a,
+        &b,
+        "p2p",
+        Flags {
+            shared_by_name: false,
+            watches: false,
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -593,7 +652,16 @@ mod etcd {
         };
         let a = store(&server, "/te-test/cluster-1", 10).await;
         let b = store(&server, "/te-test/cluster-1", 10).await;
-        run_all(&a, &b, "etcd", Flags { shared_by_name: true }).await;
+        run_all(
+            &a,
+            &b,
+            "etcd",
+            Flags {
+                shared_by_name: true,
+                watches: true,
+            },
+        )
+        .await;
 
         // Another cluster id does not see cluster-1's segments.
         let other = store(&server, "/te-test/cluster-2", 10).await;

@@ -86,6 +86,30 @@ impl Node {
             .status();
     }
 
+    /// Freezes the process with SIGSTOP and returns once every one of its threads is stopped
+    /// (the signal is delivered asynchronously; a thread that is running when it is sent may
+    /// still finish what it was doing). Panics if that takes longer than [`ANSWER_TIMEOUT`].
+    pub fn freeze(&self) {
+        self.signal("STOP");
+        let tasks = format!("/proc/{}/task", self.pid());
+        let until = std::time::Instant::now() + ANSWER_TIMEOUT;
+        let stopped = || {
+            std::fs::read_dir(&tasks).ok().is_some_and(|dir| {
+                dir.flatten().all(|t| {
+                    // The state follows the parenthesized command name in /proc/PID/task/TID/stat.
+                    std::fs::read_to_string(t.path().join("stat"))
+                        .ok()
+                        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+                        .unwrap_or(false)
+                })
+            })
+        };
+        while !stopped() {
+            assert!(std::time::Instant::now() < until, "node {} did not stop", self.pid());
+            std::thread::yield_now();
+        }
+    }
+
     /// Kills the process with SIGKILL and reaps it.
     pub fn kill(mut self) {
         let _ = self.child.kill();

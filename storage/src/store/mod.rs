@@ -802,6 +802,7 @@ impl Store {
             let opts = te_core::SubmitOptions {
                 background: false,
                 timer: Some(timer.clone()),
+                ..Default::default()
             };
             self.inner.engine.submit_with(requests, &opts)?
         } else {

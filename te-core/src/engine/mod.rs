@@ -1,6 +1,7 @@
 //! The transfer engine: registers memory, publishes and opens segments, and routes batches of
 //! reads and writes to the transport that can serve them.
 
+mod deadline;
 mod handle;
 mod registration;
 mod segments;
@@ -22,6 +23,8 @@ use crate::builder::TransferEngineBuilder;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::registry::Registry;
 use crate::segment::{OpenSegment, SegmentHandle};
+pub(crate) use deadline::default_deadline as check_transfer_timeout;
+pub use deadline::TRANSFER_TIMEOUT_VAR;
 pub use handle::{RegisterOptions, Registration};
 use registration::PendingRegion;
 pub use registration::RawRegion;
@@ -53,6 +56,10 @@ pub(crate) struct EngineInner {
     phase_stats: Option<Arc<PhaseStats>>,
     metrics: Metrics,
     closed: AtomicBool,
+    /// `TE_TRANSFER_TIMEOUT_MS`: the deadline of batches submitted without one.
+    default_deadline: Option<std::time::Duration>,
+    /// Watchers and event channels of the open segments.
+    live: segments::LiveSegments,
     _env: Arc<dyn Env>,
 }
 
@@ -125,6 +132,8 @@ impl TransferEngine {
             phase_stats,
             metrics: Metrics::default(),
             closed: AtomicBool::new(false),
+            default_deadline: deadline::default_deadline(env.as_ref())?,
+            live: segments::LiveSegments::default(),
             _env: env,
         });
         inner.publish().await?;
@@ -246,6 +255,14 @@ impl TransferEngine {
         self.inner.open_segment(name).await
     }
 
+    /// Closes a segment opened by [`TransferEngine::open_segment`]: drops its connections
+    /// (requests already in flight on them finish), forgets its descriptor and stops following
+    /// it. Later submits to its id fail with [`Error::SegmentClosed`]; opening the name again
+    /// gives a new id. [`Error::UnknownSegment`] if `segment` is not open.
+    pub async fn close_segment(&self, segment: te_base::SegmentId) -> Result<()> {
+        self.inner.close_segment(segment).await
+    }
+
     /// Submits a batch. Every request is validated and resolved first: if any is malformed
     /// (zero length, unregistered or partly registered local memory, a remote range outside the
     /// segment's exported buffers, unknown segment, no transport for the memory kinds) nothing
@@ -261,7 +278,7 @@ impl TransferEngine {
             requests,
             &SubmitOptions {
                 background: true,
-                timer: None,
+                ..SubmitOptions::default()
             },
         )
     }
@@ -287,6 +304,7 @@ impl TransferEngine {
     /// does the same on the engine's runtime, so a forgotten call leaves no stale descriptor.
     pub async fn shutdown(&self) -> Result<()> {
         self.inner.closed.store(true, Ordering::Release);
+        self.inner.live.stop_all();
         self.inner
             .metadata
             .withdraw(&self.inner.name, self.inner.instance)

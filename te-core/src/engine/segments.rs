@@ -1,12 +1,87 @@
-//! The engine's segments: publishing its own descriptor, and opening (and refreshing) peers'.
+//! The engine's segments: publishing its own descriptor, and opening, following and closing
+//! peers'.
+//!
+//! An open segment follows its peer's descriptor. Where the metadata store can watch (etcd, the
+//! in-process store) a task per open segment applies each change as it is published; otherwise
+//! (peer-to-peer metadata) the descriptor is fetched again when a submit finds the connection
+//! lost. Applying a descriptor reconnects the routes with it, so a buffer the peer added is
+//! usable and one it removed is refused at submit (grouping checks remote ranges against the
+//! descriptor). A new `instance` means the peer restarted: the old routes are aborted with
+//! [`Error::PeerRestarted`], failing what was in flight to the old process, and new submits go to
+//! the new one. Each change is reported on the handle's [`SegmentEvent`] channel.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use te_base::{Error, ExportedBuffer, Result, SegmentDescriptor, SegmentId, TransportEndpoint};
+use parking_lot::Mutex;
+use te_base::{
+    DescriptorEvent, DescriptorWatch, Error, ExportedBuffer, Result, SegmentDescriptor, SegmentId, TransportEndpoint,
+};
+use tokio::sync::broadcast;
+use tokio::task::AbortHandle;
 
 use super::EngineInner;
-use crate::segment::{OpenSegment, Route, SegmentHandle};
+use crate::segment::{OpenSegment, Route, SegmentEvent, SegmentHandle};
+
+/// Events kept per segment for a slow subscriber before it sees `Lagged`.
+const EVENT_CAPACITY: usize = 64;
+
+/// The follow-up state of every open segment, by id.
+#[derive(Default)]
+pub(crate) struct LiveSegments {
+    followers: Mutex<HashMap<u32, Follower>>,
+    /// Serializes applying descriptors (opens, watch events, re-fetches, closes).
+    apply: tokio::sync::Mutex<()>,
+}
+
+struct Follower {
+    /// The name the segment was opened by (a p2p address, or the segment name).
+    name: String,
+    events: broadcast::Sender<SegmentEvent>,
+    /// The task applying the metadata store's watch events, if the store can watch.
+    watch: Option<AbortHandle>,
+    /// A re-fetch after a lost connection, while one runs.
+    refetch: Option<AbortHandle>,
+}
+
+impl Follower {
+    fn stop(&self) {
+        for t in self.watch.iter().chain(&self.refetch) {
+            t.abort();
+        }
+    }
+}
+
+impl LiveSegments {
+    fn emit(&self, id: u32, event: SegmentEvent) {
+        if let Some(f) = self.followers.lock().get(&id) {
+            let _ = f.events.send(event);
+        }
+    }
+}
+
+impl LiveSegments {
+    /// Stops following every segment (the engine shuts down).
+    pub(super) fn stop_all(&self) {
+        for f in self.followers.lock().values() {
+            f.stop();
+        }
+    }
+}
+
+impl Drop for LiveSegments {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
+
+/// What applying a descriptor changed.
+enum Applied {
+    Unchanged,
+    Changed,
+    Restarted,
+}
 
 impl EngineInner {
     pub(super) fn descriptor(&self) -> SegmentDescriptor {
@@ -52,44 +127,166 @@ impl EngineInner {
     /// routes with the new descriptor, so memory registered after the open is reachable without
     /// reopening (a store that registers as it grows relies on this).
     async fn refresh_own_segment(&self, desc: SegmentDescriptor) -> Result<()> {
-        let Some(id) = self.segment_ids.lock().get(&self.name).copied() else {
+        if !self.segment_ids.lock().contains_key(&self.name) {
             return Ok(());
-        };
-        let current = self.segments.read()[id as usize].clone();
-        let desc = Arc::new(desc);
-        let mut routes = Vec::with_capacity(current.routes.len());
-        for r in &current.routes {
-            let peer = self.transports[r.transport].connect(&desc).await?;
-            routes.push(Route {
-                transport: r.transport,
-                caps: r.caps,
-                peer,
-            });
         }
-        self.segments.write()[id as usize] = Arc::new(OpenSegment {
-            descriptor: desc,
-            routes,
+        let name = self.name.clone();
+        self.apply(&name, Arc::new(desc)).await.map(|_| ())
+    }
+
+    pub(super) async fn open_segment(self: &Arc<Self>, name: &str) -> Result<SegmentHandle> {
+        // Watch before fetching, so a change published in between is not missed (a change the
+        // fetch already saw comes again as an event and is found unchanged).
+        let watch = self.metadata.watch(name).await?;
+        let desc = Arc::new(self.metadata.fetch(name).await?);
+        desc.validate()?;
+        let (id, _) = self.apply(name, desc).await?;
+        Ok(self.follow(id, name, watch))
+    }
+
+    /// Registers the follower of segment `id` (once) and returns a handle on it; starts the
+    /// metadata watch task if the store gave one.
+    fn follow(self: &Arc<Self>, id: u32, name: &str, watch: Option<Box<dyn DescriptorWatch>>) -> SegmentHandle {
+        let descriptor = self.segments.read()[id as usize].descriptor.clone();
+        let mut followers = self.live.followers.lock();
+        let f = followers.entry(id).or_insert_with(|| Follower {
+            name: name.to_string(),
+            events: broadcast::channel(EVENT_CAPACITY).0,
+            watch: None,
+            refetch: None,
         });
+        if let Some(watch) = watch.filter(|_| f.watch.is_none()) {
+            let task = self
+                .runtime
+                .spawn(follow_watch(Arc::downgrade(self), id, name.to_string(), watch));
+            f.watch = Some(task.abort_handle());
+        }
+        SegmentHandle {
+            id: SegmentId(id),
+            descriptor,
+            events: f.events.clone(),
+        }
+    }
+
+    /// The connection of segment `id` was found lost at submit: fetch its descriptor again and
+    /// reconnect in the background (one at a time), so the next submit finds it current. This is
+    /// how peer-to-peer metadata, which cannot watch, learns of a restart, and how a connection
+    /// cut by a deadline comes back.
+    pub(super) fn reconnect_later(self: &Arc<Self>, id: u32) {
+        let mut followers = self.live.followers.lock();
+        let Some(f) = followers.get_mut(&id) else { return };
+        if f.refetch.is_some() {
+            return;
+        }
+        let engine = Arc::downgrade(self);
+        let name = f.name.clone();
+        let task = self.runtime.spawn(async move {
+            let Some(e) = engine.upgrade() else { return };
+            let outcome = match e.metadata.fetch(&name).await {
+                Ok(d) => e.apply(&name, Arc::new(d)).await.map(|_| ()),
+                Err(err) => Err(err),
+            };
+            if let Err(err) = outcome {
+                tracing::warn!(segment = %name, "reconnecting a lost segment failed: {err}");
+            }
+            let mut followers = e.live.followers.lock();
+            if let Some(f) = followers.get_mut(&id) {
+                f.refetch = None;
+            }
+        });
+        f.refetch = Some(task.abort_handle());
+    }
+
+    /// Closes segment `id`: forgets its descriptor, drops its connections (requests in flight
+    /// on them finish), stops following it. Later submits to `id` fail with
+    /// [`Error::SegmentClosed`]; opening the name again gives a new id.
+    pub(super) async fn close_segment(&self, id: SegmentId) -> Result<()> {
+        let _guard = self.live.apply.lock().await;
+        let unknown = || Error::UnknownSegment(format!("id {}", id.0));
+        let Some(follower) = self.live.followers.lock().remove(&id.0) else {
+            return Err(unknown());
+        };
+        follower.stop();
+        self.segment_ids.lock().retain(|_, v| *v != id.0);
+        let old = {
+            let mut segs = self.segments.write();
+            let slot = segs.get_mut(id.0 as usize).ok_or_else(unknown)?;
+            let closed = Arc::new(OpenSegment {
+                descriptor: slot.descriptor.clone(),
+                routes: Vec::new(),
+                closed: true,
+            });
+            std::mem::replace(slot, closed)
+        };
+        drop(old);
+        let _ = follower.events.send(SegmentEvent::Closed);
         Ok(())
     }
 
-    pub(super) async fn open_segment(&self, name: &str) -> Result<SegmentHandle> {
-        let desc = Arc::new(self.metadata.fetch(name).await?);
-        desc.validate()?;
+    /// Makes `desc` the descriptor of the segment opened as `name` (opening it if new): connects
+    /// the routes it needs, replaces the old ones, and reports the change. Returns the id and
+    /// the descriptor in use.
+    async fn apply(&self, name: &str, desc: Arc<SegmentDescriptor>) -> Result<(u32, Arc<SegmentDescriptor>)> {
+        let _guard = self.live.apply.lock().await;
         let existing = self.segment_ids.lock().get(name).copied();
-        if let Some(id) = existing {
-            let current = self.segments.read()[id as usize].clone();
-            if *current.descriptor == *desc && current.routes.iter().all(|r| r.peer.is_healthy()) {
-                return Ok(SegmentHandle {
-                    id: SegmentId(id),
-                    descriptor: current.descriptor.clone(),
+        let current = existing.map(|id| self.segments.read()[id as usize].clone());
+        let applied = match &current {
+            None => Applied::Changed,
+            Some(c) if c.descriptor.instance != desc.instance => Applied::Restarted,
+            Some(c) if *c.descriptor == *desc && c.routes.iter().all(|r| r.peer.is_healthy()) => {
+                return Ok((existing.unwrap_or_default(), c.descriptor.clone()));
+            }
+            Some(c) if *c.descriptor == *desc => Applied::Unchanged,
+            Some(_) => Applied::Changed,
+        };
+        if let (Applied::Restarted, Some(c)) = (&applied, &current) {
+            // The old process is gone for good: fail what is in flight to it (each transport
+            // once it stopped touching the memory), whether or not the new one is reachable.
+            for r in &c.routes {
+                r.peer.abort(Error::PeerRestarted {
+                    peer: c.descriptor.name.clone(),
+                    reason: "its descriptor names a new instance".into(),
                 });
             }
         }
+        let routes = self.connect_routes(name, &desc).await?;
+        let seg = Arc::new(OpenSegment {
+            descriptor: desc.clone(),
+            routes,
+            closed: false,
+        });
+        let id = {
+            let mut ids = self.segment_ids.lock();
+            let mut segs = self.segments.write();
+            match ids.get(name) {
+                Some(&id) => {
+                    segs[id as usize] = seg;
+                    id
+                }
+                None => {
+                    let id = segs.len() as u32;
+                    segs.push(seg);
+                    ids.insert(name.to_string(), id);
+                    id
+                }
+            }
+        };
+        if existing.is_some() {
+            match applied {
+                Applied::Restarted => self.live.emit(id, SegmentEvent::Restarted(desc.clone())),
+                Applied::Changed => self.live.emit(id, SegmentEvent::Changed(desc.clone())),
+                Applied::Unchanged => {}
+            }
+        }
+        Ok((id, desc))
+    }
+
+    /// Connects one route per distinct capability set among the transports that reach `desc`.
+    async fn connect_routes(&self, name: &str, desc: &Arc<SegmentDescriptor>) -> Result<Vec<Route>> {
         let mut routes: Vec<Route> = Vec::new();
         let mut failures: Vec<String> = Vec::new();
-        for (ti, t) in self.transports.iter().enumerate() {
-            if !t.can_reach(&desc) {
+        for t in &self.transports {
+            if !t.can_reach(desc) {
                 continue;
             }
             let caps = t.capabilities();
@@ -97,12 +294,8 @@ impl EngineInner {
             if covered {
                 continue;
             }
-            match t.connect(&desc).await {
-                Ok(peer) => routes.push(Route {
-                    transport: ti,
-                    caps,
-                    peer,
-                }),
+            match t.connect(desc).await {
+                Ok(peer) => routes.push(Route { caps, peer }),
                 Err(e) => failures.push(format!("{}: {e}", t.name())),
             }
         }
@@ -118,27 +311,29 @@ impl EngineInner {
                 reason,
             });
         }
-        let seg = Arc::new(OpenSegment {
-            descriptor: desc.clone(),
-            routes,
-        });
-        let mut ids = self.segment_ids.lock();
-        let mut segs = self.segments.write();
-        let id = match ids.get(name) {
-            Some(&id) => {
-                segs[id as usize] = seg;
-                id
+        Ok(routes)
+    }
+}
+
+/// Applies every change the metadata store reports for the segment opened as `name`, until the
+/// engine goes away or the segment is closed (which aborts this task).
+async fn follow_watch(engine: Weak<EngineInner>, id: u32, name: String, mut watch: Box<dyn DescriptorWatch>) {
+    while let Some(event) = watch.next().await {
+        let Some(e) = engine.upgrade() else { return };
+        match event {
+            DescriptorEvent::Changed(d) => {
+                if let Err(err) = e.apply(&name, Arc::new(d)).await {
+                    tracing::warn!(segment = %name, "applying its new descriptor failed: {err}");
+                }
             }
-            None => {
-                let id = segs.len() as u32;
-                segs.push(seg);
-                ids.insert(name.to_string(), id);
-                id
-            }
-        };
-        Ok(SegmentHandle {
-            id: SegmentId(id),
-            descriptor: desc,
-        })
+            DescriptorEvent::Removed => e.live.emit(id, SegmentEvent::Gone),
+            _ => {}
+        }
+    }
+    // The watch ended (the store closed): fall back to re-fetching on a lost connection.
+    if let Some(e) = engine.upgrade() {
+        if let Some(f) = e.live.followers.lock().get_mut(&id) {
+            f.watch = None;
+        }
     }
 }

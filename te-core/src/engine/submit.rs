@@ -3,8 +3,9 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
-use te_base::{Batch, BatchState, Error, Phase, PhaseTimer, Result, SubmitContext, TransferRequest};
+use te_base::{Batch, BatchState, Error, Peer, Phase, PhaseTimer, Result, SubmitContext, TransferRequest};
 
 use super::EngineInner;
 use crate::grouping::{group_requests, Grouped};
@@ -19,6 +20,10 @@ pub struct SubmitOptions {
     /// Record this call's phases (the engine's resolve/build/other, the transport's plan/submit)
     /// into the caller's timer instead of the engine's; the caller counts its own calls.
     pub timer: Option<PhaseTimer>,
+    /// Fail the batch's unfinished requests with [`Error::Timeout`] this long after submission,
+    /// each once its transport stopped touching the memory (docs/architecture.md, Deadlines);
+    /// `None`: the engine's default, `TE_TRANSFER_TIMEOUT_MS` (off unless set).
+    pub deadline: Option<Duration>,
 }
 
 impl EngineInner {
@@ -28,6 +33,10 @@ impl EngineInner {
         let t0 = timer.start();
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed(format!("engine '{}'", self.name)));
+        }
+        let deadline = opts.deadline.or(self.default_deadline);
+        if let Some(d) = opts.deadline {
+            super::deadline::check(d)?;
         }
         let segs = self.segments.read();
         let Grouped { groups, pins, bytes } = group_requests(requests, &segs, self.registry.local_resolver())?;
@@ -47,12 +56,14 @@ impl EngineInner {
         timer.lap(Phase::Build, t1);
         let single_group = groups.len() == 1;
         let mut failed = 0u64;
+        let mut deadline_peers: Vec<Arc<dyn Peer>> = Vec::new();
         for (g, seg) in groups.into_iter().zip(routes) {
             let peer = &seg.routes[g.route as usize].peer;
             if !peer.is_healthy() {
+                self.reconnect_later(g.segment);
                 let err = Error::PeerGone {
                     peer: seg.descriptor.name.clone(),
-                    reason: "connection lost; reopen the segment".into(),
+                    reason: "connection lost; reconnecting in the background".into(),
                 };
                 failed += g.requests.len() as u64;
                 state.fail_many(g.requests.iter().map(|r| r.index as usize), &err);
@@ -66,6 +77,9 @@ impl EngineInner {
             } else {
                 g.requests.iter().map(|r| r.index).collect()
             };
+            if deadline.is_some() {
+                deadline_peers.push(peer.clone());
+            }
             if let Err(e) = peer.submit(g.requests, &state, &ctx) {
                 failed += n as u64;
                 if single_group {
@@ -74,6 +88,9 @@ impl EngineInner {
                     state.fail_many(indices.into_iter().map(|i| i as usize), &e);
                 }
             }
+        }
+        if let Some(after) = deadline.filter(|_| !deadline_peers.is_empty()) {
+            super::deadline::arm(&self.runtime, &state, deadline_peers, after);
         }
         // The transports recorded their own plan and submit inside the loop above; the engine's
         // part after it is the counter update.

@@ -25,7 +25,7 @@ use etcd_client::{
 };
 use parking_lot::RwLock;
 use te_base::config::{parse_var, Env};
-use te_base::{Error, MetadataStore, Result, SegmentDescriptor};
+use te_base::{DescriptorEvent, DescriptorWatch, Error, MetadataStore, Result, SegmentDescriptor};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
@@ -406,6 +406,41 @@ async fn keep_alive_loop(shared: Arc<Shared>) {
     }
 }
 
+/// A watch on one segment, fed by the store's prefix watch (one etcd watch per store, however
+/// many segments are followed).
+struct EtcdWatch {
+    shared: Arc<Shared>,
+    name: String,
+    events: broadcast::Receiver<SegmentEvent>,
+}
+
+impl EtcdWatch {
+    /// The event for the descriptor the cache now holds (the watch already validated it).
+    fn current(&self) -> DescriptorEvent {
+        match self.shared.cache.read().get(&self.name) {
+            Some(d) => DescriptorEvent::Changed(d.clone()),
+            None => DescriptorEvent::Removed,
+        }
+    }
+}
+
+#[async_trait]
+impl DescriptorWatch for EtcdWatch {
+    async fn next(&mut self) -> Option<DescriptorEvent> {
+        loop {
+            match self.events.recv().await {
+                Ok(SegmentEvent::Published { name, .. } | SegmentEvent::Removed { name }) if name == self.name => {
+                    return Some(self.current())
+                }
+                Ok(_) => {}
+                // Missed events: the cache holds the latest state, which is all a follower needs.
+                Err(broadcast::error::RecvError::Lagged(_)) => return Some(self.current()),
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl MetadataStore for EtcdStore {
     fn name(&self) -> &'static str {
@@ -438,6 +473,16 @@ impl MetadataStore for EtcdStore {
             )));
         }
         Ok(d)
+    }
+
+    /// Served by the store's one prefix watch: each put or delete of `name` (or its lease
+    /// running out) is an event.
+    async fn watch(&self, name: &str) -> Result<Option<Box<dyn DescriptorWatch>>> {
+        Ok(Some(Box::new(EtcdWatch {
+            shared: self.shared.clone(),
+            name: name.to_string(),
+            events: self.shared.events.subscribe(),
+        })))
     }
 
     async fn remove(&self, name: &str) -> Result<()> {

@@ -8,4 +8,4 @@ mod in_process;
 pub mod p2p;
 
 pub use in_process::InProcessStore;
-pub use te_base::MetadataStore;
+pub use te_base::{DescriptorEvent, DescriptorWatch, MetadataStore};

@@ -19,6 +19,9 @@ struct State {
     regions: Mutex<BTreeSet<u64>>,
     auto: AtomicBool,
     refuse: AtomicBool,
+    /// Errors `Peer::abort` was called with, and a wake-up for whoever waits on the first.
+    aborts: Mutex<Vec<Error>>,
+    aborted: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -52,6 +55,25 @@ impl ManualTransport {
     /// From now on, `submit` refuses whole groups (starting nothing), as a transport may.
     pub fn refuse_submissions(&self) {
         self.state.refuse.store(true, Ordering::Release);
+    }
+
+    /// Waits until the engine asked a peer to abort, and returns the error it gave.
+    pub async fn first_abort(&self) -> Error {
+        loop {
+            if let Some(e) = self.state.aborts.lock().first().cloned() {
+                return e;
+            }
+            self.state.aborted.notified().await;
+        }
+    }
+
+    /// Plays a transport that stopped touching the memory after an abort: fails every queued
+    /// request with the abort's error.
+    pub fn quiesce(&self) {
+        let err = self.state.aborts.lock().first().cloned().expect("no abort to quiesce");
+        for (r, batch) in std::mem::take(&mut *self.state.queued.lock()) {
+            batch.fail(r.index as usize, err.clone());
+        }
     }
 
     /// From now on, requests complete as they are submitted.
@@ -134,5 +156,13 @@ impl Peer for ManualPeer {
             self.state.complete_all();
         }
         Ok(())
+    }
+
+    /// Records the abort; the requests stay queued until the test calls `quiesce`, as a real
+    /// transport's stay in flight until it stopped touching their memory.
+    fn abort(&self, err: Error) -> bool {
+        self.state.aborts.lock().push(err);
+        self.state.aborted.notify_one();
+        true
     }
 }

@@ -115,4 +115,13 @@ impl Peer for TcpPeer {
     fn is_healthy(&self) -> bool {
         self.connection.is_healthy()
     }
+
+    /// Shuts the lanes' sockets down; the last I/O task of each lane to stop fails what that lane
+    /// carried with `err`, so no request settles while a task may still touch its memory. Every
+    /// batch on this connection fails, not only the one whose deadline passed: a stalled peer
+    /// stalls them all.
+    fn abort(&self, err: Error) -> bool {
+        self.connection.kill(err);
+        true
+    }
 }

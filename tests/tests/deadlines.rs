@@ -1,0 +1,124 @@
+//! Batch deadlines against a peer that stops answering without closing: a `te-node` process
+//! frozen with SIGSTOP keeps its TCP connections open and its kernel keeps acknowledging, but
+//! nothing is ever written back. The transport's own no-progress watchdog is set to ten minutes,
+//! so only the batch deadline can end the batch; without it the batch would stay in progress.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use te_core::config::MapEnv;
+use te_core::metadata::p2p::P2pStore;
+use te_core::{Error, HostBufferOptions, SubmitOptions, TransferEngine, TransferRequest};
+use te_tests::node::Node;
+
+const SLOT: u64 = 1 << 20;
+/// Far longer than the test: the tcp watchdog must not be what ends the batch.
+const TCP_TIMEOUT_MS: &str = "600000";
+/// Bound on waiting for a batch whose deadline is far shorter (not a performance assertion).
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn node(name: &str) -> Node {
+    let port = te_base::test_support::free_port().unwrap();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_te-node"));
+    c.args(["--name", name, "--ip", "127.0.0.1", "--metadata", "p2p"])
+        .args(["--p2p-port", &port.to_string()])
+        .args(["--slot-bytes", &SLOT.to_string(), "--slots", "2"])
+        .env("TE_TCP_TIMEOUT_MS", TCP_TIMEOUT_MS);
+    Node::start(c).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+async fn engine(name: &str, env: &[(&str, &str)]) -> TransferEngine {
+    let mut vars = MapEnv::new([("TE_TCP_TIMEOUT_MS", TCP_TIMEOUT_MS), ("TE_TCP_LISTEN", "127.0.0.1:0")]);
+    vars.0.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let store = P2pStore::bind("127.0.0.1:0".parse().unwrap(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    TransferEngine::builder()
+        .segment_name(name)
+        .metadata(Arc::new(store))
+        .env(Arc::new(vars))
+        .transports(["tcp"])
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Every failure of a batch that ran into its deadline is a timeout.
+fn assert_timed_out(result: Result<te_core::BatchReport, te_core::BatchError>) {
+    let err = result.expect_err("a batch to a frozen peer cannot succeed");
+    assert!(!err.failures.is_empty(), "{err:?}");
+    for (i, e) in &err.failures {
+        assert!(e.is_timeout(), "request {i}: {e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_peer_cannot_keep_a_batch_in_progress() {
+    let b = node("dl-b");
+    // `a` takes its deadline from TE_TRANSFER_TIMEOUT_MS, `c` from the submit options.
+    let a = engine("dl-a", &[("TE_TRANSFER_TIMEOUT_MS", "300")]).await;
+    let c = engine("dl-c", &[]).await;
+    let seg_a = a.open_segment(&b.p2p_addr).await.unwrap();
+    let seg_c = c.open_segment(&b.p2p_addr).await.unwrap();
+    let remote = seg_a.buffers()[0].base;
+    let src_a = a.allocate(SLOT as usize, HostBufferOptions::default()).await.unwrap();
+    let src_c = c.allocate(SLOT as usize, HostBufferOptions::default()).await.unwrap();
+    let write_a = [TransferRequest::write(src_a.addr(), seg_a.id(), remote, SLOT)];
+    let write_c = [TransferRequest::write(src_c.addr(), seg_c.id(), remote, SLOT)];
+    a.transfer(&write_a).await.expect("the peer answers while it runs");
+    c.transfer(&write_c).await.expect("the peer answers while it runs");
+
+    b.freeze();
+    let batch_a = a.submit(&write_a).unwrap();
+    let opts = SubmitOptions {
+        deadline: Some(Duration::from_millis(200)),
+        ..SubmitOptions::default()
+    };
+    let batch_c = c.submit_with(&write_c, &opts).unwrap();
+    for batch in [batch_a, batch_c] {
+        let waited = tokio::time::timeout(PATIENCE, batch.wait()).await;
+        assert_timed_out(waited.expect("the batch stayed in progress past its deadline"));
+    }
+    // Every request settled only once the transport stopped touching the memory, and with it the
+    // pins went: the sources can be deregistered (refused with InFlight while pinned).
+    src_a
+        .deregister()
+        .await
+        .expect("the timed-out batch still pins its memory");
+    src_c
+        .deregister()
+        .await
+        .expect("the timed-out batch still pins its memory");
+
+    // Thawed, the peer is reachable again through the reopened segment.
+    b.signal("CONT");
+    let seg = a.open_segment(&b.p2p_addr).await.unwrap();
+    assert_eq!(seg.id(), seg_a.id());
+    let src = a.allocate(SLOT as usize, HostBufferOptions::default()).await.unwrap();
+    let write = [TransferRequest::write(src.addr(), seg.id(), remote, SLOT)];
+    a.transfer(&write).await.expect("the thawed peer answers");
+}
+
+#[tokio::test]
+async fn a_zero_deadline_is_refused_and_a_bad_variable_is_named() {
+    let a = engine("dl-z", &[]).await;
+    let opts = SubmitOptions {
+        deadline: Some(Duration::ZERO),
+        ..SubmitOptions::default()
+    };
+    let err = a.submit_with(&[], &opts).unwrap_err();
+    assert!(matches!(err, Error::Config { .. }), "{err}");
+    let store = P2pStore::bind("127.0.0.1:0".parse().unwrap(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let err = TransferEngine::builder()
+        .segment_name("dl-y")
+        .metadata(Arc::new(store))
+        .env(Arc::new(MapEnv::new([("TE_TRANSFER_TIMEOUT_MS", "soon")])))
+        .transports(["tcp"])
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("TE_TRANSFER_TIMEOUT_MS"), "{err}");
+}
