@@ -32,6 +32,7 @@ pub use builder::TransferEngineBuilder;
 pub use engine::{
     RawRegion, RegisterOptions, Registration, SubmitOptions, TransferEngine, TransferError, TransportStatus,
 };
+pub use engine::{NotifiedBatch, Notifications};
 pub use env_check::known_vars;
 pub use install::{device_plugins, PluginStatus, COMPILED_TRANSPORTS};
 pub use metrics::MetricsSnapshot;
@@ -40,6 +41,12 @@ pub use segment::SegmentHandle;
 /// Peer authentication: the shared key every peer must prove (see `docs/security.md`).
 pub mod auth {
     pub use te_base::auth::{AuthKey, KEY_FILE_VAR};
+}
+
+/// Notifications: what a target receives, and the bounds of its inbox.
+pub mod notify {
+    pub use te_base::notify::{NotifyLimits, MAX_PAYLOAD_LIMIT};
+    pub use te_base::Notification;
 }
 
 /// Where the engine reads its `TE_*` variables from: the process environment, or a map.

@@ -2,6 +2,7 @@
 //! reads and writes to the transport that can serve them.
 
 mod handle;
+mod notify;
 mod registration;
 mod segments;
 mod submit;
@@ -25,6 +26,7 @@ use crate::segment::{OpenSegment, SegmentHandle};
 pub use handle::{RegisterOptions, Registration};
 use registration::PendingRegion;
 pub use registration::RawRegion;
+pub use notify::{NotifiedBatch, Notifications};
 pub use submit::SubmitOptions;
 
 /// A transport compiled into this build and whether it runs here.
@@ -54,6 +56,8 @@ pub(crate) struct EngineInner {
     metrics: Metrics,
     closed: AtomicBool,
     _env: Arc<dyn Env>,
+    /// Notifications peers sent to this segment (the transports deliver into it).
+    inbox: Arc<te_base::NotifyInbox>,
 }
 
 /// The transfer engine. Cheap to clone; all clones share one engine.
@@ -98,6 +102,7 @@ impl TransferEngine {
         statuses: Vec<TransportStatus>,
         plugins: Vec<PluginAvailability>,
         phase_timing: bool,
+        inbox: Arc<te_base::NotifyInbox>,
     ) -> Result<Self> {
         let phase_stats = phase_timing.then(|| Arc::new(PhaseStats::default()));
         let timer = phase_stats.clone().map(PhaseTimer::on).unwrap_or_default();
@@ -121,9 +126,14 @@ impl TransferEngine {
             metrics: Metrics::default(),
             closed: AtomicBool::new(false),
             _env: env,
+            inbox,
         });
         inner.publish().await?;
         Ok(TransferEngine { inner })
+    }
+
+    pub(crate) fn inbox(&self) -> &Arc<te_base::NotifyInbox> {
+        &self.inner.inbox
     }
 
     /// The engine's segment name.
@@ -288,6 +298,7 @@ impl TransferEngine {
         for t in &self.inner.transports {
             t.shutdown().await;
         }
+        self.inner.inbox.close();
         Ok(())
     }
 }
@@ -337,4 +348,8 @@ pub enum TransferError {
     /// Some requests failed; the others completed.
     #[error(transparent)]
     Failed(#[from] te_base::BatchError),
+    /// Every request completed, but a target refused the batch's notification (or it could not
+    /// be sent); see [`NotifiedBatch`].
+    #[error("the data arrived; its notification did not: {0}")]
+    Notification(Error),
 }
