@@ -110,12 +110,24 @@ impl Refusal {
 
 /// A target's bounded queue of received notifications. Transports deliver into it; the engine
 /// hands them to the application in arrival order.
-#[derive(Debug)]
 pub struct NotifyInbox {
     limits: NotifyLimits,
     queue: Mutex<VecDeque<Notification>>,
     closed: AtomicBool,
     arrived: Event,
+    observer: Mutex<Option<Observer>>,
+}
+
+/// Sees each accepted notification on the delivering thread, just before it is queued.
+pub type Observer = Box<dyn Fn(&Notification) + Send + Sync>;
+
+impl std::fmt::Debug for NotifyInbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NotifyInbox")
+            .field("limits", &self.limits)
+            .field("waiting", &self.len())
+            .finish()
+    }
 }
 
 impl NotifyInbox {
@@ -126,7 +138,15 @@ impl NotifyInbox {
             queue: Mutex::new(VecDeque::new()),
             closed: AtomicBool::new(false),
             arrived: Event::new(),
+            observer: Mutex::new(None),
         })
+    }
+
+    /// Installs (or with `None` removes) an observer that sees every accepted notification on the
+    /// thread delivering it, before any receiver can: the conformance suite checks there that
+    /// the data a notification follows is already in place. One lock per notification.
+    pub fn observe(&self, observer: Option<Observer>) {
+        *self.observer.lock() = observer;
     }
 
     /// Its bounds.
@@ -142,6 +162,9 @@ impl NotifyInbox {
         let mut q = self.queue.lock();
         if q.len() >= self.limits.queue_depth {
             return Err(Refusal::QueueFull);
+        }
+        if let Some(observe) = &*self.observer.lock() {
+            observe(&note);
         }
         q.push_back(note);
         drop(q);
