@@ -19,6 +19,8 @@ struct State {
     regions: Mutex<BTreeSet<u64>>,
     auto: AtomicBool,
     refuse: AtomicBool,
+    /// Notifications handed to the transport, in order.
+    notes: Mutex<Vec<te_base::Notification>>,
 }
 
 #[derive(Default)]
@@ -47,6 +49,11 @@ impl ManualTransport {
     /// Completes every queued request (copying its bytes) or fails the marked ones.
     pub fn complete_all(&self) {
         self.state.complete_all();
+    }
+
+    /// Payloads of the notifications handed over so far, in order (each accepted at once).
+    pub fn notes(&self) -> Vec<Vec<u8>> {
+        self.state.notes.lock().iter().map(|n| n.payload.clone()).collect()
     }
 
     /// From now on, `submit` refuses whole groups (starting nothing), as a transport may.
@@ -121,6 +128,12 @@ impl Transport for ManualTransport {
 impl Peer for ManualPeer {
     fn descriptor(&self) -> &SegmentDescriptor {
         &self.desc
+    }
+
+    fn notify(&self, note: te_base::Notification, done: &Arc<BatchState>, index: usize) -> Result<()> {
+        self.state.notes.lock().push(note);
+        done.complete(index);
+        Ok(())
     }
     fn submit(&self, requests: Vec<ResolvedRequest>, batch: &Arc<BatchState>, _ctx: &SubmitContext) -> Result<()> {
         if self.state.refuse.load(Ordering::Acquire) {
