@@ -124,8 +124,14 @@ async fn measure(args: &Args) -> Result<(), String> {
             }
             if args.verify {
                 dst.read_at(n, &mut check).map_err(|e| e.to_string())?;
-                if let Some(p) = check.iter().enumerate().position(|(j, b)| *b != pattern(seed, j as u64)) {
-                    return Err(format!("sample {i}: byte {p} not in place when its notification arrived"));
+                if let Some(p) = check
+                    .iter()
+                    .enumerate()
+                    .position(|(j, b)| *b != pattern(seed, j as u64))
+                {
+                    return Err(format!(
+                        "sample {i}: byte {p} not in place when its notification arrived"
+                    ));
                 }
             }
             nb.wait().await.map_err(|e| format!("notified write: {e}"))?;

@@ -90,7 +90,10 @@ pub trait Peer: Send + Sync + 'static {
     /// was sent. Every transport of this workspace implements it; the default says it cannot.
     fn notify(&self, note: crate::notify::Notification, done: &Arc<BatchState>, index: usize) -> Result<()> {
         let _ = (note, done, index);
-        Err(crate::Error::not_available("notifications", "this transport cannot carry them"))
+        Err(crate::Error::not_available(
+            "notifications",
+            "this transport cannot carry them",
+        ))
     }
 }
 

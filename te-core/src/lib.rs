@@ -29,10 +29,10 @@ mod registry;
 mod segment;
 
 pub use builder::TransferEngineBuilder;
+pub use engine::{Notifications, NotifiedBatch};
 pub use engine::{
     RawRegion, RegisterOptions, Registration, SubmitOptions, TransferEngine, TransferError, TransportStatus,
 };
-pub use engine::{NotifiedBatch, Notifications};
 pub use env_check::known_vars;
 pub use install::{device_plugins, PluginStatus, COMPILED_TRANSPORTS};
 pub use metrics::MetricsSnapshot;

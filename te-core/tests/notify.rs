@@ -43,12 +43,17 @@ async fn a_notified_batch_reaches_its_target_with_the_data_in_place() {
     let seg = a.open_segment("nb-b").await.unwrap();
     for k in 0..8u64 {
         let w = TransferRequest::write(src.addr() + k * 4096, seg.id(), dst.addr() + k * 4096, 4096);
-        let nb = a.submit_notified(&[w], vec![k as u8], &SubmitOptions::default()).unwrap();
+        let nb = a
+            .submit_notified(&[w], vec![k as u8], &SubmitOptions::default())
+            .unwrap();
         nb.wait().await.unwrap();
     }
     let inbox = b.notifications();
     for k in 0..8u64 {
-        let n = tokio::time::timeout(Duration::from_secs(10), inbox.recv()).await.unwrap().unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(10), inbox.recv())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!((n.from.as_str(), n.payload.as_slice()), ("nb-a", &[k as u8][..]));
         let mut got = vec![0u8; 4096];
         dst.read_at(k * 4096, &mut got).unwrap();
@@ -70,7 +75,9 @@ async fn the_notification_waits_for_the_last_request_and_a_failed_batch_sends_no
     let reqs: Vec<TransferRequest> = (0..4u64)
         .map(|i| TransferRequest::write(src.addr() + i * 1024, me.id(), dst.addr() + i * 1024, 1024))
         .collect();
-    let nb = a.submit_notified(&reqs, b"one".to_vec(), &SubmitOptions::default()).unwrap();
+    let nb = a
+        .submit_notified(&reqs, b"one".to_vec(), &SubmitOptions::default())
+        .unwrap();
     assert!(manual.notes().is_empty(), "notified before any request completed");
     assert!(!nb.notification.is_complete());
     manual.complete_all();
@@ -78,12 +85,18 @@ async fn the_notification_waits_for_the_last_request_and_a_failed_batch_sends_no
     assert_eq!(manual.notes(), vec![b"one".to_vec()]);
 
     // One failed request: the data reports it, the notification is never sent.
-    let nb = a.submit_notified(&reqs, b"two".to_vec(), &SubmitOptions::default()).unwrap();
+    let nb = a
+        .submit_notified(&reqs, b"two".to_vec(), &SubmitOptions::default())
+        .unwrap();
     manual.fail_index(1);
     manual.complete_all();
     assert!(matches!(nb.wait().await, Err(TransferError::Failed(_))));
     assert!(matches!(nb.notification.status(0), Some(RequestStatus::Cancelled)));
-    assert_eq!(manual.notes(), vec![b"one".to_vec()], "a failed batch sent its notification");
+    assert_eq!(
+        manual.notes(),
+        vec![b"one".to_vec()],
+        "a failed batch sent its notification"
+    );
 }
 
 #[tokio::test]
@@ -144,5 +157,9 @@ async fn shutdown_ends_the_receivers() {
     let inbox = b.notifications();
     let waiting = tokio::spawn(async move { inbox.recv().await });
     b.shutdown().await.unwrap();
-    assert!(tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap().is_none());
+    assert!(tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .is_none());
 }

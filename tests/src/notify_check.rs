@@ -83,8 +83,14 @@ pub async fn recv(
         }
         seen[k as usize] = true;
         buf.read_at(slot_off + k * part, &mut data).map_err(|e| e.to_string())?;
-        if let Some(p) = data.iter().enumerate().position(|(j, b)| *b != pattern(part_seed(seed, k), j as u64)) {
-            return Err(format!("notification {k} read while byte {p} of its data was not in place"));
+        if let Some(p) = data
+            .iter()
+            .enumerate()
+            .position(|(j, b)| *b != pattern(part_seed(seed, k), j as u64))
+        {
+            return Err(format!(
+                "notification {k} read while byte {p} of its data was not in place"
+            ));
         }
     }
     Ok(format!("OK {count} notifications"))
@@ -111,7 +117,9 @@ pub async fn bare(engine: &TransferEngine, peer: &str, count: u64) -> Result<Str
 pub async fn take(engine: &TransferEngine, count: u64, from: &str) -> Result<String, String> {
     let inbox = engine.notifications();
     for i in 0..count {
-        let n = inbox.try_recv().ok_or_else(|| format!("only {i} of {count} notifications waiting"))?;
+        let n = inbox
+            .try_recv()
+            .ok_or_else(|| format!("only {i} of {count} notifications waiting"))?;
         if n.from != from || n.payload != (i as u32).to_le_bytes() {
             return Err(format!("notification {i}: from {:?}, payload {:?}", n.from, n.payload));
         }

@@ -155,6 +155,9 @@ fn notifications_cross_namespaces() {
     n0.ok(&format!("npush {} 0 51 32", cluster.peer(1)));
     n1.expect_ok(recv);
     let answer = n0.ok(&format!("nbare {} 1025", cluster.peer(1)));
-    assert!(answer.starts_with("OK accepted=1024 refused=NotificationQueueFull"), "{answer}");
+    assert!(
+        answer.starts_with("OK accepted=1024 refused=NotificationQueueFull"),
+        "{answer}"
+    );
     n1.ok("ntake 1024 node-0");
 }

@@ -144,7 +144,10 @@ fn full_inbox_of_another_process_refuses_with_a_typed_error() {
     let mut a = node("proc-a", pa, &[]);
     let mut b = node("proc-b", pb, &[("TE_NOTIFY_QUEUE_DEPTH", "4")]);
     let answer = a.ok(&format!("nbare 127.0.0.1:{pb} 5"));
-    assert!(answer.starts_with("OK accepted=4 refused=NotificationQueueFull"), "{answer}");
+    assert!(
+        answer.starts_with("OK accepted=4 refused=NotificationQueueFull"),
+        "{answer}"
+    );
     // Four were queued; reading them makes room again.
     b.ok("ntake 4 proc-a");
     let answer = a.ok(&format!("nbare 127.0.0.1:{pb} 1"));

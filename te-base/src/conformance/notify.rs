@@ -35,7 +35,12 @@ pub async fn notify(peer: &Arc<dyn Peer>, note: Notification, opts: &Conformance
     }
     match tokio::time::timeout(opts.timeout, Batch::new(state).wait()).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(e.failures.into_iter().next().map(|(_, e)| e).unwrap_or(Error::Cancelled)),
+        Ok(Err(e)) => Err(e
+            .failures
+            .into_iter()
+            .next()
+            .map(|(_, e)| e)
+            .unwrap_or(Error::Cancelled)),
         Err(_) => panic!("notification not answered within {:?}", opts.timeout),
     }
 }
@@ -161,7 +166,11 @@ pub async fn notified_batches(pair: &ConformancePair, inbox: &Arc<NotifyInbox>, 
 
 /// Checks that the slot of the batch `n` names holds its data; returns the batch number.
 fn slot_in_place(n: &Notification, dst_addr: usize, slot: usize, expected: &[u8]) -> Result<u32, String> {
-    let k: [u8; 4] = n.payload.get(..4).and_then(|b| b.try_into().ok()).ok_or("short payload")?;
+    let k: [u8; 4] = n
+        .payload
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .ok_or("short payload")?;
     let k = u32::from_le_bytes(k);
     let at = k as usize * slot;
     let want = expected.get(at..at + slot).ok_or("batch number out of range")?;
@@ -169,7 +178,9 @@ fn slot_in_place(n: &Notification, dst_addr: usize, slot: usize, expected: &[u8]
     // is released); batch k is its only writer, and reading it racing that write is the point.
     let got = unsafe { std::slice::from_raw_parts((dst_addr + at) as *const u8, slot) };
     match got.iter().zip(want).position(|(a, b)| a != b) {
-        Some(p) => Err(format!("notification of batch {k} while byte {p} of its data was not in place")),
+        Some(p) => Err(format!(
+            "notification of batch {k} while byte {p} of its data was not in place"
+        )),
         None => Ok(k),
     }
 }
@@ -200,7 +211,11 @@ pub async fn inbox_bounds(pair: &ConformancePair, inbox: &Arc<NotifyInbox>, opts
         other => panic!("{name}: a full inbox answered {other:?}, not NotificationQueueFull"),
     }
     for i in 0..limits.queue_depth {
-        assert_eq!(inbox.try_recv(), Some(note(i, 8)), "{name}: notification {i} lost or reordered");
+        assert_eq!(
+            inbox.try_recv(),
+            Some(note(i, 8)),
+            "{name}: notification {i} lost or reordered"
+        );
     }
     assert_eq!(inbox.try_recv(), None, "{name}: the refused notification was queued");
 

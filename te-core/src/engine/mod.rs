@@ -24,9 +24,9 @@ use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::registry::Registry;
 use crate::segment::{OpenSegment, SegmentHandle};
 pub use handle::{RegisterOptions, Registration};
+pub use notify::{Notifications, NotifiedBatch};
 use registration::PendingRegion;
 pub use registration::RawRegion;
-pub use notify::{NotifiedBatch, Notifications};
 pub use submit::SubmitOptions;
 
 /// A transport compiled into this build and whether it runs here.

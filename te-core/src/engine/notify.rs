@@ -35,7 +35,12 @@ impl NotifiedBatch {
     pub async fn wait(&self) -> std::result::Result<BatchReport, TransferError> {
         let report = self.data.wait().await?;
         if let Err(e) = self.notification.wait().await {
-            let first = e.failures.into_iter().next().map(|(_, e)| e).unwrap_or(Error::Cancelled);
+            let first = e
+                .failures
+                .into_iter()
+                .next()
+                .map(|(_, e)| e)
+                .unwrap_or(Error::Cancelled);
             return Err(TransferError::Notification(first));
         }
         Ok(report)
@@ -111,7 +116,12 @@ impl TransferEngine {
         peer.notify(note, &state, 0)?;
         match Batch::new(state).wait().await {
             Ok(_) => Ok(()),
-            Err(e) => Err(e.failures.into_iter().next().map(|(_, e)| e).unwrap_or(Error::Cancelled)),
+            Err(e) => Err(e
+                .failures
+                .into_iter()
+                .next()
+                .map(|(_, e)| e)
+                .unwrap_or(Error::Cancelled)),
         }
     }
 }

@@ -250,7 +250,9 @@ impl Node {
                 let (engine, buf) = (&self.engine, &self.buf);
                 te_tests::notify_check::recv(engine, buf, off, self.slot, num(2)?, num(3)?, from, num(5)? == 1).await
             }
-            Some("ntake") => te_tests::notify_check::take(&self.engine, num(1)?, w.get(2).ok_or("missing sender")?).await,
+            Some("ntake") => {
+                te_tests::notify_check::take(&self.engine, num(1)?, w.get(2).ok_or("missing sender")?).await
+            }
             Some("nbare") => te_tests::notify_check::bare(&self.engine, w.get(1).ok_or("missing peer")?, num(2)?).await,
             other => Err(format!("unknown command {other:?}")),
         }

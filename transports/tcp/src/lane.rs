@@ -400,7 +400,10 @@ async fn receive_frames(lane: &Lane, reader: &mut FrameReader<OwnedReadHalf>) ->
                     expected_id += 1;
                     let n = h.payload_len() as usize;
                     if n > message.len() {
-                        return Err(protocol(format!("{:?} frame of {n} bytes answers a notification", h.opcode)));
+                        return Err(protocol(format!(
+                            "{:?} frame of {n} bytes answers a notification",
+                            h.opcode
+                        )));
                     }
                     reader.payload_into(&mut message[..n]).await?;
                     let text = String::from_utf8_lossy(&message[..n]);

@@ -79,10 +79,9 @@ impl NoteJob {
     pub fn answer(&self, peer: &str, h: &Header, text: &str) -> Result<(), String> {
         match (h.opcode, RefusalCode::from_u16(h.code)) {
             (Opcode::NotifyAck, _) => self.done.complete(self.index),
-            (Opcode::Error, RefusalCode::QueueFull) => self.done.fail(
-                self.index,
-                Error::NotificationQueueFull { peer: peer.to_string() },
-            ),
+            (Opcode::Error, RefusalCode::QueueFull) => self
+                .done
+                .fail(self.index, Error::NotificationQueueFull { peer: peer.to_string() }),
             (Opcode::Error, RefusalCode::TooLarge) => self.done.fail(
                 self.index,
                 Error::NotificationTooLarge {

@@ -67,7 +67,9 @@ async fn notifications_follow_their_data_in_order() {
         queue_depth: 64,
         max_bytes: 4096,
     });
-    let target = TcpTransport::start_with(config.clone(), None, inbox.clone()).await.unwrap();
+    let target = TcpTransport::start_with(config.clone(), None, inbox.clone())
+        .await
+        .unwrap();
     let pair = ConformancePair {
         initiator: transport("3", "64K").await,
         target: Arc::new(target),

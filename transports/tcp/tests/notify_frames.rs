@@ -63,14 +63,23 @@ async fn hostile_notify_frames_are_bounded_and_answered() {
 
     // Sender name longer than the body: refused, the connection keeps serving.
     let r = notify_frame(&mut s, 1, &[200, b'a']).await;
-    assert_eq!((r.opcode, RefusalCode::from_u16(r.code)), (Opcode::Error, RefusalCode::Protocol));
+    assert_eq!(
+        (r.opcode, RefusalCode::from_u16(r.code)),
+        (Opcode::Error, RefusalCode::Protocol)
+    );
     // Too large a payload: TooLarge, with the target's maximum in `addr`.
     let r = notify_frame(&mut s, 2, &body("x", &[0; 9])).await;
     assert_eq!(RefusalCode::from_u16(r.code), RefusalCode::TooLarge);
     assert_eq!(r.addr, 8);
     // Two fit, the third is refused as QueueFull.
-    assert_eq!(notify_frame(&mut s, 3, &body("x", b"1")).await.opcode, Opcode::NotifyAck);
-    assert_eq!(notify_frame(&mut s, 4, &body("y", b"2")).await.opcode, Opcode::NotifyAck);
+    assert_eq!(
+        notify_frame(&mut s, 3, &body("x", b"1")).await.opcode,
+        Opcode::NotifyAck
+    );
+    assert_eq!(
+        notify_frame(&mut s, 4, &body("y", b"2")).await.opcode,
+        Opcode::NotifyAck
+    );
     let r = notify_frame(&mut s, 5, &body("z", b"3")).await;
     assert_eq!(RefusalCode::from_u16(r.code), RefusalCode::QueueFull);
     assert_eq!(inbox.len(), 2);
