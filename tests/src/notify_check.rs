@@ -8,6 +8,17 @@ use te_core::{NotifiedBatch, Registration, SegmentId, SubmitOptions, TransferEng
 
 use crate::pattern;
 
+/// A slot cut into `count` equal parts, part `k` holding pattern `seed + k`.
+#[derive(Debug, Clone, Copy)]
+pub struct Parts {
+    /// Bytes of the whole slot.
+    pub slot: u64,
+    /// Pattern seed of part 0.
+    pub seed: u64,
+    /// Number of parts (and of notified batches).
+    pub count: u64,
+}
+
 /// Seed of part `k` of a notified run with seed `seed`.
 fn part_seed(seed: u64, k: u64) -> u64 {
     seed.wrapping_add(k)
@@ -21,10 +32,9 @@ pub async fn push(
     scratch: &Registration,
     seg: SegmentId,
     remote: u64,
-    slot: u64,
-    seed: u64,
-    count: u64,
+    parts: Parts,
 ) -> Result<String, String> {
+    let Parts { slot, seed, count } = parts;
     let part = slot / count.max(1);
     if part == 0 {
         return Err("more parts than bytes".into());
@@ -55,12 +65,11 @@ pub async fn recv(
     engine: &TransferEngine,
     buf: &Registration,
     slot_off: u64,
-    slot: u64,
-    seed: u64,
-    count: u64,
+    parts: Parts,
     from: &str,
     ordered: bool,
 ) -> Result<String, String> {
+    let Parts { slot, seed, count } = parts;
     let inbox = engine.notifications();
     let part = slot / count.max(1);
     let mut seen = vec![false; count as usize];

@@ -30,9 +30,7 @@ pub async fn run_all(pair: &ConformancePair, inbox: &Arc<NotifyInbox>, opts: &Co
 /// Sends one bare notification and waits for the target's answer.
 pub async fn notify(peer: &Arc<dyn Peer>, note: Notification, opts: &ConformanceOptions) -> Result<(), Error> {
     let state = BatchState::new(vec![0].into());
-    if let Err(e) = peer.notify(note, &state, 0) {
-        return Err(e);
-    }
+    peer.notify(note, &state, 0)?;
     match tokio::time::timeout(opts.timeout, Batch::new(state).wait()).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(e

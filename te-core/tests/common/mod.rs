@@ -52,6 +52,7 @@ impl ManualTransport {
     }
 
     /// Payloads of the notifications handed over so far, in order (each accepted at once).
+    #[allow(dead_code)] // used by tests/notify.rs; each test file compiles this module alone
     pub fn notes(&self) -> Vec<Vec<u8>> {
         self.state.notes.lock().iter().map(|n| n.payload.clone()).collect()
     }

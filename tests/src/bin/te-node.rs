@@ -29,6 +29,7 @@ use te_core::config::MapEnv;
 use te_core::metadata::etcd::EtcdStore;
 use te_core::metadata::p2p::{P2pConfig, P2pStore};
 use te_core::{Batch, HostBufferOptions, MetadataStore, Registration, TransferEngine, TransferRequest};
+use te_tests::notify_check::Parts;
 use te_tests::pattern;
 
 struct Opts {
@@ -242,13 +243,23 @@ impl Node {
             Some("npush") => {
                 let (seg, remote) = self.remote_slot(w.get(1).ok_or("missing peer")?, num(2)?).await?;
                 let (engine, scratch) = (&self.engine, &self.scratch);
-                te_tests::notify_check::push(engine, scratch, seg, remote, self.slot, num(3)?, num(4)?).await
+                let parts = Parts {
+                    slot: self.slot,
+                    seed: num(3)?,
+                    count: num(4)?,
+                };
+                te_tests::notify_check::push(engine, scratch, seg, remote, parts).await
             }
             Some("nrecv") => {
                 let from = w.get(4).ok_or("missing sender")?;
                 let off = num(1)? * self.slot;
                 let (engine, buf) = (&self.engine, &self.buf);
-                te_tests::notify_check::recv(engine, buf, off, self.slot, num(2)?, num(3)?, from, num(5)? == 1).await
+                let parts = Parts {
+                    slot: self.slot,
+                    seed: num(2)?,
+                    count: num(3)?,
+                };
+                te_tests::notify_check::recv(engine, buf, off, parts, from, num(5)? == 1).await
             }
             Some("ntake") => {
                 te_tests::notify_check::take(&self.engine, num(1)?, w.get(2).ok_or("missing sender")?).await
