@@ -9,8 +9,11 @@
 //! silently and nothing grows without bound.
 
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use event_listener::{Event, Listener};
 use parking_lot::Mutex;
@@ -118,6 +121,9 @@ pub struct NotifyInbox {
     observer: Mutex<Option<Observer>>,
 }
 
+/// A receiver's registration for the next arrival (see [`NotifyInbox::poll_recv`]).
+pub type Waiter = event_listener::EventListener;
+
 /// Sees each accepted notification on the delivering thread, just before it is queued.
 pub type Observer = Box<dyn Fn(&Notification) + Send + Sync>;
 
@@ -194,6 +200,31 @@ impl NotifyInbox {
                 return None;
             }
             listener.await;
+        }
+    }
+
+    /// The polling form of [`NotifyInbox::recv`], for a `Stream`: `waiter` is the caller's
+    /// registration for the next arrival, kept between polls.
+    pub fn poll_recv(&self, waiter: &mut Option<Waiter>, cx: &mut Context<'_>) -> Poll<Option<Notification>> {
+        loop {
+            if let Some(n) = self.try_recv() {
+                *waiter = None;
+                return Poll::Ready(Some(n));
+            }
+            if self.closed.load(Ordering::Acquire) {
+                *waiter = None;
+                return Poll::Ready(None);
+            }
+            match waiter {
+                // Registered, then checked again above: an arrival in between is not missed.
+                None => *waiter = Some(self.arrived.listen()),
+                Some(l) => {
+                    if Pin::new(l).poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    *waiter = None;
+                }
+            }
         }
     }
 

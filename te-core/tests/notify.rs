@@ -152,6 +152,41 @@ async fn malformed_notification_limits_name_the_variable() {
 }
 
 #[tokio::test]
+async fn notifications_are_a_stream() {
+    use std::future::poll_fn;
+    use std::pin::Pin;
+
+    use futures_core::Stream;
+
+    let a = engine("st-a", &[]).await;
+    let b = engine("st-b", &[]).await;
+    let _dst = b.allocate(4096, HostBufferOptions::default()).await.unwrap();
+    let seg = a.open_segment("st-b").await.unwrap();
+    let mut stream = b.notifications();
+    // Nothing yet: pending, then woken by the arrival (sent from another task).
+    let sender = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        a.notify(&seg, b"s1".to_vec()).await.unwrap();
+        a.notify(&seg, b"s2".to_vec()).await.unwrap();
+        a
+    });
+    async fn next(s: &mut te_core::Notifications) -> Option<te_core::notify::Notification> {
+        poll_fn(|cx| Pin::new(&mut *s).poll_next(cx)).await
+    }
+    let first = tokio::time::timeout(Duration::from_secs(10), next(&mut stream))
+        .await
+        .unwrap();
+    assert_eq!(first.unwrap().payload, b"s1");
+    let second = tokio::time::timeout(Duration::from_secs(10), next(&mut stream))
+        .await
+        .unwrap();
+    assert_eq!(second.unwrap().payload, b"s2");
+    let _a = sender.await.unwrap();
+    b.shutdown().await.unwrap();
+    assert!(next(&mut stream).await.is_none(), "the stream ends at shutdown");
+}
+
+#[tokio::test]
 async fn shutdown_ends_the_receivers() {
     let b = engine("ns-b", &[]).await;
     let inbox = b.notifications();

@@ -47,12 +47,43 @@ impl NotifiedBatch {
     }
 }
 
-/// This engine's received notifications, in arrival order, each tagged with its sender.
+/// This engine's received notifications, in arrival order, each tagged with its sender: an
+/// async [`Stream`](futures_core::Stream), [`recv`](Notifications::recv) and the non-blocking
+/// [`try_recv`](Notifications::try_recv).
 ///
 /// Every clone takes from the same queue; a message is received once.
-#[derive(Debug, Clone)]
 pub struct Notifications {
     inbox: Arc<NotifyInbox>,
+    /// The stream's registration for the next arrival.
+    waiter: Option<te_base::notify::Waiter>,
+}
+
+impl Clone for Notifications {
+    fn clone(&self) -> Self {
+        Notifications {
+            inbox: self.inbox.clone(),
+            waiter: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Notifications {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notifications").field("inbox", &self.inbox).finish()
+    }
+}
+
+impl futures_core::Stream for Notifications {
+    type Item = Notification;
+
+    /// Ends (`None`) once the engine shut down and every waiting notification was taken.
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Notification>> {
+        let this = self.get_mut();
+        this.inbox.poll_recv(&mut this.waiter, cx)
+    }
 }
 
 impl Notifications {
@@ -91,6 +122,7 @@ impl TransferEngine {
     pub fn notifications(&self) -> Notifications {
         Notifications {
             inbox: self.inbox().clone(),
+            waiter: None,
         }
     }
 
