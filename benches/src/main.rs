@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 mod info;
 mod local_copy;
+mod notify;
 mod register;
 mod topology;
 mod transfer;
@@ -27,6 +28,9 @@ enum Command {
     Info(info::Args),
     /// Scattered-fragment copies through the engine against memcpy baselines.
     LocalCopy(local_copy::Args),
+    /// Notification latency: a write + notification to the target's receipt, against the plain
+    /// write's completion.
+    Notify(notify::Args),
     /// Replays a node's memory registration (multi-process, barrier-synchronised).
     Register(register::Args),
     /// Discovered devices, rail map and NIC policy.
@@ -47,6 +51,7 @@ fn main() {
     let result = match cli.command {
         Command::Info(a) => info::run(a),
         Command::LocalCopy(a) => local_copy::run(a),
+        Command::Notify(a) => notify::run(a),
         Command::Register(a) => register::run(a),
         Command::Topology(a) => topology::run(a),
         Command::Transfer(a) => transfer::run(a),

@@ -342,6 +342,11 @@ impl Batch {
         Batch { state }
     }
 
+    /// The shared state (to add a completion hook with [`BatchState::on_complete`]).
+    pub fn state(&self) -> &Arc<BatchState> {
+        &self.state
+    }
+
     /// Non-blocking: counts by state.
     pub fn poll(&self) -> BatchProgress {
         self.state.progress()

@@ -70,6 +70,8 @@ pub const ENV_VARS: &[&str] = &[
     crate::topology::STRIPE_MIN_BYTES_VAR,
     "TE_REQUIRE",
     "TE_ETCD_BIN",
+    crate::notify::QUEUE_DEPTH_VAR,
+    crate::notify::MAX_BYTES_VAR,
 ];
 
 /// The variables a listener's limits read under `prefix` (see `listener::ListenerLimits`).

@@ -23,6 +23,8 @@ use crate::request::{ResolvedRequest, TransferOp};
 use crate::segment::{ExportedBuffer, SegmentDescriptor, TransportEndpoint};
 use crate::transport::{Peer, SubmitContext, Transport};
 
+pub mod notify;
+
 /// Two instances of the transport under test.
 pub struct ConformancePair {
     /// Submits requests.

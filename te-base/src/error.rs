@@ -147,6 +147,15 @@ pub enum Error {
     /// The engine or component was shut down.
     #[error("{0} is closed")]
     Closed(String),
+
+    /// The target's notification inbox is full (`TE_NOTIFY_QUEUE_DEPTH` undelivered messages);
+    /// the notification was not queued. Retry once the target has read some.
+    #[error("peer '{peer}' refused a notification: its inbox is full")]
+    NotificationQueueFull { peer: String },
+
+    /// The notification payload is larger than the target accepts (`TE_NOTIFY_MAX_BYTES`).
+    #[error("peer '{peer}' refused a notification of {len} bytes: at most {max} accepted")]
+    NotificationTooLarge { peer: String, len: usize, max: usize },
 }
 
 /// The underlying error kept as the [`std::error::Error::source`] of an [`Error`]: shared, so

@@ -97,6 +97,19 @@ pub trait Peer: Send + Sync + 'static {
         let _ = err;
         false
     }
+
+    /// Sends one notification to this peer's inbox, ordered after every batch this peer already
+    /// completed. Must not block: settles request `index` of `done` once the target queued the message
+    /// (done), or refused it (failed with [`crate::Error::NotificationQueueFull`],
+    /// [`crate::Error::NotificationTooLarge`], or the connection's error). An `Err` means nothing
+    /// was sent. The default says the transport cannot (efa and rdma today; local and tcp implement it).
+    fn notify(&self, note: crate::notify::Notification, done: &Arc<BatchState>, index: usize) -> Result<()> {
+        let _ = (note, done, index);
+        Err(crate::Error::not_available(
+            "notifications",
+            "this transport cannot carry them",
+        ))
+    }
 }
 
 /// Per-call context of [`Peer::submit`].
@@ -123,6 +136,9 @@ pub struct InstallContext {
     /// The shared key peers must prove (`TE_AUTH_KEY_FILE` or the builder's `auth_key`); `None`
     /// leaves listeners open to anyone who reaches them (logged once at start).
     pub auth: Option<crate::auth::AuthKey>,
+    /// Where the serving side of each transport delivers the notifications peers send to this
+    /// engine (bounded; see [`crate::notify`]).
+    pub notifications: Arc<crate::notify::NotifyInbox>,
 }
 
 impl std::fmt::Debug for InstallContext {

@@ -135,7 +135,9 @@ impl TransferEngineBuilder {
             }
         }
         let plugins = crate::install::load_plugins();
+        let inbox = te_base::NotifyInbox::new(te_base::NotifyLimits::from_env(&*env)?);
         let ctx = InstallContext {
+            notifications: inbox.clone(),
             auth: auth.clone(),
             env: env.clone(),
             segment_name: name.clone(),
@@ -173,7 +175,7 @@ impl TransferEngineBuilder {
             Some(m) => m,
             None => metadata_from_env(&*env, auth.as_ref()).await?,
         };
-        TransferEngine::assemble(name, metadata, env, transports, statuses, plugins, phase_timing).await
+        TransferEngine::assemble(name, metadata, env, transports, statuses, plugins, phase_timing, inbox).await
     }
 }
 

@@ -54,6 +54,7 @@ pub fn known_vars() -> Vec<String> {
 pub(crate) fn check(env: &dyn Env) -> Result<Vec<UnknownVar>> {
     te_base::registration::RegistrationConfig::from_env(env)?;
     te_base::topology::NicPolicy::from_env(env)?;
+    te_base::NotifyLimits::from_env(env)?;
     crate::metadata::p2p::P2pConfig::from_env(env, None)?;
     crate::engine::check_transfer_timeout(env)?;
     #[cfg(feature = "etcd")]

@@ -29,6 +29,7 @@ mod registry;
 mod segment;
 
 pub use builder::TransferEngineBuilder;
+pub use engine::{Notifications, NotifiedBatch};
 pub use engine::{
     RawRegion, RegisterOptions, Registration, SubmitOptions, TransferEngine, TransportStatus, TRANSFER_TIMEOUT_VAR,
 };
@@ -40,6 +41,12 @@ pub use segment::{SegmentEvent, SegmentHandle};
 /// Peer authentication: the shared key every peer must prove (see `docs/security.md`).
 pub mod auth {
     pub use te_base::auth::{AuthKey, KEY_FILE_VAR};
+}
+
+/// Notifications: what a target receives, and the bounds of its inbox.
+pub mod notify {
+    pub use te_base::notify::{NotifyLimits, MAX_PAYLOAD_LIMIT};
+    pub use te_base::Notification;
 }
 
 /// Where the engine reads its `TE_*` variables from: the process environment, or a map.

@@ -3,6 +3,7 @@
 //! over their standard input ([`node`], the `te-node` binary).
 
 pub mod node;
+pub mod notify_check;
 
 pub use te_base::test_support::{etcd, netns, required, skip_or_fail};
 

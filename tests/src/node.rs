@@ -65,6 +65,23 @@ impl Node {
         self.answer()
     }
 
+    /// Sends one command without waiting for its answer (take it with [`Node::expect_ok`]), so
+    /// another node can act meanwhile.
+    pub fn send(&mut self, line: &str) -> Result<(), String> {
+        let stdin = self.stdin.as_mut().ok_or("stdin closed")?;
+        writeln!(stdin, "{line}").map_err(|e| format!("sending {line:?}: {e}"))?;
+        stdin.flush().map_err(|e| e.to_string())
+    }
+
+    /// Takes the answer of a command sent with [`Node::send`]; it must be `OK...`.
+    pub fn expect_ok(&mut self, what: &str) -> String {
+        match self.answer() {
+            Ok(a) if a.starts_with("OK") => a,
+            Ok(a) => panic!("{what:?} answered {a:?}"),
+            Err(e) => panic!("{what:?}: {e}"),
+        }
+    }
+
     /// Sends a command that must answer `OK...`.
     pub fn ok(&mut self, line: &str) -> String {
         match self.cmd(line) {

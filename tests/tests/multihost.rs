@@ -136,3 +136,28 @@ fn three_hosts_over_p2p_metadata() {
 fn three_hosts_over_etcd() {
     scenario(Meta::Etcd);
 }
+
+/// A notified write crossing network namespaces (tcp): node 1 waits for notifications while
+/// node 0 pipelines notified writes into its slot; each must find its data in place, in order.
+/// Then node 1's inbox is full and node 0 gets the typed refusal across the namespaces.
+#[test]
+fn notifications_cross_namespaces() {
+    let Some(net) = network_or_skip(2) else { return };
+    let cluster = Cluster {
+        net: &net,
+        meta: Meta::P2p,
+        etcd: None,
+    };
+    let mut n0 = cluster.start(0);
+    let mut n1 = cluster.start(1);
+    let recv = "nrecv 0 51 32 node-0 1";
+    n1.send(recv).unwrap();
+    n0.ok(&format!("npush {} 0 51 32", cluster.peer(1)));
+    n1.expect_ok(recv);
+    let answer = n0.ok(&format!("nbare {} 1025", cluster.peer(1)));
+    assert!(
+        answer.starts_with("OK accepted=1024 refused=NotificationQueueFull"),
+        "{answer}"
+    );
+    n1.ok("ntake 1024 node-0");
+}

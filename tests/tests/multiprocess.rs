@@ -109,3 +109,48 @@ fn processes_sharing_a_key_move_bytes_and_a_wrong_key_is_refused() {
     let _ = std::fs::remove_file(good);
     let _ = std::fs::remove_file(bad);
 }
+
+/// Notified writes between two processes: the receiver waits in `recv` while the sender pipelines
+/// 64 notified batches into its slot; each notification must find its part of the slot written,
+/// in order (one lane: batches complete in submission order).
+#[test]
+fn notified_writes_arrive_after_their_data_in_order() {
+    let (pa, pb) = (free_port().unwrap(), free_port().unwrap());
+    let mut a = node("proc-a", pa, &[]);
+    let mut b = node("proc-b", pb, &[]);
+    let recv = "nrecv 1 41 64 proc-a 1";
+    b.send(recv).unwrap();
+    a.ok(&format!("npush 127.0.0.1:{pb} 1 41 64"));
+    b.expect_ok(recv);
+}
+
+/// With several lanes the completion order is not the submission order; every notification must
+/// still find its data in place.
+#[test]
+fn notified_writes_over_three_lanes_find_their_data() {
+    let env = [("TE_TCP_LANES", "3"), ("TE_TCP_SLICE_BYTES", "64K")];
+    let (pa, pb) = (free_port().unwrap(), free_port().unwrap());
+    let mut a = node("proc-a", pa, &env);
+    let mut b = node("proc-b", pb, &env);
+    let recv = "nrecv 1 42 16 proc-a 0";
+    b.send(recv).unwrap();
+    a.ok(&format!("npush 127.0.0.1:{pb} 1 42 16"));
+    b.expect_ok(recv);
+}
+
+/// A full inbox in another process is a typed error at the sender, and draining it recovers.
+#[test]
+fn full_inbox_of_another_process_refuses_with_a_typed_error() {
+    let (pa, pb) = (free_port().unwrap(), free_port().unwrap());
+    let mut a = node("proc-a", pa, &[]);
+    let mut b = node("proc-b", pb, &[("TE_NOTIFY_QUEUE_DEPTH", "4")]);
+    let answer = a.ok(&format!("nbare 127.0.0.1:{pb} 5"));
+    assert!(
+        answer.starts_with("OK accepted=4 refused=NotificationQueueFull"),
+        "{answer}"
+    );
+    // Four were queued; reading them makes room again.
+    b.ok("ntake 4 proc-a");
+    let answer = a.ok(&format!("nbare 127.0.0.1:{pb} 1"));
+    assert_eq!(answer, "OK accepted=1");
+}

@@ -3,6 +3,7 @@
 
 mod deadline;
 mod handle;
+mod notify;
 mod registration;
 mod segments;
 mod submit;
@@ -26,6 +27,7 @@ use crate::segment::{OpenSegment, SegmentHandle};
 pub(crate) use deadline::default_deadline as check_transfer_timeout;
 pub use deadline::TRANSFER_TIMEOUT_VAR;
 pub use handle::{RegisterOptions, Registration};
+pub use notify::{Notifications, NotifiedBatch};
 use registration::PendingRegion;
 pub use registration::RawRegion;
 pub use submit::SubmitOptions;
@@ -61,6 +63,8 @@ pub(crate) struct EngineInner {
     /// Watchers and event channels of the open segments.
     live: segments::LiveSegments,
     _env: Arc<dyn Env>,
+    /// Notifications peers sent to this segment (the transports deliver into it).
+    inbox: Arc<te_base::NotifyInbox>,
 }
 
 /// The transfer engine. Cheap to clone; all clones share one engine.
@@ -110,6 +114,7 @@ impl TransferEngine {
         statuses: Vec<TransportStatus>,
         plugins: Vec<PluginAvailability>,
         phase_timing: bool,
+        inbox: Arc<te_base::NotifyInbox>,
     ) -> Result<Self> {
         let phase_stats = phase_timing.then(|| Arc::new(PhaseStats::default()));
         let timer = phase_stats.clone().map(PhaseTimer::on).unwrap_or_default();
@@ -135,9 +140,14 @@ impl TransferEngine {
             default_deadline: deadline::default_deadline(env.as_ref())?,
             live: segments::LiveSegments::default(),
             _env: env,
+            inbox,
         });
         inner.publish().await?;
         Ok(TransferEngine { inner })
+    }
+
+    pub(crate) fn inbox(&self) -> &Arc<te_base::NotifyInbox> {
+        &self.inner.inbox
     }
 
     /// The engine's segment name.
@@ -312,6 +322,7 @@ impl TransferEngine {
         for t in &self.inner.transports {
             t.shutdown().await;
         }
+        self.inner.inbox.close();
         Ok(())
     }
 }

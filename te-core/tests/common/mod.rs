@@ -22,6 +22,8 @@ struct State {
     /// Errors `Peer::abort` was called with, and a wake-up for whoever waits on the first.
     aborts: Mutex<Vec<Error>>,
     aborted: tokio::sync::Notify,
+    /// Notifications handed to the transport, in order.
+    notes: Mutex<Vec<te_base::Notification>>,
 }
 
 #[derive(Default)]
@@ -50,6 +52,12 @@ impl ManualTransport {
     /// Completes every queued request (copying its bytes) or fails the marked ones.
     pub fn complete_all(&self) {
         self.state.complete_all();
+    }
+
+    /// Payloads of the notifications handed over so far, in order (each accepted at once).
+    #[allow(dead_code)] // used by tests/notify.rs; each test file compiles this module alone
+    pub fn notes(&self) -> Vec<Vec<u8>> {
+        self.state.notes.lock().iter().map(|n| n.payload.clone()).collect()
     }
 
     /// From now on, `submit` refuses whole groups (starting nothing), as a transport may.
@@ -143,6 +151,12 @@ impl Transport for ManualTransport {
 impl Peer for ManualPeer {
     fn descriptor(&self) -> &SegmentDescriptor {
         &self.desc
+    }
+
+    fn notify(&self, note: te_base::Notification, done: &Arc<BatchState>, index: usize) -> Result<()> {
+        self.state.notes.lock().push(note);
+        done.complete(index);
+        Ok(())
     }
     fn submit(&self, requests: Vec<ResolvedRequest>, batch: &Arc<BatchState>, _ctx: &SubmitContext) -> Result<()> {
         if self.state.refuse.load(Ordering::Acquire) {

@@ -12,6 +12,11 @@
 //!   open PEER             open PEER's segment now (flood then needs no metadata lookup)
 //!   flood PEER ROUNDS     submit ROUNDS x the whole buffer as writes to PEER, answer at once
 //!   wait                  wait for the flood batch; OK or ERR with the first failure
+//!   npush PEER SLOT SEED N        N notified writes into N parts of PEER's slot SLOT, pipelined
+//!   nrecv SLOT SEED N FROM ORD    take N notifications from FROM, checking each part as it is read
+//!                                 (ORD 1: they must arrive in part order)
+//!   nbare PEER N                  N bare notifications; OK accepted=K [refused=VARIANT: ...]
+//!   ntake N FROM                  exactly N notifications from FROM are waiting, carrying 0..N
 //!   quit
 //! ```
 //! PEER is a segment name (etcd) or `ip:port` (p2p).
@@ -24,6 +29,7 @@ use te_core::config::MapEnv;
 use te_core::metadata::etcd::EtcdStore;
 use te_core::metadata::p2p::{P2pConfig, P2pStore};
 use te_core::{Batch, HostBufferOptions, MetadataStore, Registration, TransferEngine, TransferRequest};
+use te_tests::notify_check::Parts;
 use te_tests::pattern;
 
 struct Opts {
@@ -234,6 +240,31 @@ impl Node {
                     Err(e) => Err(e.to_string()),
                 }
             }
+            Some("npush") => {
+                let (seg, remote) = self.remote_slot(w.get(1).ok_or("missing peer")?, num(2)?).await?;
+                let (engine, scratch) = (&self.engine, &self.scratch);
+                let parts = Parts {
+                    slot: self.slot,
+                    seed: num(3)?,
+                    count: num(4)?,
+                };
+                te_tests::notify_check::push(engine, scratch, seg, remote, parts).await
+            }
+            Some("nrecv") => {
+                let from = w.get(4).ok_or("missing sender")?;
+                let off = num(1)? * self.slot;
+                let (engine, buf) = (&self.engine, &self.buf);
+                let parts = Parts {
+                    slot: self.slot,
+                    seed: num(2)?,
+                    count: num(3)?,
+                };
+                te_tests::notify_check::recv(engine, buf, off, parts, from, num(5)? == 1).await
+            }
+            Some("ntake") => {
+                te_tests::notify_check::take(&self.engine, num(1)?, w.get(2).ok_or("missing sender")?).await
+            }
+            Some("nbare") => te_tests::notify_check::bare(&self.engine, w.get(1).ok_or("missing peer")?, num(2)?).await,
             other => Err(format!("unknown command {other:?}")),
         }
     }

@@ -28,6 +28,7 @@
 //!     env: Arc::new(MapEnv::new([("TE_FABRIC_PROVIDER", "tcp;ofi_rxm")])),
 //!     segment_name: "node-a".into(),
 //!     devices: Vec::new(),
+//!     notifications: te_base::NotifyInbox::new(Default::default()),
 //! };
 //! let transport = te_transport_efa::install(&ctx).await?;
 //! assert_eq!(transport.name(), "efa");

@@ -30,6 +30,7 @@ fn install_err(pairs: &[(&str, &str)]) -> te_base::Result<Arc<dyn te_base::Trans
         env: Arc::new(env),
         segment_name: "t".into(),
         devices: Vec::new(),
+        notifications: te_base::NotifyInbox::new(Default::default()),
     };
     block_on(te_transport_efa::install(&ctx))
 }

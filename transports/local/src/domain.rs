@@ -27,16 +27,19 @@ pub(crate) struct Domain {
     /// Resolved under one shared lock per batch; held while the batch copies, so a region cannot
     /// be deregistered (and freed) under a copy that reads or writes it.
     pub table: RwLock<RegionTable>,
+    /// Where notifications sent to this domain's segment go (the engine's inbox).
+    pub inbox: Arc<te_base::NotifyInbox>,
 }
 
 impl Domain {
     /// A new, open domain, listed in the process registry.
-    pub fn create() -> Arc<Domain> {
+    pub fn create(inbox: Arc<te_base::NotifyInbox>) -> Arc<Domain> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let domain = Arc::new(Domain {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             open: AtomicBool::new(true),
             table: RwLock::new(RegionTable::default()),
+            inbox,
         });
         REGISTRY.write().insert(domain.id, Arc::downgrade(&domain));
         domain
@@ -134,8 +137,8 @@ mod tests {
 
     #[test]
     fn domains_are_found_until_closed_or_dropped() {
-        let a = Domain::create();
-        let b = Domain::create();
+        let a = Domain::create(te_base::NotifyInbox::new(Default::default()));
+        let b = Domain::create(te_base::NotifyInbox::new(Default::default()));
         assert_ne!(a.id(), b.id());
         assert!(Arc::ptr_eq(&Domain::lookup(a.id()).unwrap(), &a));
         a.close();

@@ -76,6 +76,7 @@ pub mod config;
 pub mod copy;
 mod device;
 mod domain;
+mod notify;
 pub mod parts;
 mod peer;
 pub mod plan;
@@ -101,9 +102,10 @@ pub const NAME: &str = "local";
 /// configuration or if a helper thread cannot be started; the local copy is usable on every host.
 pub async fn install(ctx: &te_base::InstallContext) -> te_base::Result<Arc<dyn te_base::Transport>> {
     let config = LocalConfig::from_env(&*ctx.env)?;
-    Ok(Arc::new(LocalTransport::with_devices(
+    Ok(Arc::new(LocalTransport::with_inbox(
         config,
         NtKernel::detect(),
         &ctx.devices,
+        ctx.notifications.clone(),
     )?))
 }

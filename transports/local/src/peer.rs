@@ -489,4 +489,14 @@ impl Peer for LocalPeer {
     fn is_healthy(&self) -> bool {
         self.shared.domain.is_open() && self.target.upgrade().is_some_and(|d| d.is_open())
     }
+
+    fn notify(&self, note: te_base::Notification, done: &Arc<BatchState>, index: usize) -> Result<()> {
+        let target = self
+            .target
+            .upgrade()
+            .filter(|d| d.is_open())
+            .ok_or_else(|| self.gone())?;
+        crate::notify::deliver(&target, &self.descriptor.name, note, done, index);
+        Ok(())
+    }
 }

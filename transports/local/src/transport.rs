@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use te_base::device::DevicePlugin;
-use te_base::{Capabilities, Error, MemoryKinds, Peer, RegionInfo, Result, SegmentDescriptor, Transport};
+use te_base::{
+    Capabilities, Error, MemoryKinds, NotifyInbox, NotifyLimits, Peer, RegionInfo, Result, SegmentDescriptor, Transport,
+};
 
 use crate::config::LocalConfig;
 use crate::copy::NtKernel;
@@ -30,7 +32,13 @@ use crate::NAME;
 /// use te_base::config::MapEnv;
 /// use te_base::{InstallContext, Transport};
 ///
-/// let ctx = InstallContext { auth: None, env: Arc::new(MapEnv::new([("TE_COPY_THREADS", "1")])), segment_name: "a".into(), devices: Vec::new() };
+/// let ctx = InstallContext {
+///     auth: None,
+///     env: Arc::new(MapEnv::new([("TE_COPY_THREADS", "1")])),
+///     segment_name: "a".into(),
+///     devices: Vec::new(),
+///     notifications: te_base::NotifyInbox::new(Default::default()),
+/// };
 /// let transport = te_transport_local::install(&ctx).await.unwrap();
 /// assert_eq!(transport.name(), "local");
 /// # });
@@ -58,17 +66,33 @@ impl LocalTransport {
     /// A transport that also serves the device memory of `devices` (the first plugin of each
     /// memory kind), as [`install`](crate::install) builds it from the engine's loaded plugins.
     pub fn with_devices(config: LocalConfig, kernel: NtKernel, devices: &[Arc<dyn DevicePlugin>]) -> Result<Self> {
+        Self::with_inbox(config, kernel, devices, NotifyInbox::new(NotifyLimits::default()))
+    }
+
+    /// Like [`LocalTransport::with_devices`], delivering notifications sent to this segment into
+    /// `inbox`.
+    pub fn with_inbox(
+        config: LocalConfig,
+        kernel: NtKernel,
+        devices: &[Arc<dyn DevicePlugin>],
+        inbox: Arc<NotifyInbox>,
+    ) -> Result<Self> {
         config.validate()?;
         let pool = CopyPool::new(config.copy_threads - 1)?;
         Ok(LocalTransport {
             shared: Arc::new(Shared {
-                domain: Domain::create(),
+                domain: Domain::create(inbox),
                 pool,
                 config,
                 kernel,
                 devices: DeviceRoutes::new(devices),
             }),
         })
+    }
+
+    /// Where notifications sent to this transport's segment are delivered.
+    pub fn notifications(&self) -> &Arc<NotifyInbox> {
+        &self.shared.domain.inbox
     }
 
     /// The configuration in use.

@@ -85,3 +85,21 @@ async fn loopback_passes_the_suite() {
     };
     run_each(loopback, &smaller()).await;
 }
+
+/// Notifications: delivered into the target's inbox after the copies, in completion order, and
+/// bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_follow_their_data_in_order() {
+    let inbox = te_base::NotifyInbox::new(te_base::NotifyLimits {
+        queue_depth: 64,
+        max_bytes: 4096,
+    });
+    let config = LocalConfig::default();
+    let target = LocalTransport::with_inbox(config, NtKernel::detect(), &[], inbox.clone()).unwrap();
+    let pair = ConformancePair {
+        initiator: transport(config, NtKernel::detect()),
+        target: Arc::new(target),
+        target_name: "local-conformance-target".into(),
+    };
+    te_base::conformance::notify::run_all(&pair, &inbox, &smaller()).await;
+}

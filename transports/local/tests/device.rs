@@ -402,6 +402,7 @@ async fn capabilities_follow_the_loaded_plugins() {
         env: Arc::new(te_base::config::MapEnv::new([("TE_COPY_THREADS", "1")])),
         segment_name: "a".into(),
         devices: vec![Arc::new(Fake(FakeDevice::new(MemoryKind::Cuda)))],
+        notifications: te_base::NotifyInbox::new(Default::default()),
     };
     let installed = te_transport_local::install(&ctx).await.unwrap();
     assert!(installed.capabilities().local.contains(MemoryKind::Cuda));

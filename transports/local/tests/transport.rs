@@ -161,6 +161,7 @@ async fn install_reads_the_environment_strictly() {
         )),
         segment_name: "s".into(),
         devices: Vec::new(),
+        notifications: te_base::NotifyInbox::new(Default::default()),
     };
     let t = te_transport_local::install(&ctx(&[])).await.unwrap();
     assert_eq!(t.name(), "local");

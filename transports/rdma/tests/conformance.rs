@@ -26,6 +26,7 @@ fn context(device: &str, segment: &str) -> InstallContext {
         env: Arc::new(MapEnv(vars)),
         segment_name: segment.into(),
         devices: Vec::new(),
+        notifications: te_base::NotifyInbox::new(Default::default()),
     }
 }
 

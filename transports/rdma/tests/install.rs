@@ -12,6 +12,7 @@ fn ctx(env: MapEnv) -> InstallContext {
         env: Arc::new(env),
         segment_name: "install-test".into(),
         devices: Vec::new(),
+        notifications: te_base::NotifyInbox::new(Default::default()),
     }
 }
 

@@ -24,6 +24,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use crate::frame_io::{write_all_raw, FrameReader, RawPart};
+use crate::notify::NoteJob;
 use crate::plan::{LaneCursor, Plan};
 use crate::wire::{Header, Opcode, RefusalCode, HEADER_LEN};
 
@@ -40,10 +41,17 @@ pub(crate) struct LaneJob {
     pub slices: u64,
 }
 
+/// What a lane carries: a share of a batch, or a notification (see `crate::notify`).
+#[derive(Clone)]
+enum Job {
+    Data(LaneJob),
+    Note(Arc<NoteJob>),
+}
+
 #[derive(Default)]
 struct Queues {
-    queued: VecDeque<LaneJob>,
-    in_flight: VecDeque<LaneJob>,
+    queued: VecDeque<Job>,
+    in_flight: VecDeque<Job>,
     dead: Option<Error>,
 }
 
@@ -83,11 +91,11 @@ impl Drop for TaskExit {
             let err = q.dead.get_or_insert_with(|| lane.gone("connection closed")).clone();
             lane.alive.store(false, Ordering::Release);
             let q = &mut *q;
-            let jobs: Vec<LaneJob> = q.in_flight.drain(..).chain(q.queued.drain(..)).collect();
+            let jobs: Vec<Job> = q.in_flight.drain(..).chain(q.queued.drain(..)).collect();
             (jobs, err)
         };
         for job in &jobs {
-            lane.fail_job(job, &err);
+            lane.fail(job, &err);
         }
         if let Some(w) = lane.watchdog.lock().take() {
             w.abort();
@@ -148,15 +156,32 @@ impl Lane {
 
     /// Queues a job. If the lane is dead the job's requests fail at once.
     pub fn push(&self, job: LaneJob) {
+        self.enqueue(Job::Data(job));
+    }
+
+    /// Queues a notification behind every job queued before it. If the lane is dead it fails
+    /// at once.
+    pub fn push_note(&self, note: Arc<NoteJob>) {
+        self.enqueue(Job::Note(note));
+    }
+
+    fn enqueue(&self, job: Job) {
         let mut q = self.queues.lock();
         if let Some(err) = q.dead.clone() {
             drop(q);
-            self.fail_job(&job, &err);
+            self.fail(&job, &err);
             return;
         }
         q.queued.push_back(job);
         drop(q);
         self.wake.notify_one();
+    }
+
+    fn fail(&self, job: &Job, err: &Error) {
+        match job {
+            Job::Data(job) => self.fail_job(job, err),
+            Job::Note(note) => note.fail(err),
+        }
     }
 
     /// Kills the lane: new jobs fail at once, the socket is shut down so both I/O tasks stop,
@@ -201,6 +226,8 @@ impl Lane {
 enum Next {
     /// Send a job's slices.
     Job(LaneJob),
+    /// Send a notification.
+    Note(Arc<NoteJob>),
     /// Nothing happened for a ping interval: keep the connection open.
     Ping,
 }
@@ -215,6 +242,13 @@ async fn next_job(lane: &Lane) -> Option<Next> {
                 return None;
             }
             while let Some(job) = q.queued.pop_front() {
+                let job = match job {
+                    Job::Note(note) => {
+                        q.in_flight.push_back(Job::Note(note.clone()));
+                        return Some(Next::Note(note));
+                    }
+                    Job::Data(job) => job,
+                };
                 if job.plan.batch.cancel_requested() {
                     let plan = &job.plan;
                     let mut cursor = LaneCursor::new(lane.index);
@@ -223,7 +257,7 @@ async fn next_job(lane: &Lane) -> Option<Next> {
                     }
                     continue;
                 }
-                q.in_flight.push_back(job.clone());
+                q.in_flight.push_back(Job::Data(job.clone()));
                 return Some(Next::Job(job));
             }
             if lane.closing.load(Ordering::Acquire) {
@@ -254,6 +288,17 @@ async fn send_loop(lane: &Lane, mut w: OwnedWriteHalf) {
                     lane.kill(lane.gone(format!("send failed: {e}")));
                     return;
                 }
+                continue;
+            }
+            Next::Note(note) => {
+                let mut frame = note.header(request_id, lane.token).to_bytes().to_vec();
+                frame.extend_from_slice(&note.body);
+                request_id += 1;
+                if let Err(e) = crate::frame_io::write_all(&mut w, &frame).await {
+                    lane.kill(lane.gone(format!("send failed: {e}")));
+                    return;
+                }
+                lane.progress.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
         };
@@ -342,8 +387,31 @@ async fn receive_frames(lane: &Lane, reader: &mut FrameReader<OwnedReadHalf>) ->
         };
         if current.is_none() {
             let front = lane.queues.lock().in_flight.front().cloned();
-            let Some(job) = front else {
-                return Err(protocol(format!("unsolicited {:?} frame", h.opcode)));
+            let job = match front {
+                None => return Err(protocol(format!("unsolicited {:?} frame", h.opcode))),
+                Some(Job::Data(job)) => job,
+                Some(Job::Note(note)) => {
+                    if h.request_id != expected_id {
+                        return Err(protocol(format!(
+                            "reply for request {} while {} was expected",
+                            h.request_id, expected_id
+                        )));
+                    }
+                    expected_id += 1;
+                    let n = h.payload_len() as usize;
+                    if n > message.len() {
+                        return Err(protocol(format!(
+                            "{:?} frame of {n} bytes answers a notification",
+                            h.opcode
+                        )));
+                    }
+                    reader.payload_into(&mut message[..n]).await?;
+                    let text = String::from_utf8_lossy(&message[..n]);
+                    note.answer(&lane.peer, &h, &text).map_err(protocol)?;
+                    lane.progress.fetch_add(1, Ordering::Relaxed);
+                    lane.queues.lock().in_flight.pop_front();
+                    continue;
+                }
             };
             current = Some(Current {
                 cursor: LaneCursor::new(lane.index),
@@ -396,7 +464,7 @@ async fn receive_frames(lane: &Lane, reader: &mut FrameReader<OwnedReadHalf>) ->
                     RefusalCode::Unauthenticated => {
                         return Err(protocol(format!("the peer refused this connection: {text}")))
                     }
-                    RefusalCode::Protocol => {
+                    RefusalCode::Protocol | RefusalCode::QueueFull | RefusalCode::TooLarge => {
                         return Err(protocol(format!("the peer reports a protocol error: {text}")))
                     }
                 }

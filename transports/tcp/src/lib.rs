@@ -19,6 +19,7 @@ mod config;
 mod endpoint;
 mod frame_io;
 mod lane;
+mod notify;
 mod peer;
 mod plan;
 mod regions;

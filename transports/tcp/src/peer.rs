@@ -5,6 +5,7 @@ use std::sync::Arc;
 use te_base::{BatchState, Error, Peer, ResolvedRequest, Result, SegmentDescriptor, SubmitContext};
 
 use crate::lane::{Lane, LaneJob};
+use crate::notify::NoteJob;
 use crate::plan::{lane_share, Plan};
 use crate::regions::RegionTable;
 
@@ -123,5 +124,23 @@ impl Peer for TcpPeer {
     fn abort(&self, err: Error) -> bool {
         self.connection.kill(err);
         true
+    }
+
+    /// Rides the first lane, behind whatever it carries already; the engine calls it only once
+    /// the batch it follows was acknowledged.
+    fn notify(&self, note: te_base::Notification, done: &Arc<BatchState>, index: usize) -> Result<()> {
+        let mut body = Vec::new();
+        te_base::notify::encode_body(&note.from, &note.payload, &mut body)?;
+        let lane = self.connection.lanes.first().ok_or_else(|| Error::PeerGone {
+            peer: self.descriptor.name.clone(),
+            reason: "no connection".into(),
+        })?;
+        lane.push_note(Arc::new(NoteJob {
+            body,
+            payload_len: note.payload.len(),
+            done: done.clone(),
+            index,
+        }));
+        Ok(())
     }
 }

@@ -53,6 +53,8 @@ pub(crate) struct Server {
     pub auth: Option<AuthKey>,
     /// Connections admitted now, in total and per source address.
     pub gate: ConnectionGate,
+    /// Where NOTIFY frames are delivered (bounded; a full inbox is refused to the sender).
+    pub inbox: Arc<te_base::NotifyInbox>,
 }
 
 /// Progress of one served connection, watched by [`watchdog`]: two relaxed atomics per frame.
@@ -185,16 +187,33 @@ impl Replies {
 }
 
 async fn send_error(w: &mut OwnedWriteHalf, request_id: u64, code: RefusalCode, msg: &str) -> io::Result<()> {
+    send_error_at(w, request_id, code, 0, msg).await
+}
+
+/// An ERROR frame whose `addr` carries a number the code defines (0 for most).
+async fn send_error_at(
+    w: &mut OwnedWriteHalf,
+    request_id: u64,
+    code: RefusalCode,
+    addr: u64,
+    msg: &str,
+) -> io::Result<()> {
     let msg = &msg.as_bytes()[..msg.len().min(crate::wire::MAX_ERROR_LEN as usize)];
     let h = Header {
         code: code as u16,
         request_id,
+        addr,
         len: msg.len() as u64,
         ..Header::new(Opcode::Error)
     };
     let mut frame = h.to_bytes().to_vec();
     frame.extend_from_slice(msg);
     write_all(w, &frame).await
+}
+
+/// Answers a NOTIFY the inbox did not take.
+async fn send_refusal(w: &mut OwnedWriteHalf, request_id: u64, r: &crate::notify::Refused) -> io::Result<()> {
+    send_error_at(w, request_id, r.code, r.max, &r.message).await
 }
 
 /// Sends a refusal that ends the connection and returns the error that ends it.
@@ -319,6 +338,8 @@ async fn serve_frames(stream: TcpStream, server: &Server, progress: &ConnProgres
         return Ok(());
     }
 
+    // One body buffer per connection, sized on first use to the wire's bound (64 KiB + name).
+    let mut notify_body: Vec<u8> = Vec::new();
     let mut replies = Replies {
         queue: Vec::with_capacity(MAX_QUEUED),
         parts: Vec::with_capacity(2 * MAX_QUEUED),
@@ -395,6 +416,26 @@ async fn serve_frames(stream: TcpStream, server: &Server, progress: &ConnProgres
                 }
             },
             Opcode::Ping => {}
+            Opcode::Notify => {
+                // Frames on a connection are served in order, so the writes before this frame
+                // are in memory already; the initiator sends it only after they were acknowledged.
+                let body = crate::notify::body_buffer(&mut notify_body, h.len);
+                reader.payload_into(body).await?;
+                match crate::notify::deliver(&server.inbox, body) {
+                    Ok(()) => {
+                        let ack = Header {
+                            request_id: h.request_id,
+                            token: server.token,
+                            ..Header::new(Opcode::NotifyAck)
+                        };
+                        replies.push(ack, RawPart { addr: 0, len: 0 }, None);
+                    }
+                    Err(refused) => {
+                        replies.flush(&mut w).await?;
+                        send_refusal(&mut w, h.request_id, &refused).await?;
+                    }
+                }
+            }
             other => {
                 replies.flush(&mut w).await?;
                 let msg = format!("{other:?} is not a request");

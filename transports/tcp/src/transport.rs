@@ -60,6 +60,16 @@ impl TcpTransport {
 
     /// Starts the transport; with `auth`, peers in both directions must prove the key.
     pub async fn start_with_auth(config: TcpConfig, auth: Option<AuthKey>) -> Result<TcpTransport> {
+        let inbox = te_base::NotifyInbox::new(te_base::NotifyLimits::default());
+        TcpTransport::start_with(config, auth, inbox).await
+    }
+
+    /// Starts the transport, delivering the notifications peers send into `inbox` (the engine's).
+    pub async fn start_with(
+        config: TcpConfig,
+        auth: Option<AuthKey>,
+        inbox: Arc<te_base::NotifyInbox>,
+    ) -> Result<TcpTransport> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.threads)
             .thread_name("te-tcp")
@@ -93,6 +103,7 @@ impl TcpTransport {
             limits: config.limits,
             auth: auth.clone(),
             gate: ConnectionGate::new(&config.limits),
+            inbox,
         });
         let connections = Arc::new(Mutex::new(Vec::new()));
         let listener = handle.spawn(accept_loop(listener, server.clone(), connections.clone()));
@@ -109,6 +120,11 @@ impl TcpTransport {
             pool: Mutex::new(HashMap::new()),
             auth,
         })
+    }
+
+    /// Where notifications sent to this transport's segment are delivered.
+    pub fn notifications(&self) -> &Arc<te_base::NotifyInbox> {
+        &self.server.inbox
     }
 
     /// The address the listener is bound to.
@@ -391,5 +407,7 @@ impl TcpTransport {
 /// Starts the TCP transport with settings from `ctx.env` and the engine's key.
 pub async fn install(ctx: &InstallContext) -> Result<Arc<dyn Transport>> {
     let config = TcpConfig::from_env(ctx.env.as_ref())?;
-    Ok(Arc::new(TcpTransport::start_with_auth(config, ctx.auth.clone()).await?))
+    Ok(Arc::new(
+        TcpTransport::start_with(config, ctx.auth.clone(), ctx.notifications.clone()).await?,
+    ))
 }

@@ -12,15 +12,20 @@
 //!     16     8  token: the target's instance token (a restarted target has a new one; an
 //!                   instance id, not a capability: access is granted by the shared key)
 //!     24     8  address in the target's exported memory
-//!     32     8  length in bytes (payload length for WRITE, READ_DATA and ERROR)
+//!     32     8  length in bytes (payload length for WRITE, READ_DATA, ERROR and NOTIFY)
 //! ```
+//!
+//! A NOTIFY payload is a notification body (`te_base::notify::encode_body`: sender-name length,
+//! name, message), decoded by `te_base::notify::decode_body`. The target answers NOTIFY_ACK once
+//! the message is in its inbox, or an ERROR with code `QueueFull` or `TooLarge` (whose `addr`
+//! carries the largest payload it accepts).
 
 use std::fmt;
 
 /// Frame magic.
 pub const MAGIC: [u8; 4] = *b"TEtc";
-/// Wire version this build speaks (2: authenticated HELLO, PING).
-pub const VERSION: u8 = 2;
+/// Wire version this build speaks (2: authenticated HELLO, PING; 3: NOTIFY, NOTIFY_ACK).
+pub const VERSION: u8 = 3;
 /// Size of every frame header.
 pub const HEADER_LEN: usize = 40;
 /// Largest data payload one frame may carry (slices are at most this long).
@@ -60,6 +65,10 @@ pub enum Opcode {
     Proof = 9,
     /// Initiator -> target: keeps an idle connection open; no answer.
     Ping = 10,
+    /// Initiator -> target: `len` payload bytes of a notification body for the target's inbox.
+    Notify = 11,
+    /// Target -> initiator: the notification is in the target's inbox.
+    NotifyAck = 12,
 }
 
 impl Opcode {
@@ -75,6 +84,8 @@ impl Opcode {
             8 => Opcode::Challenge,
             9 => Opcode::Proof,
             10 => Opcode::Ping,
+            11 => Opcode::Notify,
+            12 => Opcode::NotifyAck,
             _ => return None,
         })
     }
@@ -83,7 +94,13 @@ impl Opcode {
     pub fn has_payload(self) -> bool {
         matches!(
             self,
-            Opcode::Hello | Opcode::Write | Opcode::ReadData | Opcode::Error | Opcode::Challenge | Opcode::Proof
+            Opcode::Hello
+                | Opcode::Write
+                | Opcode::ReadData
+                | Opcode::Error
+                | Opcode::Challenge
+                | Opcode::Proof
+                | Opcode::Notify
         )
     }
 
@@ -93,7 +110,8 @@ impl Opcode {
             Opcode::HelloAck => 0,
             Opcode::Challenge => CHALLENGE_LEN,
             Opcode::Proof => PROOF_LEN,
-            Opcode::Ping => 0,
+            Opcode::Ping | Opcode::NotifyAck => 0,
+            Opcode::Notify => te_base::notify::MAX_BODY_LEN as u64,
             Opcode::Error => MAX_ERROR_LEN,
             Opcode::Write | Opcode::WriteAck | Opcode::Read | Opcode::ReadData => MAX_DATA_LEN,
         }
@@ -115,6 +133,10 @@ pub enum RefusalCode {
     /// The initiator did not authenticate (or the target demands a key it lacks); the target
     /// closes the connection after this frame.
     Unauthenticated = 5,
+    /// The notification was not queued: the target's inbox is full.
+    QueueFull = 6,
+    /// The notification payload is above what the target accepts (the frame's `addr`).
+    TooLarge = 7,
 }
 
 impl RefusalCode {
@@ -125,6 +147,8 @@ impl RefusalCode {
             2 => RefusalCode::WrongInstance,
             4 => RefusalCode::ZeroLength,
             5 => RefusalCode::Unauthenticated,
+            6 => RefusalCode::QueueFull,
+            7 => RefusalCode::TooLarge,
             _ => RefusalCode::Protocol,
         }
     }
@@ -284,6 +308,8 @@ mod tests {
             Just(Opcode::Challenge),
             Just(Opcode::Proof),
             Just(Opcode::Ping),
+            Just(Opcode::Notify),
+            Just(Opcode::NotifyAck),
         ]
     }
 
@@ -332,10 +358,10 @@ mod tests {
         assert!(matches!(Header::decode(&b), Err(WireError::BadMagic(_))));
 
         let mut b = good;
-        b[4] = 1;
-        assert_eq!(Header::decode(&b), Err(WireError::BadVersion(1)));
+        b[4] = 2;
+        assert_eq!(Header::decode(&b), Err(WireError::BadVersion(2)));
 
-        for op in [0u8, 11, 200, 255] {
+        for op in [0u8, 13, 200, 255] {
             let mut b = good;
             b[5] = op;
             assert_eq!(Header::decode(&b), Err(WireError::BadOpcode(op)));
@@ -356,6 +382,12 @@ mod tests {
         assert!(matches!(Header::decode(&b), Err(WireError::Oversized { .. })));
         let mut b = Header::new(Opcode::Ping).to_bytes();
         b[32] = 1;
+        assert!(matches!(Header::decode(&b), Err(WireError::Oversized { .. })));
+        let mut b = Header::new(Opcode::NotifyAck).to_bytes();
+        b[32] = 1;
+        assert!(matches!(Header::decode(&b), Err(WireError::Oversized { .. })));
+        let mut b = Header::new(Opcode::Notify).to_bytes();
+        b[32..40].copy_from_slice(&(te_base::notify::MAX_BODY_LEN as u64 + 1).to_le_bytes());
         assert!(matches!(Header::decode(&b), Err(WireError::Oversized { .. })));
 
         let mut b = good;

@@ -52,3 +52,32 @@ async fn three_lanes_small_slices() {
     };
     run_each("3", "64K", &opts).await;
 }
+
+/// Notifications (ordering after the data, inbox bounds) with several lanes and small slices, so
+/// a notification on the first lane could overtake data still on another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_follow_their_data_in_order() {
+    let env = MapEnv::new([
+        ("TE_TCP_LISTEN", "127.0.0.1:0"),
+        ("TE_TCP_LANES", "3"),
+        ("TE_TCP_SLICE_BYTES", "64K"),
+    ]);
+    let config = TcpConfig::from_env(&env).unwrap();
+    let inbox = te_base::NotifyInbox::new(te_base::NotifyLimits {
+        queue_depth: 64,
+        max_bytes: 4096,
+    });
+    let target = TcpTransport::start_with(config.clone(), None, inbox.clone())
+        .await
+        .unwrap();
+    let pair = ConformancePair {
+        initiator: transport("3", "64K").await,
+        target: Arc::new(target),
+        target_name: "tcp-conformance-target".into(),
+    };
+    let opts = ConformanceOptions {
+        max_bytes: 16 << 20,
+        ..ConformanceOptions::default()
+    };
+    te_base::conformance::notify::run_all(&pair, &inbox, &opts).await;
+}

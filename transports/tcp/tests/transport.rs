@@ -309,6 +309,7 @@ async fn install_reads_the_environment() {
         env: Arc::new(MapEnv::new([("TE_TCP_LANES", "0")])),
         segment_name: "x".into(),
         devices: Vec::new(),
+        notifications: te_base::NotifyInbox::new(Default::default()),
     };
     let err = te_transport_tcp::install(&ctx).await.err().unwrap();
     assert!(err.to_string().contains("TE_TCP_LANES"));
@@ -317,6 +318,7 @@ async fn install_reads_the_environment() {
         env: Arc::new(MapEnv::new([("TE_TCP_LISTEN", "127.0.0.1:0")])),
         segment_name: "x".into(),
         devices: Vec::new(),
+        notifications: te_base::NotifyInbox::new(Default::default()),
     };
     let t = te_transport_tcp::install(&ctx).await.unwrap();
     assert_eq!(t.name(), "tcp");

@@ -47,6 +47,7 @@ pub fn install(provider: &str, extra: &[(&str, &str)]) -> Arc<dyn Transport> {
         env: Arc::new(env),
         segment_name: "test".into(),
         devices: Vec::new(),
+        notifications: te_base::NotifyInbox::new(Default::default()),
     };
     block_on(te_transport_efa::install(&ctx)).unwrap_or_else(|e| panic!("install {provider}: {e}"))
 }

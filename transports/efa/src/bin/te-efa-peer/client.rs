@@ -39,6 +39,7 @@ impl Client {
             env: Arc::new(ProcessEnv),
             segment_name: format!("efa-client-{}", std::process::id()),
             devices: Vec::new(),
+            notifications: te_base::NotifyInbox::new(Default::default()),
         };
         let transport = rt
             .block_on(te_transport_efa::install(&ctx))

@@ -29,6 +29,7 @@ pub fn serve(bytes: usize, seed: u64) -> Result<(), String> {
         env: Arc::new(ProcessEnv),
         segment_name: name.clone(),
         devices: Vec::new(),
+        notifications: te_base::NotifyInbox::new(Default::default()),
     };
     let transport = rt
         .block_on(te_transport_efa::install(&ctx))
