@@ -138,6 +138,22 @@ impl BatchState {
         self.failed.load(Ordering::Acquire) == 0 && self.cancelled.load(Ordering::Acquire) == 0
     }
 
+    /// Visits every request that did not succeed: each failed one with its error, then each
+    /// cancelled one with `None`. One lock and one pass over the statuses; for per-batch
+    /// follow-ups (metrics) on the rare path of a batch that did not succeed. `f` must not block.
+    pub fn for_each_unsuccessful(&self, mut f: impl FnMut(usize, Option<&Error>)) {
+        for (i, e) in self.failures.lock().iter() {
+            f(*i, Some(e));
+        }
+        if self.cancelled.load(Ordering::Acquire) > 0 {
+            for (i, s) in self.status.iter().enumerate() {
+                if s.load(Ordering::Acquire) == CANCELLED {
+                    f(i, None);
+                }
+            }
+        }
+    }
+
     /// True once the caller asked to cancel. Transports check it before starting queued work.
     pub fn cancel_requested(&self) -> bool {
         self.cancel_requested.load(Ordering::Relaxed)

@@ -52,6 +52,9 @@ pub(crate) struct EngineInner {
     timer: PhaseTimer,
     phase_stats: Option<Arc<PhaseStats>>,
     metrics: Metrics,
+    /// Exported metrics (`None`: off, one check per batch) and the engine's own endpoint.
+    pub(crate) export: Option<Arc<crate::metrics::Export>>,
+    pub(crate) metrics_endpoint: std::sync::OnceLock<crate::metrics::Endpoint>,
     closed: AtomicBool,
     _env: Arc<dyn Env>,
 }
@@ -98,6 +101,7 @@ impl TransferEngine {
         statuses: Vec<TransportStatus>,
         plugins: Vec<PluginAvailability>,
         phase_timing: bool,
+        export: Option<Arc<crate::metrics::Export>>,
     ) -> Result<Self> {
         let phase_stats = phase_timing.then(|| Arc::new(PhaseStats::default()));
         let timer = phase_stats.clone().map(PhaseTimer::on).unwrap_or_default();
@@ -119,6 +123,8 @@ impl TransferEngine {
             timer,
             phase_stats,
             metrics: Metrics::default(),
+            export,
+            metrics_endpoint: std::sync::OnceLock::new(),
             closed: AtomicBool::new(false),
             _env: env,
         });
@@ -289,6 +295,13 @@ impl TransferEngine {
             t.shutdown().await;
         }
         Ok(())
+    }
+}
+
+impl EngineInner {
+    /// The open segments now (for refreshing metrics gauges).
+    pub(crate) fn open_segments(&self) -> Vec<Arc<OpenSegment>> {
+        self.segments.read().clone()
     }
 }
 

@@ -39,6 +39,7 @@ impl EngineInner {
         d
     }
 
+    #[tracing::instrument(name = "publish", level = "debug", skip_all, fields(segment = %self.name))]
     pub(super) async fn publish(&self) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
             return Ok(());
@@ -51,6 +52,7 @@ impl EngineInner {
     /// If this engine opened its own segment, keep that open segment current: reconnect its
     /// routes with the new descriptor, so memory registered after the open is reachable without
     /// reopening (a store that registers as it grows relies on this).
+    #[tracing::instrument(name = "reconnect", level = "debug", skip_all, fields(segment = %self.name))]
     async fn refresh_own_segment(&self, desc: SegmentDescriptor) -> Result<()> {
         let Some(id) = self.segment_ids.lock().get(&self.name).copied() else {
             return Ok(());
@@ -73,6 +75,7 @@ impl EngineInner {
         Ok(())
     }
 
+    #[tracing::instrument(name = "open", level = "debug", skip(self), fields(reconnect = false))]
     pub(super) async fn open_segment(&self, name: &str) -> Result<SegmentHandle> {
         let desc = Arc::new(self.metadata.fetch(name).await?);
         desc.validate()?;
@@ -85,6 +88,8 @@ impl EngineInner {
                     descriptor: current.descriptor.clone(),
                 });
             }
+            // Open before, and changed or broken since: this open reconnects.
+            tracing::Span::current().record("reconnect", true);
         }
         let mut routes: Vec<Route> = Vec::new();
         let mut failures: Vec<String> = Vec::new();

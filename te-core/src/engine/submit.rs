@@ -26,6 +26,7 @@ impl EngineInner {
         let timer = opts.timer.as_ref().unwrap_or(&self.timer);
         let background = opts.background;
         let t0 = timer.start();
+        let mut record = self.export.as_ref().map(|e| e.begin());
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed(format!("engine '{}'", self.name)));
         }
@@ -48,6 +49,15 @@ impl EngineInner {
         let single_group = groups.len() == 1;
         let mut failed = 0u64;
         for (g, seg) in groups.into_iter().zip(routes) {
+            if let (Some(e), Some(r)) = (&self.export, &mut record) {
+                e.group(
+                    r,
+                    &seg,
+                    (g.segment, g.route),
+                    &g.requests,
+                    single_group.then_some(bytes),
+                );
+            }
             let peer = &seg.routes[g.route as usize].peer;
             if !peer.is_healthy() {
                 let err = Error::PeerGone {
@@ -74,6 +84,9 @@ impl EngineInner {
                     state.fail_many(indices.into_iter().map(|i| i as usize), &e);
                 }
             }
+        }
+        if let Some(r) = record {
+            r.finish(&state);
         }
         // The transports recorded their own plan and submit inside the loop above; the engine's
         // part after it is the counter update.
