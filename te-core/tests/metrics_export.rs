@@ -214,6 +214,8 @@ async fn the_endpoint_bounds_request_size_time_and_connections() {
         &[
             ("TE_METRICS_MAX_CONNECTIONS", "1"),
             ("TE_METRICS_HANDSHAKE_TIMEOUT_MS", "300"),
+            // The whole-scrape limit is far longer: the head timeout alone must close a silent client.
+            ("TE_METRICS_TIMEOUT_MS", "30000"),
         ],
         Some(&ManualTransport::new()),
     )
@@ -244,7 +246,7 @@ async fn the_endpoint_bounds_request_size_time_and_connections() {
         String::from_utf8_lossy(&out)
     );
     let mut buf = [0u8; 16];
-    let closed = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut buf)).await;
+    let closed = tokio::time::timeout(Duration::from_secs(3), silent.read(&mut buf)).await;
     assert!(
         matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
         "a silent client was not closed"
