@@ -232,7 +232,8 @@ impl Export {
     pub fn begin(&self) -> BatchRecord {
         BatchRecord {
             start: Instant::now(),
-            groups: Vec::with_capacity(1),
+            first: None,
+            rest: Vec::new(),
         }
     }
 
@@ -255,16 +256,24 @@ impl Export {
             Some(_) => Vec::new(),
             None => requests.iter().map(|r| r.index).collect(),
         };
-        rec.groups.push((m, indices));
+        match rec.first {
+            None => rec.first = Some((m, indices)),
+            Some(_) => rec.rest.push((m, indices)),
+        }
     }
 }
 
 /// One batch being recorded: its start and the label sets of its groups (with their request
-/// indices when there are several).
+/// indices when there are several). The first group is held inline: most batches have one, and
+/// then recording allocates nothing but the completion hook.
 pub(crate) struct BatchRecord {
     start: Instant,
-    groups: Vec<(Arc<PeerMetrics>, Vec<u32>)>,
+    first: Option<Group>,
+    rest: Vec<Group>,
 }
+
+/// A group's label set and, when the batch has several groups, its request indices (ascending).
+type Group = (Arc<PeerMetrics>, Vec<u32>);
 
 impl BatchRecord {
     /// Records the batch's completion from its completion hook: the one clock read at the end,
@@ -275,29 +284,26 @@ impl BatchRecord {
 
     fn complete(self, state: &BatchState) {
         let secs = self.start.elapsed().as_secs_f64();
-        for (m, _) in &self.groups {
+        for (m, _) in self.first.iter().chain(&self.rest) {
             m.batches.increment(1);
             m.latency.record(secs);
         }
         if state.succeeded() {
             return;
         }
-        let mut counts = vec![[0u64; KINDS.len()]; self.groups.len()];
+        let groups: Vec<&Group> = self.first.iter().chain(&self.rest).collect();
+        let mut counts = vec![[0u64; KINDS.len()]; groups.len()];
         state.for_each_unsuccessful(|i, e| {
-            let g = match self.groups.len() {
+            let g = match groups.len() {
                 1 => 0,
-                _ => match self
-                    .groups
-                    .iter()
-                    .position(|(_, ix)| ix.binary_search(&(i as u32)).is_ok())
-                {
+                _ => match groups.iter().position(|(_, ix)| ix.binary_search(&(i as u32)).is_ok()) {
                     Some(g) => g,
                     None => return,
                 },
             };
             counts[g][kind_index(e)] += 1;
         });
-        for ((m, _), c) in self.groups.iter().zip(counts) {
+        for ((m, _), c) in groups.into_iter().zip(counts) {
             for (counter, n) in m.failures.iter().zip(c) {
                 if n > 0 {
                     counter.increment(n);
