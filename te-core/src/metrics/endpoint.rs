@@ -46,7 +46,7 @@ fn token_ok(key: &AuthKey, presented: &str) -> bool {
 }
 
 fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 || s.len() > 128 {
+    if !s.len().is_multiple_of(2) || s.len() > 128 {
         return None;
     }
     (0..s.len())
@@ -138,7 +138,7 @@ async fn answer(
     )
     .await?;
     let reply = match head {
-        Err(e) => plain(e.status(), "", true),
+        Err(e) => plain(e.status(), true),
         Ok(head) => route(&head, render, auth).await,
     };
     stream.write_all(&reply).await?;
@@ -167,16 +167,16 @@ async fn read_head(stream: &mut TcpStream) -> std::io::Result<std::result::Resul
 async fn route(head: &[u8], render: &Render, auth: Option<&AuthKey>) -> Vec<u8> {
     let req = match parse_request(head) {
         Ok(r) => r,
-        Err(e) => return plain(e.status(), "", true),
+        Err(e) => return plain(e.status(), true),
     };
     let with_body = head.starts_with(b"GET ");
     if let Some(key) = auth {
         if !req.bearer.is_some_and(|t| token_ok(key, t)) {
-            return plain((401, "Unauthorized"), "", with_body);
+            return plain((401, "Unauthorized"), with_body);
         }
     }
     if req.path != "/metrics" {
-        return plain((404, "Not Found"), "", with_body);
+        return plain((404, "Not Found"), with_body);
     }
     // Collectors may read a store's stats over a socket: off the async workers.
     let render = render.clone();
@@ -187,12 +187,13 @@ async fn route(head: &[u8], render: &Render, auth: Option<&AuthKey>) -> Vec<u8> 
             body.as_bytes(),
             with_body,
         ),
-        Err(_) => plain((500, "Internal Server Error"), "", with_body),
+        Err(_) => plain((500, "Internal Server Error"), with_body),
     }
 }
 
-fn plain(status: (u16, &str), body: &str, with_body: bool) -> Vec<u8> {
-    response(status, "text/plain; charset=utf-8", body.as_bytes(), with_body)
+/// An answer with no body: refusals say only their status.
+fn plain(status: (u16, &str), with_body: bool) -> Vec<u8> {
+    response(status, "text/plain; charset=utf-8", b"", with_body)
 }
 
 #[cfg(test)]
