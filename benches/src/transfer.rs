@@ -286,6 +286,20 @@ struct Measured {
     open_us: f64,
 }
 
+/// The initiator's buffer of `--total-bytes`, registered with `engine`; filled for writes.
+async fn local_buffer(args: &Args, engine: &TransferEngine) -> Result<Registration, String> {
+    let local = engine
+        .allocate(args.total_bytes as usize, HostBufferOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    // Always written, not only for --verify: an untouched anonymous buffer reads as the kernel's
+    // shared zero page, which is always cache-hot and would flatter every write.
+    if args.op == TransferOp::Write {
+        fill(&local, WRITE_SEED)?;
+    }
+    Ok(local)
+}
+
 /// `--total-bytes` in `--block-bytes` requests of `--op` between `local` and the remote buffer at
 /// `remote_base`.
 fn block_requests(args: &Args, local: &Registration, seg: SegmentId, remote_base: u64) -> Vec<TransferRequest> {
@@ -370,15 +384,7 @@ async fn measure(args: &Args) -> Result<(), String> {
             remote.len, args.total_bytes
         ));
     }
-    let local = engine
-        .allocate(args.total_bytes as usize, HostBufferOptions::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    // Always written, not only for --verify: an untouched anonymous buffer reads as the kernel's
-    // shared zero page, which is always cache-hot and would flatter every write.
-    if args.op == TransferOp::Write {
-        fill(&local, WRITE_SEED)?;
-    }
+    let local = local_buffer(args, &engine).await?;
     let blocks = args.total_bytes / args.block_bytes;
     let requests = block_requests(args, &local, seg.id(), remote.base);
 

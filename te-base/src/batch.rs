@@ -481,6 +481,17 @@ mod tests {
     }
 
     #[test]
+    fn unsuccessful_requests_are_visited_once_each() {
+        let s = BatchState::new(vec![1, 2, 3, 4].into());
+        s.complete(0);
+        s.fail(3, Error::Cancelled);
+        s.cancel(1);
+        let mut seen = Vec::new();
+        s.for_each_unsuccessful(|i, e| seen.push((i, e.is_some())));
+        assert_eq!(seen, [(3, true), (1, false)]);
+    }
+
+    #[test]
     fn wait_times_out_then_completes_from_another_thread() {
         let s = BatchState::new(vec![1].into());
         let b = Batch::new(s.clone());

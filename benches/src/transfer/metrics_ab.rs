@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use te_core::config::{Env, ProcessEnv};
-use te_core::{HostBufferOptions, Registration, TransferEngine, TransferOp, TransferRequest};
+use te_core::{Registration, TransferEngine, TransferRequest};
 
-use super::{block_requests, fill, overlay_vars, p2p_store, verify_transfer, Args, Overlay, WRITE_SEED};
+use super::{block_requests, local_buffer, overlay_vars, p2p_store, verify_transfer, Args, Overlay};
 use crate::util::{median, paired_ratio, print_json};
 
 struct Side {
@@ -47,13 +47,7 @@ async fn side(args: &Args, peer_addr: &str, metrics: bool) -> Result<Side, Strin
         .cloned()
         .filter(|b| b.len >= args.total_bytes)
         .ok_or_else(|| format!("the target at {peer_addr} exports no buffer of --total-bytes"))?;
-    let local = engine
-        .allocate(args.total_bytes as usize, HostBufferOptions::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    if args.op == TransferOp::Write {
-        fill(&local, WRITE_SEED)?;
-    }
+    let local = local_buffer(args, &engine).await?;
     let requests = block_requests(args, &local, seg.id(), remote.base);
     // Warm-up: connections, page faults.
     engine.transfer(&requests).await.map_err(|e| e.to_string())?;
