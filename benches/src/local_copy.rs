@@ -5,6 +5,7 @@
 //! [`device`].
 
 mod device;
+mod metrics_ab;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,6 +61,13 @@ pub struct Args {
     /// CUDA: one driver call per fragment instead of one cuMemcpyBatchAsync per batch.
     #[arg(long)]
     no_batch_memcpy: bool,
+    /// Instead of the baselines: the same copy through an engine exporting metrics
+    /// (TE_METRICS_LISTEN on loopback) and one not, interleaved, and the ratio (host only).
+    #[arg(long)]
+    metrics_ab: bool,
+    /// With --metrics-ab: neither engine exports metrics (the A/A noise floor).
+    #[arg(long, requires = "metrics_ab")]
+    metrics_ab_control: bool,
 }
 
 /// The medians of one (direction, fragment size) measurement.
@@ -137,7 +145,12 @@ pub fn run(args: Args) -> Result<(), String> {
         vars.retain(|(k, _)| k != "TE_COPY_THREADS");
         vars.push(("TE_COPY_THREADS".into(), t.to_string()));
     }
-    let env = MapEnv(vars.into_iter().collect());
+    if args.metrics_ab && args.location != Location::Host {
+        return Err("--metrics-ab measures host memory only".into());
+    }
+    let vars: std::collections::HashMap<String, String> = vars.into_iter().collect();
+    let mut env = MapEnv(vars.clone());
+    env.0.remove(te_core::metrics::LISTEN_VAR);
     let engine = rt
         .block_on(
             TransferEngine::builder()
@@ -147,6 +160,33 @@ pub fn run(args: Args) -> Result<(), String> {
                 .build(),
         )
         .map_err(|e| e.to_string())?;
+    let fragments_for = |frag: u64| {
+        args.fragments
+            .unwrap_or_else(|| ((64u64 << 20) / frag).max(2048) as usize)
+    };
+    if args.metrics_ab {
+        let mut on_vars = MapEnv(vars);
+        if !args.metrics_ab_control {
+            on_vars
+                .0
+                .insert(te_core::metrics::LISTEN_VAR.into(), "127.0.0.1:0".into());
+        }
+        let on = rt
+            .block_on(
+                TransferEngine::builder()
+                    .segment_name(format!("te-bench-local-metrics-{}", std::process::id()))
+                    .env(Arc::new(on_vars))
+                    .transports(["local"])
+                    .build(),
+            )
+            .map_err(|e| e.to_string())?;
+        let bar = if args.json {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new((sizes.len() * args.repeat) as u64)
+        };
+        return metrics_ab::run([&engine, &on], &rt, &sizes, fragments_for, &args, &bar);
+    }
     let rows = sizes.len() * directions.len().max(1);
     let bar = if args.json {
         ProgressBar::hidden()
@@ -181,10 +221,6 @@ pub fn run(args: Args) -> Result<(), String> {
             "mismatch"
         );
     }
-    let fragments_for = |frag: u64| {
-        args.fragments
-            .unwrap_or_else(|| ((64u64 << 20) / frag).max(2048) as usize)
-    };
     match &runtime_dev {
         None => {
             for &frag in &sizes {
@@ -278,15 +314,14 @@ fn report(args: &Args, bar: &ProgressBar, location: &str, dir: &str, frag: u64, 
     }
 }
 
-/// Host to host at one fragment size.
-fn measure_host(
+/// Buffers for `n` fragments of `frag` bytes registered with `engine`, the source filled, and
+/// the requests writing the fragments into each of the two destinations.
+fn host_setup(
     engine: &TransferEngine,
     rt: &tokio::runtime::Runtime,
     frag: u64,
     n: usize,
-    args: &Args,
-    bar: &ProgressBar,
-) -> Result<Measured, String> {
+) -> Result<(Setup, Vec<Vec<TransferRequest>>), String> {
     let slots = slots(n, frag);
     let span = (n as u64) * (frag + 64);
     let setup = rt
@@ -325,6 +360,19 @@ fn measure_host(
                 .collect()
         })
         .collect();
+    Ok((setup, reqs))
+}
+
+/// Host to host at one fragment size.
+fn measure_host(
+    engine: &TransferEngine,
+    rt: &tokio::runtime::Runtime,
+    frag: u64,
+    n: usize,
+    args: &Args,
+    bar: &ProgressBar,
+) -> Result<Measured, String> {
+    let (setup, reqs) = host_setup(engine, rt, frag, n)?;
     let total = frag * n as u64;
     let (mut eng, mut lp, mut contig) = (Vec::new(), Vec::new(), Vec::new());
     let mut mismatched = 0u64;

@@ -14,6 +14,7 @@
 
 mod baseline;
 mod cma;
+mod metrics_ab;
 
 pub use baseline::Baseline;
 use baseline::{median_f64, run_baseline_once, BaselineResult};
@@ -25,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use te_core::config::{Env, ProcessEnv};
 use te_core::metadata::p2p::{P2pConfig, P2pStore};
-use te_core::{HostBufferOptions, Registration, TransferEngine, TransferOp, TransferRequest};
+use te_core::{HostBufferOptions, Registration, SegmentId, TransferEngine, TransferOp, TransferRequest};
 
 use crate::util::{median, pattern, print_json, runtime};
 
@@ -88,6 +89,13 @@ pub struct Args {
     /// A baseline tool run in the same invocation.
     #[arg(long, value_enum)]
     baseline: Option<Baseline>,
+    /// Instead of one engine: two initiator engines to the same target, one exporting metrics
+    /// (TE_METRICS_LISTEN on loopback) and one not, repetitions interleaved; reports the ratio.
+    #[arg(long)]
+    metrics_ab: bool,
+    /// With --metrics-ab: neither engine exports metrics (the A/A noise floor).
+    #[arg(long, requires = "metrics_ab")]
+    metrics_ab_control: bool,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -109,12 +117,18 @@ impl Env for Overlay {
     }
 }
 
-fn overlay(args: &Args) -> Arc<dyn Env> {
+fn overlay_vars(args: &Args) -> Vec<(String, String)> {
     let mut vars = vec![("TE_TCP_LANES".to_string(), args.lanes.to_string())];
     if let Some(p) = &args.provider {
         vars.push(("TE_FABRIC_PROVIDER".into(), p.clone()));
     }
-    Arc::new(Overlay { vars })
+    vars
+}
+
+fn overlay(args: &Args) -> Arc<dyn Env> {
+    Arc::new(Overlay {
+        vars: overlay_vars(args),
+    })
 }
 
 pub fn run(args: Args) -> Result<(), String> {
@@ -272,6 +286,68 @@ struct Measured {
     open_us: f64,
 }
 
+/// The initiator's buffer of `--total-bytes`, registered with `engine`; filled for writes.
+async fn local_buffer(args: &Args, engine: &TransferEngine) -> Result<Registration, String> {
+    let local = engine
+        .allocate(args.total_bytes as usize, HostBufferOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    // Always written, not only for --verify: an untouched anonymous buffer reads as the kernel's
+    // shared zero page, which is always cache-hot and would flatter every write.
+    if args.op == TransferOp::Write {
+        fill(&local, WRITE_SEED)?;
+    }
+    Ok(local)
+}
+
+/// `--total-bytes` in `--block-bytes` requests of `--op` between `local` and the remote buffer at
+/// `remote_base`.
+fn block_requests(args: &Args, local: &Registration, seg: SegmentId, remote_base: u64) -> Vec<TransferRequest> {
+    (0..args.total_bytes / args.block_bytes)
+        .map(|i| {
+            let off = i * args.block_bytes;
+            let (l, r) = (local.addr() + off, remote_base + off);
+            match args.op {
+                TransferOp::Write => TransferRequest::write(l, seg, r, args.block_bytes),
+                TransferOp::Read => TransferRequest::read(l, seg, r, args.block_bytes),
+            }
+        })
+        .collect()
+}
+
+/// Mismatched bytes after `requests` ran through `engine`: a read's `local` against the target's
+/// pattern; a write's target buffer, read back into a second buffer, against the written one.
+async fn verify_transfer(
+    args: &Args,
+    engine: &TransferEngine,
+    local: &Registration,
+    requests: &[TransferRequest],
+) -> Result<u64, String> {
+    Ok(match args.op {
+        TransferOp::Read => mismatches(local, TARGET_SEED)?,
+        TransferOp::Write => {
+            // Read the target's buffer back into a second buffer and check it.
+            let back = engine
+                .allocate(args.total_bytes as usize, HostBufferOptions::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let reads: Vec<TransferRequest> = requests
+                .iter()
+                .map(|r| {
+                    TransferRequest::read(
+                        back.addr() + (r.local_addr - local.addr()),
+                        r.segment,
+                        r.remote_addr,
+                        r.len,
+                    )
+                })
+                .collect();
+            engine.transfer(&reads).await.map_err(|e| e.to_string())?;
+            mismatches(&back, WRITE_SEED)?
+        }
+    })
+}
+
 async fn measure(args: &Args) -> Result<(), String> {
     if args.baseline == Some(Baseline::Cma) && args.peer.is_some() {
         return Err("--baseline cma copies into the loopback target process; it cannot be used with --peer".into());
@@ -284,6 +360,11 @@ async fn measure(args: &Args) -> Result<(), String> {
             (Some(t), addr)
         }
     };
+    if args.metrics_ab {
+        let out = metrics_ab::run(args, &peer_addr).await;
+        drop(target);
+        return out;
+    }
     let store = p2p_store("127.0.0.1:0".parse().expect("valid address")).await?;
     let engine = engine(args, store, "initiator").await?;
     let opened = Instant::now();
@@ -303,26 +384,9 @@ async fn measure(args: &Args) -> Result<(), String> {
             remote.len, args.total_bytes
         ));
     }
-    let local = engine
-        .allocate(args.total_bytes as usize, HostBufferOptions::default())
-        .await
-        .map_err(|e| e.to_string())?;
-    // Always written, not only for --verify: an untouched anonymous buffer reads as the kernel's
-    // shared zero page, which is always cache-hot and would flatter every write.
-    if args.op == TransferOp::Write {
-        fill(&local, WRITE_SEED)?;
-    }
+    let local = local_buffer(args, &engine).await?;
     let blocks = args.total_bytes / args.block_bytes;
-    let requests: Vec<TransferRequest> = (0..blocks)
-        .map(|i| {
-            let off = i * args.block_bytes;
-            let (l, r) = (local.addr() + off, remote.base + off);
-            match args.op {
-                TransferOp::Write => TransferRequest::write(l, seg.id(), r, args.block_bytes),
-                TransferOp::Read => TransferRequest::read(l, seg.id(), r, args.block_bytes),
-            }
-        })
-        .collect();
+    let requests = block_requests(args, &local, seg.id(), remote.base);
 
     let cma_pair = target.as_ref().map(|t| cma::CmaPair {
         pid: t.child.id(),
@@ -363,29 +427,7 @@ async fn measure(args: &Args) -> Result<(), String> {
     let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1e6;
 
     let mismatched_bytes = if args.verify {
-        Some(match args.op {
-            TransferOp::Read => mismatches(&local, TARGET_SEED)?,
-            TransferOp::Write => {
-                // Read the target's buffer back into a second buffer and check it.
-                let back = engine
-                    .allocate(args.total_bytes as usize, HostBufferOptions::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let reads: Vec<TransferRequest> = requests
-                    .iter()
-                    .map(|r| {
-                        TransferRequest::read(
-                            back.addr() + (r.local_addr - local.addr()),
-                            r.segment,
-                            r.remote_addr,
-                            r.len,
-                        )
-                    })
-                    .collect();
-                engine.transfer(&reads).await.map_err(|e| e.to_string())?;
-                mismatches(&back, WRITE_SEED)?
-            }
-        })
+        Some(verify_transfer(args, &engine, &local, &requests).await?)
     } else {
         None
     };

@@ -8,6 +8,18 @@ pub fn median(samples: &mut [Duration]) -> Duration {
     samples[samples.len() / 2]
 }
 
+/// The median over repetitions of `b[i] / a[i]`: pairs measured back to back share the machine's
+/// state, so this ratio drifts less than the ratio of two medians.
+pub fn paired_ratio(a: &[Duration], b: &[Duration]) -> f64 {
+    let mut r: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| y.as_secs_f64() / x.as_secs_f64())
+        .collect();
+    r.sort_unstable_by(f64::total_cmp);
+    r.get(r.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// Prints one JSON object per line.
 pub fn print_json(v: &serde_json::Value) {
     println!("{}", serde_json::to_string(v).unwrap_or_default());

@@ -28,6 +28,7 @@ pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod eviction;
+mod metrics;
 pub mod range_map;
 pub mod standalone;
 pub mod store;

@@ -138,6 +138,22 @@ impl BatchState {
         self.failed.load(Ordering::Acquire) == 0 && self.cancelled.load(Ordering::Acquire) == 0
     }
 
+    /// Visits every request that did not succeed: each failed one with its error, then each
+    /// cancelled one with `None`. One lock and one pass over the statuses; for per-batch
+    /// follow-ups (metrics) on the rare path of a batch that did not succeed. `f` must not block.
+    pub fn for_each_unsuccessful(&self, mut f: impl FnMut(usize, Option<&Error>)) {
+        for (i, e) in self.failures.lock().iter() {
+            f(*i, Some(e));
+        }
+        if self.cancelled.load(Ordering::Acquire) > 0 {
+            for (i, s) in self.status.iter().enumerate() {
+                if s.load(Ordering::Acquire) == CANCELLED {
+                    f(i, None);
+                }
+            }
+        }
+    }
+
     /// True once the caller asked to cancel. Transports check it before starting queued work.
     pub fn cancel_requested(&self) -> bool {
         self.cancel_requested.load(Ordering::Relaxed)
@@ -467,6 +483,17 @@ mod tests {
             r.fetch_add(1, Ordering::SeqCst);
         }));
         assert_eq!(runs.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn unsuccessful_requests_are_visited_once_each() {
+        let s = BatchState::new(vec![1, 2, 3, 4].into());
+        s.complete(0);
+        s.fail(3, Error::Cancelled);
+        s.cancel(1);
+        let mut seen = Vec::new();
+        s.for_each_unsuccessful(|i, e| seen.push((i, e.is_some())));
+        assert_eq!(seen, [(3, true), (1, false)]);
     }
 
     #[test]

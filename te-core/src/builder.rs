@@ -18,6 +18,7 @@ pub struct TransferEngineBuilder {
     only: Option<Vec<String>>,
     custom: Vec<Arc<dyn Transport>>,
     auth: Option<AuthKey>,
+    metrics_recorder: Option<Arc<dyn metrics::Recorder + Send + Sync>>,
 }
 
 impl Default for TransferEngineBuilder {
@@ -37,6 +38,7 @@ impl TransferEngineBuilder {
             only: None,
             custom: Vec::new(),
             auth: None,
+            metrics_recorder: None,
         }
     }
 
@@ -87,6 +89,14 @@ impl TransferEngineBuilder {
     /// `docs/security.md`.
     pub fn auth_key(mut self, key: AuthKey) -> Self {
         self.auth = Some(key);
+        self
+    }
+
+    /// Exports the engine's metrics to `recorder` (the embedding process's exporter) instead of
+    /// the engine's own endpoint (`TE_METRICS_LISTEN`, which must then be unset). See
+    /// [`crate::metrics`].
+    pub fn metrics_recorder(mut self, recorder: Arc<dyn metrics::Recorder + Send + Sync>) -> Self {
+        self.metrics_recorder = Some(recorder);
         self
     }
 
@@ -175,7 +185,29 @@ impl TransferEngineBuilder {
             Some(m) => m,
             None => metadata_from_env(&*env, auth.as_ref()).await?,
         };
-        TransferEngine::assemble(name, metadata, env, transports, statuses, plugins, phase_timing, inbox).await
+        let metrics_config = crate::metrics::MetricsConfig::from_env(&*env)?;
+        let names = transports.iter().map(|t| t.name()).collect();
+        let (export, serve) = match crate::metrics::setup(&metrics_config, self.metrics_recorder, names)? {
+            Some(s) => (Some(s.export), s.serve),
+            None => (None, None),
+        };
+        let engine = TransferEngine::assemble(
+            name,
+            metadata,
+            env,
+            transports,
+            statuses,
+            plugins,
+            phase_timing,
+            inbox,
+            export,
+        )
+        .await?;
+        if let Some(serve) = serve {
+            let endpoint = crate::metrics::serve(&engine, &metrics_config, serve, auth).await?;
+            let _ = engine.inner.metrics_endpoint.set(endpoint);
+        }
+        Ok(engine)
     }
 }
 

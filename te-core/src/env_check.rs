@@ -35,6 +35,7 @@ pub fn known_vars() -> Vec<String> {
         .map(|v| v.to_string())
         .collect();
     vars.extend(LISTENER_VAR_SUFFIXES.iter().map(|s| format!("TE_P2P{s}")));
+    vars.extend(crate::metrics::env_vars());
     #[cfg(feature = "local")]
     vars.extend(te_transport_local::config::ENV_VARS.iter().map(|v| v.to_string()));
     #[cfg(feature = "tcp")]
@@ -57,6 +58,7 @@ pub(crate) fn check(env: &dyn Env) -> Result<Vec<UnknownVar>> {
     te_base::NotifyLimits::from_env(env)?;
     crate::metadata::p2p::P2pConfig::from_env(env, None)?;
     crate::engine::check_transfer_timeout(env)?;
+    crate::metrics::MetricsConfig::from_env(env)?;
     #[cfg(feature = "etcd")]
     if env.get("TE_ETCD_ENDPOINTS").is_some() {
         crate::metadata::etcd::EtcdConfig::from_env(env)?;

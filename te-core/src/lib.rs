@@ -24,7 +24,7 @@ mod env_check;
 mod grouping;
 mod install;
 pub mod metadata;
-mod metrics;
+pub mod metrics;
 mod registry;
 mod segment;
 

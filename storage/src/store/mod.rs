@@ -314,7 +314,7 @@ impl Store {
         let own = engine.open_segment(engine.segment_name()).await?.id();
         let stats = cfg.ranged_call_debug.then(|| Arc::new(PhaseStats::default()));
         let timer = stats.clone().map(PhaseTimer::on).unwrap_or_default();
-        Ok(Store {
+        Ok(crate::metrics::exported(Store {
             inner: Arc::new(Inner {
                 engine,
                 owns_engine,
@@ -334,7 +334,7 @@ impl Store {
                 #[cfg(feature = "cluster")]
                 cluster: std::sync::OnceLock::new(),
             }),
-        })
+        }))
     }
 
     /// Standalone mode: a store whose calls go to the server at `cfg.standalone_socket`. It has no
@@ -363,7 +363,7 @@ impl Store {
             .build()
             .await?;
         let own = engine.open_segment(engine.segment_name()).await?.id();
-        Ok(Store {
+        Ok(crate::metrics::exported(Store {
             inner: Arc::new(Inner {
                 engine,
                 owns_engine: true,
@@ -382,7 +382,7 @@ impl Store {
                 #[cfg(feature = "cluster")]
                 cluster: std::sync::OnceLock::new(),
             }),
-        })
+        }))
     }
 
     /// The standalone client, in standalone mode.

@@ -57,6 +57,9 @@ pub(crate) struct EngineInner {
     timer: PhaseTimer,
     phase_stats: Option<Arc<PhaseStats>>,
     metrics: Metrics,
+    /// Exported metrics (`None`: off, one check per batch) and the engine's own endpoint.
+    pub(crate) export: Option<Arc<crate::metrics::Export>>,
+    pub(crate) metrics_endpoint: std::sync::OnceLock<crate::metrics::Endpoint>,
     closed: AtomicBool,
     /// `TE_TRANSFER_TIMEOUT_MS`: the deadline of batches submitted without one.
     default_deadline: Option<std::time::Duration>,
@@ -115,6 +118,7 @@ impl TransferEngine {
         plugins: Vec<PluginAvailability>,
         phase_timing: bool,
         inbox: Arc<te_base::NotifyInbox>,
+        export: Option<Arc<crate::metrics::Export>>,
     ) -> Result<Self> {
         let phase_stats = phase_timing.then(|| Arc::new(PhaseStats::default()));
         let timer = phase_stats.clone().map(PhaseTimer::on).unwrap_or_default();
@@ -136,6 +140,8 @@ impl TransferEngine {
             timer,
             phase_stats,
             metrics: Metrics::default(),
+            export,
+            metrics_endpoint: std::sync::OnceLock::new(),
             closed: AtomicBool::new(false),
             default_deadline: deadline::default_deadline(env.as_ref())?,
             live: segments::LiveSegments::default(),
@@ -324,6 +330,13 @@ impl TransferEngine {
         }
         self.inner.inbox.close();
         Ok(())
+    }
+}
+
+impl EngineInner {
+    /// The open segments now (for refreshing metrics gauges).
+    pub(crate) fn open_segments(&self) -> Vec<Arc<OpenSegment>> {
+        self.segments.read().clone()
     }
 }
 

@@ -35,6 +35,7 @@ type RegionKeys = Vec<(&'static str, serde_json::Value)>;
 
 impl EngineInner {
     /// Registers `items` as one batch under the control lock: all of them or none.
+    #[tracing::instrument(name = "register", level = "debug", skip_all, fields(regions = items.len()))]
     pub(super) async fn register(
         self: &Arc<Self>,
         items: Vec<PendingRegion>,
@@ -109,7 +110,12 @@ impl EngineInner {
             if subset.is_empty() {
                 continue;
             }
-            match t.register(&subset).await {
+            let started = std::time::Instant::now();
+            let registered = t.register(&subset).await;
+            if let Some(e) = &self.export {
+                e.registered(ti, subset.len(), started.elapsed(), registered.is_ok());
+            }
+            match registered {
                 Ok(k) => {
                     for (i, v) in idx.into_iter().zip(k) {
                         keys[i].push((t.name(), v));

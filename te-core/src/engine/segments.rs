@@ -20,6 +20,7 @@ use te_base::{
 };
 use tokio::sync::broadcast;
 use tokio::task::AbortHandle;
+use tracing::Instrument;
 
 use super::EngineInner;
 use crate::segment::{OpenSegment, Route, SegmentEvent, SegmentHandle};
@@ -114,6 +115,7 @@ impl EngineInner {
         d
     }
 
+    #[tracing::instrument(name = "publish", level = "debug", skip_all, fields(segment = %self.name))]
     pub(super) async fn publish(&self) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
             return Ok(());
@@ -126,6 +128,7 @@ impl EngineInner {
     /// If this engine opened its own segment, keep that open segment current: reconnect its
     /// routes with the new descriptor, so memory registered after the open is reachable without
     /// reopening (a store that registers as it grows relies on this).
+    #[tracing::instrument(name = "reconnect", level = "debug", skip_all, fields(segment = %self.name))]
     async fn refresh_own_segment(&self, desc: SegmentDescriptor) -> Result<()> {
         if !self.segment_ids.lock().contains_key(&self.name) {
             return Ok(());
@@ -134,6 +137,7 @@ impl EngineInner {
         self.apply(&name, Arc::new(desc)).await.map(|_| ())
     }
 
+    #[tracing::instrument(name = "open", level = "debug", skip(self))]
     pub(super) async fn open_segment(self: &Arc<Self>, name: &str) -> Result<SegmentHandle> {
         // Watch before fetching, so a change published in between is not missed (a change the
         // fetch already saw comes again as an event and is found unchanged).
@@ -249,7 +253,16 @@ impl EngineInner {
                 });
             }
         }
-        let routes = self.connect_routes(name, &desc).await?;
+        // Open before, and changed, restarted or broken since: this is a reconnect.
+        let connect = self.connect_routes(name, &desc);
+        let routes = if current.is_some() {
+            let restarted = matches!(applied, Applied::Restarted);
+            connect
+                .instrument(tracing::debug_span!("reconnect", segment = %name, restarted))
+                .await?
+        } else {
+            connect.await?
+        };
         let seg = Arc::new(OpenSegment {
             descriptor: desc.clone(),
             routes,
@@ -285,7 +298,7 @@ impl EngineInner {
     async fn connect_routes(&self, name: &str, desc: &Arc<SegmentDescriptor>) -> Result<Vec<Route>> {
         let mut routes: Vec<Route> = Vec::new();
         let mut failures: Vec<String> = Vec::new();
-        for t in &self.transports {
+        for (transport, t) in self.transports.iter().enumerate() {
             if !t.can_reach(desc) {
                 continue;
             }
@@ -295,7 +308,7 @@ impl EngineInner {
                 continue;
             }
             match t.connect(desc).await {
-                Ok(peer) => routes.push(Route { caps, peer }),
+                Ok(peer) => routes.push(Route { transport, caps, peer }),
                 Err(e) => failures.push(format!("{}: {e}", t.name())),
             }
         }

@@ -31,6 +31,7 @@ impl EngineInner {
         let timer = opts.timer.as_ref().unwrap_or(&self.timer);
         let background = opts.background;
         let t0 = timer.start();
+        let mut record = self.export.as_ref().map(|e| e.begin());
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed(format!("engine '{}'", self.name)));
         }
@@ -58,6 +59,15 @@ impl EngineInner {
         let mut failed = 0u64;
         let mut deadline_peers: Vec<Arc<dyn Peer>> = Vec::new();
         for (g, seg) in groups.into_iter().zip(routes) {
+            if let (Some(e), Some(r)) = (&self.export, &mut record) {
+                e.group(
+                    r,
+                    &seg,
+                    (g.segment, g.route),
+                    &g.requests,
+                    single_group.then_some(bytes),
+                );
+            }
             let peer = &seg.routes[g.route as usize].peer;
             if !peer.is_healthy() {
                 self.reconnect_later(g.segment);
@@ -91,6 +101,9 @@ impl EngineInner {
         }
         if let Some(after) = deadline.filter(|_| !deadline_peers.is_empty()) {
             super::deadline::arm(&self.runtime, &state, deadline_peers, after);
+        }
+        if let Some(r) = record {
+            r.finish(&state);
         }
         // The transports recorded their own plan and submit inside the loop above; the engine's
         // part after it is the counter update.

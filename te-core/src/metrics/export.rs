@@ -1,0 +1,359 @@
+//! The engine's exported metrics: handles per (transport, peer) and per transport, updated once
+//! per batch (submit: requests and bytes; completion hook: batches, latency, failures by kind) and
+//! once per registration call; gauges (open segments, open connections) and consumers' collectors
+//! (UMBP's tier counters) refreshed when metrics are collected, so they cost the data path nothing.
+//!
+//! Peer labels are bounded: the first `max_peers` peer names get their own `peer` label, every
+//! later one shares `peer="_other"` (its counts still add up there).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use metrics::{Counter, Gauge, Histogram, Unit};
+use parking_lot::{Mutex, RwLock};
+use te_base::{BatchState, Error, Peer, ResolvedRequest};
+
+use super::Registrar;
+use crate::segment::OpenSegment;
+
+/// The `peer` label every peer past the cap shares.
+pub const OTHER_PEER: &str = "_other";
+
+/// Failure kinds, the `kind` label of `te_failed_requests_total`.
+const KINDS: [&str; 9] = [
+    "peer_gone",
+    "timeout",
+    "cancelled",
+    "refused",
+    "unauthenticated",
+    "transport",
+    "io",
+    "bounds",
+    "other",
+];
+
+fn kind_index(e: Option<&Error>) -> usize {
+    match e {
+        Some(Error::PeerGone { .. } | Error::PeerRestarted { .. }) => 0,
+        Some(Error::Timeout { .. }) => 1,
+        None | Some(Error::Cancelled) => 2,
+        Some(Error::Refused { .. }) => 3,
+        Some(Error::Unauthenticated { .. }) => 4,
+        Some(Error::Transport { .. }) => 5,
+        Some(Error::Io { .. }) => 6,
+        Some(Error::OutOfBounds { .. } | Error::LengthOverflow { .. }) => 7,
+        Some(_) => 8,
+    }
+}
+
+/// Handles of one (transport, peer) label set.
+pub(crate) struct PeerMetrics {
+    requests: Counter,
+    bytes: Counter,
+    batches: Counter,
+    latency: Histogram,
+    failures: [Counter; KINDS.len()],
+    connections: Gauge,
+}
+
+/// Handles of one transport's registrations.
+struct TransportMetrics {
+    regions: Counter,
+    failures: Counter,
+    seconds: Histogram,
+}
+
+/// Which label set a segment's route counts under, remembered for the connection it was made for.
+struct RouteSlot {
+    peer: Weak<dyn Peer>,
+    metrics: Arc<PeerMetrics>,
+}
+
+/// A consumer's collector: refreshes its own gauges and counters from its stats.
+pub type Collector = Arc<dyn Fn() + Send + Sync>;
+
+/// The engine's exported metrics.
+pub(crate) struct Export {
+    registrar: Registrar,
+    max_peers: usize,
+    transport_names: Vec<&'static str>,
+    transports: Vec<TransportMetrics>,
+    labelled: Mutex<Labelled>,
+    /// `[segment id][route]`: the label set of each route, checked against the route's connection.
+    routes: RwLock<Vec<Vec<Option<RouteSlot>>>>,
+    open_segments: Gauge,
+    collectors: Mutex<Vec<Collector>>,
+}
+
+#[derive(Default)]
+struct Labelled {
+    names: HashSet<String>,
+    sets: HashMap<(usize, String), Arc<PeerMetrics>>,
+}
+
+/// Latency histogram buckets, seconds: 10 us to 10 s.
+pub(crate) const LATENCY_BUCKETS: &[f64] = &[
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
+impl Export {
+    pub fn new(registrar: Registrar, max_peers: usize, transport_names: Vec<&'static str>) -> Self {
+        describe(&registrar);
+        let transports = transport_names
+            .iter()
+            .map(|t| {
+                let l = [("transport", t.to_string())];
+                TransportMetrics {
+                    regions: registrar.counter("te_registered_regions_total", &l),
+                    failures: registrar.counter("te_registration_failures_total", &l),
+                    seconds: registrar.histogram("te_registration_seconds", &l),
+                }
+            })
+            .collect();
+        Export {
+            open_segments: registrar.gauge("te_open_segments", &[]),
+            registrar,
+            max_peers,
+            transport_names,
+            transports,
+            labelled: Mutex::default(),
+            routes: RwLock::default(),
+            collectors: Mutex::default(),
+        }
+    }
+
+    pub fn registrar(&self) -> &Registrar {
+        &self.registrar
+    }
+
+    /// One registration call on transport `t`: `regions` regions, `took`, `ok`.
+    pub fn registered(&self, t: usize, regions: usize, took: Duration, ok: bool) {
+        let m = &self.transports[t];
+        if ok {
+            m.regions.increment(regions as u64);
+        } else {
+            m.failures.increment(1);
+        }
+        m.seconds.record(took.as_secs_f64());
+    }
+
+    /// The label set of (transport `t`, peer `name`), registered on first use; past the cap,
+    /// the shared `_other` set.
+    fn label_set(&self, t: usize, name: &str) -> Arc<PeerMetrics> {
+        let mut l = self.labelled.lock();
+        let peer = if l.names.contains(name) {
+            name.to_string()
+        } else if l.names.len() < self.max_peers {
+            l.names.insert(name.to_string());
+            name.to_string()
+        } else {
+            OTHER_PEER.to_string()
+        };
+        let r = &self.registrar;
+        let transport = self.transport_names[t];
+        l.sets
+            .entry((t, peer.clone()))
+            .or_insert_with(|| {
+                let labels = [("transport", transport.to_string()), ("peer", peer)];
+                let with_kind = |k: &str| {
+                    let mut v = labels.to_vec();
+                    v.push(("kind", k.to_string()));
+                    r.counter("te_failed_requests_total", &v)
+                };
+                Arc::new(PeerMetrics {
+                    requests: r.counter("te_requests_total", &labels),
+                    bytes: r.counter("te_bytes_total", &labels),
+                    batches: r.counter("te_batches_total", &labels),
+                    latency: r.histogram("te_batch_latency_seconds", &labels),
+                    failures: KINDS.map(with_kind),
+                    connections: r.gauge("te_open_connections", &labels),
+                })
+            })
+            .clone()
+    }
+
+    /// The label set of route `route` of segment `id` (`seg`): one read lock; registered on the
+    /// first batch after the route's connection changed.
+    fn route_metrics(&self, id: u32, route: u32, seg: &OpenSegment) -> Arc<PeerMetrics> {
+        let r = &seg.routes[route as usize];
+        let current = Arc::as_ptr(&r.peer);
+        let hit = |t: &Vec<Vec<Option<RouteSlot>>>| {
+            t.get(id as usize)
+                .and_then(|v| v.get(route as usize))
+                .and_then(Option::as_ref)
+                .filter(|s| std::ptr::addr_eq(s.peer.as_ptr(), current))
+                .map(|s| s.metrics.clone())
+        };
+        if let Some(m) = hit(&self.routes.read()) {
+            return m;
+        }
+        let metrics = self.label_set(r.transport, &seg.descriptor.name);
+        let mut t = self.routes.write();
+        if t.len() <= id as usize {
+            t.resize_with(id as usize + 1, Vec::new);
+        }
+        let row = &mut t[id as usize];
+        if row.len() <= route as usize {
+            row.resize_with(route as usize + 1, || None);
+        }
+        row[route as usize] = Some(RouteSlot {
+            peer: Arc::downgrade(&r.peer),
+            metrics: metrics.clone(),
+        });
+        metrics
+    }
+
+    /// Refreshes the gauges from the open segments, then runs the consumers' collectors.
+    pub fn collect(&self, segments: &[Arc<OpenSegment>]) {
+        self.open_segments.set(segments.len() as f64);
+        let mut connections: HashMap<*const PeerMetrics, (Arc<PeerMetrics>, usize)> = HashMap::new();
+        for (id, seg) in segments.iter().enumerate() {
+            for (ri, r) in seg.routes.iter().enumerate() {
+                let m = self.route_metrics(id as u32, ri as u32, seg);
+                let e = connections.entry(Arc::as_ptr(&m)).or_insert((m, 0));
+                e.1 += usize::from(r.peer.is_healthy());
+            }
+        }
+        for (m, n) in connections.into_values() {
+            m.connections.set(n as f64);
+        }
+        let collectors = self.collectors.lock().clone();
+        for c in collectors {
+            c();
+        }
+    }
+
+    pub fn add_collector(&self, c: Collector) {
+        self.collectors.lock().push(c);
+    }
+
+    /// Starts recording one batch (the one clock read at submit).
+    pub fn begin(&self) -> BatchRecord {
+        BatchRecord {
+            start: Instant::now(),
+            first: None,
+            rest: Vec::new(),
+        }
+    }
+
+    /// Counts a group of the batch: its requests and bytes (`batch_bytes` when it is the only
+    /// group), under its route's label set.
+    pub fn group(
+        &self,
+        rec: &mut BatchRecord,
+        seg: &OpenSegment,
+        (id, route): (u32, u32),
+        requests: &[ResolvedRequest],
+        batch_bytes: Option<u64>,
+    ) {
+        let m = self.route_metrics(id, route, seg);
+        let bytes = batch_bytes.unwrap_or_else(|| requests.iter().map(|r| r.len).sum());
+        m.requests.increment(requests.len() as u64);
+        m.bytes.increment(bytes);
+        // A lone group needs no index list: every failure of the batch is its.
+        let indices = match batch_bytes {
+            Some(_) => Vec::new(),
+            None => requests.iter().map(|r| r.index).collect(),
+        };
+        match rec.first {
+            None => rec.first = Some((m, indices)),
+            Some(_) => rec.rest.push((m, indices)),
+        }
+    }
+}
+
+/// One batch being recorded: its start and the label sets of its groups (with their request
+/// indices when there are several). The first group is held inline: most batches have one, and
+/// then recording allocates nothing but the completion hook.
+pub(crate) struct BatchRecord {
+    start: Instant,
+    first: Option<Group>,
+    rest: Vec<Group>,
+}
+
+/// A group's label set and, when the batch has several groups, its request indices (ascending).
+type Group = (Arc<PeerMetrics>, Vec<u32>);
+
+impl BatchRecord {
+    /// Records the batch's completion from its completion hook: the one clock read at the end,
+    /// the latency and batch count under each group's label set, failures by kind.
+    pub fn finish(self, state: &BatchState) {
+        state.on_complete(Box::new(move |s| self.complete(s)));
+    }
+
+    fn complete(self, state: &BatchState) {
+        let secs = self.start.elapsed().as_secs_f64();
+        for (m, _) in self.first.iter().chain(&self.rest) {
+            m.batches.increment(1);
+            m.latency.record(secs);
+        }
+        if state.succeeded() {
+            return;
+        }
+        let groups: Vec<&Group> = self.first.iter().chain(&self.rest).collect();
+        let mut counts = vec![[0u64; KINDS.len()]; groups.len()];
+        state.for_each_unsuccessful(|i, e| {
+            let g = match groups.len() {
+                1 => 0,
+                _ => match groups.iter().position(|(_, ix)| ix.binary_search(&(i as u32)).is_ok()) {
+                    Some(g) => g,
+                    None => return,
+                },
+            };
+            counts[g][kind_index(e)] += 1;
+        });
+        for ((m, _), c) in groups.into_iter().zip(counts) {
+            for (counter, n) in m.failures.iter().zip(c) {
+                if n > 0 {
+                    counter.increment(n);
+                }
+            }
+        }
+    }
+}
+
+fn describe(r: &Registrar) {
+    r.describe_counter("te_requests_total", None, "Requests submitted, per transport and peer.");
+    r.describe_counter(
+        "te_bytes_total",
+        Some(Unit::Bytes),
+        "Bytes submitted, per transport and peer.",
+    );
+    r.describe_counter(
+        "te_batches_total",
+        None,
+        "Batches completed (a batch to several peers counts under each).",
+    );
+    r.describe_histogram(
+        "te_batch_latency_seconds",
+        Some(Unit::Seconds),
+        "Batch latency, submit to the last request settled.",
+    );
+    r.describe_counter(
+        "te_failed_requests_total",
+        None,
+        "Requests that failed or were cancelled, by kind.",
+    );
+    r.describe_gauge(
+        "te_open_connections",
+        None,
+        "Healthy connections to open segments (refreshed on scrape).",
+    );
+    r.describe_gauge("te_open_segments", None, "Segments this engine opened.");
+    r.describe_counter(
+        "te_registered_regions_total",
+        None,
+        "Memory regions registered, per transport.",
+    );
+    r.describe_counter(
+        "te_registration_failures_total",
+        None,
+        "Registration calls that failed, per transport.",
+    );
+    r.describe_histogram(
+        "te_registration_seconds",
+        Some(Unit::Seconds),
+        "Time of one registration call on one transport.",
+    );
+}
