@@ -170,8 +170,6 @@ pub fn run(args: Args) -> Result<(), String> {
 }
 
 /// The layer-wise restore, in local mode or (with `standalone`) against an `umbp-server` with
-
-/// The layer-wise restore, in local mode or (with `standalone`) against an `umbp-server` with
 /// each rank a worker process.
 fn run_restore(args: &Args, standalone: bool) -> Result<(), String> {
     let shape = Shape::new(args, standalone)?;
