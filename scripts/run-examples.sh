@@ -47,6 +47,10 @@ listening() {
 }
 
 build te-core
+build umbp
+
+echo "== example restore_prefix (umbp)"
+"$(bin restore_prefix)"
 
 echo "== example raw_scatter"
 "$(bin raw_scatter)"

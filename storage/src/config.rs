@@ -22,17 +22,62 @@
 //! | `UMBP_RANGED_CALL_DEBUG` | 0 | per-phase timings of ranged calls |
 //! | `UMBP_STANDALONE_SOCKET` and the key-handle variables | | standalone mode, see [`crate::standalone`] |
 //! | `UMBP_CLUSTER` | unset | distributed mode: `etcd://host:port[,...][/prefix]` (see `cluster::config`) |
+//!
+//! [`known_vars`] lists every variable this build reads; a `UMBP_*` variable set in the
+//! environment that is not among them (a typo) is logged as a warning naming the closest known
+//! one when the configuration is resolved.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use te_base::config::{parse_bool, parse_bytes, parse_var, Env, ProcessEnv};
+use te_base::config::{parse_bool, parse_bytes, parse_var, Env, ProcessEnv, UnknownVar, LISTENER_VAR_SUFFIXES};
 
 use crate::error::{Result, StoreError};
 use crate::eviction::EvictionPolicy;
 use crate::ssd::io::{DirectIo, IoBackend};
 use crate::ssd::log::SsdOptions;
 use crate::ssd::record::BLOCK;
+
+/// The local-mode variables (tiers, eviction, staging, debugging).
+pub const ENV_VARS: &[&str] = &[
+    "UMBP_DRAM_CAPACITY",
+    "UMBP_DRAM_PAGE_BYTES",
+    "UMBP_DRAM_HIGH_WATERMARK",
+    "UMBP_DRAM_LOW_WATERMARK",
+    "UMBP_EVICTION",
+    "UMBP_SSD_DIRS",
+    "UMBP_SSD_CAPACITY",
+    "UMBP_SSD_COMPACT_BELOW",
+    "UMBP_SSD_SEGMENT_BYTES",
+    "UMBP_SSD_DIRECT",
+    "UMBP_SSD_IO",
+    "UMBP_SSD_STAGING_BYTES",
+    "UMBP_SSD_STAGING_SLOTS",
+    "UMBP_SSD_WRITE_THROUGH",
+    "UMBP_PROMOTE_ON_READ",
+    "UMBP_RANGED_CALL_DEBUG",
+];
+
+/// Every `UMBP_*` variable this build reads: local mode's, standalone mode's (with the server's
+/// listener limits) and, with the `cluster` feature, distributed mode's.
+pub fn known_vars() -> Vec<String> {
+    let mut vars: Vec<String> = ENV_VARS
+        .iter()
+        .chain(crate::standalone::ENV_VARS)
+        .map(|v| v.to_string())
+        .collect();
+    vars.extend(LISTENER_VAR_SUFFIXES.iter().map(|s| format!("UMBP_SERVER{s}")));
+    #[cfg(feature = "cluster")]
+    vars.extend(crate::cluster::config::ENV_VARS.iter().map(|v| v.to_string()));
+    vars
+}
+
+/// The `UMBP_*` variables of `env` that this build does not read, each with the closest known
+/// name (a likely typo).
+pub fn unknown_vars(env: &dyn Env) -> Vec<UnknownVar> {
+    let known = known_vars();
+    te_base::config::unknown_vars(env, &["UMBP_"], known.iter().map(String::as_str))
+}
 
 /// Resolved configuration of a store.
 #[derive(Debug, Clone)]
@@ -236,9 +281,13 @@ impl StoreBuilder {
         /// Standalone mode: key-handle cache slots (0: off).
         key_handle_slots, key_handle_slots, usize);
 
-    /// Resolves and validates the configuration.
+    /// Resolves and validates the configuration; logs a warning for each unknown `UMBP_*`
+    /// variable (see [`unknown_vars`]).
     pub fn config(&self) -> Result<StoreConfig> {
         let env = &*self.env;
+        for unknown in unknown_vars(env) {
+            tracing::warn!("{unknown}");
+        }
         let bytes = |explicit: Option<u64>, var: &str, default: u64| -> Result<u64> {
             Ok(match explicit {
                 Some(v) => v,
@@ -449,6 +498,84 @@ mod tests {
     fn with(pairs: &[(&str, &str)]) -> StoreBuilder {
         let map = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         StoreBuilder::new().env(Arc::new(MapEnv(map)))
+    }
+
+    #[test]
+    fn unknown_variables_name_the_closest_known_one() {
+        let map = [
+            ("UMBP_DRAM_CAPACTIY", "1G"),
+            ("UMBP_SSD_DIR", "/tmp/x"),
+            ("UMBP_SERVER_IDLE_TIMEOUT_MS", "5"),
+            ("UMBP_STANDALONE_SOCKET", "/tmp/s"),
+            ("UMBP_NOTHING_LIKE_THIS_AT_ALL", "1"),
+            ("TE_SEGMENT_NAME", "x"),
+        ];
+        let env = MapEnv(map.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        let got: Vec<(String, Option<String>)> = unknown_vars(&env).into_iter().map(|u| (u.name, u.closest)).collect();
+        assert_eq!(
+            got,
+            [
+                ("UMBP_DRAM_CAPACTIY".to_string(), Some("UMBP_DRAM_CAPACITY".to_string())),
+                ("UMBP_NOTHING_LIKE_THIS_AT_ALL".to_string(), None),
+                ("UMBP_SSD_DIR".to_string(), Some("UMBP_SSD_DIRS".to_string())),
+            ]
+        );
+        // Resolving the configuration only warns: the known variables still apply.
+        assert!(with(&map).config().is_ok());
+    }
+
+    /// Every `UMBP_*` name quoted in the crate's code is in [`known_vars`], so the list cannot
+    /// drift from what the store reads.
+    #[test]
+    fn every_variable_in_the_sources_is_known() {
+        let known = known_vars();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut missing = Vec::new();
+        let mut seen = 0;
+        let mut stack = vec![root];
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(&d).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    // known_vars() lists what this build reads: the cluster sources count only
+                    // with the feature.
+                    if cfg!(feature = "cluster") || !path.ends_with("cluster") {
+                        stack.push(path);
+                    }
+                    continue;
+                }
+                let name = path.file_name().unwrap().to_string_lossy();
+                // Unit-test files use made-up names.
+                if !name.ends_with(".rs") || name == "tests.rs" || name.ends_with("_tests.rs") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                // Only the code before a file's unit tests.
+                let code = text.split("#[cfg(test)]").next().unwrap_or("");
+                for piece in code.split('"').skip(1).step_by(2) {
+                    let is_var = piece.starts_with("UMBP_")
+                        && piece.len() > 5
+                        && piece
+                            .bytes()
+                            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+                    // A prefix the listener limits are appended to.
+                    let prefix_only = piece == "UMBP_SERVER";
+                    // Without the feature, code naming the cluster's variables is compiled out.
+                    let compiled_out = !cfg!(feature = "cluster") && piece.starts_with("UMBP_CLUSTER");
+                    if is_var && !prefix_only && !compiled_out {
+                        seen += 1;
+                        if !known.iter().any(|k| k == piece) {
+                            missing.push(format!("{piece} ({})", path.display()));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            seen > 20,
+            "found only {seen} variable names: is the scan looking at the sources?"
+        );
+        assert!(missing.is_empty(), "read but not in known_vars(): {missing:?}");
     }
 
     #[test]

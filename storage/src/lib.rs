@@ -8,8 +8,9 @@
 //! checksummed 4 KiB-aligned records. Every byte between the store and its callers moves through
 //! te-core's engine, so the local-copy transport plans and coalesces the fragments.
 //!
-//! ```no_run
-//! # async fn demo() -> umbp::Result<()> {
+//! ```
+//! # #[tokio::main]
+//! # async fn main() -> umbp::Result<()> {
 //! use umbp::{Range, RangedGet, Store};
 //! let store = Store::builder().dram_capacity(64 << 20).open().await?;
 //! store.put("page-0", &vec![7u8; 3 * 1728], 0).await?;
@@ -20,8 +21,14 @@
 //! let got = store.batch_get_ranges(&[RangedGet { key: "page-0", ranges: &ranges }])?;
 //! assert_eq!(*got[0].as_ref().unwrap(), 1728);
 //! store.deregister_buffer(layer.as_mut_ptr() as u64).await?;
+//! store.close().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! `cargo run -p umbp --example restore_prefix` restores a prefix of pages layer group by layer
+//! group, the whole way round (offload, restore, verify).
+
+#![warn(missing_docs)]
 
 #[cfg(feature = "cluster")]
 pub mod cluster;

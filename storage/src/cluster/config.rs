@@ -17,6 +17,14 @@ use te_base::auth::AuthKey;
 use te_base::config::{parse_var, Env};
 use te_base::{Error, Result};
 
+/// The distributed-mode variables.
+pub const ENV_VARS: &[&str] = &[
+    "UMBP_CLUSTER",
+    "UMBP_CLUSTER_LISTEN",
+    "UMBP_CLUSTER_LEASE_TTL_S",
+    "UMBP_CLUSTER_TIMEOUT_MS",
+];
+
 /// Distributed-mode settings.
 #[derive(Clone)]
 pub struct ClusterConfig {

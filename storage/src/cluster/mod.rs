@@ -4,14 +4,14 @@
 //! buffer, by te-core's engine over whichever transport reaches it (tcp here, efa/rdma on
 //! clusters). Only the requested spans move.
 //!
-//! - Membership and the key directory live in etcd ([`directory`]), cached in memory and followed
+//! - Membership and the key directory live in etcd (`directory.rs`), cached in memory and followed
 //!   by a watch: a lookup never asks etcd, a committed put is routable when its directory write
 //!   reaches the watchers, and a dead peer's entries vanish with its lease.
 //! - Each peer's engine publishes its segment (arena and staging, exported) in etcd too, so a
 //!   reader opens an owner's segment by name.
 //! - A remote read is RESOLVE (control round trip: extents and placement generations), one
 //!   engine batch per owner per call, then VALIDATE (was any page reused meanwhile): see
-//!   [`owner`] for why a seqlock-style check rather than a pin.
+//!   `owner.rs` for why a seqlock-style check rather than a pin.
 //!
 //! Control work (etcd, the listener, control requests) runs on a small runtime the cluster owns,
 //! so the store's blocking data calls work from any thread, inside a runtime or not.

@@ -30,3 +30,17 @@ pub mod server;
 pub mod wire;
 
 pub use memfd::KvBuffer;
+
+/// The standalone-mode variables (client and server); the server's listener limits are
+/// `UMBP_SERVER` plus [`te_base::config::LISTENER_VAR_SUFFIXES`].
+pub const ENV_VARS: &[&str] = &[
+    "UMBP_STANDALONE_SOCKET",
+    "UMBP_STANDALONE_TIMEOUT_MS",
+    "UMBP_STANDALONE_SPIN_US",
+    "UMBP_KEY_HANDLE_SLOTS",
+    "UMBP_KEY_HANDLE_CAPACITY",
+    "UMBP_KEY_HANDLE_DEBUG",
+    "UMBP_SERVER_ALLOW_GID",
+    "UMBP_SERVER_MAX_FRAME",
+    "UMBP_SERVER_FRAME_TIMEOUT_MS",
+];

@@ -60,6 +60,36 @@ impl Store {
     /// overlaps another of its key, falls outside its object, or points into unregistered memory;
     /// a bad key) fail the whole call before any byte moves. Per key: the bytes delivered, or its
     /// data error (missing, corrupt, I/O).
+    ///
+    /// ```
+    /// # #[tokio::main]
+    /// # async fn main() -> umbp::Result<()> {
+    /// use umbp::{Range, RangedGet, Store};
+    /// let store = Store::builder().dram_capacity(16 << 20).ssd_dirs(vec![]).open().await?;
+    /// // A page of three 1728-byte layers; layers 0 and 2 land in their own buffers.
+    /// let page: Vec<u8> = (0..3 * 1728).map(|i| (i / 1728) as u8 + 1).collect();
+    /// store.put("page-0", &page, 0).await?;
+    /// let (mut l0, mut l2) = (vec![0u8; 1728], vec![0u8; 1728]);
+    /// for b in [&mut l0, &mut l2] {
+    ///     // SAFETY: the buffers outlive their registration (deregistered below).
+    ///     unsafe { store.register_buffer(b.as_mut_ptr() as u64, b.len() as u64) }.await?;
+    /// }
+    /// let ranges = [
+    ///     Range::new(0, 1728, l0.as_mut_ptr() as u64),
+    ///     Range::new(2 * 1728, 1728, l2.as_mut_ptr() as u64),
+    /// ];
+    /// let got = store.batch_get_ranges(&[RangedGet { key: "page-0", ranges: &ranges }])?;
+    /// assert_eq!(*got[0].as_ref().unwrap(), 2 * 1728);
+    /// assert!(l0.iter().all(|&b| b == 1) && l2.iter().all(|&b| b == 3));
+    /// // A missing key is that key's error, not the call's.
+    /// let missing = store.batch_get_ranges(&[RangedGet { key: "page-9", ranges: &ranges[..1] }])?;
+    /// assert!(matches!(missing[0], Err(umbp::StoreError::NotFound { .. })));
+    /// for b in [&l0, &l2] {
+    ///     store.deregister_buffer(b.as_ptr() as u64).await?;
+    /// }
+    /// store.close().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn batch_get_ranges(&self, items: &[RangedGet<'_>]) -> Result<Vec<Result<u64>>> {
         if let Some(c) = self.remote() {
             self.check_open()?;

@@ -276,6 +276,17 @@ impl StoreBuilder {
 
 impl Store {
     /// A builder; unset options come from `UMBP_*` variables.
+    ///
+    /// ```
+    /// # #[tokio::main]
+    /// # async fn main() -> umbp::Result<()> {
+    /// // A local store with a 16 MiB DRAM tier and no SSD tier.
+    /// let store = umbp::Store::builder().dram_capacity(16 << 20).ssd_dirs(vec![]).open().await?;
+    /// store.put("k", b"value", 0).await?;
+    /// assert_eq!(store.get("k").await?, b"value");
+    /// store.close().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn builder() -> StoreBuilder {
         StoreBuilder::new()
     }

@@ -31,6 +31,34 @@ impl Store {
     /// object or leave a gap, unregistered memory) fail the whole call before anything is
     /// written. Per key: `Ok` once the object is stored, or its data error (no space, a
     /// concurrent put of the same key, I/O).
+    ///
+    /// ```
+    /// # #[tokio::main]
+    /// # async fn main() -> umbp::Result<()> {
+    /// use umbp::{Range, RangedPut, Store};
+    /// let store = Store::builder().dram_capacity(16 << 20).ssd_dirs(vec![]).open().await?;
+    /// // Two layers of a page, each in its own layer buffer, become one object.
+    /// let (mut l0, mut l1) = (vec![1u8; 1728], vec![2u8; 1728]);
+    /// for b in [&mut l0, &mut l1] {
+    ///     // SAFETY: the buffers outlive their registration (deregistered below).
+    ///     unsafe { store.register_buffer(b.as_mut_ptr() as u64, b.len() as u64) }.await?;
+    /// }
+    /// let ranges = [
+    ///     Range::new(0, 1728, l0.as_mut_ptr() as u64),
+    ///     Range::new(1728, 1728, l1.as_mut_ptr() as u64),
+    /// ];
+    /// let put = RangedPut { key: "page-0", object_len: 2 * 1728, ranges: &ranges, depth: 0 };
+    /// for r in store.batch_put_ranges(&[put])? {
+    ///     r?;
+    /// }
+    /// let page = store.get("page-0").await?;
+    /// assert_eq!((page[0], page[1728]), (1, 2));
+    /// for b in [&l0, &l1] {
+    ///     store.deregister_buffer(b.as_ptr() as u64).await?;
+    /// }
+    /// store.close().await?;
+    /// # Ok(()) }
+    /// ```
     pub fn batch_put_ranges(&self, items: &[RangedPut<'_>]) -> Result<Vec<Result<()>>> {
         self.check_open()?;
         // Keys are checked here in both modes: a bad key is BadKey, never a wire error.
