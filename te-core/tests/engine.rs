@@ -9,26 +9,10 @@ use te_core::{
 };
 
 mod common;
-use common::ManualTransport;
+use common::{local_engine, manual_engine, ManualTransport};
 
 async fn engine(name: &str) -> TransferEngine {
-    TransferEngine::builder()
-        .segment_name(name)
-        .transports(["local"])
-        .build()
-        .await
-        .expect("engine")
-}
-
-/// An engine whose only transport is the test's manual one.
-async fn manual_engine(name: &str, manual: &Arc<ManualTransport>) -> TransferEngine {
-    TransferEngine::builder()
-        .segment_name(name)
-        .transports(Vec::<String>::new())
-        .with_transport(manual.clone())
-        .build()
-        .await
-        .expect("engine")
+    local_engine(name, &[]).await
 }
 
 fn opts() -> HostBufferOptions {

@@ -33,18 +33,6 @@ async fn engine(name: &str, vars: &[(&str, &str)], manual: Option<&Arc<ManualTra
     b.build().await.expect("engine")
 }
 
-/// A second engine on the same manual transport, without metrics: a peer segment in this process.
-async fn plain_manual_engine(name: &str, manual: &Arc<ManualTransport>) -> TransferEngine {
-    TransferEngine::builder()
-        .segment_name(name)
-        .transports(Vec::<String>::new())
-        .with_transport(manual.clone())
-        .env(env(&[]))
-        .build()
-        .await
-        .expect("engine")
-}
-
 /// Sends `request` raw and returns the whole answer (the endpoint closes after one).
 async fn raw(engine: &TransferEngine, request: &[u8]) -> String {
     let mut s = TcpStream::connect(engine.metrics_addr().expect("endpoint"))
@@ -134,7 +122,8 @@ async fn failures_are_counted_by_kind_under_the_peer_that_failed() {
     let manual = ManualTransport::new();
     let a = engine("m-fail-a", &[], Some(&manual)).await;
     // A second segment in this process: the manual transport reaches it too.
-    let other = plain_manual_engine("m-fail-b", &manual).await;
+    // A second engine on the same manual transport, without metrics: a peer segment here.
+    let other = common::manual_engine("m-fail-b", &manual).await;
     let src = a.allocate(16 << 10, opts()).await.unwrap();
     let dst_a = a.allocate(16 << 10, opts()).await.unwrap();
     let dst_b = other.allocate(16 << 10, opts()).await.unwrap();
@@ -178,7 +167,7 @@ async fn failures_are_counted_by_kind_under_the_peer_that_failed() {
 async fn peers_past_the_cap_share_one_label() {
     let manual = ManualTransport::new();
     let a = engine("m-cap-a", &[("TE_METRICS_MAX_PEERS", "1")], Some(&manual)).await;
-    let b = plain_manual_engine("m-cap-b", &manual).await;
+    let b = common::manual_engine("m-cap-b", &manual).await;
     manual.complete_all_later();
     let src = a.allocate(4096, opts()).await.unwrap();
     let da = a.allocate(4096, opts()).await.unwrap();

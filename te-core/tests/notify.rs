@@ -10,28 +10,7 @@ use te_core::{Error, HostBufferOptions, RequestStatus, SubmitOptions, TransferEn
 
 #[allow(dead_code)] // the shared manual transport has helpers other test files use
 mod common;
-use common::ManualTransport;
-
-async fn engine(name: &str, env: &[(&str, &str)]) -> TransferEngine {
-    let env = MapEnv(env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
-    TransferEngine::builder()
-        .segment_name(name)
-        .transports(["local"])
-        .env(Arc::new(env))
-        .build()
-        .await
-        .expect("engine")
-}
-
-async fn manual_engine(name: &str, manual: &Arc<ManualTransport>) -> TransferEngine {
-    TransferEngine::builder()
-        .segment_name(name)
-        .transports(Vec::<String>::new())
-        .with_transport(manual.clone())
-        .build()
-        .await
-        .expect("engine")
-}
+use common::{local_engine as engine, manual_engine, ManualTransport};
 
 #[tokio::test]
 async fn a_notified_batch_reaches_its_target_with_the_data_in_place() {

@@ -180,3 +180,27 @@ impl Peer for ManualPeer {
         true
     }
 }
+
+/// An engine with only the local transport, configured by `env`.
+pub async fn local_engine(name: &str, env: &[(&str, &str)]) -> te_core::TransferEngine {
+    let env = te_core::config::MapEnv(env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+    te_core::TransferEngine::builder()
+        .segment_name(name)
+        .transports(["local"])
+        .env(Arc::new(env))
+        .build()
+        .await
+        .expect("engine")
+}
+
+/// An engine whose only transport is the test's manual one (no variables from the process).
+pub async fn manual_engine(name: &str, manual: &Arc<ManualTransport>) -> te_core::TransferEngine {
+    te_core::TransferEngine::builder()
+        .segment_name(name)
+        .transports(Vec::<String>::new())
+        .with_transport(manual.clone())
+        .env(Arc::new(te_core::config::MapEnv::default()))
+        .build()
+        .await
+        .expect("engine")
+}
