@@ -336,3 +336,20 @@ async fn off_by_default_and_malformed_settings_are_refused() {
         assert!(e.to_string().contains(var), "{var}: {e}");
     }
 }
+
+#[tokio::test]
+async fn shutdown_closes_the_endpoint() {
+    let e = engine("m-shutdown", &[], None).await;
+    let addr = e.metrics_addr().expect("endpoint");
+    assert!(!scrape(&e).await.is_empty());
+    e.shutdown().await.unwrap();
+    // The listener task is aborted at shutdown; within a bound, nothing accepts any more.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpStream::connect(addr).await {
+            Err(_) => break,
+            Ok(_) if std::time::Instant::now() > deadline => panic!("the endpoint still accepts after shutdown"),
+            Ok(_) => tokio::task::yield_now().await,
+        }
+    }
+}

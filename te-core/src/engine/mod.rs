@@ -329,6 +329,9 @@ impl TransferEngine {
             t.shutdown().await;
         }
         self.inner.inbox.close();
+        if let Some(endpoint) = self.inner.metrics_endpoint.get() {
+            endpoint.stop();
+        }
         Ok(())
     }
 }

@@ -66,13 +66,19 @@ pub(crate) struct Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
+        self.stop();
     }
 }
 
 impl Endpoint {
+    /// Stops the listener and the upkeep task (idempotent): the engine's shutdown closes the
+    /// endpoint, not only its drop.
+    pub fn stop(&self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+
     /// Binds `config.listen` and serves from tasks of the current runtime.
     pub async fn start(
         config: &MetricsConfig,
