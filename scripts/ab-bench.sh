@@ -16,8 +16,10 @@ for r in $(seq "$rounds"); do
   for arm in old new; do
     bin=$([ $arm = old ] && echo "$old" || echo "$new")
     run $arm local-copy-1728-cache "$bin" local-copy --fragments 2048 --fragment-bytes 1728 --repeat 11
-    run $arm tcp-write-1M "$bin" transfer --transport tcp --op write --block-bytes 1M --total-bytes 64M --lanes 1 --repeat 3
-    run $arm umbp-restore "$bin" umbp --pages 32 --layer-group 8 --ranks 1 --requests 5
+    run $arm local-copy-1728-dram "$bin" local-copy --fragment-bytes 1728 --repeat 5
+    run $arm tcp-write-1M "$bin" transfer --transport tcp --op write --block-bytes 1M --total-bytes 256M --lanes 1 --repeat 5
+    run $arm tcp-write-4K "$bin" transfer --transport tcp --op write --block-bytes 4K --total-bytes 8M --lanes 1 --repeat 5
+    run $arm umbp-restore "$bin" umbp --pages 32 --layer-group 8 --ranks 1 --requests 9
   done
 done
 python3 - "$out" <<'PY'
@@ -26,6 +28,8 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 def figure(bench, r):
     if bench.startswith("local-copy"):
         return ("engine/memcpy-loop (higher is better)", r["ratio_vs_memcpy_loop"])
+    if bench == "tcp-write-4K":
+        return ("p50 latency us (lower is better)", r["p50_us"])
     if bench.startswith("tcp"):
         return ("GB/s", r["gbps"])
     return ("load ms p50 (lower is better)", r["load_ms_p50"])
