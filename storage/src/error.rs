@@ -248,6 +248,14 @@ pub enum StoreError {
     Cluster(String),
 }
 
+/// A failed engine batch is an engine error (`te_base::Error::BatchFailed`), so `?` on
+/// `Batch::wait` works in store code as on any engine call.
+impl From<te_base::BatchError> for StoreError {
+    fn from(e: te_base::BatchError) -> Self {
+        StoreError::Engine(e.into())
+    }
+}
+
 impl StoreError {
     /// Wraps an I/O error with what was being done.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
@@ -266,5 +274,28 @@ impl StoreError {
                 | StoreError::NoSpace { .. }
                 | StoreError::Io { .. }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn question_mark_carries_engine_errors_into_the_store_error() {
+        fn wait() -> Result<(), te_base::BatchError> {
+            Err(te_base::BatchError {
+                progress: te_base::BatchProgress::default(),
+                failures: vec![(0, te_base::Error::Cancelled)],
+            })
+        }
+        fn store_call() -> Result<()> {
+            wait()?;
+            Ok(())
+        }
+        assert!(matches!(
+            store_call(),
+            Err(StoreError::Engine(te_base::Error::BatchFailed(b))) if b.failures.len() == 1
+        ));
     }
 }

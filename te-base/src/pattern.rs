@@ -9,6 +9,14 @@ pub fn pattern(seed: u64, pos: u64) -> u8 {
     (x >> 56) as u8 ^ (pos as u8)
 }
 
+/// A pattern seed derived from a key (FNV-1a), so each key's bytes differ from every other key's
+/// and a value read back under the wrong key shows.
+pub fn key_seed(key: &str) -> u64 {
+    key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
 /// Bytes `[start, start + len)` of pattern `seed`.
 pub fn pattern_bytes(seed: u64, start: u64, len: usize) -> Vec<u8> {
     (0..len as u64).map(|i| pattern(seed, start + i)).collect()
@@ -41,5 +49,6 @@ mod tests {
         let mut filled = vec![0u8; 100];
         fill_pattern(&mut filled, 1, 7);
         assert_eq!(filled, pattern_bytes(1, 7, 100));
+        assert_ne!(key_seed("page-1"), key_seed("page-2"));
     }
 }

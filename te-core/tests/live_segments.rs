@@ -29,9 +29,7 @@ async fn engine(name: &str, store: Arc<dyn MetadataStore>) -> TransferEngine {
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    te_base::pattern::pattern_bytes(seed as u64, 0, len)
 }
 
 /// Waits for the first event that `want` accepts, skipping others.

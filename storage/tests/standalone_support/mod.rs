@@ -221,10 +221,7 @@ pub fn put_whole(store: &Store, keys: &[String], base: u64, len: u64) {
 }
 
 pub fn pattern(key: &str, pos: u64) -> u8 {
-    let h = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    });
-    (h.wrapping_add(pos.wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 56) as u8 ^ pos as u8
+    te_base::pattern::pattern(te_base::pattern::key_seed(key), pos)
 }
 
 /// Fills `buf[at..at + len]` with object `key`'s bytes `[offset, offset + len)`.

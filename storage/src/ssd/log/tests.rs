@@ -18,10 +18,7 @@ fn opts(dirs: &[&Path], capacity: u64, segment_bytes: u64) -> SsdOptions {
 }
 
 fn pattern(key: &str, len: usize, version: u8) -> Vec<u8> {
-    let seed = crc32c::crc32c(key.as_bytes());
-    (0..len)
-        .map(|i| (seed as usize).wrapping_add(i * 31).wrapping_add(version as usize * 7) as u8)
-        .collect()
+    te_base::pattern::pattern_bytes(te_base::pattern::key_seed(key) ^ version as u64, 0, len)
 }
 
 fn put(log: &SsdLog, objs: &[(&str, Vec<u8>)]) -> Vec<Result<()>> {
