@@ -121,9 +121,7 @@ impl TestRegion {
     pub fn fill(&self, seed: u64) {
         // SAFETY: as in `bytes`, and no transfer touches the region while it is being filled.
         let s = unsafe { std::slice::from_raw_parts_mut(self.buf.as_ptr(), self.buf.len()) };
-        for (i, b) in s.iter_mut().enumerate() {
-            *b = pattern(seed, i as u64);
-        }
+        crate::pattern::fill_pattern(s, seed, 0);
     }
 }
 

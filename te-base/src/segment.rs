@@ -39,6 +39,17 @@ pub struct ExportedBuffer {
 }
 
 impl ExportedBuffer {
+    /// The export of a registered region, with no access keys yet (transports that need them add
+    /// theirs under their name).
+    pub fn of_region(info: &crate::memory::RegionInfo) -> Self {
+        ExportedBuffer {
+            base: info.base,
+            len: info.len,
+            location: info.location,
+            keys: BTreeMap::new(),
+        }
+    }
+
     /// True if `[addr, addr + len)` lies inside the buffer. Overflow-safe.
     pub fn contains(&self, addr: u64, len: u64) -> bool {
         addr >= self.base && len <= self.len && addr - self.base <= self.len - len

@@ -233,18 +233,11 @@ impl Mem {
     fn fill(&self, seed: u8) {
         // SAFETY: written only between batches, as above.
         let s = unsafe { std::slice::from_raw_parts_mut(self.info.base as *mut u8, self.info.len as usize) };
-        for (i, b) in s.iter_mut().enumerate() {
-            *b = (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8;
-        }
+        te_base::pattern::fill_pattern(s, seed as u64, 0);
     }
 
     fn exported(&self) -> ExportedBuffer {
-        ExportedBuffer {
-            base: self.info.base,
-            len: self.info.len,
-            location: self.info.location,
-            keys: Default::default(),
-        }
+        ExportedBuffer::of_region(&self.info)
     }
 }
 

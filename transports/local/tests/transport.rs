@@ -43,18 +43,11 @@ impl Buf {
     fn fill(&self, seed: u8) {
         // SAFETY: written only while no batch touching the buffer is running.
         let s = unsafe { std::slice::from_raw_parts_mut(self.mem.as_ptr(), self.mem.len()) };
-        for (i, b) in s.iter_mut().enumerate() {
-            *b = (i as u8).wrapping_mul(13).wrapping_add(seed) ^ (i >> 9) as u8;
-        }
+        te_base::pattern::fill_pattern(s, seed as u64, 0);
     }
 
     fn exported(&self) -> ExportedBuffer {
-        ExportedBuffer {
-            base: self.info.base,
-            len: self.info.len,
-            location: self.info.location,
-            keys: Default::default(),
-        }
+        ExportedBuffer::of_region(&self.info)
     }
 }
 
