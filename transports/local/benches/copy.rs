@@ -5,21 +5,12 @@
 //! cache (the restore case streaming stores are for). `hot`: the same small buffers every time.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use te_base::{HostBuffer, HostBufferOptions};
 use te_transport_local::copy::{store_fence, NtKernel};
 
-const COLD_BYTES: usize = 256 << 20;
+mod common;
+use common::buffer;
 
-fn buffer(len: usize) -> HostBuffer {
-    HostBuffer::allocate(
-        len,
-        HostBufferOptions {
-            prefault: true,
-            ..Default::default()
-        },
-    )
-    .expect("allocate")
-}
+const COLD_BYTES: usize = 256 << 20;
 
 fn bench_copy(c: &mut Criterion) {
     let src = buffer(COLD_BYTES);
@@ -64,10 +55,7 @@ fn bench_copy(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .sample_size(20)
-        .warm_up_time(std::time::Duration::from_millis(300))
-        .measurement_time(std::time::Duration::from_secs(1));
+    config = common::quick();
     targets = bench_copy
 }
 criterion_main!(benches);

@@ -6,6 +6,8 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use te_transport_local::plan::{coalesce, sources_meet_destinations, Fragment, PlanScratch};
 
+mod common;
+
 fn layout(n: usize, frag: u64, kind: &str) -> Vec<Fragment> {
     let stride = if kind == "in-order" { frag } else { frag + 64 };
     let mut mult = (n / 2 + 1) | 1;
@@ -64,10 +66,7 @@ fn bench_plan(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .sample_size(20)
-        .warm_up_time(std::time::Duration::from_millis(300))
-        .measurement_time(std::time::Duration::from_secs(1));
+    config = common::quick();
     targets = bench_plan
 }
 criterion_main!(benches);

@@ -11,10 +11,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use te_base::{
-    BatchState, ExportedBuffer, HostBuffer, HostBufferOptions, MemoryLocation, Peer, Phase, PhaseStats, PhaseTimer,
-    RegionId, RegionInfo, ResolvedRequest, SegmentDescriptor, SubmitContext, TransferOp, Transport, TransportEndpoint,
+    BatchState, ExportedBuffer, MemoryLocation, Peer, Phase, PhaseStats, PhaseTimer, RegionId, RegionInfo,
+    ResolvedRequest, SegmentDescriptor, SubmitContext, TransferOp, Transport, TransportEndpoint,
 };
 use te_transport_local::{LocalConfig, LocalTransport};
+
+mod common;
+use common::buffer;
 
 fn gcd(a: usize, b: usize) -> usize {
     if b == 0 {
@@ -38,17 +41,6 @@ fn slots(n: usize, frag: u64) -> Vec<(u64, u64)> {
 fn median(v: &mut [Duration]) -> Duration {
     v.sort_unstable();
     v[v.len() / 2]
-}
-
-fn buffer(len: usize) -> HostBuffer {
-    HostBuffer::allocate(
-        len,
-        HostBufferOptions {
-            prefault: true,
-            ..Default::default()
-        },
-    )
-    .expect("allocate")
 }
 
 fn main() {
