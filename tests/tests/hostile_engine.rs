@@ -53,35 +53,37 @@ async fn raw_peer(desc: &SegmentDescriptor) -> (TcpStream, u64) {
 /// Asks for `count` reads of `[addr, +len)` and never reads a reply.
 async fn undrained_reads(s: &mut TcpStream, token: u64, addr: u64, len: u64, count: u64) {
     for id in 0..count {
-        let h = Header {
-            request_id: id,
-            token,
-            addr,
-            len,
-            ..Header::new(Opcode::Read)
-        };
-        s.write_all(&h.to_bytes()).await.unwrap();
+        send_read(s, token, id, addr, len).await;
     }
     // The first reply's header shows the target is serving them (and holding their pins); its
     // payload (32 MiB, more than the socket buffers hold) and the rest are never read.
-    let mut raw = [0u8; HEADER_LEN];
-    s.read_exact(&mut raw).await.unwrap();
-    assert_eq!(Header::decode(&raw).unwrap().opcode, Opcode::ReadData);
+    assert_eq!(reply_header(s).await.opcode, Opcode::ReadData);
 }
 
-/// One read of `[addr, +len)` on a fresh connection: the reply's opcode and refusal code.
-async fn probe_read(desc: &SegmentDescriptor, addr: u64, len: u64) -> (Opcode, RefusalCode) {
-    let (mut s, token) = raw_peer(desc).await;
+/// Sends one READ request of `[addr, +len)`.
+async fn send_read(s: &mut TcpStream, token: u64, request_id: u64, addr: u64, len: u64) {
     let h = Header {
+        request_id,
         token,
         addr,
         len,
         ..Header::new(Opcode::Read)
     };
     s.write_all(&h.to_bytes()).await.unwrap();
+}
+
+/// The next reply's header.
+async fn reply_header(s: &mut TcpStream) -> Header {
     let mut raw = [0u8; HEADER_LEN];
     s.read_exact(&mut raw).await.unwrap();
-    let h = Header::decode(&raw).unwrap();
+    Header::decode(&raw).unwrap()
+}
+
+/// One read of `[addr, +len)` on a fresh connection: the reply's opcode and refusal code.
+async fn probe_read(desc: &SegmentDescriptor, addr: u64, len: u64) -> (Opcode, RefusalCode) {
+    let (mut s, token) = raw_peer(desc).await;
+    send_read(&mut s, token, 0, addr, len).await;
+    let h = reply_header(&mut s).await;
     (h.opcode, RefusalCode::from_u16(h.code))
 }
 

@@ -56,35 +56,16 @@ fn writes_and_reads_between_processes() {
         assert_eq!(target.mismatched(4, 4996, 1), 0);
         assert!(covered < len);
         // The whole buffer in 1 MiB requests, then read back into zeroed local memory.
-        let reqs = (0..64u64)
-            .map(|i| {
-                request(
-                    i as u32,
-                    TransferOp::Write,
-                    &local,
-                    i << 20,
-                    0,
-                    base + (i << 20),
-                    1 << 20,
-                )
-            })
-            .collect();
+        let whole = |op| {
+            (0..64u64)
+                .map(|i| request(i as u32, op, &local, i << 20, 0, base + (i << 20), 1 << 20))
+                .collect()
+        };
+        let reqs = whole(TransferOp::Write);
         run(&peer, reqs).unwrap();
         assert_eq!(target.mismatched(0, len, 2), 0, "{p}: 64 MiB in 1 MiB writes");
         local.zero();
-        let reqs = (0..64u64)
-            .map(|i| {
-                request(
-                    i as u32,
-                    TransferOp::Read,
-                    &local,
-                    i << 20,
-                    0,
-                    base + (i << 20),
-                    1 << 20,
-                )
-            })
-            .collect();
+        let reqs = whole(TransferOp::Read);
         run(&peer, reqs).unwrap();
         assert_eq!(
             pattern::mismatches(local.bytes(), 2, 0),
