@@ -198,20 +198,25 @@ impl Raw {
     }
 }
 
-/// The byte at `pos` of object `key`.
 /// Puts key `i` of `keys` as one object of `len` bytes read from `base + i * len`, and requires
 /// every put to succeed.
 pub fn put_whole(store: &Store, keys: &[String], base: u64, len: u64) {
     let ranges: Vec<[Range; 1]> = (0..keys.len() as u64)
         .map(|i| [Range::new(0, len, base + i * len)])
         .collect();
+    put_ranged(store, keys, &ranges, len);
+}
+
+/// Puts key `i` of `keys` as an object of `object_len` bytes from `ranges[i]`, and requires every
+/// put to succeed.
+pub fn put_ranged<R: AsRef<[Range]>>(store: &Store, keys: &[String], ranges: &[R], object_len: u64) {
     let puts: Vec<RangedPut<'_>> = keys
         .iter()
-        .zip(&ranges)
+        .zip(ranges)
         .map(|(k, r)| RangedPut {
             key: k,
-            object_len: len,
-            ranges: r,
+            object_len,
+            ranges: r.as_ref(),
             depth: 0,
         })
         .collect();
@@ -220,6 +225,7 @@ pub fn put_whole(store: &Store, keys: &[String], base: u64, len: u64) {
     }
 }
 
+/// The byte at `pos` of object `key`.
 pub fn pattern(key: &str, pos: u64) -> u8 {
     te_base::pattern::pattern(te_base::pattern::key_seed(key), pos)
 }
@@ -266,19 +272,7 @@ pub async fn behaviour_suite(store: &Store) {
                 .collect()
         })
         .collect();
-    let puts: Vec<RangedPut<'_>> = keys
-        .iter()
-        .zip(&ranges)
-        .map(|(k, r)| RangedPut {
-            key: k,
-            object_len: obj,
-            ranges: r,
-            depth: 0,
-        })
-        .collect();
-    for r in store.batch_put_ranges(&puts).unwrap() {
-        r.unwrap();
-    }
+    put_ranged(store, &keys, &ranges, obj);
     assert!(store.exists(&keys[0]));
     assert!(!store.exists("suite/absent"));
     let mut probe: Vec<&str> = keys.iter().map(String::as_str).collect();
