@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace. Installs the Debian packages the build and the tests need
-# when they are missing (as root, or through sudo), then: rustfmt check, clippy with -D warnings
-# on every target and feature, the whole test suite, byte-verified smoke runs of te-bench, and
+# when they are missing (as root, or through sudo), then: rustfmt check, clippy and rustdoc with
+# -D warnings on every target and feature, the whole test suite, byte-verified smoke runs of te-bench, and
 # the efa transport's tests and an efa transfer against the vendored libfabric 2.6 as well.
 #
 # Tests that need something this host lacks (GPU, RDMA NIC) skip with a message. Set
@@ -38,6 +38,8 @@ cargo fmt --all --check
 
 echo "== cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
+echo "== cargo doc (all features, -D warnings: broken intra-doc links fail)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps -q
 
 echo "== cargo test (all features)"
 # The system libfabric (Debian 12: 1.17); its refusal probe checks the loaded library is this one.

@@ -1,7 +1,7 @@
 //! Engine counters, and their export.
 //!
 //! [`MetricsSnapshot`] is the engine's own always-on counters (one update per call). Export goes
-//! through the [`metrics`](::metrics) facade, so the embedding process can hand the engine its
+//! through the [`metrics`] facade, so the embedding process can hand the engine its
 //! own recorder ([`TransferEngineBuilder::metrics_recorder`](crate::TransferEngineBuilder::metrics_recorder):
 //! Prometheus, StatsD, OpenTelemetry, whatever it already runs), or set `TE_METRICS_LISTEN` and
 //! the engine serves Prometheus text itself from `metrics-exporter-prometheus`'s recorder (built
