@@ -37,16 +37,22 @@ impl NotifiedBatch {
     /// error), and [`NotifiedBatch::data`] then reports the data's success.
     pub async fn wait(&self) -> Result<BatchReport> {
         let report = self.data.wait().await?;
-        if let Err(e) = self.notification.wait().await {
-            let first = e
-                .failures
-                .into_iter()
-                .next()
-                .map(|(_, e)| e)
-                .unwrap_or(Error::Cancelled);
-            return Err(first);
-        }
+        answer(&self.notification).await?;
         Ok(report)
+    }
+}
+
+/// Waits for a notification's answers: `Ok` once every target queued it, else the first refusal
+/// (or `Cancelled` when nothing was sent).
+async fn answer(notification: &Batch) -> Result<()> {
+    match notification.wait().await {
+        Ok(_) => Ok(()),
+        Err(e) => Err(e
+            .failures
+            .into_iter()
+            .next()
+            .map(|(_, e)| e)
+            .unwrap_or(Error::Cancelled)),
     }
 }
 
@@ -149,15 +155,7 @@ impl TransferEngine {
         let state = BatchState::new(vec![0].into());
         let note = self.inner.note(payload.into())?;
         peer.notify(note, &state, 0)?;
-        match Batch::new(state).wait().await {
-            Ok(_) => Ok(()),
-            Err(e) => Err(e
-                .failures
-                .into_iter()
-                .next()
-                .map(|(_, e)| e)
-                .unwrap_or(Error::Cancelled)),
-        }
+        answer(&Batch::new(state)).await
     }
 }
 
