@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use event_listener::{Event, Listener};
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 
 use crate::error::Error;
 
@@ -48,8 +49,11 @@ pub struct BatchState {
     cancelled: AtomicUsize,
     failures: Mutex<Vec<(usize, Error)>>,
     cancel_requested: AtomicBool,
-    keep_alive: Mutex<Vec<Box<dyn Any + Send + Sync>>>,
-    on_complete: Mutex<Vec<CompletionHook>>,
+    /// Inline for the engine's pins and one more: no allocation per batch for the list itself.
+    keep_alive: Mutex<SmallVec<[Box<dyn Any + Send + Sync>; 2]>>,
+    /// Two inline: a batch has at most the metrics hook and the notification hook, so adding
+    /// them allocates nothing beyond each hook's own box.
+    on_complete: Mutex<SmallVec<[CompletionHook; 2]>>,
     done: Event,
 }
 
@@ -80,8 +84,8 @@ impl BatchState {
             cancelled: AtomicUsize::new(0),
             failures: Mutex::new(Vec::new()),
             cancel_requested: AtomicBool::new(false),
-            keep_alive: Mutex::new(Vec::new()),
-            on_complete: Mutex::new(Vec::new()),
+            keep_alive: Mutex::new(SmallVec::new()),
+            on_complete: Mutex::new(SmallVec::new()),
             done: Event::new(),
         })
     }

@@ -32,7 +32,7 @@ pub(crate) use config::env_vars;
 pub use config::{MetricsConfig, DEFAULT_MAX_PEERS, LISTEN_VAR, MAX_PEERS_VAR, TIMEOUT_VAR};
 pub use endpoint::scrape_token;
 pub(crate) use endpoint::Endpoint;
-pub(crate) use export::Export;
+pub(crate) use export::{BatchRecord, Export, PeerMetrics};
 pub use export::{Collector, OTHER_PEER};
 pub use http::MAX_REQUEST_HEAD;
 pub use registrar::Registrar;

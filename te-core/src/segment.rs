@@ -7,10 +7,10 @@ use te_base::{Capabilities, ExportedBuffer, MemoryKind, Peer, SegmentDescriptor,
 
 /// One route to an open segment: a transport and its connection.
 pub(crate) struct Route {
-    /// Index of the transport in the engine's list (metrics label routes by it).
-    pub transport: usize,
     pub caps: Capabilities,
     pub peer: Arc<dyn Peer>,
+    /// The label set its batches count under, when the engine exports metrics.
+    pub metrics: Option<Arc<crate::metrics::PeerMetrics>>,
 }
 
 /// A segment opened by this engine.

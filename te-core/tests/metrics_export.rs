@@ -200,7 +200,9 @@ async fn the_endpoint_bounds_request_size_time_and_connections() {
         "m-limits",
         &[
             ("TE_METRICS_MAX_CONNECTIONS", "1"),
-            ("TE_METRICS_HANDSHAKE_TIMEOUT_MS", "300"),
+            // Long enough that a loaded host cannot time the silent client out before the second
+            // connects.
+            ("TE_METRICS_HANDSHAKE_TIMEOUT_MS", "1500"),
             // The whole-scrape limit is far longer: the head timeout alone must close a silent client.
             ("TE_METRICS_TIMEOUT_MS", "30000"),
         ],
@@ -221,8 +223,9 @@ async fn the_endpoint_bounds_request_size_time_and_connections() {
     assert!(raw(&a, &big).await.starts_with("HTTP/1.1 431 "));
     // A client that sends nothing holds the only place until the head timeout closes it.
     let addr = a.metrics_addr().unwrap();
+    // The listener admits in arrival order, and the last request's place was freed before its
+    // socket closed: the silent client takes the place, the second finds it held.
     let mut silent = TcpStream::connect(addr).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
     let mut second = TcpStream::connect(addr).await.unwrap();
     second.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").await.ok();
     let mut out = Vec::new();

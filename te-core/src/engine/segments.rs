@@ -308,7 +308,11 @@ impl EngineInner {
                 continue;
             }
             match t.connect(desc).await {
-                Ok(peer) => routes.push(Route { transport, caps, peer }),
+                Ok(peer) => routes.push(Route {
+                    caps,
+                    peer,
+                    metrics: self.export.as_ref().map(|e| e.label_set(transport, name)),
+                }),
                 Err(e) => failures.push(format!("{}: {e}", t.name())),
             }
         }

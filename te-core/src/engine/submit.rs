@@ -9,6 +9,7 @@ use te_base::{Batch, BatchState, Error, Peer, Phase, PhaseTimer, Result, SubmitC
 
 use super::EngineInner;
 use crate::grouping::{group_requests, Grouped};
+use crate::metrics::BatchRecord;
 use crate::registry::Pins;
 use crate::segment::OpenSegment;
 
@@ -31,7 +32,7 @@ impl EngineInner {
         let timer = opts.timer.as_ref().unwrap_or(&self.timer);
         let background = opts.background;
         let t0 = timer.start();
-        let mut record = self.export.as_ref().map(|e| e.begin());
+        let mut record = self.export.as_ref().map(|_| BatchRecord::start());
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed(format!("engine '{}'", self.name)));
         }
@@ -59,44 +60,45 @@ impl EngineInner {
         let mut failed = 0u64;
         let mut deadline_peers: Vec<Arc<dyn Peer>> = Vec::new();
         for (g, seg) in groups.into_iter().zip(routes) {
-            if let (Some(e), Some(r)) = (&self.export, &mut record) {
-                e.group(
-                    r,
-                    &seg,
-                    (g.segment, g.route),
-                    &g.requests,
-                    single_group.then_some(bytes),
-                );
-            }
-            let peer = &seg.routes[g.route as usize].peer;
+            let route = &seg.routes[g.route as usize];
+            let peer = &route.peer;
+            let n = g.requests.len();
+            // With several groups, this group's indices: to fail them if its transport refuses,
+            // and for metrics to tell its failures from the others'. One group needs neither.
+            let indices: Vec<u32> = if single_group {
+                Vec::new()
+            } else {
+                g.requests.iter().map(|r| r.index).collect()
+            };
+            let group_bytes = match (&route.metrics, single_group) {
+                (None, _) => 0,
+                (Some(_), true) => bytes,
+                (Some(_), false) => g.requests.iter().map(|r| r.len).sum(),
+            };
             if !peer.is_healthy() {
                 self.reconnect_later(g.segment);
                 let err = Error::PeerGone {
                     peer: seg.descriptor.name.clone(),
                     reason: "connection lost; reconnecting in the background".into(),
                 };
-                failed += g.requests.len() as u64;
-                state.fail_many(g.requests.iter().map(|r| r.index as usize), &err);
-                continue;
-            }
-            let n = g.requests.len();
-            // A transport that returns Err started nothing. With one group that is the whole
-            // batch; otherwise keep this group's indices to fail them.
-            let indices: Vec<u32> = if single_group {
-                Vec::new()
-            } else {
-                g.requests.iter().map(|r| r.index).collect()
-            };
-            if deadline.is_some() {
-                deadline_peers.push(peer.clone());
-            }
-            if let Err(e) = peer.submit(g.requests, &state, &ctx) {
                 failed += n as u64;
-                if single_group {
-                    state.fail_many(0..requests.len(), &e);
-                } else {
-                    state.fail_many(indices.into_iter().map(|i| i as usize), &e);
+                state.fail_many(g.requests.iter().map(|r| r.index as usize), &err);
+            } else {
+                if deadline.is_some() {
+                    deadline_peers.push(peer.clone());
                 }
+                // A transport that returns Err started nothing.
+                if let Err(e) = peer.submit(g.requests, &state, &ctx) {
+                    failed += n as u64;
+                    if single_group {
+                        state.fail_many(0..requests.len(), &e);
+                    } else {
+                        state.fail_many(indices.iter().map(|&i| i as usize), &e);
+                    }
+                }
+            }
+            if let (Some(r), Some(m)) = (&mut record, &route.metrics) {
+                r.group(m, n, group_bytes, indices);
             }
         }
         if let Some(after) = deadline.filter(|_| !deadline_peers.is_empty()) {

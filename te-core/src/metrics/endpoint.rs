@@ -120,19 +120,24 @@ async fn serve(listener: TcpListener, config: MetricsConfig, render: Render, aut
             accept_admitted(&listener, &gate, &mut backoff, "metrics endpoint", shared.0.timeout).await;
         let shared = shared.clone();
         tokio::spawn(async move {
-            let _permit = permit;
+            let mut stream = stream;
             let (config, render, auth) = &*shared;
-            let scrape = answer(stream, config, render, auth.as_ref());
+            let scrape = answer(&mut stream, config, render, auth.as_ref());
             if let Err(e) = deadline(config.timeout, "metrics scrape", scrape).await {
                 tracing::debug!("metrics endpoint: connection from {from}: {e}");
             }
+            // The place frees before the client can see the close: one that saw it can connect
+            // again at once. (Shutting the write side down is a syscall; it does not wait.)
+            drop(permit);
+            let _ = stream.shutdown().await;
         });
     }
 }
 
-/// Reads one request head (within the handshake timeout and [`MAX_REQUEST_HEAD`]) and answers it.
+/// Reads one request head (within the handshake timeout and [`MAX_REQUEST_HEAD`]) and answers it;
+/// the caller closes the connection.
 async fn answer(
-    mut stream: TcpStream,
+    stream: &mut TcpStream,
     config: &MetricsConfig,
     render: &Render,
     auth: Option<&AuthKey>,
@@ -140,15 +145,14 @@ async fn answer(
     let head = deadline(
         config.limits.handshake_timeout,
         "metrics request head",
-        read_head(&mut stream),
+        read_head(stream),
     )
     .await?;
     let reply = match head {
         Err(e) => plain(e.status(), true),
         Ok(head) => route(&head, render, auth).await,
     };
-    stream.write_all(&reply).await?;
-    stream.shutdown().await
+    stream.write_all(&reply).await
 }
 
 async fn read_head(stream: &mut TcpStream) -> std::io::Result<std::result::Result<Vec<u8>, HttpError>> {

@@ -1,5 +1,5 @@
-//! The engine's exported metrics: handles per (transport, peer) and per transport, updated once
-//! per batch (submit: requests and bytes; completion hook: batches, latency, failures by kind) and
+//! The engine's exported metrics: handles per (transport, peer), kept by each connected route,
+//! and per transport, updated once per batch (submit: requests and bytes; completion hook: batches, latency, failures by kind) and
 //! once per registration call; gauges (open segments, open connections) and consumers' collectors
 //! (UMBP's tier counters) refreshed when metrics are collected, so they cost the data path nothing.
 //!
@@ -7,12 +7,12 @@
 //! later one shares `peer="_other"` (its counts still add up there).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use metrics::{Counter, Gauge, Histogram, Unit};
-use parking_lot::{Mutex, RwLock};
-use te_base::{BatchState, Error, Peer, ResolvedRequest};
+use parking_lot::Mutex;
+use te_base::{BatchState, Error};
 
 use super::Registrar;
 use crate::segment::OpenSegment;
@@ -64,12 +64,6 @@ struct TransportMetrics {
     seconds: Histogram,
 }
 
-/// Which label set a segment's route counts under, remembered for the connection it was made for.
-struct RouteSlot {
-    peer: Weak<dyn Peer>,
-    metrics: Arc<PeerMetrics>,
-}
-
 /// A consumer's collector: refreshes its own gauges and counters from its stats.
 pub type Collector = Arc<dyn Fn() + Send + Sync>;
 
@@ -80,8 +74,6 @@ pub(crate) struct Export {
     transport_names: Vec<&'static str>,
     transports: Vec<TransportMetrics>,
     labelled: Mutex<Labelled>,
-    /// `[segment id][route]`: the label set of each route, checked against the route's connection.
-    routes: RwLock<Vec<Vec<Option<RouteSlot>>>>,
     open_segments: Gauge,
     collectors: Mutex<Vec<Collector>>,
 }
@@ -118,7 +110,6 @@ impl Export {
             transport_names,
             transports,
             labelled: Mutex::default(),
-            routes: RwLock::default(),
             collectors: Mutex::default(),
         }
     }
@@ -139,8 +130,9 @@ impl Export {
     }
 
     /// The label set of (transport `t`, peer `name`), registered on first use; past the cap,
-    /// the shared `_other` set.
-    fn label_set(&self, t: usize, name: &str) -> Arc<PeerMetrics> {
+    /// the shared `_other` set. Called when a route is connected; the route keeps it, so a batch
+    /// finds its label set without a lookup.
+    pub fn label_set(&self, t: usize, name: &str) -> Arc<PeerMetrics> {
         let mut l = self.labelled.lock();
         let peer = if l.names.contains(name) {
             name.to_string()
@@ -173,47 +165,14 @@ impl Export {
             .clone()
     }
 
-    /// The label set of route `route` of segment `id` (`seg`): one read lock; registered on the
-    /// first batch after the route's connection changed.
-    fn route_metrics(&self, id: u32, route: u32, seg: &OpenSegment) -> Arc<PeerMetrics> {
-        let r = &seg.routes[route as usize];
-        let current = Arc::as_ptr(&r.peer);
-        let hit = |t: &Vec<Vec<Option<RouteSlot>>>| {
-            t.get(id as usize)
-                .and_then(|v| v.get(route as usize))
-                .and_then(Option::as_ref)
-                .filter(|s| std::ptr::addr_eq(s.peer.as_ptr(), current))
-                .map(|s| s.metrics.clone())
-        };
-        if let Some(m) = hit(&self.routes.read()) {
-            return m;
-        }
-        let metrics = self.label_set(r.transport, &seg.descriptor.name);
-        let mut t = self.routes.write();
-        if t.len() <= id as usize {
-            t.resize_with(id as usize + 1, Vec::new);
-        }
-        let row = &mut t[id as usize];
-        if row.len() <= route as usize {
-            row.resize_with(route as usize + 1, || None);
-        }
-        row[route as usize] = Some(RouteSlot {
-            peer: Arc::downgrade(&r.peer),
-            metrics: metrics.clone(),
-        });
-        metrics
-    }
-
     /// Refreshes the gauges from the open segments, then runs the consumers' collectors.
     pub fn collect(&self, segments: &[Arc<OpenSegment>]) {
         self.open_segments.set(segments.len() as f64);
         let mut connections: HashMap<*const PeerMetrics, (Arc<PeerMetrics>, usize)> = HashMap::new();
-        for (id, seg) in segments.iter().enumerate() {
-            for (ri, r) in seg.routes.iter().enumerate() {
-                let m = self.route_metrics(id as u32, ri as u32, seg);
-                let e = connections.entry(Arc::as_ptr(&m)).or_insert((m, 0));
-                e.1 += usize::from(r.peer.is_healthy());
-            }
+        for r in segments.iter().flat_map(|s| &s.routes) {
+            let Some(m) = &r.metrics else { continue };
+            let e = connections.entry(Arc::as_ptr(m)).or_insert((m.clone(), 0));
+            e.1 += usize::from(r.peer.is_healthy());
         }
         for (m, n) in connections.into_values() {
             m.connections.set(n as f64);
@@ -226,40 +185,6 @@ impl Export {
 
     pub fn add_collector(&self, c: Collector) {
         self.collectors.lock().push(c);
-    }
-
-    /// Starts recording one batch (the one clock read at submit).
-    pub fn begin(&self) -> BatchRecord {
-        BatchRecord {
-            start: Instant::now(),
-            first: None,
-            rest: Vec::new(),
-        }
-    }
-
-    /// Counts a group of the batch: its requests and bytes (`batch_bytes` when it is the only
-    /// group), under its route's label set.
-    pub fn group(
-        &self,
-        rec: &mut BatchRecord,
-        seg: &OpenSegment,
-        (id, route): (u32, u32),
-        requests: &[ResolvedRequest],
-        batch_bytes: Option<u64>,
-    ) {
-        let m = self.route_metrics(id, route, seg);
-        let bytes = batch_bytes.unwrap_or_else(|| requests.iter().map(|r| r.len).sum());
-        m.requests.increment(requests.len() as u64);
-        m.bytes.increment(bytes);
-        // A lone group needs no index list: every failure of the batch is its.
-        let indices = match batch_bytes {
-            Some(_) => Vec::new(),
-            None => requests.iter().map(|r| r.index).collect(),
-        };
-        match rec.first {
-            None => rec.first = Some((m, indices)),
-            Some(_) => rec.rest.push((m, indices)),
-        }
     }
 }
 
@@ -280,6 +205,27 @@ impl BatchRecord {
     /// the latency and batch count under each group's label set, failures by kind.
     pub fn finish(self, state: &BatchState) {
         state.on_complete(Box::new(move |s| self.complete(s)));
+    }
+
+    /// Starts recording one batch (the one clock read at submit).
+    pub fn start() -> Self {
+        BatchRecord {
+            start: Instant::now(),
+            first: None,
+            rest: Vec::new(),
+        }
+    }
+
+    /// Counts a group of the batch under its route's label set: its `requests` and `bytes`, and
+    /// `indices` (its request indices, ascending; empty when it is the batch's only group, since
+    /// every failure of the batch is then its).
+    pub fn group(&mut self, metrics: &Arc<PeerMetrics>, requests: usize, bytes: u64, indices: Vec<u32>) {
+        metrics.requests.increment(requests as u64);
+        metrics.bytes.increment(bytes);
+        match self.first {
+            None => self.first = Some((metrics.clone(), indices)),
+            Some(_) => self.rest.push((metrics.clone(), indices)),
+        }
     }
 
     fn complete(self, state: &BatchState) {
