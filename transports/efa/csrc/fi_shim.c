@@ -27,7 +27,8 @@
 _Static_assert(FI_EAGAIN == 11, "FI_EAGAIN differs from the value the Rust side expects");
 _Static_assert(FI_ENOSYS == 38 && FI_ENOPROTOOPT == 92 && FI_ENOKEY == 266, "errno values differ from the Rust side's");
 _Static_assert(FI_EAVAIL == 259, "FI_EAVAIL differs from the value the Rust side expects");
-_Static_assert(sizeof(struct fi_cq_entry) == sizeof(void *), "fi_cq_entry is not one context pointer");
+/* Completions are read in batches of at most this many (the Rust side's CQ_BATCH). */
+#define TE_CQ_BATCH 64
 
 /* Our stable encoding of the mr_mode bits (mirrored in src/ffi.rs). */
 #define TE_MR_LOCAL 1u
@@ -95,7 +96,8 @@ const char *te_fi_strerror(int err) { return fi_strerror(err); }
 int te_fi_getinfo(const char *prov, uint32_t mr_mode, int delivery_complete, int hmem, struct fi_info **out) {
     struct fi_info *hints = fi_allocinfo();
     if (!hints) return -FI_ENOMEM;
-    hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    /* FI_MSG: notifications and their answers travel as messages on the same endpoint. */
+    hints->caps = FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MSG | FI_SEND | FI_RECV;
     if (hmem) hints->caps |= FI_HMEM;
     /* We hand every operation a 64-byte scratch area as its context, so both context modes are fine. */
     hints->mode = CONTEXT_MODES;
@@ -140,6 +142,9 @@ struct te_fi_rail {
     struct fid_cq *cq;
     struct fid_ep *ep;
     int cq_can_wait; /* the CQ has a wait object: fi_cq_sread and fi_cq_signal work */
+    struct fi_info *info; /* a copy of the rail's info, its src_addr the endpoint's name (reset) */
+    int deny_shm;
+    size_t cq_size;
 };
 
 static void close_fid(struct fid *f) {
@@ -148,11 +153,54 @@ static void close_fid(struct fid *f) {
 
 void te_fi_rail_close(struct te_fi_rail *r) {
     close_fid(r->ep ? &r->ep->fid : NULL);
+    if (r->info) fi_freeinfo(r->info);
     close_fid(r->av ? &r->av->fid : NULL);
     close_fid(r->cq ? &r->cq->fid : NULL);
     close_fid(r->domain ? &r->domain->fid : NULL);
     close_fid(r->fabric ? &r->fabric->fid : NULL);
     memset(r, 0, sizeof(*r));
+}
+
+/* Opens the rail's CQ: with a wait object where the provider has one, else without (the owner
+ * thread then polls). */
+static int open_cq(struct te_fi_rail *r) {
+    struct fi_cq_attr cq_attr;
+    memset(&cq_attr, 0, sizeof(cq_attr));
+    /* MSG format: a receive's completion carries the received length. */
+    cq_attr.format = FI_CQ_FORMAT_MSG;
+    cq_attr.size = r->cq_size;
+    cq_attr.wait_obj = FI_WAIT_UNSPEC;
+    int rc = fi_cq_open(r->domain, &cq_attr, &r->cq, NULL);
+    if (rc == 0) {
+        r->cq_can_wait = 1;
+        return 0;
+    }
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    r->cq_can_wait = 0;
+    return fi_cq_open(r->domain, &cq_attr, &r->cq, NULL);
+}
+
+/* Opens the rail's endpoint on its domain, binds the AV and CQ and enables it. */
+static int open_ep(struct te_fi_rail *r, struct fi_info *info, int deny_shm, int *step, int *shm_opt) {
+    int rc;
+    *step = TE_STEP_EP;
+    if ((rc = fi_endpoint(r->domain, info, &r->ep, NULL))) return rc;
+    *step = TE_STEP_BIND_AV;
+    if ((rc = fi_ep_bind(r->ep, &r->av->fid, 0))) return rc;
+    *step = TE_STEP_BIND_CQ;
+    if ((rc = fi_ep_bind(r->ep, &r->cq->fid, FI_TRANSMIT | FI_RECV))) return rc;
+    *shm_opt = 0;
+    if (deny_shm) {
+#ifdef TE_HAVE_SHM_PERMITTED
+        bool permitted = false;
+        *shm_opt = fi_setopt(&r->ep->fid, FI_OPT_ENDPOINT, FI_OPT_SHARED_MEMORY_PERMITTED, &permitted,
+                             sizeof(permitted));
+#else
+        *shm_opt = -FI_ENOSYS;
+#endif
+    }
+    *step = TE_STEP_ENABLE;
+    return fi_enable(r->ep);
 }
 
 /* Opens fabric, domain, AV, CQ and endpoint for `info`. On failure returns the negative fi error,
@@ -175,43 +223,53 @@ int te_fi_rail_open(struct fi_info *info, size_t cq_size, int deny_shm, struct t
     *step = TE_STEP_AV;
     if ((rc = fi_av_open(r->domain, &av_attr, &r->av, NULL))) goto fail;
 
-    struct fi_cq_attr cq_attr;
-    memset(&cq_attr, 0, sizeof(cq_attr));
-    cq_attr.format = FI_CQ_FORMAT_CONTEXT;
-    cq_attr.size = cq_size;
-    cq_attr.wait_obj = FI_WAIT_UNSPEC;
     *step = TE_STEP_CQ;
-    rc = fi_cq_open(r->domain, &cq_attr, &r->cq, NULL);
-    if (rc == 0) {
-        r->cq_can_wait = 1;
-    } else {
-        /* Providers without wait objects: the owner thread polls instead. */
-        cq_attr.wait_obj = FI_WAIT_NONE;
-        if ((rc = fi_cq_open(r->domain, &cq_attr, &r->cq, NULL))) goto fail;
-    }
+    r->cq_size = cq_size;
+    if ((rc = open_cq(r))) goto fail;
 
-    *step = TE_STEP_EP;
-    if ((rc = fi_endpoint(r->domain, info, &r->ep, NULL))) goto fail;
-    *step = TE_STEP_BIND_AV;
-    if ((rc = fi_ep_bind(r->ep, &r->av->fid, 0))) goto fail;
-    *step = TE_STEP_BIND_CQ;
-    if ((rc = fi_ep_bind(r->ep, &r->cq->fid, FI_TRANSMIT | FI_RECV))) goto fail;
-    *shm_opt = 0;
-    if (deny_shm) {
-#ifdef TE_HAVE_SHM_PERMITTED
-        bool permitted = false;
-        *shm_opt = fi_setopt(&r->ep->fid, FI_OPT_ENDPOINT, FI_OPT_SHARED_MEMORY_PERMITTED, &permitted,
-                             sizeof(permitted));
-#else
-        *shm_opt = -FI_ENOSYS;
-#endif
+    if ((rc = open_ep(r, info, deny_shm, step, shm_opt))) goto fail;
+    /* Keep a copy of the info whose src_addr is this endpoint's name, so a reset endpoint binds
+     * the same address (the one peers know). */
+    r->deny_shm = deny_shm;
+    char name[512];
+    size_t len = sizeof(name);
+    if (fi_getname(&r->ep->fid, name, &len) == 0 && (r->info = fi_dupinfo(info)) != NULL) {
+        free(r->info->src_addr);
+        r->info->src_addr = malloc(len);
+        if (r->info->src_addr) {
+            memcpy(r->info->src_addr, name, len);
+            r->info->src_addrlen = len;
+        } else {
+            r->info->src_addrlen = 0;
+        }
     }
-    *step = TE_STEP_ENABLE;
-    if ((rc = fi_enable(r->ep))) goto fail;
     return 0;
 fail:
     te_fi_rail_close(r);
     return rc;
+}
+
+/* Closes only the rail's endpoint. fi_endpoint(3): operations still posted to it are discarded
+ * (no completions), and the provider touches none of their buffers after fi_close returns. */
+void te_fi_ep_close(struct te_fi_rail *r) {
+    close_fid(r->ep ? &r->ep->fid : NULL);
+    r->ep = NULL;
+}
+
+/* Closes the endpoint (see te_fi_ep_close) and its CQ, and opens new ones at the same address,
+ * bound to the same AV. A fresh CQ: the old one's wait set may still refer to the closed
+ * endpoint's internals (tcp;ofi_rxm 1.17 crashed in fi_cq_sread on a CQ that outlived its
+ * endpoint). Returns 0 or a negative fi error (the rail then has no endpoint). The caller keeps
+ * other threads off the CQ meanwhile. */
+int te_fi_ep_reset(struct te_fi_rail *r) {
+    te_fi_ep_close(r);
+    close_fid(r->cq ? &r->cq->fid : NULL);
+    r->cq = NULL;
+    if (!r->info) return -FI_ENODATA;
+    int rc = open_cq(r);
+    if (rc) return rc;
+    int step = 0, shm_opt = 0;
+    return open_ep(r, r->info, r->deny_shm, &step, &shm_opt);
 }
 
 int te_fi_getname(struct te_fi_rail *r, void *buf, size_t *len) { return fi_getname(&r->ep->fid, buf, len); }
@@ -277,6 +335,7 @@ int te_fi_mr_close(struct fid_mr *mr) { return fi_close(&mr->fid); }
  * target's memory, not merely handed to the network. */
 ssize_t te_fi_write(struct te_fi_rail *r, const void *buf, size_t len, void *desc, uint64_t dest, uint64_t raddr,
                     uint64_t rkey, void *ctx) {
+    if (!r->ep) return -FI_ESHUTDOWN; /* closed by a reset that could not reopen it */
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
     struct fi_rma_iov rma = {.addr = raddr, .len = len, .key = rkey};
     struct fi_msg_rma msg = {
@@ -295,6 +354,7 @@ ssize_t te_fi_write(struct te_fi_rail *r, const void *buf, size_t len, void *des
 /* One RMA read; its completion always means the bytes are in local memory. */
 ssize_t te_fi_read(struct te_fi_rail *r, void *buf, size_t len, void *desc, uint64_t dest, uint64_t raddr,
                    uint64_t rkey, void *ctx) {
+    if (!r->ep) return -FI_ESHUTDOWN; /* closed by a reset that could not reopen it */
     struct iovec iov = {.iov_base = buf, .iov_len = len};
     struct fi_rma_iov rma = {.addr = raddr, .len = len, .key = rkey};
     struct fi_msg_rma msg = {
@@ -310,21 +370,62 @@ ssize_t te_fi_read(struct te_fi_rail *r, void *buf, size_t len, void *desc, uint
     return fi_readmsg(r->ep, &msg, FI_COMPLETION);
 }
 
-/* Reads up to `count` completions as bare context pointers (FI_CQ_FORMAT_CONTEXT). */
-ssize_t te_fi_cq_read(struct te_fi_rail *r, void **ctxs, size_t count) { return fi_cq_read(r->cq, ctxs, count); }
-
-/* Blocking read; only valid when the CQ has a wait object. */
-ssize_t te_fi_cq_sread(struct te_fi_rail *r, void **ctxs, size_t count, int timeout_ms) {
-    return fi_cq_sread(r->cq, ctxs, count, NULL, timeout_ms);
+/* Copies `n` message-format entries into the caller's context and length arrays. */
+static void split_entries(const struct fi_cq_msg_entry *e, ssize_t n, void **ctxs, size_t *lens) {
+    for (ssize_t i = 0; i < n; i++) {
+        ctxs[i] = e[i].op_context;
+        lens[i] = e[i].len;
+    }
 }
 
-int te_fi_cq_signal(struct te_fi_rail *r) { return fi_cq_signal(r->cq); }
+/* Reads up to `count` (at most TE_CQ_BATCH) completions: each one's context and, for receives, the
+ * received length (0 for other operations). */
+ssize_t te_fi_cq_read(struct te_fi_rail *r, void **ctxs, size_t *lens, size_t count) {
+    if (!r->cq) return -FI_EAGAIN; /* a failed reset left the rail without one */
+    struct fi_cq_msg_entry e[TE_CQ_BATCH];
+    ssize_t n = fi_cq_read(r->cq, e, count < TE_CQ_BATCH ? count : TE_CQ_BATCH);
+    if (n > 0) split_entries(e, n, ctxs, lens);
+    return n;
+}
+
+/* Blocking read; only valid when the CQ has a wait object. */
+ssize_t te_fi_cq_sread(struct te_fi_rail *r, void **ctxs, size_t *lens, size_t count, int timeout_ms) {
+    if (!r->cq) return -FI_EAGAIN;
+    struct fi_cq_msg_entry e[TE_CQ_BATCH];
+    ssize_t n = fi_cq_sread(r->cq, e, count < TE_CQ_BATCH ? count : TE_CQ_BATCH, NULL, timeout_ms);
+    if (n > 0) split_entries(e, n, ctxs, lens);
+    return n;
+}
+
+/* Posts one receive buffer (any source). */
+ssize_t te_fi_recv(struct te_fi_rail *r, void *buf, size_t len, void *desc, void *ctx) {
+    if (!r->ep) return -FI_ESHUTDOWN; /* closed by a reset that could not reopen it */
+    return fi_recv(r->ep, buf, len, desc, FI_ADDR_UNSPEC, ctx);
+}
+
+/* Sends one message to `dest`. Its completion only frees the buffer: answers come as messages. */
+ssize_t te_fi_send(struct te_fi_rail *r, const void *buf, size_t len, void *desc, uint64_t dest, void *ctx) {
+    if (!r->ep) return -FI_ESHUTDOWN; /* closed by a reset that could not reopen it */
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+    struct fi_msg msg = {
+        .msg_iov = &iov,
+        .desc = &desc,
+        .iov_count = 1,
+        .addr = dest,
+        .context = ctx,
+        .data = 0,
+    };
+    return fi_sendmsg(r->ep, &msg, FI_COMPLETION | FI_TRANSMIT_COMPLETE);
+}
+
+int te_fi_cq_signal(struct te_fi_rail *r) { return r->cq && r->cq_can_wait ? fi_cq_signal(r->cq) : 0; }
 
 /*
  * Reads one error completion. Fills the failed operation's context, the fi error, and the provider's
  * own text (fi_cq_strerror) into msg.
  */
 ssize_t te_fi_cq_readerr(struct te_fi_rail *r, void **ctx, int *err, char *msg, size_t msg_len) {
+    if (!r->cq) return -FI_EAGAIN;
     struct fi_cq_err_entry e;
     memset(&e, 0, sizeof(e));
     ssize_t rc = fi_cq_readerr(r->cq, &e, 0);

@@ -182,7 +182,17 @@ pub(crate) struct Rail {
     addresses: Mutex<AddressTable>,
     /// Keys for registrations when the application chooses them (see [`KeySequence`]).
     keys: Mutex<KeySequence>,
+    /// Memory the provider may write until the endpoint closes (posted receive buffers and their
+    /// contexts): freed only after the endpoint, in [`Rail::drop`].
+    retained: Mutex<Vec<Box<[Block]>>>,
+    /// Held (shared) by threads signalling the CQ, and (exclusive) while the owner replaces it.
+    cq_swap: parking_lot::RwLock<()>,
 }
+
+/// A 64-byte, 64-aligned unit of [`Rail::retained_area`]: big enough for a libfabric context.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub(crate) struct Block(pub [u8; 64]);
 
 // SAFETY: the domain is opened FI_THREAD_SAFE, so libfabric serialises concurrent calls on these
 // objects; the raw pointers are only handed to libfabric.
@@ -247,6 +257,8 @@ impl Rail {
             cq_can_wait,
             addresses: Mutex::new(AddressTable::default()),
             keys: Mutex::new(KeySequence::new(mr_key_size)),
+            retained: Mutex::new(Vec::new()),
+            cq_swap: parking_lot::RwLock::new(()),
         };
         rail.address = rail.getname()?;
         rail.check_shm_denied(shm_permitted, shm_opt)?;
@@ -296,6 +308,15 @@ impl Rail {
         }
         buf.truncate(len);
         Ok(buf)
+    }
+
+    /// A zeroed area of `blocks` 64-byte blocks that lives as long as this rail's endpoint: what
+    /// operations still posted when their owner stops (receives) may be written into.
+    pub(crate) fn retained_area(&self, blocks: usize) -> *mut Block {
+        let mut area = vec![Block([0; 64]); blocks].into_boxed_slice();
+        let p = area.as_mut_ptr();
+        self.retained.lock().push(area);
+        p
     }
 
     pub(crate) fn error(&self, call: &str, rc: i64) -> Error {
@@ -457,10 +478,12 @@ impl Rail {
         }
     }
 
-    /// Reads completions into `out` (non-blocking). Returns the count, 0, `-FI_EAVAIL` or an error.
-    pub(crate) fn cq_read(&self, out: &mut [*mut c_void]) -> isize {
-        // SAFETY: out has out.len() writable pointer slots (FI_CQ_FORMAT_CONTEXT entries).
-        let rc = unsafe { ffi::te_fi_cq_read(self.raw(), out.as_mut_ptr(), out.len()) };
+    /// Reads completions into `out` (non-blocking): contexts, and in `lens` each one's received
+    /// length (receives only). Returns the count, 0, `-FI_EAVAIL` or an error.
+    pub(crate) fn cq_read(&self, out: &mut [*mut c_void], lens: &mut [usize]) -> isize {
+        let n = out.len().min(lens.len());
+        // SAFETY: out and lens have at least n writable slots; the shim writes at most n of each.
+        let rc = unsafe { ffi::te_fi_cq_read(self.raw(), out.as_mut_ptr(), lens.as_mut_ptr(), n) };
         if rc == -ffi::FI_EAGAIN {
             0
         } else {
@@ -469,9 +492,10 @@ impl Rail {
     }
 
     /// Blocking read with a timeout; only when [`Rail::cq_can_wait`].
-    pub(crate) fn cq_sread(&self, out: &mut [*mut c_void], timeout_ms: i32) -> isize {
+    pub(crate) fn cq_sread(&self, out: &mut [*mut c_void], lens: &mut [usize], timeout_ms: i32) -> isize {
+        let n = out.len().min(lens.len());
         // SAFETY: as cq_read; the CQ has a wait object (checked by the caller).
-        let rc = unsafe { ffi::te_fi_cq_sread(self.raw(), out.as_mut_ptr(), out.len(), timeout_ms) };
+        let rc = unsafe { ffi::te_fi_cq_sread(self.raw(), out.as_mut_ptr(), lens.as_mut_ptr(), n, timeout_ms) };
         if rc == -ffi::FI_EAGAIN || rc == -(libc::ETIMEDOUT as isize) || rc == -(libc::EINTR as isize) {
             0
         } else {
@@ -479,10 +503,73 @@ impl Rail {
         }
     }
 
+    /// Posts a receive buffer for messages from any peer.
+    ///
+    /// # Safety
+    /// `buf..buf+len` must stay valid and untouched by us until the completion for `ctx` is read
+    /// (or the endpoint is closed); `desc` is this rail's descriptor for it (or null); `ctx`
+    /// points to a 64-byte scratch area valid as long.
+    pub(crate) unsafe fn post_recv(&self, buf: *mut u8, len: usize, desc: *mut c_void, ctx: *mut c_void) -> isize {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { ffi::te_fi_recv(self.raw(), buf.cast(), len, desc, ctx) }
+    }
+
+    /// Sends one message to `dest` (an address of this rail's AV).
+    ///
+    /// # Safety
+    /// As [`Rail::post_recv`], the buffer being read rather than written.
+    pub(crate) unsafe fn post_send(
+        &self,
+        buf: *const u8,
+        len: usize,
+        desc: *mut c_void,
+        dest: u64,
+        ctx: *mut c_void,
+    ) -> isize {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { ffi::te_fi_send(self.raw(), buf.cast(), len, desc, dest, ctx) }
+    }
+
+    /// Closes the endpoint and opens a new one at the same address (owner thread only; no other
+    /// thread uses the endpoint itself). fi_endpoint(3): the operations still posted to the old
+    /// one are discarded without completions, and none of their buffers is touched once the close
+    /// returned. `Err` when the new endpoint cannot be opened or got another address: the rail
+    /// then refuses every post.
+    pub(crate) fn reset_endpoint(&self) -> Result<()> {
+        let swap = self.cq_swap.write();
+        // SAFETY: raw is this rail's live struct; only the owner thread posts to the endpoint or
+        // reads the CQ, and other threads' signals wait on `cq_swap`.
+        let rc = unsafe { ffi::te_fi_ep_reset(self.raw()) };
+        drop(swap);
+        if rc != 0 {
+            return Err(self.error("reopening the endpoint", rc as i64));
+        }
+        let now = self.getname()?;
+        if now != self.address {
+            return Err(Error::transport(
+                TRANSPORT,
+                format!(
+                    "{} domain '{}': the reopened endpoint has another address; peers must reconnect",
+                    self.attrs.provider, self.attrs.domain
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Closes the endpoint for good (shutdown): posted operations are discarded and their buffers
+    /// no longer touched.
+    pub(crate) fn close_endpoint(&self) {
+        // SAFETY: as reset_endpoint.
+        unsafe { ffi::te_fi_ep_close(self.raw()) };
+    }
+
     /// Wakes a thread blocked in [`Rail::cq_sread`].
     pub(crate) fn cq_signal(&self) {
         if self.cq_can_wait {
-            // SAFETY: the CQ is live and has a wait object.
+            let _swap = self.cq_swap.read();
+            // SAFETY: the CQ is live (not being replaced: we hold `cq_swap`); the shim checks it
+            // exists and has a wait object.
             unsafe { ffi::te_fi_cq_signal(self.raw()) };
         }
     }
@@ -505,6 +592,8 @@ impl Drop for Rail {
     fn drop(&mut self) {
         // SAFETY: the last reference is gone: no worker thread, memory region or peer uses it.
         unsafe { ffi::te_fi_rail_close(&mut *self.raw) };
+        // The endpoint is closed: nothing writes into the retained areas any more.
+        self.retained.lock().clear();
     }
 }
 

@@ -72,6 +72,9 @@ pub struct RawRail {
     pub cq: *mut c_void,
     pub ep: *mut c_void,
     pub cq_can_wait: c_int,
+    pub info: *mut FiInfo,
+    pub deny_shm: c_int,
+    pub cq_size: usize,
 }
 
 impl RawRail {
@@ -84,6 +87,9 @@ impl RawRail {
             cq: std::ptr::null_mut(),
             ep: std::ptr::null_mut(),
             cq_can_wait: 0,
+            info: std::ptr::null_mut(),
+            deny_shm: 0,
+            cq_size: 0,
         }
     }
 }
@@ -122,6 +128,8 @@ extern "C" {
         shm_opt: *mut c_int,
     ) -> c_int;
     pub fn te_fi_rail_close(rail: *mut RawRail);
+    pub fn te_fi_ep_close(rail: *mut RawRail);
+    pub fn te_fi_ep_reset(rail: *mut RawRail) -> c_int;
     pub fn te_fi_getname(rail: *mut RawRail, buf: *mut c_void, len: *mut usize) -> c_int;
     pub fn te_fi_av_insert(rail: *mut RawRail, addr: *const c_void, fi_addr: *mut u64) -> c_int;
     pub fn te_fi_av_remove(rail: *mut RawRail, fi_addr: u64) -> c_int;
@@ -164,8 +172,23 @@ extern "C" {
         rkey: u64,
         ctx: *mut c_void,
     ) -> isize;
-    pub fn te_fi_cq_read(rail: *mut RawRail, ctxs: *mut *mut c_void, count: usize) -> isize;
-    pub fn te_fi_cq_sread(rail: *mut RawRail, ctxs: *mut *mut c_void, count: usize, timeout_ms: c_int) -> isize;
+    pub fn te_fi_cq_read(rail: *mut RawRail, ctxs: *mut *mut c_void, lens: *mut usize, count: usize) -> isize;
+    pub fn te_fi_cq_sread(
+        rail: *mut RawRail,
+        ctxs: *mut *mut c_void,
+        lens: *mut usize,
+        count: usize,
+        timeout_ms: c_int,
+    ) -> isize;
+    pub fn te_fi_recv(rail: *mut RawRail, buf: *mut c_void, len: usize, desc: *mut c_void, ctx: *mut c_void) -> isize;
+    pub fn te_fi_send(
+        rail: *mut RawRail,
+        buf: *const c_void,
+        len: usize,
+        desc: *mut c_void,
+        dest: u64,
+        ctx: *mut c_void,
+    ) -> isize;
     pub fn te_fi_cq_signal(rail: *mut RawRail) -> c_int;
     pub fn te_fi_cq_readerr(
         rail: *mut RawRail,

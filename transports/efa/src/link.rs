@@ -15,6 +15,8 @@ pub(crate) struct PeerLink {
     pub(crate) name: String,
     pub(crate) healthy: AtomicBool,
     pub(crate) gone_reason: Mutex<Option<String>>,
+    /// The error [`PeerLink::abort`] gave: what its requests fail with.
+    pub(crate) aborted: Mutex<Option<Error>>,
     /// Per local rail: the peer's address in that rail's AV.
     pub(crate) dests: Vec<u64>,
     pub(crate) rails: Vec<Arc<Rail>>,
@@ -44,8 +46,22 @@ impl PeerLink {
         }
     }
 
-    /// The error for requests to a peer already marked gone.
+    /// Cuts the peer off (a deadline passed): its requests fail with `err` (first one wins) as
+    /// soon as the provider holds no part of them.
+    pub(crate) fn abort(&self, err: Error) {
+        let mut a = self.aborted.lock();
+        if a.is_none() {
+            tracing::debug!(peer = %self.name, error = %err, "efa: aborting the peer's requests");
+            *a = Some(err);
+        }
+        self.healthy.store(false, Ordering::Release);
+    }
+
+    /// The error for requests to a peer already marked gone (or aborted).
     pub(crate) fn gone_error(&self) -> Error {
+        if let Some(e) = self.aborted.lock().clone() {
+            return e;
+        }
         Error::PeerGone {
             peer: self.name.clone(),
             reason: self

@@ -8,11 +8,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use te_base::{BatchState, Error, Peer, ResolvedRequest, Result, SegmentDescriptor, SubmitContext};
+use te_base::notify::{encode_body, Refusal};
+use te_base::{BatchState, Error, Notification, Peer, ResolvedRequest, Result, SegmentDescriptor, SubmitContext};
 
 use crate::fabric::{Rail, TRANSPORT};
 use crate::inner::Inner;
 use crate::link::PeerLink;
+use crate::mailbox::NoteJob;
 use crate::registry::LocalRegion;
 use crate::wire::{BufferKeys, EndpointInfo};
 use crate::worker::{BatchPlan, Fragment, RailJob};
@@ -38,6 +40,8 @@ pub(crate) struct FabricPeer {
     remote: RemoteBuffers,
     inner: Arc<Inner>,
     next_rail: AtomicUsize,
+    /// Largest notification payload the peer accepts (`None`: it accepts none over efa).
+    notify_max: Option<usize>,
 }
 
 impl FabricPeer {
@@ -98,6 +102,7 @@ impl FabricPeer {
             name: name.clone(),
             healthy: AtomicBool::new(true),
             gone_reason: Mutex::new(None),
+            aborted: Mutex::new(None),
             dests,
             rails,
         });
@@ -112,6 +117,7 @@ impl FabricPeer {
             },
             inner,
             next_rail: AtomicUsize::new(0),
+            notify_max: ep.notify_max,
         })
     }
 
@@ -194,6 +200,57 @@ fn for_each_fragment(
 impl Peer for FabricPeer {
     fn descriptor(&self) -> &SegmentDescriptor {
         &self.descriptor
+    }
+
+    /// Fails every request outstanding to this peer with `err`, each once the provider holds no
+    /// part of it: fragments not yet posted at once, posted ones when their completions come back
+    /// or, after a short drain, when the rail resets its endpoint (see `worker::Owner::reap_dead`).
+    fn abort(&self, err: Error) -> bool {
+        self.link.abort(err);
+        for w in &self.inner.workers {
+            w.nudge();
+        }
+        true
+    }
+
+    /// A NOTIFY message from our rail 0 to the peer's rail 0 (see [`crate::mailbox`]); the engine
+    /// calls it only once the batch it follows completed, and every write completes only when its
+    /// bytes are in the target's memory.
+    fn notify(&self, note: Notification, done: &Arc<BatchState>, index: usize) -> Result<()> {
+        if !self.link.is_healthy() {
+            return Err(self.link.gone_error());
+        }
+        if self.inner.is_closed() {
+            return Err(Error::Closed("efa transport".into()));
+        }
+        let peer = &self.descriptor.name;
+        let Some(max) = self.notify_max else {
+            return Err(Error::not_available(
+                "efa notifications",
+                format!(
+                    "segment '{peer}' does not advertise efa notifications of version {}",
+                    crate::note_wire::VERSION
+                ),
+            ));
+        };
+        if note.payload.len() > max {
+            return Err(Refusal::TooLarge.into_error(peer, note.payload.len(), max));
+        }
+        let mut body = Vec::new();
+        encode_body(&note.from, &note.payload, &mut body)?;
+        let worker = self
+            .inner
+            .workers
+            .first()
+            .ok_or_else(|| Error::Closed("efa transport".into()))?;
+        worker.enqueue_note(NoteJob {
+            body,
+            payload_len: note.payload.len(),
+            done: done.clone(),
+            index,
+            link: self.link.clone(),
+        });
+        Ok(())
     }
 
     fn submit(&self, requests: Vec<ResolvedRequest>, batch: &Arc<BatchState>, _ctx: &SubmitContext) -> Result<()> {
@@ -282,6 +339,8 @@ impl Peer for FabricPeer {
             peer: self.link.clone(),
             fragments_left,
             regions,
+            errors: Mutex::new(Vec::new()),
+            has_errors: AtomicBool::new(false),
         });
 
         // Pass 2: build one fragment list per rail with exact capacity.

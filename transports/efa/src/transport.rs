@@ -6,17 +6,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use te_base::auth::AuthKey;
 use te_base::topology::{NicPlacement, RailPlacement, Topology};
 use te_base::{
-    Capabilities, Error, InstallContext, MemoryKinds, Peer, RegionInfo, Result, SegmentDescriptor, Transport,
+    Capabilities, Error, InstallContext, MemoryKinds, NotifyInbox, Peer, RegionInfo, Result, SegmentDescriptor,
+    Transport,
 };
 
 use crate::config::{FabricConfig, VAR_DOMAINS, VAR_PROVIDER};
 use crate::fabric::{providers_found, Info, InfoList, Rail, TRANSPORT};
 use crate::inner::Inner;
+use crate::mailbox::Mailbox;
 use crate::peer::FabricPeer;
 use crate::registry::{RegionTable, Registrar};
-use crate::wire::{to_hex, EndpointInfo, RailEndpoint};
+use crate::wire::{to_hex, EndpointInfo, NotifyInfo, RailEndpoint};
 use crate::worker::RailWorker;
 
 /// The libfabric transport (`efa`). Create it with [`crate::install`].
@@ -114,7 +117,19 @@ impl FabricTransport {
     }
 
     /// As [`FabricTransport::open`], placing buffers on the rails `placement` selects.
+    /// Notifications peers send go to an inbox of its own with default bounds.
     pub fn open_with(config: FabricConfig, placement: Option<NicPlacement>) -> Result<FabricTransport> {
+        Self::open_notifying(config, placement, NotifyInbox::new(Default::default()), None)
+    }
+
+    /// As [`FabricTransport::open_with`], delivering the notifications peers send into `inbox`;
+    /// with `auth`, only messages that prove the key are accepted (and ours carry the proof).
+    pub fn open_notifying(
+        config: FabricConfig,
+        placement: Option<NicPlacement>,
+        inbox: Arc<NotifyInbox>,
+        auth: Option<AuthKey>,
+    ) -> Result<FabricTransport> {
         let list = match InfoList::query(Some(&config.provider))? {
             Some(l) => l,
             None => {
@@ -173,7 +188,18 @@ impl FabricTransport {
                 cq_wait = rail.cq_can_wait,
                 "efa rail opened"
             );
-            workers.push(RailWorker::start(rail, i, config.timeout, config.idle)?);
+            // Notifications travel on rail 0 (peers send to our rail 0 and answer to theirs).
+            let mailbox = if i == 0 {
+                Some(Mailbox::open(
+                    rail.clone(),
+                    inbox.clone(),
+                    auth.clone(),
+                    config.timeout,
+                )?)
+            } else {
+                None
+            };
+            workers.push(RailWorker::start(rail, i, config.timeout, config.idle, mailbox)?);
         }
         let rails: Vec<Arc<Rail>> = workers.iter().map(|w| w.rail().clone()).collect();
         let names: Vec<&str> = rails.iter().map(|r| r.attrs.domain.as_str()).collect();
@@ -183,6 +209,10 @@ impl FabricTransport {
             provider: provider.clone(),
             virt_addr: virt_addr.unwrap_or(false),
             rails: rails_json,
+            notify: Some(NotifyInfo {
+                version: crate::note_wire::VERSION,
+                max_bytes: inbox.limits().max_bytes as u64,
+            }),
         })
         .map_err(|e| Error::transport(TRANSPORT, format!("encoding endpoint info: {e}")))?;
         Ok(FabricTransport {
@@ -234,7 +264,7 @@ pub(crate) fn install_from(ctx: &InstallContext) -> Result<FabricTransport> {
             None
         }
     };
-    FabricTransport::open_with(config, placement)
+    FabricTransport::open_notifying(config, placement, ctx.notifications.clone(), ctx.auth.clone())
 }
 
 #[async_trait]

@@ -34,6 +34,18 @@ pub struct EndpointInfo {
     pub virt_addr: bool,
     /// Rails in order.
     pub rails: Vec<RailEndpoint>,
+    /// Notifications this engine accepts (absent: an engine that predates them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<NotifyInfo>,
+}
+
+/// What a peer accepts as notifications over efa.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotifyInfo {
+    /// Message version it speaks ([`crate::note_wire::VERSION`]).
+    pub version: u8,
+    /// Largest payload its inbox accepts (`TE_NOTIFY_MAX_BYTES`).
+    pub max_bytes: u64,
 }
 
 /// The keys of one exported buffer.
@@ -82,6 +94,8 @@ pub struct PeerEndpoint {
     pub virt_addr: bool,
     /// Rail addresses.
     pub addrs: Vec<Vec<u8>>,
+    /// Largest notification payload it accepts; `None` when it takes none this build can send.
+    pub notify_max: Option<usize>,
 }
 
 impl EndpointInfo {
@@ -104,10 +118,15 @@ impl EndpointInfo {
                 ))),
             })
             .collect::<Result<Vec<_>>>()?;
+        let notify_max = info
+            .notify
+            .filter(|n| n.version == crate::note_wire::VERSION)
+            .map(|n| n.max_bytes.min(te_base::notify::MAX_PAYLOAD_LIMIT as u64) as usize);
         Ok(PeerEndpoint {
             provider: info.provider,
             virt_addr: info.virt_addr,
             addrs,
+            notify_max,
         })
     }
 }
@@ -226,9 +245,11 @@ mod tests {
                     provider: "tcp;ofi_rxm".into(),
                     virt_addr: true,
                     rails: addrs.iter().map(|a| RailEndpoint { domain: "eth0".into(), addr: to_hex(a) }).collect(),
+                    notify: Some(NotifyInfo { version: 1, max_bytes: 4096 }),
                 };
                 let p = EndpointInfo::parse("s", &serde_json::to_value(&info).unwrap()).unwrap();
                 prop_assert_eq!(p.addrs, addrs);
+                prop_assert_eq!(p.notify_max, Some(4096));
                 let encoded = BufferKeys::encode(&keys);
                 let parsed = BufferKeys::parse("s", 0, &encoded, keys.len());
                 if keys.iter().any(Option::is_some) {

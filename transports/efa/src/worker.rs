@@ -23,6 +23,7 @@ use crate::fabric::{Rail, TRANSPORT};
 use crate::ffi;
 use crate::idle::IdleMode;
 use crate::link::PeerLink;
+use crate::mailbox::{Mailbox, NoteJob};
 use crate::registry::LocalRegion;
 
 /// Completions read per `fi_cq_read` call.
@@ -43,6 +44,12 @@ const POLL_QUIET: Duration = Duration::from_millis(50);
 const SERVED_HINT: Duration = Duration::from_micros(20);
 /// Polling providers: the nap between progress calls once quiet.
 const POLL_NAP: Duration = Duration::from_micros(50);
+/// How long operations already posted to a peer that was aborted (or stalled) may take to come
+/// back through the CQ before the rail resets its endpoint to take them from the provider.
+const DRAIN: Duration = Duration::from_millis(200);
+/// At shutdown, the longest the owner lets posted operations finish: below [`STOP_WAIT`], so
+/// [`RailWorker::stop`] still sees the owner end.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(4);
 
 /// One RMA operation of a job.
 #[derive(Debug, Clone, Copy)]
@@ -69,6 +76,8 @@ pub(crate) struct Slot {
     scratch: UnsafeCell<[usize; 8]>,
     frag: Fragment,
     job: *const RailJob,
+    /// Its completion was read (or the endpoint that held it was closed).
+    returned: Cell<bool>,
 }
 
 /// What all rails' jobs of one batch share.
@@ -79,19 +88,49 @@ pub(crate) struct BatchPlan {
     pub fragments_left: Box<[AtomicU32]>,
     /// Local regions the batch uses; deregistration is refused while any job holds them.
     pub regions: Vec<Arc<LocalRegion>>,
+    /// The first error of each request that has failed fragments (failure path only).
+    pub errors: Mutex<Vec<(u32, Error)>>,
+    /// Set before the first entry of `errors`: the success path takes no lock until then.
+    pub has_errors: AtomicBool,
 }
 
 impl BatchPlan {
+    /// One fragment of `request` is back from the provider (or was never posted). The request
+    /// settles with its last fragment, so it never fails while the provider still owns a part
+    /// of it: settling releases the pins on its memory.
     fn fragment_done(&self, request: u32) {
         if let Some(left) = self.fragments_left.get(request as usize) {
             if left.fetch_sub(1, Ordering::AcqRel) == 1 {
-                self.batch.complete(request as usize);
+                if !self.has_errors.load(Ordering::Acquire) {
+                    self.batch.complete(request as usize);
+                    return;
+                }
+                let mut errors = self.errors.lock();
+                match errors.iter().position(|(r, _)| *r == request) {
+                    Some(i) => {
+                        let (_, e) = errors.swap_remove(i);
+                        drop(errors);
+                        self.batch.fail(request as usize, e);
+                    }
+                    None => {
+                        drop(errors);
+                        self.batch.complete(request as usize);
+                    }
+                }
             }
         }
     }
 
-    fn fail(&self, request: u32, error: Error) {
-        self.batch.fail(request as usize, error);
+    /// One fragment of `request` failed with `error` (and is back from the provider).
+    fn fragment_failed(&self, request: u32, error: Error) {
+        {
+            self.has_errors.store(true, Ordering::Release);
+            let mut errors = self.errors.lock();
+            if !errors.iter().any(|(r, _)| *r == request) {
+                errors.push((request, error));
+            }
+        }
+        self.fragment_done(request);
     }
 }
 
@@ -104,7 +143,8 @@ pub(crate) struct RailJob {
     progress: Cell<u64>,
     seen_progress: u64,
     last_progress: Option<Instant>,
-    expired: bool,
+    /// When the owner found the job's peer dead (aborted or stalled) with operations still posted.
+    dead_since: Option<Instant>,
 }
 
 // SAFETY: a job is built on the submitting thread and then owned by exactly one owner thread; its
@@ -119,6 +159,7 @@ impl RailJob {
                 scratch: UnsafeCell::new([0; 8]),
                 frag,
                 job: std::ptr::null(),
+                returned: Cell::new(false),
             })
             .collect();
         let mut job = Box::new(RailJob {
@@ -129,7 +170,7 @@ impl RailJob {
             progress: Cell::new(0),
             seen_progress: 0,
             last_progress: None,
-            expired: false,
+            dead_since: None,
         });
         let me: *const RailJob = &*job;
         for s in job.slots.iter_mut() {
@@ -142,12 +183,34 @@ impl RailJob {
         self.next == self.slots.len() && self.outstanding.get() == 0
     }
 
-    /// Fails every fragment not yet posted (and, when `all`, the posted ones too) with `error`.
-    fn fail_rest(&mut self, error: &Error, all: bool) {
-        let from = if all { 0 } else { self.next };
-        let batch = &self.plan.batch;
-        batch.fail_many(self.slots[from..].iter().map(|s| s.frag.request as usize), error);
+    /// Fails every fragment not yet posted with `error`: the provider never saw them.
+    fn fail_rest(&mut self, error: &Error) {
+        for s in &self.slots[self.next..] {
+            s.returned.set(true);
+            self.plan.fragment_failed(s.frag.request, error.clone());
+        }
         self.next = self.slots.len();
+    }
+
+    /// shm after the stall timeout: fails the posted fragments whose completion has not come,
+    /// while the job (and the regions it pins in this transport) stays until it does.
+    fn fail_posted_keep_job(&mut self, error: &Error) {
+        for s in &self.slots[..self.next] {
+            if !s.returned.replace(true) {
+                self.plan.fragment_failed(s.frag.request, error.clone());
+            }
+        }
+    }
+
+    /// Fails the posted fragments whose completion never came, once the endpoint that held them
+    /// is closed (nothing of them moves any more).
+    fn fail_unreturned(&mut self, error: &Error) {
+        for s in &self.slots[..self.next] {
+            if !s.returned.replace(true) {
+                self.plan.fragment_failed(s.frag.request, error.clone());
+            }
+        }
+        self.outstanding.set(0);
     }
 }
 
@@ -156,11 +219,16 @@ struct Shared {
     // Boxed: a job must not move once posted (its slots are libfabric contexts pointing back at it).
     #[allow(clippy::vec_box)]
     queue: Mutex<Vec<Box<RailJob>>>,
+    /// Notifications handed to this rail (rail 0 only), in order.
+    notes: Mutex<Vec<NoteJob>>,
     has_work: AtomicBool,
     sleeping: AtomicBool,
     stop: AtomicBool,
     timeout: Duration,
     idle: IdleMode,
+    /// Closing our endpoint takes posted operations back from the provider (not on shm, where
+    /// the peer copies from our memory with process_vm_readv on commands already in its queue).
+    reset_reclaims: bool,
 }
 
 /// Handle on a rail's owner thread.
@@ -172,18 +240,23 @@ pub(crate) struct RailWorker {
 }
 
 impl RailWorker {
-    /// Starts the owner thread of `rail`.
+    /// Starts the owner thread of `rail`; with `mailbox`, the rail also sends and receives
+    /// notifications.
     pub(crate) fn start(
         rail: Arc<Rail>,
         index: usize,
         timeout: Duration,
         idle: Option<IdleMode>,
+        mailbox: Option<Mailbox>,
     ) -> te_base::Result<RailWorker> {
         let idle = idle.unwrap_or_else(|| IdleMode::for_provider(&rail.attrs.provider, rail.cq_can_wait));
+        let reset_reclaims = crate::fabric::core_provider(&rail.attrs.provider) != "shm";
         let shared = Arc::new(Shared {
+            reset_reclaims,
             idle,
             rail,
             queue: Mutex::new(Vec::new()),
+            notes: Mutex::new(Vec::new()),
             has_work: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
@@ -195,7 +268,7 @@ impl RailWorker {
             .name(format!("te-efa-rail{index}"))
             .spawn(move || {
                 let _exit = exit_tx;
-                Owner::new(s).run()
+                Owner::new(s, mailbox).run()
             })
             .map_err(|e| Error::io("spawning the efa rail owner thread", e))?;
         Ok(RailWorker {
@@ -214,7 +287,7 @@ impl RailWorker {
     pub(crate) fn enqueue(&self, job: Box<RailJob>) {
         if self.shared.stop.load(Ordering::Acquire) {
             let mut job = job;
-            job.fail_rest(&Error::Closed("efa transport".into()), true);
+            job.fail_rest(&Error::Closed("efa transport".into()));
             return;
         }
         self.shared.queue.lock().push(job);
@@ -222,6 +295,25 @@ impl RailWorker {
         if self.shared.sleeping.load(Ordering::SeqCst) {
             self.wake();
         }
+    }
+
+    /// Hands a notification to the owner thread (a rail started with a mailbox).
+    pub(crate) fn enqueue_note(&self, job: NoteJob) {
+        if self.shared.stop.load(Ordering::Acquire) {
+            job.done.fail(job.index, Error::Closed("efa transport".into()));
+            return;
+        }
+        self.shared.notes.lock().push(job);
+        self.shared.has_work.store(true, Ordering::SeqCst);
+        if self.shared.sleeping.load(Ordering::SeqCst) {
+            self.wake();
+        }
+    }
+
+    /// Makes the owner look at its jobs again (a peer was aborted).
+    pub(crate) fn nudge(&self) {
+        self.shared.has_work.store(true, Ordering::SeqCst);
+        self.wake();
     }
 
     fn wake(&self) {
@@ -268,14 +360,18 @@ struct Owner {
     #[allow(clippy::vec_box)]
     active: Vec<Box<RailJob>>,
     ctxs: [*mut c_void; CQ_BATCH],
+    lens: [usize; CQ_BATCH],
+    mailbox: Option<Mailbox>,
 }
 
 impl Owner {
-    fn new(shared: Arc<Shared>) -> Self {
+    fn new(shared: Arc<Shared>, mailbox: Option<Mailbox>) -> Self {
         Owner {
             shared,
             active: Vec::new(),
             ctxs: [std::ptr::null_mut(); CQ_BATCH],
+            lens: [0; CQ_BATCH],
+            mailbox,
         }
     }
 
@@ -286,6 +382,10 @@ impl Owner {
             if self.shared.has_work.swap(false, Ordering::AcqRel) {
                 let mut q = self.shared.queue.lock();
                 self.active.append(&mut q);
+                drop(q);
+                if let Some(mb) = self.mailbox.as_mut() {
+                    mb.push(self.shared.notes.lock().drain(..));
+                }
             }
             if self.shared.stop.load(Ordering::Acquire) {
                 self.shut_down();
@@ -304,6 +404,10 @@ impl Owner {
             idle_polls = idle_polls.saturating_add(1);
             if !self.active.is_empty() {
                 self.check_stalls();
+                self.reap_dead();
+            }
+            if let Some(mb) = self.mailbox.as_mut().filter(|m| m.busy()) {
+                mb.check_timeouts();
             }
             if idle_polls < SPIN_POLLS {
                 continue;
@@ -313,7 +417,7 @@ impl Owner {
                 IdleMode::Block => {
                     // Sleep in the provider until a completion or traffic arrives (1 ms at most,
                     // so stalls are still noticed).
-                    let n = self.shared.rail.cq_sread(&mut self.ctxs, 1);
+                    let n = self.shared.rail.cq_sread(&mut self.ctxs, &mut self.lens, 1);
                     self.handle_read(n);
                 }
                 IdleMode::Poll => {
@@ -336,7 +440,7 @@ impl Owner {
     fn wait_idle(&mut self) {
         self.shared.sleeping.store(true, Ordering::SeqCst);
         if !self.shared.has_work.load(Ordering::SeqCst) && !self.shared.stop.load(Ordering::SeqCst) {
-            let n = self.shared.rail.cq_sread(&mut self.ctxs, IDLE_WAIT_MS);
+            let n = self.shared.rail.cq_sread(&mut self.ctxs, &mut self.lens, IDLE_WAIT_MS);
             self.handle_read(n);
         }
         self.shared.sleeping.store(false, Ordering::SeqCst);
@@ -355,7 +459,7 @@ impl Owner {
     /// polls completions next). Returns true if anything was posted or settled.
     fn post(&mut self) -> bool {
         let rail = &self.shared.rail;
-        let mut any = false;
+        let mut any = self.mailbox.as_mut().is_some_and(Mailbox::pump);
         for job in self.active.iter_mut() {
             if job.next == job.slots.len() {
                 continue;
@@ -374,9 +478,13 @@ impl Owner {
                 job.last_progress = Some(Instant::now());
             }
             if !job.plan.peer.is_healthy() {
-                let err = job.plan.peer.gone_error();
-                job.fail_rest(&err, false);
-                any = true;
+                // Aborted or gone: what the provider never saw fails now; what it holds fails when
+                // its completion comes back, or when `reap_dead` takes it back by a reset.
+                if job.next < job.slots.len() {
+                    let err = job.plan.peer.gone_error();
+                    job.fail_rest(&err);
+                    any = true;
+                }
                 continue;
             }
             while job.next < job.slots.len() {
@@ -394,6 +502,7 @@ impl Owner {
                     }
                 };
                 if rc == 0 {
+                    slot.returned.set(false);
                     job.next += 1;
                     job.outstanding.set(job.outstanding.get() + 1);
                     job.progress.set(job.progress.get() + 1);
@@ -407,8 +516,9 @@ impl Owner {
                         TransferOp::Write => "fi_writemsg",
                         TransferOp::Read => "fi_readmsg",
                     };
+                    slot.returned.set(true);
                     job.plan
-                        .fail(f.request, job.plan.peer.error_from(call, &rail.error(call, rc as i64)));
+                        .fragment_failed(f.request, job.plan.peer.error_from(call, &rail.error(call, rc as i64)));
                     job.next += 1;
                     any = true;
                 }
@@ -419,15 +529,19 @@ impl Owner {
 
     /// Reads one batch of completions. Returns how many operations settled.
     fn poll(&mut self) -> usize {
-        let n = self.shared.rail.cq_read(&mut self.ctxs);
+        let n = self.shared.rail.cq_read(&mut self.ctxs, &mut self.lens);
         self.handle_read(n)
     }
 
     fn handle_read(&mut self, n: isize) -> usize {
         if n > 0 {
-            for &ctx in &self.ctxs[..n as usize] {
-                // SAFETY: every context we post is a Slot inside a live job (jobs are retired only
-                // after all their completions are read).
+            for (&ctx, &len) in self.ctxs[..n as usize].iter().zip(&self.lens) {
+                if let Some((mb, i)) = self.mailbox.as_mut().and_then(|m| m.owns(ctx).map(|i| (m, i))) {
+                    mb.completed(i, len, None);
+                    continue;
+                }
+                // SAFETY: every other context we post is a Slot inside a live job (jobs are
+                // retired only after all their completions are read).
                 unsafe { settle(ctx, None) };
             }
             return n as usize;
@@ -440,6 +554,10 @@ impl Owner {
                 tracing::warn!(%text, "efa: error completion without a context");
                 return 1;
             }
+            if let Some((mb, i)) = self.mailbox.as_mut().and_then(|m| m.owns(ctx).map(|i| (m, i))) {
+                mb.completed(i, 0, Some((err, text)));
+                return 1;
+            }
             // SAFETY: as above.
             unsafe { settle(ctx, Some((err, text))) };
             return 1;
@@ -450,12 +568,23 @@ impl Owner {
         0
     }
 
-    /// Fails the requests of jobs whose peer has not completed anything for the timeout.
+    /// Reads the CQ until it is empty (bounded).
+    fn drain_cq(&mut self) {
+        for _ in 0..1024 {
+            if self.poll() == 0 {
+                return;
+            }
+        }
+    }
+
+    /// Marks the peer of a job that has not completed anything for the timeout gone. Its requests
+    /// then fail as [`Owner::post`] and [`Owner::reap_dead`] say: never while the provider still
+    /// owns a part of them.
     fn check_stalls(&mut self) {
         let now = Instant::now();
         let timeout = self.shared.timeout;
         for job in self.active.iter_mut() {
-            if job.expired || job.finished() {
+            if !job.plan.peer.is_healthy() || job.finished() {
                 continue;
             }
             let p = job.progress.get();
@@ -468,37 +597,157 @@ impl Owner {
                 continue;
             };
             if now.duration_since(last) >= timeout {
-                let err = job.plan.peer.mark_gone(format!(
+                job.plan.peer.mark_gone(format!(
                     "no progress for {} ms ({} operation(s) outstanding, {} not accepted by the provider)",
                     timeout.as_millis(),
                     job.outstanding.get(),
                     job.slots.len() - job.next
                 ));
-                // Operations already posted stay owned by the provider: the job (and the regions
-                // it pins) lives until their completions arrive.
-                job.fail_rest(&err, true);
-                job.expired = true;
+                self.shared.has_work.store(true, Ordering::SeqCst);
             }
         }
     }
 
+    /// shm: nothing takes an operation queued to a peer back (the peer copies from our memory
+    /// itself), so a dead peer's posted fragments fail only when their completions come, or once
+    /// its jobs made no progress for the stall timeout: then the peer is taken to have dropped
+    /// them (shm 1.x drops refused accesses unanswered). If it was only stopped, it may still copy
+    /// from that memory when it resumes; docs/efa.md says so. The jobs stay (their regions stay
+    /// registered here) until the completions come or the endpoint closes.
+    fn reap_stalled_shm(&mut self) -> bool {
+        let now = Instant::now();
+        let timeout = self.shared.timeout;
+        let mut any = false;
+        for j in self.active.iter_mut() {
+            if j.plan.peer.is_healthy() || j.next == 0 {
+                continue;
+            }
+            let since = *j.dead_since.get_or_insert(now);
+            if j.progress.get() != j.seen_progress {
+                j.seen_progress = j.progress.get();
+                j.last_progress = Some(now);
+            }
+            let quiet = j.last_progress.unwrap_or(since);
+            if j.slots[..j.next].iter().any(|s| !s.returned.get()) && now.duration_since(quiet) >= timeout {
+                let err = j.plan.peer.gone_error();
+                j.fail_posted_keep_job(&err);
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// Jobs of dead peers whose posted operations did not come back within [`DRAIN`]: the only
+    /// way libfabric gives them back is closing the endpoint that holds them (fi_endpoint(3):
+    /// discarded, their buffers no longer touched), so the rail reopens its endpoint at the same
+    /// address. Operations of other peers posted on it are lost too and fail (their peers'
+    /// connections to us break as well); receives are posted again. Returns true if it reset.
+    fn reap_dead(&mut self) -> bool {
+        if !self.shared.reset_reclaims {
+            return self.reap_stalled_shm();
+        }
+        let now = Instant::now();
+        let mut overdue = false;
+        for j in self.active.iter_mut() {
+            if j.outstanding.get() == 0 || j.plan.peer.is_healthy() {
+                continue;
+            }
+            let since = *j.dead_since.get_or_insert(now);
+            overdue |= now.duration_since(since) >= DRAIN;
+        }
+        if !overdue {
+            return false;
+        }
+        // Completions already queued are real results: take them first. Then close, and take
+        // whatever the close itself wrote; nothing of the old endpoint can complete after that.
+        self.drain_cq();
+        let reset = self.shared.rail.reset_endpoint();
+        self.drain_cq();
+        let rail = &self.shared.rail;
+        let stalled: Vec<String> = self
+            .active
+            .iter()
+            .filter(|j| j.dead_since.is_some())
+            .map(|j| j.plan.peer.name().to_string())
+            .collect();
+        match &reset {
+            Ok(()) => {
+                tracing::warn!(rail = %rail.attrs.domain, peers = ?stalled, "efa: reset the rail's endpoint to take back operations posted to dead peers")
+            }
+            Err(e) => {
+                tracing::error!(rail = %rail.attrs.domain, error = %e, "efa: the rail's endpoint could not be reopened; the rail fails every request")
+            }
+        }
+        let lost = Error::transport(
+            TRANSPORT,
+            format!(
+                "the operation was discarded when rail '{}' reset its endpoint to cut off peer(s) {} that stopped responding",
+                rail.attrs.domain,
+                stalled.join(", ")
+            ),
+        );
+        for job in self.active.iter_mut() {
+            let err = if job.plan.peer.is_healthy() {
+                lost.clone()
+            } else {
+                job.plan.peer.gone_error()
+            };
+            job.fail_unreturned(&err);
+        }
+        if let Some(mb) = self.mailbox.as_mut() {
+            mb.endpoint_reset(&lost);
+        }
+        true
+    }
+
     fn shut_down(&mut self) {
         let err = Error::Closed("efa transport".into());
+        if let Some(mb) = self.mailbox.as_mut() {
+            mb.push(self.shared.notes.lock().drain(..));
+            mb.shut_down(&err);
+        }
         let mut q = self.shared.queue.lock();
         self.active.append(&mut q);
         drop(q);
         for job in self.active.iter_mut() {
-            job.fail_rest(&err, true);
+            job.fail_rest(&err);
         }
-        // Give posted operations a bounded chance to complete so their memory can be released.
-        let deadline = Instant::now() + Duration::from_millis(200);
-        while self.active.iter().any(|j| j.outstanding.get() > 0) && Instant::now() < deadline {
-            self.poll();
+        // Let posted operations finish while they make progress: until none is outstanding, or
+        // none completed for the stall timeout, and never past SHUTDOWN_DRAIN.
+        let start = Instant::now();
+        let mut last_completion = start;
+        let outstanding = |a: &[Box<RailJob>]| a.iter().any(|j| j.outstanding.get() > 0);
+        while outstanding(&self.active) {
+            let now = Instant::now();
+            if now.duration_since(start) >= SHUTDOWN_DRAIN || now.duration_since(last_completion) >= self.shared.timeout
+            {
+                break;
+            }
+            if self.poll() > 0 {
+                last_completion = now;
+            } else {
+                std::thread::yield_now();
+            }
         }
-        for job in self.active.drain(..) {
-            if job.outstanding.get() > 0 {
-                // The provider may still write into the context scratch until the endpoint closes;
-                // leaking the job is the safe choice at shutdown.
+        if self.shared.reset_reclaims {
+            // Closing the endpoint discards what it still holds; its memory is no longer touched,
+            // so those requests can fail.
+            self.shared.rail.close_endpoint();
+            for job in self.active.iter_mut() {
+                job.fail_unreturned(&err);
+            }
+            self.active.clear();
+            return;
+        }
+        // shm: closing takes nothing back (the peer copies from our memory itself), and closing
+        // while a peer transport in this process still progressed crashed that peer inside
+        // libfabric 1.17 (apparently it used our unmapped region). The endpoint stays open until
+        // the rail drops; jobs the provider still holds (a peer that stopped copying) are leaked
+        // so their contexts stay valid. Their requests fail now.
+        for mut job in self.active.drain(..) {
+            let held = job.outstanding.get() > 0;
+            job.fail_posted_keep_job(&err);
+            if held {
                 std::mem::forget(job);
             }
         }
@@ -515,12 +764,21 @@ unsafe fn settle(ctx: *mut c_void, error: Option<(i32, String)>) {
     // SAFETY: the back-pointer was set when the job was boxed; the job outlives its slots' completions.
     let job = unsafe { &*slot.job };
     job.outstanding.set(job.outstanding.get().saturating_sub(1));
+    if slot.returned.replace(true) {
+        return; // already failed after a stall (shm); the job lives until this completion
+    }
     job.progress.set(job.progress.get() + 1);
     match error {
+        // A peer cut off by an abort: its requests fail with the abort's error even when the
+        // provider still finished a part of them.
+        None if !job.plan.peer.is_healthy() => job.plan.fragment_failed(slot.frag.request, job.plan.peer.gone_error()),
         None => job.plan.fragment_done(slot.frag.request),
         Some((err, text)) => {
             let peer = &job.plan.peer;
-            let e = if is_peer_failure(err) {
+            let e = if !peer.is_healthy() {
+                // Aborted or gone: the operation was flushed for that reason.
+                peer.gone_error()
+            } else if is_peer_failure(err) {
                 peer.mark_gone(text)
             } else {
                 // The provider's code stays the error's source (its text names the provider
@@ -535,7 +793,7 @@ unsafe fn settle(ctx: *mut c_void, error: Option<(i32, String)>) {
                     },
                 )
             };
-            job.plan.fail(slot.frag.request, e);
+            job.plan.fragment_failed(slot.frag.request, e);
         }
     }
 }

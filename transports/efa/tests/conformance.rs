@@ -22,9 +22,13 @@ fn conformance_on(provider: &str) {
     // target drops the command unanswered); the default 3 s stall timeout turns it into the
     // failure the suite expects. (1 s was too short for one 64 MiB shm read on a loaded machine:
     // no completion arrives until the whole operation is done.)
+    let inbox = te_base::NotifyInbox::new(te_base::NotifyLimits {
+        queue_depth: 64,
+        max_bytes: 4096,
+    });
     let pair = ConformancePair {
         initiator: install(provider, &[]),
-        target: install(provider, &[]),
+        target: install_into(provider, &[], inbox.clone(), None),
         target_name: "conformance-target".into(),
     };
     let report = RefusalReport::of_loaded(provider);
@@ -45,6 +49,7 @@ fn conformance_on(provider: &str) {
         conformance::large_batch(&pair, &opts).await;
         conformance::concurrent_batches(&pair, &opts).await;
         conformance::hostile_requests_fail_alone(&pair, &opts).await;
+        conformance::notify::run_all(&pair, &inbox, &opts).await;
         if report == RefusalReport::SilentSuccess {
             deregistered_target_is_untouched(&pair, &opts).await;
         } else {

@@ -5,10 +5,7 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
-use common::peer_process::PeerProcess;
+use common::peer_process::{run_initiator, PeerProcess};
 use common::*;
 use te_base::test_support::netns::network_or_skip;
 
@@ -33,28 +30,24 @@ fn engines_in_two_namespaces_move_data_over_veth() {
 
     // The initiator runs in the other namespace: it writes pattern 5 over the whole buffer in
     // 1 MiB requests, reads it back into zeroed memory and reports mismatches.
-    let exe = env!("CARGO_BIN_EXE_te-efa-peer");
-    let mut client = Command::new("ip")
-        .args(["netns", "exec", &ns_a, exe, "client", &len.to_string(), "5"])
-        .env("TE_FABRIC_PROVIDER", PROVIDER)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the initiator in namespace a");
-    client
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(target.descriptor_json.as_bytes())
-        .unwrap();
-    let out = client.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "initiator failed: {stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args = ["client".to_string(), len.to_string(), "5".to_string()];
+    let stdout = run_initiator(&target, PROVIDER, &["ip", "netns", "exec", &ns_a], &args);
     assert_eq!(stdout.trim(), "read_mismatched 0", "bytes read back over the veth");
     assert_eq!(target.mismatched(0, len, 5), 0, "bytes written over the veth");
+}
+
+/// A notified write across the namespaces: the target receives each notification after its data,
+/// in order, from the initiator in the other namespace.
+#[test]
+fn notified_writes_cross_namespaces() {
+    if !provider_present(PROVIDER) {
+        return;
+    }
+    let Some(net) = network_or_skip(2) else {
+        return;
+    };
+    let (ns_a, ns_b) = (net.host_ns(0), net.host_ns(1));
+    let len = 16u64 << 20;
+    let mut target = PeerProcess::start(PROVIDER, len, 1, &["ip", "netns", "exec", &ns_b]);
+    common::peer_process::check_notified_writes(&mut target, PROVIDER, &["ip", "netns", "exec", &ns_a], len, 16);
 }

@@ -75,6 +75,17 @@ fn writes_and_reads_between_processes() {
     });
 }
 
+/// Notified writes from another process: each notification reaches the target after its data,
+/// in order, tagged with the initiator's segment name.
+#[test]
+fn notified_writes_between_processes() {
+    each_provider(|p| {
+        let len = 16u64 << 20;
+        let mut target = PeerProcess::start(p, len, 1, &[]);
+        common::peer_process::check_notified_writes(&mut target, p, &[], len, 16);
+    });
+}
+
 /// On `tcp;ofi_rxm` only. libfabric 1.17's shm provider serialises access to a peer through a
 /// spinlock in that peer's shared-memory region, which the peer itself takes on every progress
 /// call: SIGKILL it while it holds the lock and every later post to it spins forever inside
@@ -156,38 +167,70 @@ fn killed_peer_fails_outstanding_requests_and_others_keep_working() {
     });
 }
 
+/// A target stopped (SIGSTOP) after a warm-up write, with a batch of 8 x 1 MiB writes to it in
+/// flight: a stopped target cannot acknowledge delivery.
+struct Stopped {
+    target: PeerProcess,
+    a: std::sync::Arc<dyn te_base::Transport>,
+    local: Side,
+    peer: std::sync::Arc<dyn te_base::Peer>,
+    batch: te_base::Batch,
+    pid: libc::pid_t,
+    len: u64,
+}
+
+fn stopped_under_batch(p: &str, stall_timeout_ms: &str) -> Stopped {
+    let len = 8u64 << 20;
+    let target = PeerProcess::start(p, len, 1, &[]);
+    let a = install(p, &[("TE_FABRIC_TIMEOUT_MS", stall_timeout_ms)]);
+    let local = Side::new(&a, 1, len as usize, false, 3);
+    let peer = block_on(a.connect(&target.descriptor)).unwrap();
+    // Connect and warm up while the target runs.
+    run(
+        &peer,
+        vec![request(0, TransferOp::Write, &local, 0, 0, target.base(), 4096)],
+    )
+    .unwrap();
+    let pid = target.child.id() as libc::pid_t;
+    let mut target = target;
+    target.freeze();
+    let reqs = (0..8u64)
+        .map(|i| {
+            request(
+                i as u32,
+                TransferOp::Write,
+                &local,
+                i << 20,
+                0,
+                target.base() + (i << 20),
+                1 << 20,
+            )
+        })
+        .collect();
+    let batch = submit(&peer, reqs);
+    Stopped {
+        target,
+        a,
+        local,
+        peer,
+        batch,
+        pid,
+        len,
+    }
+}
+
 #[test]
 fn deregistration_is_refused_while_a_stopped_peer_holds_the_batch() {
     each_provider(|p| {
-        let len = 8u64 << 20;
-        let mut target = PeerProcess::start(p, len, 1, &[]);
-        let a = install(p, &[("TE_FABRIC_TIMEOUT_MS", "60000")]);
-        let local = Side::new(&a, 1, len as usize, false, 3);
-        let peer = block_on(a.connect(&target.descriptor)).unwrap();
-        // Connect and warm up while the target runs.
-        run(
-            &peer,
-            vec![request(0, TransferOp::Write, &local, 0, 0, target.base(), 4096)],
-        )
-        .unwrap();
-        let pid = target.child.id() as libc::pid_t;
-        // SAFETY: signalling our own child process.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
-        // A stopped target cannot acknowledge delivery, so the batch stays in flight.
-        let reqs = (0..8u64)
-            .map(|i| {
-                request(
-                    i as u32,
-                    TransferOp::Write,
-                    &local,
-                    i << 20,
-                    0,
-                    target.base() + (i << 20),
-                    1 << 20,
-                )
-            })
-            .collect();
-        let batch = submit(&peer, reqs);
+        let Stopped {
+            mut target,
+            a,
+            local,
+            peer: _peer,
+            batch,
+            pid,
+            len,
+        } = stopped_under_batch(p, "60000");
         let refused = block_on(a.deregister(std::slice::from_ref(&local.region)));
         assert!(
             matches!(refused, Err(te_base::Error::InFlight { .. })),
@@ -199,5 +242,87 @@ fn deregistration_is_refused_while_a_stopped_peer_holds_the_batch() {
         batch.wait_blocking(Some(Duration::from_secs(60))).unwrap().unwrap();
         assert_eq!(target.mismatched(0, len, 3), 0, "{p}");
         block_on(a.deregister(std::slice::from_ref(&local.region))).unwrap();
+    });
+}
+
+/// A deadline on a silent peer (SIGSTOP: it neither answers nor closes): `abort` fails the
+/// outstanding batch with the deadline's error, and only once the provider holds no part of it:
+/// after the failure the local memory is overwritten, the peer resumed and served, and none of
+/// the new bytes reach it. On tcp;ofi_rxm that happens within a bound while the peer is still
+/// stopped (the rail reopens its endpoint at the same address, so a new connection works at
+/// once); on shm the peer itself copies from our memory on commands already in its queue, so the
+/// batch fails only once the resumed peer gave them back.
+#[test]
+fn abort_fails_a_batch_to_a_silent_peer_only_once_no_byte_can_move() {
+    each_provider(|p| {
+        // No stall timeout in the way: only the abort may end the batch.
+        let Stopped {
+            mut target,
+            a,
+            local,
+            peer,
+            batch,
+            pid,
+            len,
+        } = stopped_under_batch(p, "600000");
+        // The stopped peer cannot complete it; meanwhile the rail posts what the provider takes.
+        assert!(
+            batch.wait_blocking(Some(Duration::from_millis(300))).is_none(),
+            "{p}: a stopped peer completed the batch"
+        );
+        let aborted = Instant::now();
+        assert!(peer.abort(te_base::Error::Timeout {
+            what: "test deadline".into(),
+            after_ms: 1
+        }));
+        let resume = || {
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        };
+        if p == "shm" {
+            assert!(
+                batch.wait_blocking(Some(Duration::from_millis(500))).is_none(),
+                "shm: the batch failed while the stopped peer still held commands to copy our memory"
+            );
+            resume();
+        }
+        let outcome = batch
+            .wait_blocking(Some(Duration::from_secs(10)))
+            .unwrap_or_else(|| panic!("{p}: batch still in progress 10 s after the abort"));
+        eprintln!("{p}: settled {:?} after the abort", aborted.elapsed());
+        let err = outcome.expect_err("an aborted batch fails");
+        assert_eq!(err.progress.pending, 0, "{p}");
+        for (i, e) in &err.failures {
+            assert!(
+                e.is_timeout(),
+                "{p}: request {i} failed with {e}, not the deadline's error"
+            );
+        }
+        assert!(!peer.is_healthy(), "{p}: an aborted peer stays unusable");
+        // The memory is ours again: overwrite it, let the peer run, and make sure it is served
+        // (a new connection's write lands) before looking for stray bytes.
+        local.fill_pattern(42);
+        if p != "shm" {
+            resume();
+        }
+        let again = block_on(a.connect(&target.descriptor)).unwrap();
+        let tail = len - 4096;
+        run(
+            &again,
+            vec![request(
+                0,
+                TransferOp::Write,
+                &local,
+                tail,
+                0,
+                target.base() + tail,
+                4096,
+            )],
+        )
+        .unwrap_or_else(|e| panic!("{p}: write on a new connection after the abort: {e}"));
+        assert_eq!(target.mismatched(tail, 4096, 42), 0, "{p}: new connection's data");
+        // Every byte holds the peer's own pattern or the aborted batch's, none the new one.
+        let stray = target.foreign(0, len - 4096, 1, 3);
+        assert_eq!(stray, 0, "{p}: {stray} bytes written after the abort reached the peer");
     });
 }

@@ -38,16 +38,26 @@ pub fn provider_present(provider: &str) -> bool {
 
 /// Installs the transport with `provider` and extra variables.
 pub fn install(provider: &str, extra: &[(&str, &str)]) -> Arc<dyn Transport> {
+    install_into(provider, extra, te_base::NotifyInbox::new(Default::default()), None)
+}
+
+/// As [`install`], delivering received notifications into `inbox`, with the engine key `auth`.
+pub fn install_into(
+    provider: &str,
+    extra: &[(&str, &str)],
+    inbox: Arc<te_base::NotifyInbox>,
+    auth: Option<te_base::auth::AuthKey>,
+) -> Arc<dyn Transport> {
     let mut env = MapEnv::new([("TE_FABRIC_PROVIDER", provider)]);
     for (k, v) in extra {
         env.0.insert(k.to_string(), v.to_string());
     }
     let ctx = InstallContext {
-        auth: None,
+        auth,
         env: Arc::new(env),
         segment_name: "test".into(),
         devices: Vec::new(),
-        notifications: te_base::NotifyInbox::new(Default::default()),
+        notifications: inbox,
     };
     block_on(te_transport_efa::install(&ctx)).unwrap_or_else(|e| panic!("install {provider}: {e}"))
 }
@@ -88,6 +98,11 @@ impl Side {
         };
         let keys = block_on(t.register(std::slice::from_ref(&region))).unwrap().remove(0);
         Side { buf, region, keys }
+    }
+
+    /// Refills the buffer with pattern `seed` (between transfers).
+    pub fn fill_pattern(&self, seed: u64) {
+        Side::fill_buffer(&self.buf, seed);
     }
 
     fn fill_buffer(buf: &HostBuffer, seed: u64) {

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use te_base::config::ProcessEnv;
 use te_base::{
-    Batch, BatchState, HostBuffer, HostBufferOptions, InstallContext, MemoryLocation, Peer, RegionId, RegionInfo,
-    ResolvedRequest, SegmentDescriptor, SubmitContext, TransferOp, Transport,
+    Batch, BatchState, HostBuffer, HostBufferOptions, InstallContext, MemoryLocation, Notification, Peer, RegionId,
+    RegionInfo, ResolvedRequest, SegmentDescriptor, SubmitContext, TransferOp, Transport,
 };
 
 use crate::pattern;
@@ -21,6 +21,8 @@ pub struct Client {
     peer: Arc<dyn Peer>,
     remote_base: u64,
     remote_len: u64,
+    /// This initiator's segment name (the sender of its notifications).
+    name: String,
 }
 
 impl Client {
@@ -34,10 +36,11 @@ impl Client {
         let desc = SegmentDescriptor::from_json(descriptor_json.trim().as_bytes()).map_err(|e| e.to_string())?;
         let target = desc.buffers.first().ok_or("the target exports no buffer")?;
         let (remote_base, remote_len) = (target.base, target.len);
+        let name = format!("efa-client-{}", std::process::id());
         let ctx = InstallContext {
             auth: None,
             env: Arc::new(ProcessEnv),
-            segment_name: format!("efa-client-{}", std::process::id()),
+            segment_name: name.clone(),
             devices: Vec::new(),
             notifications: te_base::NotifyInbox::new(Default::default()),
         };
@@ -70,6 +73,7 @@ impl Client {
             peer,
             remote_base,
             remote_len,
+            name,
         })
     }
 
@@ -123,6 +127,61 @@ impl Client {
         Ok(elapsed)
     }
 
+    /// Writes `count` consecutive slices of `slice` bytes from offset 0, pipelined, each batch
+    /// sending the notification `<offset> <len> <seed>` from its completion hook (as the engine
+    /// does). Waits for every batch and every target answer; returns the slices in the order their
+    /// notifications were handed over (the order the batches completed).
+    pub fn notified_writes(&self, count: u64, slice: u64, seed: u64) -> Result<Vec<u64>, String> {
+        if count * slice > self.region.len.min(self.remote_len) || slice == 0 {
+            return Err(format!("{count} slices of {slice} B do not fit the buffers"));
+        }
+        let answers = BatchState::new(vec![0; count as usize].into());
+        let order: Arc<parking_lot::Mutex<Vec<u64>>> = Arc::default();
+        let mut batches = Vec::with_capacity(count as usize);
+        for k in 0..count {
+            let off = k * slice;
+            let req = ResolvedRequest {
+                index: 0,
+                op: TransferOp::Write,
+                len: slice,
+                local_addr: self.region.base + off,
+                local_region: self.region.id,
+                remote_addr: self.remote_base + off,
+                remote_buffer: 0,
+            };
+            let state = BatchState::new(vec![slice].into());
+            let (peer, answers, from, order) = (self.peer.clone(), answers.clone(), self.name.clone(), order.clone());
+            state.on_complete(Box::new(move |b| {
+                if !b.succeeded() {
+                    answers.cancel(k as usize);
+                    return;
+                }
+                // Held across the hand-over, so the recorded order is the order of `notify` calls.
+                let mut order = order.lock();
+                order.push(k);
+                let k = k as usize;
+                let note = Notification {
+                    from,
+                    payload: format!("{off} {slice} {seed}").into_bytes(),
+                };
+                if let Err(e) = peer.notify(note, &answers, k) {
+                    answers.fail(k, e);
+                }
+            }));
+            self.peer
+                .submit(vec![req], &state, &SubmitContext::default())
+                .map_err(|e| e.to_string())?;
+            batches.push(Batch::new(state));
+        }
+        for b in batches.iter().chain(std::iter::once(&Batch::new(answers))) {
+            b.wait_blocking(Some(Duration::from_secs(60)))
+                .ok_or("a notified write did not settle within 60 s")?
+                .map_err(|e| e.to_string())?;
+        }
+        let order = order.lock().clone();
+        Ok(order)
+    }
+
     /// Fills the local buffer with pattern `seed`.
     pub fn fill(&self, seed: u64) {
         // SAFETY: as in zero_local.
@@ -153,6 +212,22 @@ pub fn run(bytes: usize, seed: u64) -> Result<(), String> {
     client.zero_local();
     client.transfer(TransferOp::Read, 1 << 20, bytes as u64)?;
     println!("read_mismatched {}", client.mismatches(seed, bytes));
+    client.close();
+    Ok(())
+}
+
+/// `client-notify <bytes> <seed> <count>`: reads a descriptor line on stdin, writes pattern `seed`
+/// over the target's first `bytes` in `count` notified batches (see [`Client::notified_writes`])
+/// and reports `notified <count> from <name> order <k,...>` (the slices in the order their
+/// notifications were handed over) once every notification was accepted.
+pub fn run_notified(bytes: usize, seed: u64, count: u64) -> Result<(), String> {
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).map_err(|e| e.to_string())?;
+    let client = Client::connect(&line, bytes)?;
+    client.fill(seed);
+    let order = client.notified_writes(count, bytes as u64 / count.max(1), seed)?;
+    let order: Vec<String> = order.iter().map(u64::to_string).collect();
+    println!("notified {count} from {} order {}", client.name, order.join(","));
     client.close();
     Ok(())
 }

@@ -4,10 +4,13 @@
 //!   provider named by `TE_FABRIC_PROVIDER` and serves verification commands on stdin (`serve.rs`).
 //! - `te-efa-peer client <bytes> <seed>` reads a target's descriptor on stdin, writes and reads
 //!   back `bytes` and reports mismatches (`client.rs`); the network-namespace test runs it.
+//! - `te-efa-peer client-notify <bytes> <seed> <count>` writes `bytes` to a target in `count`
+//!   batches, each followed by a notification naming the range it wrote.
 //! - `te-efa-peer bench [options]` measures write bandwidth against a target it starts itself,
 //!   with libfabric's and UCX's own tools as same-run baselines (`bench.rs`).
 
-const USAGE: &str = "usage: te-efa-peer serve <bytes> [seed] | client <bytes> <seed> | bench [--provider P] \
+const USAGE: &str = "usage: te-efa-peer serve <bytes> [seed] | client <bytes> <seed> | \
+client-notify <bytes> <seed> <count> | bench [--provider P] \
 [--total BYTES] [--block BYTES] [--runs N] [--op write|read] [--no-baselines]";
 
 mod bench;
@@ -28,6 +31,16 @@ fn main() {
         ["client", bytes, seed] => match (te_base::config::parse_byte_size(bytes), seed.parse::<u64>()) {
             (Ok(b), Ok(s)) if b > 0 => client::run(b as usize, s),
             _ => Err(format!("bad arguments {args:?}: expected client <bytes> <seed>")),
+        },
+        ["client-notify", bytes, seed, count] => match (
+            te_base::config::parse_byte_size(bytes),
+            seed.parse::<u64>(),
+            count.parse::<u64>(),
+        ) {
+            (Ok(b), Ok(s), Ok(c)) if b > 0 && c > 0 => client::run_notified(b as usize, s, c),
+            _ => Err(format!(
+                "bad arguments {args:?}: expected client-notify <bytes> <seed> <count>"
+            )),
         },
         ["bench", rest @ ..] => bench::run(rest),
         _ => Err(USAGE.to_string()),

@@ -16,3 +16,15 @@ pub fn mismatches(buf: &[u8], seed: u64, start: u64) -> u64 {
         .filter(|(i, &b)| b != pattern_byte(seed, start + *i as u64))
         .count() as u64
 }
+
+/// Bytes of `buf` (starting at pattern position `start`) that match neither pattern `a` nor `b`.
+#[allow(dead_code)] // used by the serve command, not by the tests that share this file
+pub fn foreign(buf: &[u8], a: u64, b: u64, start: u64) -> u64 {
+    buf.iter()
+        .enumerate()
+        .filter(|(i, &x)| {
+            let at = start + *i as u64;
+            x != pattern_byte(a, at) && x != pattern_byte(b, at)
+        })
+        .count() as u64
+}

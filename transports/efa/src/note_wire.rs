@@ -1,0 +1,306 @@
+//! The messages that carry notifications over libfabric (version 1), their strict decoder and the
+//! MAC that authenticates them when the engine has a key.
+//!
+//! Every message starts with a 20-byte header (little endian):
+//!
+//! | bytes | field |
+//! | --- | --- |
+//! | 0 | version (1) |
+//! | 1 | kind: 1 NOTIFY, 2 ANSWER |
+//! | 2 | ANSWER: outcome ([`Outcome`]); NOTIFY: 0 |
+//! | 3 | flags: bit 0 = a 32-byte MAC ends the message; other bits 0 |
+//! | 4..12 | sequence number (an ANSWER echoes its NOTIFY's) |
+//! | 12..16 | ANSWER `TooLarge`: the target's largest payload; else 0 |
+//! | 16..18 | length of the reply address (NOTIFY: 1..=[`MAX_REPLY_ADDR`]; ANSWER: 0) |
+//! | 18..20 | 0 |
+//!
+//! then the reply address (the sender's endpoint name, where the answer goes), the body
+//! (`te_base::notify::encode_body`: sender name and payload; NOTIFY only) and the MAC when flagged:
+//! HMAC-SHA256 under the engine's key (`te_base::auth`) of the SHA-256 of everything before it,
+//! with the handshake's initiator label for a NOTIFY and its responder label for an ANSWER, so one
+//! cannot pass for the other.
+
+use sha2::{Digest, Sha256};
+use te_base::auth::{AuthKey, Role, PROOF_LEN};
+pub use te_base::notify::Outcome;
+
+/// Wire version this build speaks.
+pub const VERSION: u8 = 1;
+/// Bytes of the fixed header.
+pub const HEADER_LEN: usize = 20;
+/// Longest reply address accepted (every provider's endpoint name fits: efa 32, tcp 16-28 bytes).
+pub const MAX_REPLY_ADDR: usize = 256;
+/// Bytes of the MAC trailer.
+pub const MAC_LEN: usize = PROOF_LEN;
+/// Length of every ANSWER with a MAC (the longest ANSWER).
+pub const ANSWER_LEN: usize = HEADER_LEN + MAC_LEN;
+/// MAC context: binds the proof to this protocol.
+const MAC_CONTEXT: &str = "te-efa-notify-v1";
+const FLAG_MAC: u8 = 1;
+const KIND_NOTIFY: u8 = 1;
+const KIND_ANSWER: u8 = 2;
+
+/// A decoded message, borrowing the receive buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message<'a> {
+    /// A notification: answer it at `reply`.
+    Notify { seq: u64, reply: &'a [u8], body: &'a [u8] },
+    /// The target's answer to notification `seq`.
+    Answer { seq: u64, outcome: Outcome, max: u32 },
+}
+
+/// A message that does not decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Shorter than its header (or than the lengths it declares).
+    Truncated,
+    /// A version this build does not speak.
+    Version(u8),
+    /// Unknown kind, outcome or flag bits, or non-zero reserved bytes.
+    Malformed,
+    /// The MAC is missing (a key is configured) or does not verify.
+    Unauthenticated,
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::Truncated => f.write_str("truncated notification message"),
+            DecodeError::Version(v) => write!(f, "notification message of unknown version {v}"),
+            DecodeError::Malformed => f.write_str("malformed notification message"),
+            DecodeError::Unauthenticated => f.write_str("notification message without a valid MAC"),
+        }
+    }
+}
+
+fn mac(key: &AuthKey, role: Role, signed: &[u8]) -> [u8; MAC_LEN] {
+    let digest: [u8; 32] = Sha256::digest(signed).into();
+    key.prove(role, MAC_CONTEXT, &digest, &[0u8; 32])
+}
+
+fn header(out: &mut [u8], kind: u8, code: u8, seq: u64, max: u32, reply_len: usize, key: Option<&AuthKey>) {
+    out[0] = VERSION;
+    out[1] = kind;
+    out[2] = code;
+    out[3] = if key.is_some() { FLAG_MAC } else { 0 };
+    out[4..12].copy_from_slice(&seq.to_le_bytes());
+    out[12..16].copy_from_slice(&max.to_le_bytes());
+    out[16..18].copy_from_slice(&(reply_len as u16).to_le_bytes());
+    out[18..20].fill(0);
+}
+
+/// Bytes a NOTIFY with this reply address and body takes.
+pub fn notify_len(reply: &[u8], body: &[u8]) -> usize {
+    HEADER_LEN + reply.len() + body.len() + MAC_LEN
+}
+
+/// Writes a NOTIFY into `out` (at least [`notify_len`] bytes); returns its length. `reply` must be
+/// 1..=[`MAX_REPLY_ADDR`] bytes (our own endpoint name).
+pub fn encode_notify(out: &mut [u8], seq: u64, reply: &[u8], body: &[u8], key: Option<&AuthKey>) -> usize {
+    debug_assert!(!reply.is_empty() && reply.len() <= MAX_REPLY_ADDR);
+    header(out, KIND_NOTIFY, 0, seq, 0, reply.len(), key);
+    let mut n = HEADER_LEN;
+    out[n..n + reply.len()].copy_from_slice(reply);
+    n += reply.len();
+    out[n..n + body.len()].copy_from_slice(body);
+    n += body.len();
+    seal(out, n, Role::Initiator, key)
+}
+
+/// Writes an ANSWER into `out` (at least [`ANSWER_LEN`] bytes); returns its length.
+pub fn encode_answer(out: &mut [u8], seq: u64, outcome: Outcome, max: u32, key: Option<&AuthKey>) -> usize {
+    header(out, KIND_ANSWER, outcome.code(), seq, max, 0, key);
+    seal(out, HEADER_LEN, Role::Responder, key)
+}
+
+fn seal(out: &mut [u8], n: usize, role: Role, key: Option<&AuthKey>) -> usize {
+    match key {
+        None => n,
+        Some(k) => {
+            let m = mac(k, role, &out[..n]);
+            out[n..n + MAC_LEN].copy_from_slice(&m);
+            n + MAC_LEN
+        }
+    }
+}
+
+/// Decodes one received message. With `key`, a message without a valid MAC is refused; without
+/// one, a MAC is ignored (the sender's engine has a key, this one does not).
+pub fn decode<'a>(msg: &'a [u8], key: Option<&AuthKey>) -> Result<Message<'a>, DecodeError> {
+    if msg.len() < HEADER_LEN {
+        return Err(DecodeError::Truncated);
+    }
+    if msg[0] != VERSION {
+        return Err(DecodeError::Version(msg[0]));
+    }
+    let (kind, code, flags) = (msg[1], msg[2], msg[3]);
+    if flags & !FLAG_MAC != 0 || msg[18..20] != [0, 0] {
+        return Err(DecodeError::Malformed);
+    }
+    let seq = u64::from_le_bytes(msg[4..12].try_into().expect("8 bytes"));
+    let max = u32::from_le_bytes(msg[12..16].try_into().expect("4 bytes"));
+    let reply_len = u16::from_le_bytes([msg[16], msg[17]]) as usize;
+    let signed_len = if flags & FLAG_MAC != 0 {
+        msg.len()
+            .checked_sub(MAC_LEN)
+            .filter(|&n| n >= HEADER_LEN)
+            .ok_or(DecodeError::Truncated)?
+    } else {
+        msg.len()
+    };
+    if let Some(k) = key {
+        if flags & FLAG_MAC == 0 {
+            return Err(DecodeError::Unauthenticated);
+        }
+        let role = if kind == KIND_NOTIFY {
+            Role::Initiator
+        } else {
+            Role::Responder
+        };
+        let digest: [u8; 32] = Sha256::digest(&msg[..signed_len]).into();
+        if !k.verify(role, MAC_CONTEXT, &digest, &[0u8; 32], &msg[signed_len..]) {
+            return Err(DecodeError::Unauthenticated);
+        }
+    }
+    let rest = &msg[HEADER_LEN..signed_len];
+    match kind {
+        KIND_NOTIFY => {
+            if code != 0 || max != 0 || reply_len == 0 || reply_len > MAX_REPLY_ADDR {
+                return Err(DecodeError::Malformed);
+            }
+            if rest.len() < reply_len {
+                return Err(DecodeError::Truncated);
+            }
+            let (reply, body) = rest.split_at(reply_len);
+            Ok(Message::Notify { seq, reply, body })
+        }
+        KIND_ANSWER => {
+            let outcome = Outcome::from_code(code).ok_or(DecodeError::Malformed)?;
+            if reply_len != 0 || !rest.is_empty() || (max != 0 && outcome != Outcome::TooLarge) {
+                return Err(DecodeError::Malformed);
+            }
+            Ok(Message::Answer { seq, outcome, max })
+        }
+        _ => Err(DecodeError::Malformed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn key(b: u8) -> AuthKey {
+        AuthKey::from_bytes(&[b; 32]).unwrap()
+    }
+
+    #[test]
+    fn round_trips_with_and_without_a_key() {
+        for k in [None, Some(key(1))] {
+            let mut buf = vec![0u8; 512];
+            let n = encode_notify(&mut buf, 7, b"addr", b"\x01abody", k.as_ref());
+            assert_eq!(n, HEADER_LEN + 4 + 6 + if k.is_some() { MAC_LEN } else { 0 });
+            assert_eq!(
+                decode(&buf[..n], k.as_ref()),
+                Ok(Message::Notify {
+                    seq: 7,
+                    reply: b"addr",
+                    body: b"\x01abody"
+                })
+            );
+            let n = encode_answer(&mut buf, 9, Outcome::TooLarge, 4096, k.as_ref());
+            assert_eq!(
+                decode(&buf[..n], k.as_ref()),
+                Ok(Message::Answer {
+                    seq: 9,
+                    outcome: Outcome::TooLarge,
+                    max: 4096
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn forged_or_unsigned_messages_are_refused_under_a_key() {
+        let mut buf = vec![0u8; 512];
+        // No MAC at all.
+        let n = encode_notify(&mut buf, 1, b"a", b"\x00", None);
+        assert_eq!(decode(&buf[..n], Some(&key(1))), Err(DecodeError::Unauthenticated));
+        // Another key's MAC.
+        let n = encode_notify(&mut buf, 1, b"a", b"\x00", Some(&key(2)));
+        assert_eq!(decode(&buf[..n], Some(&key(1))), Err(DecodeError::Unauthenticated));
+        // A changed sender name under a valid MAC.
+        let n = encode_notify(&mut buf, 1, b"a", b"\x01x", Some(&key(1)));
+        buf[HEADER_LEN + 2] = b'y';
+        assert_eq!(decode(&buf[..n], Some(&key(1))), Err(DecodeError::Unauthenticated));
+        // An answer's MAC does not pass for a notification's (roles differ).
+        let n = encode_answer(&mut buf, 1, Outcome::Accepted, 0, Some(&key(1)));
+        buf[1] = KIND_NOTIFY;
+        assert_eq!(decode(&buf[..n], Some(&key(1))), Err(DecodeError::Unauthenticated));
+    }
+
+    #[test]
+    fn hostile_headers_are_refused() {
+        let mut buf = vec![0u8; 64];
+        let n = encode_notify(&mut buf, 1, b"a", b"", None);
+        assert_eq!(decode(&buf[..HEADER_LEN - 1], None), Err(DecodeError::Truncated));
+        let mut v = buf[..n].to_vec();
+        v[0] = 2;
+        assert_eq!(decode(&v, None), Err(DecodeError::Version(2)));
+        let mut v = buf[..n].to_vec();
+        v[16] = 200; // reply longer than the message
+        assert_eq!(decode(&v, None), Err(DecodeError::Truncated));
+        let mut v = buf[..n].to_vec();
+        v[16..18].copy_from_slice(&((MAX_REPLY_ADDR + 1) as u16).to_le_bytes());
+        assert_eq!(decode(&v, None), Err(DecodeError::Malformed));
+        let mut v = buf[..n].to_vec();
+        v[3] = 4;
+        assert_eq!(decode(&v, None), Err(DecodeError::Malformed));
+        let n = encode_answer(&mut buf, 1, Outcome::Accepted, 0, None);
+        let mut v = buf[..n].to_vec();
+        v[2] = 9;
+        assert_eq!(decode(&v, None), Err(DecodeError::Malformed));
+        let mut v = buf[..n].to_vec();
+        v.push(0); // an answer carries nothing after its header
+        assert_eq!(decode(&v, None), Err(DecodeError::Malformed));
+        // A MAC flag on a message too short to hold one.
+        let mut v = buf[..HEADER_LEN].to_vec();
+        v[3] = FLAG_MAC;
+        assert_eq!(decode(&v, None), Err(DecodeError::Truncated));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(msg in proptest::collection::vec(any::<u8>(), 0..400), keyed in any::<bool>()) {
+            let k = keyed.then(|| key(3));
+            match decode(&msg, k.as_ref()) {
+                Ok(Message::Notify { reply, body, .. }) => {
+                    prop_assert!(!reply.is_empty() && reply.len() <= MAX_REPLY_ADDR);
+                    prop_assert!(HEADER_LEN + reply.len() + body.len() <= msg.len());
+                }
+                Ok(Message::Answer { .. }) => prop_assert!(msg.len() == HEADER_LEN || msg.len() == ANSWER_LEN),
+                Err(_) => {}
+            }
+        }
+
+        #[test]
+        fn mutated_messages_never_panic(
+            seq in any::<u64>(),
+            reply in proptest::collection::vec(any::<u8>(), 1..64),
+            body in proptest::collection::vec(any::<u8>(), 0..200),
+            at in any::<prop::sample::Index>(),
+            byte in any::<u8>(),
+        ) {
+            let k = key(4);
+            let mut buf = vec![0u8; notify_len(&reply, &body)];
+            let n = encode_notify(&mut buf, seq, &reply, &body, Some(&k));
+            prop_assert_eq!(decode(&buf[..n], Some(&k)), Ok(Message::Notify { seq, reply: &reply, body: &body }));
+            let i = at.index(n);
+            let changed = buf[i] != byte;
+            buf[i] = byte;
+            let r = decode(&buf[..n], Some(&k));
+            // Any change to a signed message is caught (by the MAC or the header checks).
+            prop_assert!(!changed || r.is_err());
+        }
+    }
+}
