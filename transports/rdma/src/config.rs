@@ -46,6 +46,7 @@ pub const ENV_VARS: &[&str] = &[
     "TE_RDMA_MAX_CONNECTIONS_PER_SOURCE",
     "TE_RDMA_HANDSHAKE_TIMEOUT_MS",
     "TE_RDMA_IDLE_TIMEOUT_MS",
+    "TE_RDMA_ABORT_FLUSH_MS",
 ];
 
 /// Every knob of the transport.
@@ -85,6 +86,9 @@ pub struct RdmaConfig {
     pub listener: ListenerLimits,
     /// Target-side QPs one source address may hold at once (`TE_RDMA_MAX_QPS_PER_SOURCE`).
     pub max_qps_per_source: usize,
+    /// How long an aborted connection waits for the flush completions of its QPs before it
+    /// destroys them instead (`TE_RDMA_ABORT_FLUSH_MS`; see `Peer::abort`).
+    pub abort_flush_grace: Duration,
 }
 
 /// Time one handshake message may take to arrive or leave.
@@ -109,6 +113,7 @@ impl Default for RdmaConfig {
             connect: ConnectParams::default(),
             listener: ListenerLimits::with_frame_timeout(HANDSHAKE_FRAME_TIMEOUT),
             max_qps_per_source: DEFAULT_MAX_QPS_PER_SOURCE,
+            abort_flush_grace: Duration::from_secs(5),
         }
     }
 }
@@ -193,6 +198,11 @@ impl RdmaConfig {
             crate::transport::MAX_ACCEPTED_QPS,
         )? {
             c.max_qps_per_source = v;
+        }
+
+        let grace = parse_var::<u64>(env, "TE_RDMA_ABORT_FLUSH_MS")?;
+        if let Some(ms) = ranged("TE_RDMA_ABORT_FLUSH_MS", grace, 1, 600_000)? {
+            c.abort_flush_grace = Duration::from_millis(ms);
         }
 
         let p = &mut c.connect;

@@ -63,6 +63,7 @@ pub async fn install(ctx: &InstallContext) -> Result<Arc<dyn Transport>> {
         ctx.auth.clone(),
     )
     .await?;
+    transport.deliver_notifications_to(ctx.notifications.clone());
     Ok(Arc::new(transport))
 }
 

@@ -1,4 +1,4 @@
-//! The shared transport conformance suite on a real RDMA device. Runs where
+//! The shared transport conformance suite, notifications included, on a real RDMA device. Runs where
 //! `TE_TEST_RDMA_DEVICE` names one (`TE_TEST_RDMA_DEVICE=mlx5_0 cargo test -p te-transport-rdma
 //! --test conformance`); skips with a message otherwise, and fails instead when `TE_REQUIRE`
 //! names `rdma`. Initiator and target are two transports in this process on the same device (the
@@ -26,7 +26,11 @@ fn context(device: &str, segment: &str) -> InstallContext {
         env: Arc::new(MapEnv(vars)),
         segment_name: segment.into(),
         devices: Vec::new(),
-        notifications: te_base::NotifyInbox::new(Default::default()),
+        // Small, so the conformance suite can fill it.
+        notifications: te_base::NotifyInbox::new(te_base::notify::NotifyLimits {
+            queue_depth: 64,
+            max_bytes: 4096,
+        }),
     }
 }
 
@@ -46,7 +50,9 @@ async fn conformance_on_a_real_device() {
     let initiator = te_transport_rdma::install(&context(&device, "conformance-initiator"))
         .await
         .unwrap_or_else(|e| panic!("install on {device}: {e}"));
-    let target = te_transport_rdma::install(&context(&device, "conformance-target"))
+    let target_context = context(&device, "conformance-target");
+    let inbox = target_context.notifications.clone();
+    let target = te_transport_rdma::install(&target_context)
         .await
         .unwrap_or_else(|e| panic!("install on {device}: {e}"));
     let pair = ConformancePair {
@@ -54,5 +60,7 @@ async fn conformance_on_a_real_device() {
         target,
         target_name: "conformance-target".into(),
     };
-    run_all(&pair, &ConformanceOptions::default()).await;
+    let opts = ConformanceOptions::default();
+    run_all(&pair, &opts).await;
+    te_base::conformance::notify::run_all(&pair, &inbox, &opts).await;
 }

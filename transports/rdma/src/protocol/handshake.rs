@@ -91,6 +91,10 @@ pub struct EndpointInfo {
     pub instance: u64,
     /// Rails in rail-index order.
     pub rails: Vec<RailInfo>,
+    /// The notification receive ring each connection gets; absent when the target takes none
+    /// (then `Peer::notify` says notifications are not available).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<crate::protocol::notify_wire::NotifyParams>,
 }
 
 /// One QP slot of a connection: which rails it joins and one side's QP.
@@ -482,8 +486,18 @@ mod tests {
             handshake: "10.0.0.1:4791".into(),
             instance: 7,
             rails: vec![rail("mlx5_0", Mtu::M4096), rail("mlx5_1", Mtu::M1024)],
+            notify: None,
         };
         assert_eq!(EndpointInfo::from_value(&info.to_value()).unwrap(), info);
+        let with_notify = EndpointInfo {
+            notify: Some(crate::protocol::notify_wire::NotifyParams {
+                version: 1,
+                credits: 16,
+                max_bytes: 4096,
+            }),
+            ..info.clone()
+        };
+        assert_eq!(EndpointInfo::from_value(&with_notify.to_value()).unwrap(), with_notify);
         let mut bad = info.clone();
         bad.handshake = "nowhere".into();
         assert!(EndpointInfo::from_value(&bad.to_value()).is_err());

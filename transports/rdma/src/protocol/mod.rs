@@ -5,6 +5,7 @@
 pub mod completion;
 pub mod handshake;
 pub mod mr_split;
+pub mod notify_wire;
 pub mod qp_state;
 pub mod recovery;
 pub mod remote_keys;

@@ -159,6 +159,28 @@ impl<T> SendQueue<T> {
         self.drain_all()
     }
 
+    /// Takes the items never posted (an aborted connection fails them).
+    pub fn take_pending(&mut self) -> Vec<T> {
+        self.pending.drain(..).collect()
+    }
+
+    /// Any completion for `wr_id` of a QP being drained (moved to ERROR on purpose): retires
+    /// every in-flight item up to and including it, telling `retire` whether the item is the one
+    /// the completion names (RC completes in order: the others before it ran to the end).
+    /// Stale completions of an older epoch retire nothing.
+    pub fn retire_through(&mut self, wr_id: u64, mut retire: impl FnMut(T, bool)) -> usize {
+        if wr_id < self.epoch_start {
+            return 0;
+        }
+        let mut n = 0;
+        while self.in_flight.front().is_some_and(|(s, _)| *s <= wr_id) {
+            let (seq, item) = self.in_flight.pop_front().expect("checked");
+            retire(item, seq == wr_id);
+            n += 1;
+        }
+        n
+    }
+
     /// Takes every waiting and in-flight item out (the QP is being torn down).
     pub fn drain_all(&mut self) -> Vec<T> {
         let mut out: Vec<T> = self.in_flight.drain(..).map(|(_, t)| t).collect();
@@ -187,6 +209,23 @@ mod tests {
         let mut v = Vec::new();
         q.post_ready(|s, &t| v.push((s, t)));
         v
+    }
+
+    #[test]
+    fn draining_retires_in_order_and_names_the_completed_item() {
+        let mut q = SendQueue::new(8, 4);
+        for i in 0..5u32 {
+            q.push(i);
+        }
+        let posted = post_all(&mut q);
+        q.push(99);
+        assert_eq!(q.take_pending(), vec![99]);
+        let mut seen = Vec::new();
+        assert_eq!(q.retire_through(posted[2].0.seq, |t, at| seen.push((t, at))), 3);
+        assert_eq!(seen, vec![(0, false), (1, false), (2, true)]);
+        assert_eq!(q.retire_through(posted[2].0.seq, |_, _| panic!("retired twice")), 0);
+        assert_eq!(q.retire_through(posted[4].0.seq, |_, _| {}), 2);
+        assert_eq!(q.in_flight(), 0);
     }
 
     proptest::proptest! {

@@ -84,6 +84,8 @@ pub struct WcStatus(pub u32);
 impl WcStatus {
     /// Success.
     pub const SUCCESS: WcStatus = WcStatus(0);
+    /// Local length error: an incoming message is longer than the posted receive buffer.
+    pub const LOC_LEN_ERR: WcStatus = WcStatus(1);
     /// Local protection error: the lkey does not cover the local range.
     pub const LOC_PROT_ERR: WcStatus = WcStatus(4);
     /// Flushed: the QP entered the error state before this request ran.

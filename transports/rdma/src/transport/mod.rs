@@ -1,8 +1,12 @@
 //! The verbs transport over any [`Verbs`] implementation: rail-local registration (host and GPU
 //! memory), connection through the handshake, the data path and the progress thread.
 
+mod abort;
 pub mod device_memory;
 mod handshake_io;
+mod notify;
+#[cfg(test)]
+mod notify_tests;
 mod peer;
 #[cfg(test)]
 mod placement_tests;
@@ -13,11 +17,11 @@ pub(crate) use target::MAX_ACCEPTED_QPS;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -26,7 +30,7 @@ use te_base::auth::AuthKey;
 use te_base::device::DevicePlugin;
 use te_base::registration::{deregister_regions, register_regions, DomainHandles, RegistrationPool};
 use te_base::topology::{NicPlacement, RailPlacement, RailRate, StripePlanner};
-use te_base::{Capabilities, Error, Peer, RegionId, RegionInfo, Result, SegmentDescriptor, Transport};
+use te_base::{Capabilities, Error, NotifyInbox, Peer, RegionId, RegionInfo, Result, SegmentDescriptor, Transport};
 
 use crate::config::RdmaConfig;
 use crate::protocol::handshake::{EndpointInfo, PROTOCOL_VERSION};
@@ -70,6 +74,13 @@ pub(crate) struct Shared<V: Verbs> {
     pub(crate) claim: [u8; 32],
     /// Slots waiting for re-establishment.
     pub(crate) broken: Mutex<Vec<SlotRef<V>>>,
+    /// Aborted peers waiting for their QPs' flush completions (the progress thread enforces the
+    /// grace).
+    pub(crate) aborting: Mutex<Vec<Weak<PeerInner<V>>>>,
+    /// Peers with notifications to post that `notify` could not post itself (slot 0 was locked).
+    pub(crate) note_waiting: Mutex<Vec<Weak<PeerInner<V>>>>,
+    /// Where notifications from peers go (`None`: this transport takes none and advertises none).
+    pub(crate) inbox: RwLock<Option<Arc<NotifyInbox>>>,
     outstanding: AtomicUsize,
     psn_state: AtomicU64,
     stop: AtomicBool,
@@ -114,7 +125,8 @@ impl<V: Verbs> Shared<V> {
 
 impl<V: Verbs> Drop for Shared<V> {
     fn drop(&mut self) {
-        self.accepted.get_mut().destroy_all(&*self.verbs);
+        let rails = self.registrar.set.clone();
+        self.accepted.get_mut().destroy_all(&rails);
         let left: Vec<(RegionInfo, DomainHandles<RailRegistration<V>>)> = self
             .regions
             .get_mut()
@@ -228,6 +240,9 @@ impl<V: Verbs> RdmaTransport<V> {
             claim: te_base::auth::nonce(),
             auth,
             broken: Mutex::new(Vec::new()),
+            aborting: Mutex::new(Vec::new()),
+            note_waiting: Mutex::new(Vec::new()),
+            inbox: RwLock::new(None),
             outstanding: AtomicUsize::new(0),
             psn_state: AtomicU64::new(te_base::token::random_token()),
             stop: AtomicBool::new(false),
@@ -253,6 +268,12 @@ impl<V: Verbs> RdmaTransport<V> {
     /// The address peers reach the handshake listener at.
     pub fn handshake_addr(&self) -> SocketAddr {
         self.shared.advertised
+    }
+
+    /// Takes notifications from peers into `inbox` (the engine's), and advertises so in
+    /// [`Transport::endpoint`]. Call before publishing the endpoint.
+    pub fn deliver_notifications_to(&self, inbox: Arc<NotifyInbox>) {
+        *self.shared.inbox.write() = Some(inbox);
     }
 }
 
@@ -280,6 +301,7 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
             handshake: self.shared.advertised.to_string(),
             instance: self.shared.instance,
             rails: self.shared.rails().rails.iter().map(|r| r.info()).collect(),
+            notify: self.shared.inbox.read().as_deref().map(notify::params),
         }
         .to_value()
     }
@@ -409,32 +431,52 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
         }
         let q = shared.config.qps_per_peer as usize;
         let depth = shared.config.send_queue_depth;
+        // Notifications ride slot 0 when the target takes them in a format this build speaks.
+        let notify = info.notify.filter(|p| p.usable());
         let mut slots: Vec<Arc<QpSlot<V>>> = Vec::with_capacity(pairs.len() * q);
         let created = (|| -> Result<()> {
             for (pi, pair) in pairs.iter().enumerate() {
                 let rail = &local_rails[pair.local];
                 let depth = depth.min(rail.attrs.max_qp_wr.max(1));
                 for k in 0..q {
-                    rail.reserve_cq(depth)?;
+                    let notes = notify.filter(|_| pi == 0 && k == 0);
+                    let credits = notes.map_or(0, |p| p.credits);
+                    // The notification SENDs share the send queue: keep within the device.
+                    let depth = depth.min(rail.attrs.max_qp_wr.saturating_sub(credits).max(1));
+                    // Each notification completes twice here: its SEND and its answer's receive.
+                    let cq_room = depth + 2 * credits;
+                    rail.reserve_cq(cq_room)?;
                     let caps = QpCaps {
-                        max_send_wr: depth,
+                        max_send_wr: depth + credits,
                         max_send_sge: 1,
+                        max_recv_wr: credits,
                     };
                     let (qp, qpn) = match shared.verbs.create_qp(rail.pd(), rail.cq(), caps) {
                         Ok(x) => x,
                         Err(e) => {
-                            rail.release_cq(depth);
+                            rail.release_cq(cq_room);
                             return Err(e);
                         }
                     };
-                    let inner = QpInner::new(qp, qpn, depth, shared.config.signal_every, shared.backoff());
+                    let mut inner = QpInner::new(qp, qpn, depth, shared.config.signal_every, shared.backoff());
+                    let channel = notes.map(|p| notify::NoteChannel::new(&*shared.verbs, rail.pd(), p));
+                    let failed = match channel.transpose() {
+                        Ok(ch) => {
+                            inner.notes = ch;
+                            None
+                        }
+                        Err(e) => Some(e),
+                    };
                     slots.push(Arc::new(QpSlot {
                         slot: (pi * q + k) as u32,
                         pair: pi,
                         rail: pair.local,
-                        depth,
+                        cq_room,
                         inner: Mutex::new(inner),
                     }));
+                    if let Some(e) = failed {
+                        return Err(e);
+                    }
                 }
             }
             Ok(())
@@ -442,9 +484,13 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
         if let Err(e) = created {
             // Nothing was connected yet: release what this attempt created.
             for s in slots {
-                if let Some(qp) = s.inner.lock().qp.take() {
+                let mut inner = s.inner.lock();
+                if let Some(qp) = inner.qp.take() {
                     let _ = shared.verbs.destroy_qp(qp);
-                    local_rails[s.rail].release_cq(s.depth);
+                    local_rails[s.rail].release_cq(s.cq_room);
+                }
+                if let Some(mut ch) = inner.notes.take() {
+                    ch.release(&*shared.verbs);
                 }
             }
             return Err(e);
@@ -461,6 +507,9 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
             qps_per_pair: q,
             rotation: AtomicUsize::new(0),
             planner: StripePlanner::default(),
+            notify,
+            notes_in: Mutex::new(VecDeque::new()),
+            abort: OnceLock::new(),
         });
         let offers: Vec<_> = peer
             .slots

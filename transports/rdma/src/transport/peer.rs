@@ -1,18 +1,23 @@
 //! A connected peer: its QP slots (per rail pair, `TE_RDMA_QPS_PER_PEER` each), the data path
-//! that cuts a batch into work requests, and what happens when a QP fails.
+//! that cuts a batch into work requests, what happens when a QP fails, and the peer's
+//! notifications (see [`super::notify`]) and abort (see [`super::abort`]).
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
 use parking_lot::Mutex;
 use te_base::topology::{common_rails, RailRate, Stripe, StripePlanner};
 use te_base::{BatchState, Error, Peer, ResolvedRequest, Result, SegmentDescriptor, SubmitContext, TransferOp};
 
+use super::abort::Drain;
+use super::notify::{is_note, NoteChannel, NoteJob, MAX_QUEUED_NOTES, NOTE_RECV, NOTE_SEND};
 use super::Shared;
 use crate::protocol::completion::BatchTracker;
 use crate::protocol::handshake::{mtu_offer, ConnectRequest, EndpointInfo, QpOffer, PROTOCOL_VERSION};
+use crate::protocol::notify_wire::NotifyParams;
 use crate::protocol::qp_state::{connect_transitions, LocalQpEnd, QpMachine, QpState, QpTransition, RemoteQpEnd};
 use crate::protocol::recovery::{classify, request_error, Backoff, ErrorClass};
 use crate::protocol::remote_keys::{KeyMiss, RemoteKeyTable};
@@ -33,6 +38,13 @@ pub(crate) struct Piece {
     attempts: u32,
 }
 
+impl Piece {
+    /// Fails the request this piece belongs to.
+    pub(crate) fn fail(self, err: Error) {
+        self.tracker.fail(self.index, err);
+    }
+}
+
 /// The mutable state of one QP.
 pub(crate) struct QpInner<V: Verbs> {
     pub(crate) qp: Option<V::Qp>,
@@ -42,6 +54,10 @@ pub(crate) struct QpInner<V: Verbs> {
     pub(crate) backoff: Backoff,
     pub(crate) reconnecting: bool,
     scratch: Vec<WorkRequest>,
+    /// Slot 0 of a peer that takes notifications: their channel.
+    pub(crate) notes: Option<NoteChannel<V>>,
+    /// Aborted with work requests in flight: waiting for their completions.
+    pub(crate) draining: bool,
 }
 
 /// One QP of a connection, between one local and one remote rail.
@@ -50,8 +66,8 @@ pub(crate) struct QpSlot<V: Verbs> {
     pub(crate) pair: usize,
     /// Local rail (holds the CQ room this QP reserved).
     pub(crate) rail: usize,
-    /// Send queue depth (the CQ room reserved).
-    pub(crate) depth: u32,
+    /// CQ entries reserved for this QP (its depth, plus the notification channel's on slot 0).
+    pub(crate) cq_room: u32,
     pub(crate) inner: Mutex<QpInner<V>>,
 }
 
@@ -77,6 +93,13 @@ pub(crate) struct PeerInner<V: Verbs> {
     pub(crate) qps_per_pair: usize,
     pub(crate) rotation: AtomicUsize,
     pub(crate) planner: StripePlanner,
+    /// What the target advertises for notifications (`None`: it takes none).
+    pub(crate) notify: Option<NotifyParams>,
+    /// Notifications handed over and not yet posted, in order (a lock of their own: `notify` runs
+    /// in completion hooks, possibly while a slot is locked).
+    pub(crate) notes_in: Mutex<VecDeque<NoteJob>>,
+    /// Set once by [`Peer::abort`].
+    pub(crate) abort: OnceLock<Arc<Drain>>,
 }
 
 /// The `Peer` handed to the engine.
@@ -132,6 +155,9 @@ impl<V: Verbs> PeerInner<V> {
             self.shared.verbs.modify_qp(qp, &t)?;
             inner.machine.apply(&t)?;
         }
+        if let Some(ch) = &inner.notes {
+            ch.post_answer_recvs(&*self.shared.verbs, qp)?;
+        }
         Ok(())
     }
 
@@ -166,6 +192,14 @@ impl<V: Verbs> PeerInner<V> {
             })
             .unwrap_or(from);
         let mut inner = self.slots[target].inner.lock();
+        if let Some(drain) = self.abort.get() {
+            // Checked under the slot lock: either the abort already took this slot's waiting
+            // pieces and these are doomed here, or it takes them after us.
+            for p in pieces {
+                drain.doom(p);
+            }
+            return;
+        }
         for mut p in pieces {
             p.attempts += 1;
             if p.attempts > limit {
@@ -196,6 +230,14 @@ impl<V: Verbs> PeerInner<V> {
     pub(crate) fn on_completion(self: &Arc<Self>, index: usize, c: &Completion, now: Instant) {
         let slot = &self.slots[index];
         let mut inner = slot.inner.lock();
+        if let Some(drain) = self.abort.get() {
+            self.on_drain_completion(&mut inner, c, drain);
+            return;
+        }
+        if is_note(c.wr_id) {
+            self.on_note_completion(index, &mut inner, c, now);
+            return;
+        }
         let before = inner.sq.in_flight();
         if c.status == WcStatus::SUCCESS {
             inner.sq.on_success(c.wr_id, |p| p.tracker.piece_done(p.index));
@@ -211,6 +253,7 @@ impl<V: Verbs> PeerInner<V> {
         self.shared.retired(before);
         inner.machine.mark_error();
         inner.backoff.on_failure(now);
+        self.fail_notes(&mut inner, c.status);
         drop(inner);
         tracing::debug!(peer = %self.name(), qp = slot.slot, status = c.status.0, "rdma QP failed");
         for p in split.done {
@@ -235,6 +278,12 @@ impl<V: Verbs> PeerInner<V> {
         let slot = &self.slots[index];
         let prepared = {
             let mut inner = slot.inner.lock();
+            if self.abort.get().is_some() {
+                // Aborted since the attempt was claimed: the QP stays down (the abort may even
+                // have destroyed it).
+                inner.reconnecting = false;
+                return;
+            }
             let qp = inner.qp.as_ref().expect("slot owns a QP");
             let reset = self.shared.verbs.modify_qp(qp, &QpTransition::ToReset);
             reset
@@ -242,6 +291,7 @@ impl<V: Verbs> PeerInner<V> {
                 .map(|_| {
                     self.shared.retired(inner.sq.in_flight());
                     inner.sq.reset();
+                    self.fail_notes(&mut inner, WcStatus::WR_FLUSH_ERR);
                     self.offer(slot, inner.qpn)
                 })
         };
@@ -266,11 +316,20 @@ impl<V: Verbs> PeerInner<V> {
         };
         let mut inner = slot.inner.lock();
         inner.reconnecting = false;
+        if let Some(drain) = self.abort.get() {
+            // Aborted meanwhile: the QP stays down (RESET: nothing of it runs).
+            inner.machine.mark_error();
+            for p in inner.sq.drain_all() {
+                drain.doom(p);
+            }
+            return;
+        }
         let outcome = result.and_then(|(mine, theirs)| self.bring_up(slot, &mut inner, &mine, &theirs));
         match outcome {
             Ok(()) => {
                 inner.backoff.on_success();
                 let stranded = self.shared.pump(&mut inner);
+                self.pump_notes(&mut inner);
                 drop(inner);
                 self.post_failed(index, stranded);
             }
@@ -412,6 +471,191 @@ impl<V: Verbs> PeerInner<V> {
 }
 
 impl<V: Verbs> PeerInner<V> {
+    /// A completion of a notification work request on slot `index` (slot 0).
+    fn on_note_completion(self: &Arc<Self>, index: usize, inner: &mut QpInner<V>, c: &Completion, now: Instant) {
+        let Some(ch) = inner.notes.as_mut() else { return };
+        if !ch.current(c) {
+            return; // of a QP incarnation already failed and reset
+        }
+        let broken = if c.wr_id & NOTE_RECV != 0 {
+            if c.status != WcStatus::SUCCESS {
+                // Flushed: the QP failed; its send side reports how.
+                return;
+            }
+            let qp = inner.qp.as_ref().expect("slot owns a QP");
+            match ch.on_answer(&*self.shared.verbs, qp, c, self.name()) {
+                Ok(()) => {
+                    self.pump_notes(inner);
+                    return;
+                }
+                Err(why) => {
+                    tracing::debug!(peer = %self.name(), "rdma: notification protocol error: {why}");
+                    WcStatus::GENERAL_ERR
+                }
+            }
+        } else {
+            debug_assert!(c.wr_id & NOTE_SEND != 0);
+            if c.status == WcStatus::SUCCESS {
+                return; // the answer settles it
+            }
+            c.status
+        };
+        self.note_qp_failed(index, inner, broken, now);
+    }
+
+    /// The notification channel broke slot `index`'s QP (an error completion of a SEND, an answer
+    /// breaking the protocol, a refused post): the QP goes to ERROR (its data work requests are
+    /// flushed and handed back by their own completions) and is re-established.
+    fn note_qp_failed(self: &Arc<Self>, index: usize, inner: &mut QpInner<V>, status: WcStatus, now: Instant) {
+        self.fail_notes(inner, status);
+        if inner.machine.state() == QpState::Error {
+            return;
+        }
+        if let Some(qp) = inner.qp.as_ref() {
+            let _ = self.shared.verbs.modify_qp(qp, &QpTransition::ToError);
+        }
+        inner.machine.mark_error();
+        inner.backoff.on_failure(now);
+        self.shared.broken.lock().push((Arc::downgrade(self), index));
+    }
+
+    /// Fails every notification of this slot still waiting for its answer.
+    fn fail_notes(&self, inner: &mut QpInner<V>, status: WcStatus) {
+        if let Some(ch) = inner.notes.as_mut() {
+            ch.fail_outstanding(&Error::PeerGone {
+                peer: self.name().to_string(),
+                reason: format!(
+                    "the connection failed (work completion status {}) before the target answered a \
+                     notification; it may or may not have been queued",
+                    status.0
+                ),
+            });
+        }
+    }
+
+    /// Posts waiting notifications on slot 0 while it is up and has credits. Called with the slot
+    /// locked.
+    pub(crate) fn pump_notes(self: &Arc<Self>, inner: &mut QpInner<V>) {
+        if inner.machine.state() != QpState::Rts || self.abort.get().is_some() {
+            return;
+        }
+        let QpInner { qp, notes, .. } = inner;
+        let (Some(qp), Some(ch)) = (qp.as_ref(), notes.as_mut()) else {
+            return;
+        };
+        let posted = ch.pump(
+            &*self.shared.verbs,
+            qp,
+            || self.notes_in.lock().pop_front(),
+            |job| self.notes_in.lock().push_front(job),
+        );
+        if let Err(errno) = posted {
+            if errno == libc::ENOMEM {
+                return; // send queue full after all: the next completion pumps again
+            }
+            tracing::warn!(
+                "rdma: ibv_post_send (notification): {}",
+                std::io::Error::from_raw_os_error(errno)
+            );
+            self.note_qp_failed(0, inner, WcStatus::GENERAL_ERR, Instant::now());
+        }
+    }
+
+    /// A completion of slot `index` after the abort: retires what it names; the slot's last one
+    /// lets the abort fail what did not complete.
+    fn on_drain_completion(&self, inner: &mut QpInner<V>, c: &Completion, drain: &Drain) {
+        if is_note(c.wr_id) || !inner.draining {
+            return;
+        }
+        let ok = c.status == WcStatus::SUCCESS;
+        let n = inner.sq.retire_through(c.wr_id, |p, named| {
+            if ok || !named {
+                // RC completes in order: everything before the named request ran to the end.
+                p.tracker.piece_done(p.index);
+            } else {
+                drain.doom(p);
+            }
+        });
+        self.shared.retired(n);
+        if inner.sq.in_flight() == 0 {
+            inner.draining = false;
+            drain.release();
+        }
+    }
+
+    /// Starts the abort: every QP to ERROR, waiting pieces and notifications collected or failed.
+    fn begin_abort(self: &Arc<Self>, err: Error) {
+        let drain = Drain::new(err, Instant::now() + self.shared.config.abort_flush_grace);
+        if self.abort.set(drain.clone()).is_err() {
+            return; // aborted already
+        }
+        for job in self.notes_in.lock().drain(..) {
+            job.fail(drain.err.clone());
+        }
+        for slot in &self.slots {
+            let mut inner = slot.inner.lock();
+            if let Some(qp) = inner.qp.as_ref() {
+                if matches!(inner.machine.state(), QpState::Rtr | QpState::Rts) {
+                    if let Err(e) = self.shared.verbs.modify_qp(qp, &QpTransition::ToError) {
+                        // The QP keeps running what it has; the flush grace then destroys it.
+                        tracing::warn!(peer = %self.name(), "rdma abort: moving a QP to ERROR: {e}");
+                    }
+                }
+            }
+            inner.machine.mark_error();
+            if let Some(ch) = inner.notes.as_mut() {
+                ch.fail_outstanding(&drain.err);
+            }
+            for p in inner.sq.take_pending() {
+                drain.doom(p);
+            }
+            if inner.sq.in_flight() > 0 {
+                inner.draining = true;
+                drain.hold();
+            }
+        }
+        drain.release();
+        if !drain.finished() {
+            self.shared.aborting.lock().push(Arc::downgrade(self));
+            self.shared.wake_progress();
+        }
+    }
+
+    /// Called by the progress thread: past the flush grace, destroys every QP still draining (no
+    /// work request of a destroyed QP runs any more) and lets the abort finish. True when done.
+    pub(crate) fn give_up_draining(&self, now: Instant) -> bool {
+        let Some(drain) = self.abort.get() else { return true };
+        if drain.finished() {
+            return true;
+        }
+        if now < drain.give_up_at {
+            return false;
+        }
+        let mut map = self.shared.qps.write();
+        for s in &self.slots {
+            let mut inner = s.inner.lock();
+            if !inner.draining {
+                continue;
+            }
+            let Some(qp) = inner.qp.take() else { continue };
+            if let Err(e) = self.shared.verbs.destroy_qp(qp) {
+                // Cannot prove the device is done with the memory: keep it pinned (leaked).
+                tracing::error!(peer = %self.name(), "rdma abort: destroying a QP that never flushed: {e}");
+                continue;
+            }
+            tracing::warn!(peer = %self.name(), qp = s.slot, "rdma abort: QP never flushed; destroyed it");
+            map.remove(&inner.qpn);
+            self.shared.rails().rails[s.rail].release_cq(s.cq_room);
+            self.shared.retired(inner.sq.in_flight());
+            for p in inner.sq.drain_all() {
+                drain.doom(p);
+            }
+            inner.draining = false;
+            drain.release();
+        }
+        drain.finished()
+    }
+
     /// The error of a request whose two buffers share no connected rail, naming both sides' rails.
     fn no_common_rail(&self, local: &super::LocalRegion<V>, remote_buffer: u32, remote: &[RailRate]) -> Error {
         let rails = self.shared.rails();
@@ -450,6 +694,9 @@ impl<V: Verbs> Peer for RdmaPeer<V> {
     }
 
     fn submit(&self, requests: Vec<ResolvedRequest>, batch: &Arc<BatchState>, _ctx: &SubmitContext) -> Result<()> {
+        if let Some(drain) = self.inner.abort.get() {
+            return Err(self.inner.aborted(drain));
+        }
         if batch.cancel_requested() {
             for r in &requests {
                 batch.cancel(r.index as usize);
@@ -477,12 +724,95 @@ impl<V: Verbs> Peer for RdmaPeer<V> {
     }
 
     fn is_healthy(&self) -> bool {
+        if self.inner.abort.get().is_some() {
+            return false;
+        }
         // Unhealthy once every QP failed and its re-establishment kept failing: the engine then
         // reconnects from a fresh descriptor (the peer may have restarted).
         !self.inner.slots.iter().all(|s| {
             let inner = s.inner.lock();
             inner.machine.state() == QpState::Error && inner.backoff.failures() >= 3
         })
+    }
+
+    /// Every QP to ERROR; outstanding requests fail with `err` once their flush completions came
+    /// back (see [`super::abort`]).
+    fn abort(&self, err: Error) -> bool {
+        self.inner.begin_abort(err);
+        true
+    }
+
+    /// A SEND on slot 0 after whatever it carries (see [`super::notify`]); the engine calls it
+    /// only once the batch it follows completed.
+    fn notify(&self, note: te_base::Notification, done: &Arc<BatchState>, index: usize) -> Result<()> {
+        let peer = &self.inner;
+        let Some(params) = peer.notify else {
+            let why = match peer.endpoint.notify {
+                None => format!("segment '{}' does not take them over rdma", peer.name()),
+                Some(p) => format!(
+                    "segment '{}' takes them in a form this build does not speak (format version {}, \
+                     {} credits, {} bytes)",
+                    peer.name(),
+                    p.version,
+                    p.credits,
+                    p.max_bytes
+                ),
+            };
+            return Err(Error::not_available("rdma notifications", why));
+        };
+        if let Some(drain) = peer.abort.get() {
+            return Err(peer.aborted(drain));
+        }
+        let mut body = Vec::new();
+        te_base::notify::encode_body(&note.from, &note.payload, &mut body)?;
+        let max = params.max_bytes as usize;
+        if note.payload.len() > max {
+            // The target's advertised limit: it would refuse the same way.
+            done.fail(
+                index,
+                te_base::notify::Refusal::TooLarge.into_error(peer.name(), note.payload.len(), max),
+            );
+            return Ok(());
+        }
+        {
+            let mut q = peer.notes_in.lock();
+            if q.len() >= MAX_QUEUED_NOTES {
+                drop(q);
+                done.fail(
+                    index,
+                    Error::NotificationQueueFull {
+                        peer: peer.name().into(),
+                    },
+                );
+                return Ok(());
+            }
+            q.push_back(NoteJob {
+                body,
+                payload_len: note.payload.len(),
+                done: done.clone(),
+                index,
+            });
+        }
+        // Slot 0 may be locked by this very thread (a batch completing in its completion handler
+        // runs this hook): then the progress thread posts it.
+        match peer.slots[0].inner.try_lock() {
+            Some(mut inner) => peer.pump_notes(&mut inner),
+            None => {
+                peer.shared.note_waiting.lock().push(Arc::downgrade(peer));
+                peer.shared.wake_progress();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<V: Verbs> PeerInner<V> {
+    /// The error submits and notifications get after an abort.
+    fn aborted(&self, drain: &Drain) -> Error {
+        Error::PeerGone {
+            peer: self.name().to_string(),
+            reason: format!("the connection was cut: {}", drain.err),
+        }
     }
 }
 
@@ -500,8 +830,16 @@ impl<V: Verbs> Drop for PeerInner<V> {
                 if let Err(e) = self.shared.verbs.destroy_qp(qp) {
                     tracing::warn!("rdma: destroying a QP: {e}");
                 }
-                self.shared.rails().rails[s.rail].release_cq(s.depth);
+                self.shared.rails().rails[s.rail].release_cq(s.cq_room);
             }
+            if let Some(mut ch) = inner.notes.take() {
+                // After the QP: nothing receives into or sends from the buffers any more.
+                ch.fail_outstanding(&Error::Closed("rdma connection".into()));
+                ch.release(&*self.shared.verbs);
+            }
+        }
+        for job in self.notes_in.get_mut().drain(..) {
+            job.fail(Error::Closed("rdma connection".into()));
         }
     }
 }
@@ -516,6 +854,8 @@ impl<V: Verbs> QpInner<V> {
             backoff,
             reconnecting: false,
             scratch: Vec::with_capacity(depth as usize),
+            notes: None,
+            draining: false,
         }
     }
 }
@@ -548,6 +888,7 @@ impl<V: Verbs> Shared<V> {
                 remote_addr: p.remote_addr,
                 rkey: p.rkey,
                 signaled: slot.signaled,
+                imm_data: 0,
             })
         });
         if n == 0 {
@@ -591,7 +932,7 @@ pub(crate) enum Reconnect {
 /// Claims a re-establishment attempt of slot `index` if its backoff allows one at `now`.
 pub(crate) fn try_begin_reconnect<V: Verbs>(peer: &PeerInner<V>, index: usize, now: Instant) -> Reconnect {
     let mut inner = peer.slots[index].inner.lock();
-    if inner.reconnecting || inner.machine.state() != QpState::Error {
+    if inner.reconnecting || inner.machine.state() != QpState::Error || peer.abort.get().is_some() {
         return Reconnect::Nothing;
     }
     if inner.backoff.try_begin(now) {

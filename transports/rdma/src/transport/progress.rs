@@ -1,5 +1,7 @@
 //! The progress thread: polls every rail's completion queue, dispatches completions to their
-//! QP slot, refills send queues, and starts QP re-establishments when their backoff allows.
+//! QP slot (or to the notification ring of a QP this side accepted), refills send queues, posts
+//! notifications `notify` left to it, starts QP re-establishments when their backoff allows, and
+//! enforces the flush grace of aborted connections.
 //! One persistent thread per transport; it holds only a weak reference, so dropping the transport
 //! ends it.
 
@@ -56,8 +58,24 @@ fn run<V: Verbs>(weak: Weak<Shared<V>>) {
                 );
             }
             for (t, c) in targets.drain(..).zip(&wcs[..n]) {
-                if let Some((peer, index)) = t {
-                    peer.on_completion(index, c, now);
+                match t {
+                    Some((peer, index)) => peer.on_completion(index, c, now),
+                    None => super::target::on_ring_completion(&shared, c),
+                }
+            }
+        }
+        let waiting_notes = std::mem::take(&mut *shared.note_waiting.lock());
+        for w in waiting_notes {
+            if let Some(peer) = w.upgrade() {
+                let mut inner = peer.slots[0].inner.lock();
+                peer.pump_notes(&mut inner);
+            }
+        }
+        let aborting = std::mem::take(&mut *shared.aborting.lock());
+        for w in aborting {
+            if let Some(peer) = w.upgrade() {
+                if !peer.give_up_draining(now) {
+                    shared.aborting.lock().push(w);
                 }
             }
         }
@@ -73,7 +91,7 @@ fn run<V: Verbs>(weak: Weak<Shared<V>>) {
             }
         }
         let outstanding = shared.outstanding();
-        let waiting = !shared.broken.lock().is_empty();
+        let waiting = !shared.broken.lock().is_empty() || !shared.aborting.lock().is_empty();
         drop(shared);
         if got == 0 {
             if outstanding > 0 {

@@ -7,6 +7,10 @@
 //! most [`MAX_AUTH_MESSAGE_BYTES`] and hears only "unauthenticated". QPs are bound to the
 //! (segment name, instance) that created them and to its claim (see [`judge_claim`]), and each
 //! source address holds at most `TE_RDMA_MAX_QPS_PER_SOURCE` of them.
+//!
+//! When this side takes notifications, each connection's slot-0 QP also gets a receive ring
+//! ([`super::notify::NoteRing`]); its completions come here from the progress thread
+//! ([`on_ring_completion`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -20,13 +24,16 @@ use te_base::{Error, Result};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::handshake_io::{read_body, write_message};
+use super::notify::NoteRing;
+use super::rails::RailSet;
 use super::Shared;
 use crate::protocol::handshake::{
     decode, decode_opening, hex32, mtu_offer, negotiate_mtu, parse_hex32, AuthMessage, ConnectRequest, ConnectResponse,
     Opening, QpOffer, AUTH_CONTEXT, MAX_AUTH_MESSAGE_BYTES, MAX_MESSAGE_BYTES,
 };
+use crate::protocol::qp_state::QpTransition;
 use crate::protocol::qp_state::{connect_transitions, LocalQpEnd, QpMachine, RemoteQpEnd};
-use crate::verbs::{QpCaps, Verbs};
+use crate::verbs::{Completion, QpCaps, Verbs};
 
 /// Most QPs the target side keeps for peers (every peer's slots together).
 pub(crate) const MAX_ACCEPTED_QPS: usize = 1 << 16;
@@ -34,13 +41,28 @@ pub(crate) const MAX_ACCEPTED_QPS: usize = 1 << 16;
 /// A QP this side created for a peer's slot.
 pub(crate) struct AcceptedQp<V: Verbs> {
     qp: V::Qp,
+    qpn: u32,
     source: IpAddr,
+    /// The notification receive ring (slot 0, when this side takes notifications), with the rail
+    /// whose CQ room it reserved.
+    ring: Option<(NoteRing<V>, usize)>,
+}
+
+/// CQ entries a ring may have outstanding: its receives and up to twice as many answers.
+fn ring_cq_room() -> u32 {
+    3 * super::notify::NOTIFY_CREDITS
 }
 
 impl<V: Verbs> AcceptedQp<V> {
-    pub(crate) fn destroy(self, verbs: &V) {
+    pub(crate) fn destroy(self, rails: &RailSet<V>) {
+        let verbs = &*rails.verbs;
         if let Err(e) = verbs.destroy_qp(self.qp) {
             tracing::warn!("rdma: destroying an accepted QP: {e}");
+        }
+        if let Some((mut ring, rail)) = self.ring {
+            // After the QP: nothing writes into the ring any more.
+            ring.release(verbs);
+            rails.rails[rail].release_cq(ring_cq_room());
         }
     }
 }
@@ -57,6 +79,8 @@ pub(crate) struct Claim {
 pub(crate) struct Accepted<V: Verbs> {
     pub(crate) qps: HashMap<(String, u64, u32), AcceptedQp<V>>,
     pub(crate) claims: HashMap<(String, u64), Claim>,
+    /// Keys of the QPs with a notification ring, by QP number.
+    rings: HashMap<u32, (String, u64, u32)>,
 }
 
 impl<V: Verbs> Default for Accepted<V> {
@@ -64,21 +88,30 @@ impl<V: Verbs> Default for Accepted<V> {
         Accepted {
             qps: HashMap::new(),
             claims: HashMap::new(),
+            rings: HashMap::new(),
         }
     }
 }
 
 impl<V: Verbs> Accepted<V> {
     /// Destroys every QP (transport teardown).
-    pub(crate) fn destroy_all(&mut self, verbs: &V) {
+    pub(crate) fn destroy_all(&mut self, rails: &RailSet<V>) {
         for (_, a) in self.qps.drain() {
-            a.destroy(verbs);
+            a.destroy(rails);
         }
         self.claims.clear();
+        self.rings.clear();
+    }
+
+    fn remove(&mut self, key: &(String, u64, u32), rails: &RailSet<V>) {
+        if let Some(a) = self.qps.remove(key) {
+            self.rings.remove(&a.qpn);
+            a.destroy(rails);
+        }
     }
 
     /// Destroys the QPs of (segment, instance) and forgets its claim.
-    fn retire(&mut self, segment: &str, instance: u64, verbs: &V) {
+    fn retire(&mut self, segment: &str, instance: u64, rails: &RailSet<V>) {
         self.claims.remove(&(segment.to_string(), instance));
         let keys: Vec<_> = self
             .qps
@@ -87,10 +120,27 @@ impl<V: Verbs> Accepted<V> {
             .cloned()
             .collect();
         for k in keys {
-            if let Some(a) = self.qps.remove(&k) {
-                a.destroy(verbs);
-            }
+            self.remove(&k, rails);
         }
+    }
+}
+
+/// A completion of a QP no connection of ours owns: a notification ring's receive or answer.
+/// A ring that breaks (the provider refused a post, the sender ignores its credits) has its QP
+/// moved to ERROR; the sender then re-establishes it and gets a fresh ring.
+pub(crate) fn on_ring_completion<V: Verbs>(shared: &Shared<V>, c: &Completion) {
+    let Some(inbox) = shared.inbox.read().clone() else {
+        return;
+    };
+    let mut accepted = shared.accepted.lock();
+    let Some(key) = accepted.rings.get(&c.qp_num).cloned() else {
+        return;
+    };
+    let Some(a) = accepted.qps.get_mut(&key) else { return };
+    let Some((ring, _)) = a.ring.as_mut() else { return };
+    if let Err(why) = ring.on_completion(&*shared.verbs, &a.qp, c, &inbox) {
+        tracing::debug!(peer = %key.0, "rdma: notification ring cut: {why}");
+        let _ = shared.verbs.modify_qp(&a.qp, &QpTransition::ToError);
     }
 }
 
@@ -327,21 +377,43 @@ fn accept<V: Verbs>(shared: &Shared<V>, req: &ConnectRequest, source: IpAddr) ->
             });
         }
     }
-    let mut created: Vec<(u32, V::Qp)> = Vec::with_capacity(req.qps.len());
+    let notify = shared.inbox.read().as_deref().map(super::notify::params);
+    let mut created: Vec<Created<V>> = Vec::with_capacity(req.qps.len());
     let mut answers = Vec::with_capacity(req.qps.len());
     let result = (|| -> Result<()> {
         for offer in &req.qps {
-            let rail = &rails[usize::from(offer.target_rail)];
+            let target_rail = usize::from(offer.target_rail);
+            let rail = &rails[target_rail];
             let remote_rail = &req.rails[usize::from(offer.initiator_rail)];
+            // Slot 0 carries the connection's notifications.
+            let params = notify.filter(|_| offer.slot == 0);
+            let credits = params.map_or(0, |p| p.credits);
             let (qp, qpn) = shared.verbs.create_qp(
                 rail.pd(),
                 rail.cq(),
                 QpCaps {
-                    max_send_wr: 1,
+                    // Answers: up to twice the credits in flight (see NoteRing).
+                    max_send_wr: (2 * credits).max(1),
                     max_send_sge: 1,
+                    max_recv_wr: credits,
                 },
             )?;
-            created.push((offer.slot, qp));
+            created.push(Created {
+                slot: offer.slot,
+                qp,
+                qpn,
+                ring: None,
+            });
+            if let Some(p) = params {
+                rail.reserve_cq(ring_cq_room())?;
+                match NoteRing::new(&*shared.verbs, rail.pd(), p) {
+                    Ok(ring) => created.last_mut().expect("just pushed").ring = Some((ring, target_rail)),
+                    Err(e) => {
+                        rail.release_cq(ring_cq_room());
+                        return Err(e);
+                    }
+                }
+            }
             let mine = mtu_offer(rail.port_attrs.active_mtu, shared.config.connect.mtu_cap);
             let mtu = negotiate_mtu(offer.mtu, mine);
             let psn = shared.next_psn();
@@ -360,10 +432,14 @@ fn accept<V: Verbs>(shared: &Shared<V>, req: &ConnectRequest, source: IpAddr) ->
                 link_layer: remote_rail.link_layer,
             };
             let mut machine = QpMachine::default();
-            let qp = &created.last().expect("just pushed").1;
+            let last = created.last().expect("just pushed");
             for t in connect_transitions(&local, &remote, mtu, &shared.config.connect)? {
-                shared.verbs.modify_qp(qp, &t)?;
+                shared.verbs.modify_qp(&last.qp, &t)?;
                 machine.apply(&t)?;
+            }
+            if let Some((ring, _)) = &last.ring {
+                // Before the answer: the sender may send as soon as it has it.
+                ring.post_all(&*shared.verbs, &last.qp)?;
             }
             answers.push(QpOffer {
                 qpn,
@@ -374,9 +450,21 @@ fn accept<V: Verbs>(shared: &Shared<V>, req: &ConnectRequest, source: IpAddr) ->
         }
         Ok(())
     })();
+    let set = shared.rails();
+    let into_accepted = |c: Created<V>| {
+        (
+            c.slot,
+            AcceptedQp {
+                qp: c.qp,
+                qpn: c.qpn,
+                source,
+                ring: c.ring,
+            },
+        )
+    };
     if let Err(e) = result {
-        for (_, qp) in created {
-            let _ = shared.verbs.destroy_qp(qp);
+        for c in created {
+            into_accepted(c).1.destroy(set);
         }
         return Err(e);
     }
@@ -384,8 +472,8 @@ fn accept<V: Verbs>(shared: &Shared<V>, req: &ConnectRequest, source: IpAddr) ->
     // Judged again: another request for the pair may have won while the QPs were created.
     let retire = match judge_claim(&accepted.claims, &req.from_segment, req.from_instance, &claim) {
         Verdict::Taken => {
-            for (_, qp) in created {
-                let _ = shared.verbs.destroy_qp(qp);
+            for c in created {
+                into_accepted(c).1.destroy(set);
             }
             return Err(taken());
         }
@@ -393,19 +481,30 @@ fn accept<V: Verbs>(shared: &Shared<V>, req: &ConnectRequest, source: IpAddr) ->
     };
     // QPs of an earlier instance of the same peer, from its host, are dead weight now.
     for old in retire {
-        accepted.retire(&req.from_segment, old, &*shared.verbs);
+        accepted.retire(&req.from_segment, old, set);
     }
     accepted
         .claims
         .entry((req.from_segment.clone(), req.from_instance))
         .or_insert(claim);
-    for (slot, qp) in created {
+    for c in created {
+        let (slot, a) = into_accepted(c);
         let key = (req.from_segment.clone(), req.from_instance, slot);
-        if let Some(old) = accepted.qps.insert(key, AcceptedQp { qp, source }) {
-            old.destroy(&*shared.verbs);
+        accepted.remove(&key, set);
+        if a.ring.is_some() {
+            accepted.rings.insert(a.qpn, key.clone());
         }
+        accepted.qps.insert(key, a);
     }
     Ok(answers)
+}
+
+/// A QP created for a request, before it is recorded.
+struct Created<V: Verbs> {
+    slot: u32,
+    qp: V::Qp,
+    qpn: u32,
+    ring: Option<(NoteRing<V>, usize)>,
 }
 
 #[cfg(test)]

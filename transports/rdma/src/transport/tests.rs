@@ -38,7 +38,12 @@ pub(super) fn fabric(devices: Vec<FakeDevice>) -> Arc<RecordingVerbs> {
     Arc::new(RecordingVerbs::new(devices))
 }
 
-async fn transport(verbs: &Arc<RecordingVerbs>, devices: &[&str], name: &str, config: RdmaConfig) -> Arc<Fake> {
+pub(super) async fn transport(
+    verbs: &Arc<RecordingVerbs>,
+    devices: &[&str],
+    name: &str,
+    config: RdmaConfig,
+) -> Arc<Fake> {
     transport_with_key(verbs, devices, name, config, None).await
 }
 
@@ -145,7 +150,7 @@ pub(super) async fn run(peer: &Arc<dyn Peer>, reqs: Vec<ResolvedRequest>) -> Vec
 }
 
 /// Waits until `cond` holds (QP re-establishment happens on other tasks), failing after 30 s.
-async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+pub(super) async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for: {what}");

@@ -3,7 +3,7 @@
 use std::ffi::c_int;
 
 use super::ffi;
-use super::{Access, Completion, Opcode, WcStatus, WorkRequest};
+use super::{Access, Completion, Opcode, RecvRequest, WcStatus, WorkRequest};
 use crate::protocol::qp_state::{AddressVector, QpTransition};
 
 /// Access flags of a registration or QP.
@@ -116,14 +116,31 @@ pub fn send_wr(wr: &WorkRequest, sge: &mut ffi::ibv_sge, out: &mut ffi::ibv_send
         lkey: wr.lkey,
     };
     out.wr_id = wr.wr_id;
-    out.num_sge = 1;
+    // A zero-byte message (a bare WRITE WITH IMM) carries no scatter/gather entry.
+    out.num_sge = c_int::from(wr.len > 0);
     out.opcode = match wr.opcode {
         Opcode::RdmaWrite => ffi::IBV_WR_RDMA_WRITE,
         Opcode::RdmaRead => ffi::IBV_WR_RDMA_READ,
+        Opcode::Send => ffi::IBV_WR_SEND,
+        Opcode::RdmaWriteWithImm => ffi::IBV_WR_RDMA_WRITE_WITH_IMM,
     };
     out.send_flags = if wr.signaled { ffi::IBV_SEND_SIGNALED } else { 0 };
+    // Immediate data travels in network byte order.
+    out.imm_data = wr.imm_data.to_be();
     out.rdma.remote_addr = wr.remote_addr;
     out.rdma.rkey = wr.rkey;
+}
+
+/// Fills `out` for `rr`; the caller links `next` and points `sg_list` at `sge` (when `num_sge`
+/// is 1).
+pub fn recv_wr(rr: &RecvRequest, sge: &mut ffi::ibv_sge, out: &mut ffi::ibv_recv_wr) {
+    *sge = ffi::ibv_sge {
+        addr: rr.addr,
+        length: rr.len,
+        lkey: rr.lkey,
+    };
+    out.wr_id = rr.wr_id;
+    out.num_sge = c_int::from(rr.len > 0);
 }
 
 /// A completion from a work completion entry.
@@ -133,6 +150,8 @@ pub fn completion(wc: &ffi::ibv_wc) -> Completion {
         status: WcStatus(wc.status as u32),
         vendor_err: wc.vendor_err,
         qp_num: wc.qp_num,
+        byte_len: wc.byte_len,
+        imm: (wc.wc_flags & ffi::IBV_WC_WITH_IMM != 0).then(|| u32::from_be(wc.imm_data)),
     }
 }
 
@@ -207,6 +226,7 @@ mod tests {
             remote_addr: 0x9000,
             rkey: 2,
             signaled: true,
+            imm_data: 0,
         };
         let mut sge = ffi::ibv_sge::default();
         let mut out = ffi::ibv_send_wr::default();
@@ -227,5 +247,58 @@ mod tests {
             &mut out,
         );
         assert_eq!((out.opcode, out.send_flags), (ffi::IBV_WR_RDMA_WRITE, 0));
+        send_wr(
+            &WorkRequest {
+                opcode: Opcode::RdmaWriteWithImm,
+                len: 0,
+                imm_data: 0x0102_0304,
+                ..wr
+            },
+            &mut sge,
+            &mut out,
+        );
+        assert_eq!(
+            (out.opcode, out.num_sge, out.imm_data.to_ne_bytes()),
+            (ffi::IBV_WR_RDMA_WRITE_WITH_IMM, 0, [1, 2, 3, 4])
+        );
+        send_wr(
+            &WorkRequest {
+                opcode: Opcode::Send,
+                ..wr
+            },
+            &mut sge,
+            &mut out,
+        );
+        assert_eq!((out.opcode, out.num_sge), (ffi::IBV_WR_SEND, 1));
+    }
+
+    #[test]
+    fn receives_and_immediate_completions_convert() {
+        let mut sge = ffi::ibv_sge::default();
+        let mut out = ffi::ibv_recv_wr::default();
+        let rr = RecvRequest {
+            wr_id: 7,
+            addr: 0x2000,
+            len: 512,
+            lkey: 3,
+        };
+        recv_wr(&rr, &mut sge, &mut out);
+        assert_eq!(
+            (out.wr_id, out.num_sge, sge.addr, sge.length, sge.lkey),
+            (7, 1, 0x2000, 512, 3)
+        );
+        recv_wr(&RecvRequest { len: 0, ..rr }, &mut sge, &mut out);
+        assert_eq!(out.num_sge, 0);
+        let wc = ffi::ibv_wc {
+            wr_id: 9,
+            byte_len: 100,
+            imm_data: u32::from_ne_bytes([0xaa, 0, 0, 1]),
+            wc_flags: ffi::IBV_WC_WITH_IMM,
+            qp_num: 5,
+            ..Default::default()
+        };
+        let c = completion(&wc);
+        assert_eq!((c.wr_id, c.byte_len, c.imm, c.qp_num), (9, 100, Some(0xaa00_0001), 5));
+        assert_eq!(completion(&ffi::ibv_wc { wc_flags: 0, ..wc }).imm, None);
     }
 }

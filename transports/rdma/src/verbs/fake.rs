@@ -5,6 +5,16 @@
 //! between registered ranges of this process, so the transport's logic can be tested end to end
 //! with byte verification. Faults are injected per QP: the next work request fails with a chosen
 //! status, the QP goes to ERROR and everything posted after it is flushed, as on hardware.
+//!
+//! Two-sided operations are modelled with RC semantics: a SEND or WRITE WITH IMM consumes the
+//! connected QP's oldest posted receive (in order) and completes it there; with none posted and
+//! finite RNR retries the sender fails with `RNR_RETRY_EXC_ERR`, a message longer than the
+//! receive buffer fails both sides (`REM_INV_REQ_ERR` / `LOC_LEN_ERR`), and nothing is dropped
+//! silently; with `rnr_retry` 7 (retry forever) the SEND waits, posted, until a receive is
+//! posted. A device can stop responding ([`RecordingVerbs::stop_responding`]): work requests
+//! aimed at its QPs are held unexecuted and uncompleted at the sender until the sender's QP enters
+//! ERROR, which flushes them (`WR_FLUSH_ERR`, one completion each) as hardware does, unless the
+//! sender's device was told not to ([`RecordingVerbs::stop_flushing`]).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -12,8 +22,8 @@ use parking_lot::Mutex;
 use te_base::{Error, Result};
 
 use super::{
-    Access, Completion, DeviceAttrs, Gid, LinkLayer, MrKeys, Mtu, Opcode, PortAttrs, PostError, QpCaps, Verbs,
-    WcStatus, WorkRequest,
+    Access, Completion, DeviceAttrs, Gid, LinkLayer, MrKeys, Mtu, Opcode, PortAttrs, PostError, QpCaps, RecvRequest,
+    Verbs, WcStatus, WorkRequest,
 };
 use crate::protocol::qp_state::{QpMachine, QpState, QpTransition};
 
@@ -45,6 +55,8 @@ pub enum Call {
     ModifyQp { qpn: u32, transition: QpTransition },
     /// `post_send(qpn, wrs)`: the work requests of one call.
     PostSend { qpn: u32, wrs: Vec<WorkRequest> },
+    /// `post_recv(qpn, rrs)`: the receive buffers of one call.
+    PostRecv { qpn: u32, rrs: Vec<RecvRequest> },
     /// `destroy_qp(qpn)`.
     DestroyQp { qpn: u32 },
 }
@@ -112,6 +124,17 @@ struct FakeQp {
     unsignalled: u32,
     machine: QpMachine,
     fail_next: Option<WcStatus>,
+    /// The connected QP (set by the RTR transition).
+    remote: Option<u32>,
+    /// Posted receives, oldest first, at most `recv_depth`.
+    recvs: VecDeque<RecvRequest>,
+    recv_depth: u32,
+    /// Work requests posted but not run: aimed at a device that stopped responding, or waiting
+    /// for the peer to post a receive (RNR retried forever). Everything posted after the first
+    /// one waits behind it (RC order).
+    held: VecDeque<WorkRequest>,
+    /// `rnr_retry` 7: a SEND finding no receive waits instead of failing.
+    rnr_forever: bool,
 }
 
 #[derive(Debug, Default)]
@@ -127,6 +150,11 @@ struct State {
     device_of: HashMap<u32, u32>,
     /// Whether `reg_dmabuf_mr` answers as a library without the verb would.
     no_dmabuf: bool,
+    /// Devices (by index) that stopped responding, and devices whose QPs never flush.
+    silent: Vec<u32>,
+    no_flush: Vec<u32>,
+    /// Flush completions generated so far.
+    flushed: u64,
 }
 
 /// The recording fake. Handles are plain ids.
@@ -177,6 +205,56 @@ impl RecordingVerbs {
     /// The next call of verb `name` (`"reg_mr"`, `"create_qp"`, `"modify_qp"`...) fails with `errno`.
     pub fn fail_next_call(&self, name: &'static str, errno: i32) {
         self.state.lock().fail_calls.insert(name, errno);
+    }
+
+    /// Device `name` stops responding (its host hangs without closing anything): work requests
+    /// aimed at its QPs stay outstanding at their senders, uncompleted, until the sender's QP
+    /// enters ERROR.
+    pub fn stop_responding(&self, name: &str) {
+        let i = self.index_of(name);
+        self.state.lock().silent.extend(i);
+    }
+
+    /// QPs of device `name` never flush: entering ERROR completes nothing they hold (a wedged
+    /// device or driver). Only destroying the QP ends them.
+    pub fn stop_flushing(&self, name: &str) {
+        let i = self.index_of(name);
+        self.state.lock().no_flush.extend(i);
+    }
+
+    /// Work requests held (posted, not executed, not completed) on QP `qpn`.
+    pub fn held(&self, qpn: u32) -> usize {
+        self.state.lock().qps.get(&qpn).map_or(0, |q| q.held.len())
+    }
+
+    /// Work requests held on every QP.
+    pub fn held_total(&self) -> usize {
+        self.state.lock().qps.values().map(|q| q.held.len()).sum()
+    }
+
+    /// Flush completions generated so far.
+    pub fn flushed(&self) -> u64 {
+        self.state.lock().flushed
+    }
+
+    /// Receives posted and not yet consumed on QP `qpn`.
+    pub fn posted_recvs(&self, qpn: u32) -> usize {
+        self.state.lock().qps.get(&qpn).map_or(0, |q| q.recvs.len())
+    }
+
+    /// Completions waiting in every CQ (not yet polled).
+    pub fn unpolled(&self) -> usize {
+        self.state.lock().cqs.values().map(VecDeque::len).sum()
+    }
+
+    /// The local key of a live registration covering `[addr, addr + len)`.
+    pub fn lkey_of(&self, addr: u64, len: u64) -> Option<u32> {
+        let s = self.state.lock();
+        s.mrs.iter().find(|(_, m)| covers(m, addr, len)).map(|(k, _)| *k)
+    }
+
+    fn index_of(&self, name: &str) -> Option<u32> {
+        self.devices.iter().position(|d| d.name == name).map(|i| i as u32)
     }
 
     /// The state of QP `qpn`, if it exists.
@@ -242,15 +320,192 @@ fn covers(mr: &FakeMr, addr: u64, len: u64) -> bool {
 }
 
 /// Executes one work request against the registrations; the status hardware would report.
-fn execute(state: &State, wr: &WorkRequest) -> WcStatus {
+fn execute(state: &mut State, qpn: u32, wr: &WorkRequest) -> WcStatus {
     let len = u64::from(wr.len);
-    if !state.mrs.get(&wr.lkey).is_some_and(|m| covers(m, wr.local_addr, len)) {
+    if len > 0 && !state.mrs.get(&wr.lkey).is_some_and(|m| covers(m, wr.local_addr, len)) {
         return WcStatus::LOC_PROT_ERR;
     }
+    match wr.opcode {
+        Opcode::Send => receive(state, qpn, wr, None),
+        Opcode::RdmaWriteWithImm => {
+            if len > 0 {
+                let st = one_sided(state, wr, Opcode::RdmaWrite);
+                if st != WcStatus::SUCCESS {
+                    return st;
+                }
+            }
+            receive(state, qpn, wr, Some(wr.imm_data))
+        }
+        op => one_sided(state, wr, op),
+    }
+}
+
+/// A SEND (`imm: None`, its bytes copied into the receive buffer) or WRITE WITH IMM arriving at
+/// the QP connected to `qpn`: consumes its oldest posted receive and completes it there.
+fn receive(state: &mut State, qpn: u32, wr: &WorkRequest, imm: Option<u32>) -> WcStatus {
+    let Some(remote) = state.qps.get(&qpn).and_then(|q| q.remote) else {
+        return WcStatus::RETRY_EXC_ERR;
+    };
+    let Some(rq) = state.qps.get_mut(&remote) else {
+        return WcStatus::RETRY_EXC_ERR;
+    };
+    if !matches!(rq.machine.state(), QpState::Rtr | QpState::Rts) {
+        // A responder in RESET or ERROR does not acknowledge.
+        return WcStatus::RETRY_EXC_ERR;
+    }
+    let Some(rr) = rq.recvs.pop_front() else {
+        // Receiver not ready, and the sender's RNR retries are finite (forever: `blocked` held
+        // it): they run out.
+        return WcStatus::RNR_RETRY_EXC_ERR;
+    };
+    let cq = rq.cq;
+    let done = |status: WcStatus, byte_len: u32, state: &mut State| {
+        let c = Completion {
+            wr_id: rr.wr_id,
+            status,
+            vendor_err: 0,
+            qp_num: remote,
+            byte_len,
+            imm,
+        };
+        state.cqs.get_mut(&cq).expect("QP's CQ exists").push_back((c, 0));
+    };
+    if imm.is_none() {
+        if wr.len > rr.len {
+            done(WcStatus::LOC_LEN_ERR, 0, state);
+            enter_error(state, remote);
+            return WcStatus::REM_INV_REQ_ERR;
+        }
+        // Every registration of this crate grants local write.
+        let dst_ok = wr.len == 0
+            || state
+                .mrs
+                .get(&rr.lkey)
+                .is_some_and(|m| covers(m, rr.addr, u64::from(wr.len)));
+        if !dst_ok {
+            done(WcStatus::LOC_PROT_ERR, 0, state);
+            enter_error(state, remote);
+            return WcStatus::REM_OP_ERR;
+        }
+        if wr.len > 0 {
+            // SAFETY: the sender's range lies in a live registration (checked by `execute`) and
+            // the receive buffer in a live registration with local write access: both are mapped
+            // memory of this process by `reg_mr`'s contract; `copy` tolerates overlap.
+            unsafe { std::ptr::copy(wr.local_addr as *const u8, rr.addr as *mut u8, wr.len as usize) };
+        }
+    }
+    done(WcStatus::SUCCESS, wr.len, state);
+    WcStatus::SUCCESS
+}
+
+/// Moves QP `qpn` to ERROR: its held work requests and posted receives complete with
+/// `WR_FLUSH_ERR` (unless its device never flushes), one completion each, as hardware does.
+fn enter_error(state: &mut State, qpn: u32) {
+    let no_flush = state.device_of.get(&qpn).is_some_and(|d| state.no_flush.contains(d));
+    let Some(q) = state.qps.get_mut(&qpn) else { return };
+    q.machine.mark_error();
+    q.fail_next = None;
+    if no_flush {
+        return;
+    }
+    let cq = q.cq;
+    let mut out = Vec::with_capacity(q.held.len() + q.recvs.len());
+    for wr in q.held.drain(..) {
+        // The first flush also retires the unsignalled requests that ran before it.
+        out.push((wr.wr_id, 1 + std::mem::take(&mut q.unsignalled)));
+    }
+    for rr in q.recvs.drain(..) {
+        out.push((rr.wr_id, 0));
+    }
+    state.flushed += out.len() as u64;
+    let cq = state.cqs.get_mut(&cq).expect("QP's CQ exists");
+    for (wr_id, retire) in out {
+        let c = Completion {
+            wr_id,
+            status: WcStatus::WR_FLUSH_ERR,
+            qp_num: qpn,
+            ..Completion::default()
+        };
+        cq.push_back((c, retire));
+    }
+}
+
+/// True when `wr`, next in line on QP `qpn`, cannot run yet: its peer stopped responding, or it
+/// needs a receive the peer has not posted and the QP retries RNR forever (`rnr_retry` 7). Such a
+/// request stays posted and uncompleted, as on hardware.
+fn blocked(state: &State, qpn: u32, wr: &WorkRequest) -> bool {
+    let Some(q) = state.qps.get(&qpn) else { return false };
+    if q.machine.state() != QpState::Rts || q.fail_next.is_some() {
+        return false;
+    }
+    let Some(remote) = q.remote else { return false };
+    if state.device_of.get(&remote).is_some_and(|d| state.silent.contains(d)) {
+        return true;
+    }
+    let needs_receive = matches!(wr.opcode, Opcode::Send | Opcode::RdmaWriteWithImm);
+    needs_receive
+        && q.rnr_forever
+        && state
+            .qps
+            .get(&remote)
+            .is_some_and(|r| matches!(r.machine.state(), QpState::Rtr | QpState::Rts) && r.recvs.is_empty())
+}
+
+/// Runs `wr` on QP `qpn` (flushed if the QP is in ERROR) and queues its completion.
+fn run(state: &mut State, qpn: u32, wr: &WorkRequest) {
+    let q = state.qps.get(&qpn).expect("caller checked");
+    let error = q.machine.state() == QpState::Error;
+    let status = if error {
+        state.flushed += 1;
+        WcStatus::WR_FLUSH_ERR
+    } else if let Some(st) = q.fail_next {
+        st
+    } else {
+        execute(state, qpn, wr)
+    };
+    let q = state.qps.get_mut(&qpn).expect("caller checked");
+    let cq = q.cq;
+    let failed = status != WcStatus::SUCCESS;
+    // Errors complete every request (signalled or not), as flushed WRs do on hardware.
+    if wr.signaled || failed {
+        let retire = q.unsignalled + 1;
+        q.unsignalled = 0;
+        let c = Completion {
+            wr_id: wr.wr_id,
+            status,
+            qp_num: qpn,
+            ..Completion::default()
+        };
+        state.cqs.get_mut(&cq).expect("QP's CQ exists").push_back((c, retire));
+    } else {
+        q.unsignalled += 1;
+    }
+    if failed && !error {
+        enter_error(state, qpn);
+    }
+}
+
+/// Runs the requests waiting on QP `qpn` that can run now, in order.
+fn redrive(state: &mut State, qpn: u32) {
+    loop {
+        let Some(&wr) = state.qps.get(&qpn).and_then(|q| q.held.front()) else {
+            return;
+        };
+        if blocked(state, qpn, &wr) {
+            return;
+        }
+        state.qps.get_mut(&qpn).expect("just read").held.pop_front();
+        run(state, qpn, &wr);
+    }
+}
+
+/// An RDMA READ or WRITE between registered ranges.
+fn one_sided(state: &State, wr: &WorkRequest, opcode: Opcode) -> WcStatus {
+    let len = u64::from(wr.len);
     let Some(remote) = state.mrs.get(&wr.rkey).filter(|m| covers(m, wr.remote_addr, len)) else {
         return WcStatus::REM_ACCESS_ERR;
     };
-    let (src, dst) = match wr.opcode {
+    let (src, dst) = match opcode {
         Opcode::RdmaWrite if remote.access.remote_write => (wr.local_addr, wr.remote_addr),
         Opcode::RdmaRead if remote.access.remote_read => (wr.remote_addr, wr.local_addr),
         _ => return WcStatus::REM_ACCESS_ERR,
@@ -403,6 +658,11 @@ impl Verbs for RecordingVerbs {
                 unsignalled: 0,
                 machine: QpMachine::default(),
                 fail_next: None,
+                remote: None,
+                recvs: VecDeque::new(),
+                recv_depth: caps.max_recv_wr,
+                held: VecDeque::new(),
+                rnr_forever: false,
             },
         );
         Ok((Handle(qpn), qpn))
@@ -420,10 +680,20 @@ impl Verbs for RecordingVerbs {
             .get_mut(&qp.0)
             .ok_or_else(|| Error::transport("rdma", "fake: unknown QP"))?;
         q.machine.apply(transition)?;
-        if transition.target() == QpState::Reset {
-            q.outstanding = 0;
-            q.unsignalled = 0;
-            q.fail_next = None;
+        match transition {
+            QpTransition::ToReset => {
+                // RESET discards every queued request without completions.
+                q.outstanding = 0;
+                q.unsignalled = 0;
+                q.fail_next = None;
+                q.remote = None;
+                q.recvs.clear();
+                q.held.clear();
+            }
+            QpTransition::ToRtr { dest_qpn, .. } => q.remote = Some(*dest_qpn),
+            QpTransition::ToRts { rnr_retry, .. } => q.rnr_forever = *rnr_retry == 7,
+            QpTransition::ToError => enter_error(&mut s, qp.0),
+            _ => {}
         }
         Ok(())
     }
@@ -437,15 +707,14 @@ impl Verbs for RecordingVerbs {
         if let Some(errno) = s.fail_posts.remove(&qp.0) {
             return Err(PostError { posted: 0, errno });
         }
-        let Some(q) = s.qps.get(&qp.0) else {
+        if !s.qps.contains_key(&qp.0) {
             return Err(PostError {
                 posted: 0,
                 errno: libc::EINVAL,
             });
-        };
-        let cq = q.cq;
+        }
         for (i, wr) in wrs.iter().enumerate() {
-            let q = s.qps.get(&qp.0).expect("checked above");
+            let q = s.qps.get_mut(&qp.0).expect("checked above");
             if !matches!(q.machine.state(), QpState::Rts | QpState::Error) {
                 return Err(PostError {
                     posted: i,
@@ -458,34 +727,62 @@ impl Verbs for RecordingVerbs {
                     errno: libc::ENOMEM,
                 });
             }
-            let status = if q.machine.state() == QpState::Error {
-                WcStatus::WR_FLUSH_ERR
-            } else if let Some(st) = q.fail_next {
-                st
-            } else {
-                execute(&s, wr)
-            };
-            let q = s.qps.get_mut(&qp.0).expect("checked above");
             q.outstanding += 1;
-            let failed = status != WcStatus::SUCCESS;
-            if failed {
-                q.fail_next = None;
-                q.machine.mark_error();
-            }
-            // Errors complete every request (signalled or not), as flushed WRs do on hardware.
-            if wr.signaled || failed {
-                let retire = q.unsignalled + 1;
-                q.unsignalled = 0;
-                let c = Completion {
-                    wr_id: wr.wr_id,
-                    status,
-                    vendor_err: 0,
-                    qp_num: qp.0,
-                };
-                s.cqs.get_mut(&cq).expect("QP's CQ exists").push_back((c, retire));
+            let wait_behind = !q.held.is_empty() && q.machine.state() == QpState::Rts;
+            if wait_behind || blocked(&s, qp.0, wr) {
+                s.qps.get_mut(&qp.0).expect("checked above").held.push_back(*wr);
             } else {
-                q.unsignalled += 1;
+                run(&mut s, qp.0, wr);
             }
+        }
+        Ok(())
+    }
+
+    fn post_recv(&self, qp: &Handle, rrs: &[RecvRequest]) -> std::result::Result<(), PostError> {
+        let mut s = self.state.lock();
+        s.calls.push(Call::PostRecv {
+            qpn: qp.0,
+            rrs: rrs.to_vec(),
+        });
+        let Some(q) = s.qps.get(&qp.0) else {
+            return Err(PostError {
+                posted: 0,
+                errno: libc::EINVAL,
+            });
+        };
+        let cq = q.cq;
+        let sender = q.remote;
+        for (i, rr) in rrs.iter().enumerate() {
+            let q = s.qps.get_mut(&qp.0).expect("checked above");
+            if q.machine.state() == QpState::Reset {
+                return Err(PostError {
+                    posted: i,
+                    errno: libc::EINVAL,
+                });
+            }
+            if q.recvs.len() >= q.recv_depth as usize {
+                return Err(PostError {
+                    posted: i,
+                    errno: libc::ENOMEM,
+                });
+            }
+            if q.machine.state() == QpState::Error {
+                // Posted to a QP in ERROR: flushed at once.
+                s.flushed += 1;
+                let c = Completion {
+                    wr_id: rr.wr_id,
+                    status: WcStatus::WR_FLUSH_ERR,
+                    qp_num: qp.0,
+                    ..Completion::default()
+                };
+                s.cqs.get_mut(&cq).expect("QP's CQ exists").push_back((c, 0));
+            } else {
+                q.recvs.push_back(*rr);
+            }
+        }
+        // A sender retrying RNR finds the new receives.
+        if let Some(sender) = sender {
+            redrive(&mut s, sender);
         }
         Ok(())
     }

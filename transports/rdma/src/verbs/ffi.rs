@@ -252,11 +252,55 @@ impl Default for ibv_send_wr {
     }
 }
 
+/// `struct ibv_recv_wr`: one receive buffer (`sg_list`, `num_sge` entries; none for zero-byte
+/// messages).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ibv_recv_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_recv_wr,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+}
+
+impl Default for ibv_recv_wr {
+    fn default() -> Self {
+        ibv_recv_wr {
+            wr_id: 0,
+            next: std::ptr::null_mut(),
+            sg_list: std::ptr::null_mut(),
+            num_sge: 0,
+        }
+    }
+}
+
+/// A work request that providers take as a linked chain (`ibv_send_wr`, `ibv_recv_wr`).
+pub trait Linked: Copy + Default {
+    /// Points the request at its scatter/gather entry and the next request (null: the last).
+    fn link(&mut self, sge: *mut ibv_sge, next: *mut Self);
+}
+
+impl Linked for ibv_send_wr {
+    fn link(&mut self, sge: *mut ibv_sge, next: *mut Self) {
+        self.sg_list = sge;
+        self.next = next;
+    }
+}
+
+impl Linked for ibv_recv_wr {
+    fn link(&mut self, sge: *mut ibv_sge, next: *mut Self) {
+        self.sg_list = sge;
+        self.next = next;
+    }
+}
+
 pub type PostSendFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
+pub type PostRecvFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 pub type PollCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int;
 
-/// `struct ibv_context_ops`: the provider's function table. `ibv_post_send` and `ibv_poll_cq` are
-/// `static inline` in verbs.h and call through `post_send` / `poll_cq` here; we do the same.
+/// `struct ibv_context_ops`: the provider's function table. `ibv_post_send`, `ibv_post_recv` and
+/// `ibv_poll_cq` are `static inline` in verbs.h and call through `post_send` / `post_recv` /
+/// `poll_cq` here; we do the same.
 #[repr(C)]
 pub struct ibv_context_ops {
     pub _compat_query_device: *mut c_void,
@@ -285,7 +329,7 @@ pub struct ibv_context_ops {
     pub _compat_modify_qp: *mut c_void,
     pub _compat_destroy_qp: *mut c_void,
     pub post_send: Option<PostSendFn>,
-    pub post_recv: *mut c_void,
+    pub post_recv: Option<PostRecvFn>,
     pub _compat_create_ah: *mut c_void,
     pub _compat_destroy_ah: *mut c_void,
     pub _compat_attach_mcast: *mut c_void,
@@ -356,8 +400,13 @@ pub const IBV_ACCESS_REMOTE_READ: c_int = 1 << 2;
 // enum ibv_qp_type, ibv_wr_opcode, ibv_send_flags
 pub const IBV_QPT_RC: c_int = 2;
 pub const IBV_WR_RDMA_WRITE: c_int = 0;
+pub const IBV_WR_RDMA_WRITE_WITH_IMM: c_int = 1;
+pub const IBV_WR_SEND: c_int = 2;
 pub const IBV_WR_RDMA_READ: c_int = 4;
 pub const IBV_SEND_SIGNALED: c_uint = 1 << 1;
+
+// enum ibv_wc_flags
+pub const IBV_WC_WITH_IMM: c_uint = 1 << 1;
 
 // enum ibv_port_state, ibv_link_layer
 pub const IBV_PORT_ACTIVE: c_int = 4;
@@ -395,6 +444,7 @@ fn layout_table() -> Vec<(&'static str, usize)> {
         off!(ibv_wc, status),
         off!(ibv_wc, vendor_err),
         off!(ibv_wc, byte_len),
+        off!(ibv_wc, imm_data),
         off!(ibv_wc, qp_num),
         off!(ibv_wc, wc_flags),
         off!(ibv_wc, dlid_path_bits),
@@ -440,7 +490,15 @@ fn layout_table() -> Vec<(&'static str, usize)> {
         ),
         off!(ibv_send_wr, qp_type_xrc_remote_srqn, "qp_type.xrc.remote_srqn"),
         off!(ibv_send_wr, _bind_mw_or_tso, "bind_mw"),
+        ("sizeof ibv_recv_wr", size_of::<ibv_recv_wr>()),
+        off!(ibv_recv_wr, next),
+        off!(ibv_recv_wr, sg_list),
+        off!(ibv_recv_wr, num_sge),
         off!(ibv_context, ops),
+        (
+            "ibv_context.ops.post_recv",
+            offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, post_recv),
+        ),
         (
             "ibv_context.ops.poll_cq",
             offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, poll_cq),

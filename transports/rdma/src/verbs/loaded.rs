@@ -6,8 +6,9 @@
 //! time gives exactly that: no library means `Error::NotAvailable("libibverbs not found")`, and a
 //! library without devices means "no RDMA device".
 //!
-//! `ibv_post_send` and `ibv_poll_cq` are `static inline` in verbs.h (no exported symbol): they call
-//! the provider through `qp->context->ops.post_send` and `cq->context->ops.poll_cq`. We make the
+//! `ibv_post_send`, `ibv_post_recv` and `ibv_poll_cq` are `static inline` in verbs.h (no exported
+//! symbol): they call the provider through `qp->context->ops.post_send`, `ops.post_recv` and
+//! `cq->context->ops.poll_cq`. We make the
 //! same call through the `#[repr(C)]` mirrors in [`super::ffi`], whose layout a test checks against
 //! the system header. The alternative, a C shim compiled with `cc` against verbs.h, would add a
 //! C toolchain and libibverbs-dev to every build for two one-line functions.
@@ -22,16 +23,67 @@ use te_base::{Error, Result};
 
 use super::ffi;
 use super::{
-    conv, Access, Completion, DeviceAttrs, Gid, LinkLayer, MrKeys, Mtu, PortAttrs, PostError, QpCaps, Verbs,
-    WorkRequest,
+    conv, Access, Completion, DeviceAttrs, Gid, LinkLayer, MrKeys, Mtu, PortAttrs, PostError, QpCaps, RecvRequest,
+    Verbs, WorkRequest,
 };
 use crate::protocol::qp_state::QpTransition;
 
 /// The library's file name (the SONAME every distribution ships).
 pub const LIBIBVERBS: &str = "libibverbs.so.1";
 
-/// Work requests converted per `post_send` call into a stack array (no allocation per call).
+/// Work requests converted per `post_send` / `post_recv` call into a stack array (no allocation
+/// per call).
 const POST_CHUNK: usize = 32;
+
+/// Converts `items` with `fill` into linked chains of at most [`POST_CHUNK`] requests on this
+/// stack frame and hands each chain to `post` (the provider's `post_send` or `post_recv`, given
+/// the chain's head and where to report the first rejected request). On failure `posted` counts
+/// the requests accepted before the rejected one.
+fn post_chain<T, W: ffi::Linked>(
+    items: &[T],
+    fill: impl Fn(&T, &mut ffi::ibv_sge, &mut W),
+    mut post: impl FnMut(*mut W, *mut *mut W) -> c_int,
+) -> std::result::Result<(), PostError> {
+    let mut sges = [ffi::ibv_sge::default(); POST_CHUNK];
+    let mut chain = [W::default(); POST_CHUNK];
+    for (chunk_index, chunk) in items.chunks(POST_CHUNK).enumerate() {
+        let n = chunk.len();
+        for (i, item) in chunk.iter().enumerate() {
+            fill(item, &mut sges[i], &mut chain[i]);
+        }
+        // Link through raw pointers taken after the last write by index, so every pointer the
+        // provider follows stays valid.
+        let sge_base = sges.as_mut_ptr();
+        let base = chain.as_mut_ptr();
+        for i in 0..n {
+            // SAFETY: `i < n <= POST_CHUNK`, so `base.add(i)`, `base.add(i + 1)` (used only when
+            // `i + 1 < n`) and `sge_base.add(i)` are inside their arrays.
+            unsafe {
+                let next = if i + 1 < n {
+                    base.add(i + 1)
+                } else {
+                    std::ptr::null_mut()
+                };
+                (*base.add(i)).link(sge_base.add(i), next);
+            }
+        }
+        let mut bad: *mut W = std::ptr::null_mut();
+        let rc = post(base, &mut bad);
+        if rc != 0 {
+            let failed_at = if bad.is_null() {
+                0
+            } else {
+                // SAFETY: `bad` points into `chain` (the provider reports the first rejected one).
+                usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
+            };
+            return Err(PostError {
+                posted: chunk_index * POST_CHUNK + failed_at,
+                errno: if rc < 0 { last_errno() } else { rc },
+            });
+        }
+    }
+    Ok(())
+}
 /// Completions taken per `poll_cq` call into a stack array.
 const POLL_CHUNK: usize = 32;
 
@@ -354,7 +406,7 @@ impl Verbs for LoadedVerbs {
             cap: ffi::ibv_qp_cap {
                 max_send_wr: caps.max_send_wr,
                 // RDMA READ/WRITE consume no receive entries, but some providers refuse zero.
-                max_recv_wr: 1,
+                max_recv_wr: caps.max_recv_wr.max(1),
                 max_send_sge: caps.max_send_sge,
                 max_recv_sge: 1,
                 max_inline_data: 0,
@@ -380,55 +432,35 @@ impl Verbs for LoadedVerbs {
     fn post_send(&self, qp: &Qp, wrs: &[WorkRequest]) -> std::result::Result<(), PostError> {
         let qp_ptr = qp.0.as_ptr();
         // SAFETY: `qp` is live, so its context and the provider's ops table are too.
-        let post = unsafe { (*(*qp_ptr).context).ops.post_send };
-        let Some(post) = post else {
+        let Some(post) = (unsafe { (*(*qp_ptr).context).ops.post_send }) else {
             return Err(PostError {
                 posted: 0,
                 errno: libc::ENOSYS,
             });
         };
-        let mut sges = [ffi::ibv_sge::default(); POST_CHUNK];
-        let mut chain = [ffi::ibv_send_wr::default(); POST_CHUNK];
-        for (chunk_index, chunk) in wrs.chunks(POST_CHUNK).enumerate() {
-            let n = chunk.len();
-            for (i, wr) in chunk.iter().enumerate() {
-                conv::send_wr(wr, &mut sges[i], &mut chain[i]);
-            }
-            // Link through raw pointers taken after the last write by index, so every pointer the
-            // provider follows stays valid.
-            let sge_base = sges.as_mut_ptr();
-            let base = chain.as_mut_ptr();
-            for i in 0..n {
-                // SAFETY: `i < n <= POST_CHUNK`, so `base.add(i)`, `base.add(i + 1)` (used only when
-                // `i + 1 < n`) and `sge_base.add(i)` are inside their arrays.
-                unsafe {
-                    let wr = base.add(i);
-                    (*wr).sg_list = sge_base.add(i);
-                    (*wr).next = if i + 1 < n {
-                        base.add(i + 1)
-                    } else {
-                        std::ptr::null_mut()
-                    };
-                }
-            }
-            let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
-            // SAFETY: the chain of `n` linked work requests and their SGEs live on this stack frame
-            // for the call; the provider copies them into the send queue before returning.
-            let rc = unsafe { post(qp_ptr, base, &mut bad) };
-            if rc != 0 {
-                let failed_at = if bad.is_null() {
-                    0
-                } else {
-                    // SAFETY: `bad` points into `chain` (the provider reports the first rejected WR).
-                    usize::try_from(unsafe { bad.offset_from(base) }).unwrap_or(0)
-                };
-                return Err(PostError {
-                    posted: chunk_index * POST_CHUNK + failed_at,
-                    errno: if rc < 0 { last_errno() } else { rc },
-                });
-            }
-        }
-        Ok(())
+        post_chain(wrs, conv::send_wr, |chain, bad| {
+            // SAFETY: `qp` is live and `chain` is a valid linked chain (see `post_chain`); the
+            // provider copies it into the send queue before returning.
+            unsafe { post(qp_ptr, chain, bad) }
+        })
+    }
+
+    fn post_recv(&self, qp: &Qp, rrs: &[RecvRequest]) -> std::result::Result<(), PostError> {
+        let qp_ptr = qp.0.as_ptr();
+        // SAFETY: `qp` is live, so its context and the provider's ops table are too.
+        let Some(post) = (unsafe { (*(*qp_ptr).context).ops.post_recv }) else {
+            return Err(PostError {
+                posted: 0,
+                errno: libc::ENOSYS,
+            });
+        };
+        post_chain(rrs, conv::recv_wr, |chain, bad| {
+            // SAFETY: `qp` is live and `chain` is a valid linked chain (see `post_chain`); the
+            // provider copies it into the receive queue before returning. The buffers it names
+            // are registered and outlive the QP (the caller destroys the QP before
+            // deregistering them).
+            unsafe { post(qp_ptr, chain, bad) }
+        })
     }
 
     fn poll_cq(&self, cq: &Cq, out: &mut [Completion]) -> Result<usize> {

@@ -65,6 +65,8 @@ pub struct QpCaps {
     pub max_send_wr: u32,
     /// Scatter/gather entries per work request.
     pub max_send_sge: u32,
+    /// Receive queue depth (0: the QP receives nothing; some providers still get 1).
+    pub max_recv_wr: u32,
 }
 
 /// RDMA operation of a work request.
@@ -74,9 +76,29 @@ pub enum Opcode {
     RdmaWrite,
     /// Remote to local.
     RdmaRead,
+    /// A message into the peer QP's next posted receive buffer (`IBV_WR_SEND`); no remote
+    /// address or key. Without a posted receive the peer answers RNR and the send fails once the
+    /// QP's RNR retries are spent.
+    Send,
+    /// An RDMA WRITE that also consumes the peer's next posted receive and reports `imm_data`
+    /// in its completion (`IBV_WR_RDMA_WRITE_WITH_IMM`); may carry zero bytes.
+    RdmaWriteWithImm,
 }
 
-/// One RDMA READ or WRITE with a single local scatter/gather entry.
+/// One posted receive buffer (`ibv_post_recv` with at most one scatter/gather entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvRequest {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Buffer address (ignored when `len` is 0: a receive for zero-byte messages).
+    pub addr: u64,
+    /// Buffer length; a longer incoming message fails the receive (`LOC_LEN_ERR`) and the QP.
+    pub len: u32,
+    /// Local key of the registration holding the buffer.
+    pub lkey: u32,
+}
+
+/// One work request with a single local scatter/gather entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkRequest {
     /// Returned in the completion.
@@ -95,6 +117,8 @@ pub struct WorkRequest {
     pub rkey: u32,
     /// Generates a completion when it finishes.
     pub signaled: bool,
+    /// Immediate data of [`Opcode::RdmaWriteWithImm`] (host order; the layer converts).
+    pub imm_data: u32,
 }
 
 /// One work completion.
@@ -108,6 +132,10 @@ pub struct Completion {
     pub vendor_err: u32,
     /// The local QP number it completed on.
     pub qp_num: u32,
+    /// Bytes received (receive completions only).
+    pub byte_len: u32,
+    /// Immediate data of a received [`Opcode::RdmaWriteWithImm`] (host order), when it carried one.
+    pub imm: Option<u32>,
 }
 
 impl Default for Completion {
@@ -117,6 +145,8 @@ impl Default for Completion {
             status: WcStatus::SUCCESS,
             vendor_err: 0,
             qp_num: 0,
+            byte_len: 0,
+            imm: None,
         }
     }
 }
@@ -191,12 +221,16 @@ pub trait Verbs: Send + Sync + 'static {
     fn dereg_mr(&self, mr: Self::Mr) -> Result<()>;
     /// Creates a completion queue of at least `depth` entries.
     fn create_cq(&self, ctx: &Self::Context, depth: u32) -> Result<Self::Cq>;
-    /// Creates an RC queue pair (in RESET) whose send completions go to `cq`. Returns its number.
+    /// Creates an RC queue pair (in RESET) whose send and receive completions go to `cq`. Returns
+    /// its number.
     fn create_qp(&self, pd: &Self::Pd, cq: &Self::Cq, caps: QpCaps) -> Result<(Self::Qp, u32)>;
     /// Moves a queue pair to another state with the transition's attributes.
     fn modify_qp(&self, qp: &Self::Qp, transition: &QpTransition) -> Result<()>;
     /// Posts work requests in order. On failure the first `posted` were accepted.
     fn post_send(&self, qp: &Self::Qp, wrs: &[WorkRequest]) -> std::result::Result<(), PostError>;
+    /// Posts receive buffers in order (consumed by incoming SENDs and WRITE WITH IMMs in that
+    /// order). On failure the first `posted` were accepted.
+    fn post_recv(&self, qp: &Self::Qp, rrs: &[RecvRequest]) -> std::result::Result<(), PostError>;
     /// Takes up to `out.len()` completions; returns how many.
     fn poll_cq(&self, cq: &Self::Cq, out: &mut [Completion]) -> Result<usize>;
     /// Destroys a queue pair.
