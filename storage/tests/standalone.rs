@@ -42,6 +42,29 @@ async fn behaviour_suite_standalone() {
     store.close().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_store_does_not_reconnect() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--dram", "64M"], &[]);
+    let store = Store::builder().connect(&server.socket).open().await.unwrap();
+    store.put("kept", &[7u8; 4096], 0).await.unwrap();
+    assert!(store.exists("kept"));
+    store.close().await.unwrap();
+    // The calls without a Result answer as for a missing key; none opens a new session.
+    assert!(!store.exists("kept"), "a closed store reconnected to answer exists()");
+    assert_eq!(store.batch_exists_consecutive(&["kept"]), 0);
+    assert!(matches!(store.remove("kept"), Err(StoreError::Closed)));
+    let other = Store::builder().connect(&server.socket).open().await.unwrap();
+    assert!(other.exists("kept"), "the object outlives the closed client");
+    // The closed client's session ends when the server sees its connections close.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while other.stats().server_sessions != 1 {
+        assert!(Instant::now() < deadline, "{:?}", other.stats());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    other.close().await.unwrap();
+}
+
 /// Writes `n` objects of 4 ranges each into the server, then walks a cycle of `c` key sets
 /// (one object each) `rounds` times; returns the client's stats.
 async fn cycle(store: &Store, c: usize, rounds: usize) -> umbp::StoreStats {

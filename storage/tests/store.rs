@@ -480,3 +480,44 @@ async fn flipped_bytes_affect_only_their_key() {
     put_layers(&store, &mut buf, "k06", 100, 3, 4000, 0).unwrap();
     get_layers(&store, &mut buf, "k06", 100, 0, 3, 4000).unwrap();
 }
+
+/// Ranges that continue each other become one engine request, but never across two caller
+/// registrations: two halves of one allocation registered separately, read by one key's two
+/// ranges that meet exactly at the boundary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contiguous_ranges_merge_only_inside_one_registration() {
+    let store = dram_only(16 << 20).open().await.unwrap();
+    let mut src = Buf::new(&store, 8192).await;
+    for (i, b) in src.data.iter_mut().enumerate() {
+        *b = (i * 7 % 251) as u8;
+    }
+    store
+        .batch_put_ranges(&[RangedPut {
+            key: "k",
+            object_len: 8192,
+            ranges: &[Range::new(0, 8192, src.addr())],
+            depth: 0,
+        }])
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    let mut dest = vec![0u8; 8192];
+    let base = dest.as_mut_ptr() as u64;
+    for half in [base, base + 4096] {
+        // SAFETY: `dest` outlives both registrations (released below).
+        unsafe { store.register_buffer(half, 4096) }.await.unwrap();
+    }
+    let ranges = [Range::new(0, 4096, base), Range::new(4096, 4096, base + 4096)];
+    let got = store
+        .batch_get_ranges(&[RangedGet {
+            key: "k",
+            ranges: &ranges,
+        }])
+        .unwrap();
+    assert_eq!(*got[0].as_ref().unwrap(), 8192);
+    assert_eq!(dest, src.data);
+    for half in [base, base + 4096] {
+        assert!(store.deregister_buffer(half).await.unwrap());
+    }
+    src.release(&store).await;
+}

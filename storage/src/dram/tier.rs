@@ -3,7 +3,7 @@
 //! transfer engine; this module only hands out and takes back arena extents.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::allocator::{PageAllocator, PageRun};
@@ -29,8 +29,9 @@ pub struct DramEntry {
     /// a newer one.
     pub version: u64,
     /// True when the SSD tier holds this same version (written through, or promoted from it):
-    /// demoting it needs no write.
-    pub on_ssd: bool,
+    /// demoting it needs no write. Atomic because a committed entry is shared (see
+    /// [`DramState::epoch`]); written only under the state's exclusive lock.
+    pub on_ssd: AtomicBool,
     /// The reservation this entry was copied into: unique per arena placement, so a remote
     /// reader that saw it before and after its read knows the pages were not reused meanwhile.
     pub generation: u64,
@@ -55,13 +56,14 @@ pub enum ReserveError {
 /// and a promotion) of one key may copy at once; the newest version wins at commit.
 #[derive(Debug)]
 pub struct DramState {
-    map: HashMap<Arc<str>, DramEntry>,
+    map: HashMap<Arc<str>, Arc<DramEntry>>,
     pending: HashMap<u64, Pending>,
     alloc: PageAllocator,
     base: u64,
     page: u64,
     runs: Vec<PageRun>,
     next_generation: u64,
+    epoch: u64,
 }
 
 impl DramState {
@@ -75,6 +77,7 @@ impl DramState {
             page,
             runs: Vec::with_capacity(MAX_RUNS),
             next_generation: 1,
+            epoch: 1,
         }
     }
 
@@ -106,7 +109,24 @@ impl DramState {
     /// The committed entry of `key`.
     #[inline]
     pub fn get(&self, key: &str) -> Option<&DramEntry> {
+        self.map.get(key).map(|e| &**e)
+    }
+
+    /// The committed entry of `key`, shared: a caller may keep it to skip the lookup next time,
+    /// and may use it again only while [`DramState::epoch`] is unchanged.
+    #[inline]
+    pub fn get_shared(&self, key: &str) -> Option<&Arc<DramEntry>> {
         self.map.get(key)
+    }
+
+    /// Changes with every change of the committed index: a publish (put, promotion), a remove,
+    /// an eviction (demotion or drop). While it is unchanged, every committed entry seen before
+    /// is still its key's committed entry and its pages are not reused. Read under the state's
+    /// shared lock (every change takes the exclusive one), so a reader that checks it and then
+    /// copies under the same guard never reads a reused arena page. Never 0.
+    #[inline]
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Reserves arena space for version `version` of `key`. The committed entry of the key (if
@@ -141,7 +161,7 @@ impl DramState {
             runs: runs.as_slice().into(),
             last_access: AtomicU64::new(0),
             version,
-            on_ssd: false,
+            on_ssd: AtomicBool::new(false),
             generation: self.next_generation,
         };
         self.runs = runs;
@@ -179,9 +199,10 @@ impl DramState {
         };
         let newer_committed = self.map.get(&key).is_some_and(|e| e.version >= entry.version);
         if ok && !newer_committed && allowed(&key, entry.version) {
-            entry.on_ssd = on_ssd;
+            entry.on_ssd = AtomicBool::new(on_ssd);
             entry.last_access.store(now, Ordering::Relaxed);
-            if let Some(old) = self.map.insert(key, entry) {
+            self.epoch += 1;
+            if let Some(old) = self.map.insert(key, Arc::new(entry)) {
                 self.free_runs(&old);
             }
             true
@@ -202,6 +223,7 @@ impl DramState {
         match self.map.remove(key) {
             None => false,
             Some(e) => {
+                self.epoch += 1;
                 self.free_runs(&e);
                 true
             }
@@ -241,8 +263,9 @@ impl DramState {
 
     /// Takes `key` out of the index and frees its pages; returns the entry (whose extents must
     /// not be read after the caller releases the lock it holds on this state).
-    pub fn evict(&mut self, key: &str) -> Option<DramEntry> {
+    pub fn evict(&mut self, key: &str) -> Option<Arc<DramEntry>> {
         let e = self.map.remove(key)?;
+        self.epoch += 1;
         self.free_runs(&e);
         Some(e)
     }
@@ -254,14 +277,14 @@ impl DramState {
 
     /// Records that the SSD tier holds the committed version of `key`.
     pub fn mark_on_ssd(&mut self, key: &str) {
-        if let Some(e) = self.map.get_mut(key) {
-            e.on_ssd = true;
+        if let Some(e) = self.map.get(key) {
+            e.on_ssd.store(true, Ordering::Relaxed);
         }
     }
 
     /// The committed entry of `key` (for demotion).
     pub fn entry(&self, key: &str) -> Option<&DramEntry> {
-        self.map.get(key)
+        self.get(key)
     }
 }
 

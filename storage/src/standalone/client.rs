@@ -154,6 +154,8 @@ struct Live {
 
 struct SessionState {
     live: Option<Live>,
+    /// [`Client::close`] ran: no call opens a session again.
+    closed: bool,
     generation: u64,
     next_try: Instant,
     delay: Duration,
@@ -188,6 +190,7 @@ impl Client {
             opts,
             session: Mutex::new(SessionState {
                 live: None,
+                closed: false,
                 generation: 0,
                 next_try: Instant::now(),
                 delay: Duration::ZERO,
@@ -208,6 +211,9 @@ impl Client {
         let mut st = self.session.lock();
         if let Some(l) = &st.live {
             return Ok((l.token, st.generation, l.idle));
+        }
+        if st.closed {
+            return Err(StoreError::Closed);
         }
         let now = Instant::now();
         if now < st.next_try {
@@ -651,6 +657,7 @@ impl Client {
         self.pool.lock().clear();
         let mut st = self.session.lock();
         st.live = None;
+        st.closed = true;
         if self.opts.debug {
             if let Some(line) = self.key_handle_report() {
                 eprintln!("umbp key handles: {:?}; {line}", self.cache.lock().counts());

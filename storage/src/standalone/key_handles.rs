@@ -19,6 +19,10 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
+use crate::store::Resolved;
+
 /// Default client slots.
 pub const DEFAULT_SLOTS: usize = 128;
 /// Default server entries.
@@ -30,21 +34,24 @@ const TRACKED: usize = 4096;
 /// Fingerprints remembered to tell remints from first mints.
 const MINTED_MEMORY: usize = 1 << 16;
 
-/// 64-bit fingerprint of a key set (never 0: 0 means "do not remember"): CRC32C of every key and
-/// its length (hardware CRC where the CPU has it, so a 128-byte key costs a few ns), and the key
-/// count and total bytes. Collisions only cost a miss: the full key comparison decides.
+/// 64-bit fingerprint of a key set (never 0: 0 means "do not remember"): foldhash over every
+/// key's length and bytes, with a fixed seed. Only this process compares fingerprints (the server
+/// takes them as opaque), so the hash need not be stable across builds. foldhash replaced CRC32C
+/// here: the `crc32c` crate's per-call cost made a 128-byte key about 140 instructions, most of
+/// a handle hit's client work (callgrind, docs/PERFORMANCE.md). Collisions only cost a miss: the
+/// full key comparison decides.
 pub fn fingerprint<'a>(keys: impl Iterator<Item = &'a str>) -> u64 {
-    let mut crc = 0u32;
-    let (mut n, mut total) = (0u64, 0u64);
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = foldhash::fast::FixedState::with_seed(FINGERPRINT_SEED).build_hasher();
     for k in keys {
-        crc = crc32c::crc32c_append(crc, k.as_bytes());
-        crc = crc32c::crc32c_append(crc, &(k.len() as u16).to_le_bytes());
-        n += 1;
-        total += k.len() as u64;
+        h.write_usize(k.len());
+        h.write(k.as_bytes());
     }
-    let shape = (n.wrapping_mul(0x9E37_79B9) ^ total) & 0xFFFF_FFFF;
-    (((crc as u64) << 32) | shape).max(1)
+    h.finish().max(1)
 }
+
+/// Seed of [`fingerprint`] (any fixed value).
+const FINGERPRINT_SEED: u64 = 0x756d_6270_6b68_7331;
 
 /// A key set stored as one blob and its end offsets.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,9 +93,17 @@ impl KeySet {
         (0..self.len()).map(|i| self.key(i))
     }
 
-    /// True if these are exactly `keys`, in order.
+    /// True if these are exactly `keys`, in order. Compares bytes: no char-boundary checks on
+    /// the hit path.
     pub fn equals<'a>(&self, keys: impl ExactSizeIterator<Item = &'a str>) -> bool {
-        keys.len() == self.len() && keys.zip(self.iter()).all(|(a, b)| a == b)
+        let blob = self.blob.as_bytes();
+        let mut start = 0;
+        keys.len() == self.len()
+            && keys.zip(&self.ends).all(|(k, &end)| {
+                let same = blob.get(start..end as usize) == Some(k.as_bytes());
+                start = end as usize;
+                same
+            })
     }
 
     /// Heap bytes held.
@@ -328,10 +343,33 @@ pub struct ServerCounts {
     pub bytes: u64,
 }
 
+/// A key set the server holds for a handle, and what the store resolved for it last time (the
+/// keys' DRAM locations, reused on a hit while the store's index is unchanged; see
+/// `store::Resolved`). Keys and resolution belong together: the keys never change.
+pub struct Held {
+    /// The keys, in the order the client sent them.
+    pub keys: KeySet,
+    /// The store's last resolution of `keys`; a call that finds it locked resolves afresh.
+    pub(crate) resolved: Mutex<Resolved>,
+}
+
+impl Held {
+    fn new(keys: KeySet) -> Held {
+        let resolved = Mutex::new(Resolved::with_capacity(keys.len()));
+        Held { keys, resolved }
+    }
+
+    /// Heap bytes held: the keys, their ends and one location pointer per key.
+    pub fn bytes(&self) -> usize {
+        self.keys.bytes() + self.resolved.lock().bytes()
+    }
+}
+
 struct Entry {
     session: u64,
     fingerprint: u64,
-    keys: Arc<KeySet>,
+    held: Arc<Held>,
+    bytes: usize,
 }
 
 /// The server's key-set table.
@@ -359,11 +397,11 @@ impl ServerTable {
 
     /// The keys `handle` names for `session`, if it minted it for a key set of `fingerprint` with
     /// `nkeys` keys.
-    pub fn resolve(&mut self, session: u64, handle: u64, fingerprint: u64, nkeys: usize) -> Option<Arc<KeySet>> {
+    pub fn resolve(&mut self, session: u64, handle: u64, fingerprint: u64, nkeys: usize) -> Option<Arc<Held>> {
         match self.entries.get(&handle) {
-            Some(e) if e.session == session && e.fingerprint == fingerprint && e.keys.len() == nkeys => {
+            Some(e) if e.session == session && e.fingerprint == fingerprint && e.held.keys.len() == nkeys => {
                 self.counts.hits += 1;
-                Some(e.keys.clone())
+                Some(e.held.clone())
             }
             _ => {
                 self.counts.misses += 1;
@@ -375,30 +413,43 @@ impl ServerTable {
     /// Remembers `keys` for `session` and returns their new handle; 0 when the table is off or
     /// the fingerprint is 0 (the client asks not to be remembered).
     pub fn mint<'a>(&mut self, session: u64, fingerprint: u64, keys: impl Iterator<Item = &'a str>) -> u64 {
+        self.mint_held(session, fingerprint, keys).0
+    }
+
+    /// As [`ServerTable::mint`], also returning the new entry (so the minting call can fill its
+    /// resolution and the first hit already reuses it).
+    pub fn mint_held<'a>(
+        &mut self,
+        session: u64,
+        fingerprint: u64,
+        keys: impl Iterator<Item = &'a str>,
+    ) -> (u64, Option<Arc<Held>>) {
         if self.capacity == 0 || fingerprint == 0 {
-            return 0;
+            return (0, None);
         }
         if self.ids.len() >= self.capacity {
             let victim = self.ids.swap_remove(self.rng.usize(..self.ids.len()));
             if let Some(e) = self.entries.remove(&victim) {
-                self.counts.bytes -= e.keys.bytes() as u64;
+                self.counts.bytes -= e.bytes as u64;
             }
         }
         let handle = self.next;
         self.next += 1;
-        let keys = Arc::new(KeySet::new(keys));
-        self.counts.bytes += keys.bytes() as u64;
+        let held = Arc::new(Held::new(KeySet::new(keys)));
+        let bytes = held.bytes();
+        self.counts.bytes += bytes as u64;
         self.counts.mints += 1;
         self.entries.insert(
             handle,
             Entry {
                 session,
                 fingerprint,
-                keys,
+                held: held.clone(),
+                bytes,
             },
         );
         self.ids.push(handle);
-        handle
+        (handle, Some(held))
     }
 
     /// Drops every entry of `session` (it ended).
@@ -409,7 +460,7 @@ impl ServerTable {
             let keep = entries.get(h).is_some_and(|e| e.session != session);
             if !keep {
                 if let Some(e) = entries.remove(h) {
-                    *bytes -= e.keys.bytes() as u64;
+                    *bytes -= e.bytes as u64;
                 }
             }
             keep
@@ -550,7 +601,7 @@ mod tests {
         assert_eq!((a, b, c), (1, 2, 3));
         assert!(t.resolve(1, c, 12, 1).is_none(), "another session's handle");
         assert!(t.resolve(2, c, 13, 1).is_none(), "wrong fingerprint");
-        assert_eq!(t.resolve(2, c, 12, 1).unwrap().key(0), "c");
+        assert_eq!(t.resolve(2, c, 12, 1).unwrap().keys.key(0), "c");
         t.drop_session(2);
         assert!(t.resolve(2, c, 12, 1).is_none());
         assert_eq!(t.counts().held, 1);

@@ -17,8 +17,9 @@ use crate::ssd::record::MAX_KEY_LEN;
 
 /// First two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"UB";
-/// Protocol version; a peer speaking another is refused at the header.
-pub const VERSION: u8 = 1;
+/// Protocol version; a peer speaking another is refused at the header. 2: `StoreStats` carries
+/// `resolve_reused` (33 counters).
+pub const VERSION: u8 = 2;
 /// Bytes of a frame header.
 pub const HEADER: usize = 8;
 /// Bytes of one encoded range: object offset, length, worker address.
@@ -469,6 +470,7 @@ pub fn encode_get_ranges(
     if send_keys {
         Keys::encode(out, items.iter().map(|i| i.key));
     }
+    out.reserve(items.iter().map(|i| i.ranges.len()).sum::<usize>() * RANGE_BYTES);
     for it in items {
         Ranges::encode(out, it.ranges);
     }
@@ -903,7 +905,7 @@ pub fn decode_results(r: &mut Reader<'_>, n: usize) -> Result<Vec<crate::Result<
 }
 
 /// The numeric counters of [`crate::StoreStats`], in wire order.
-fn stats_u64(s: &mut crate::StoreStats) -> [&mut u64; 32] {
+fn stats_u64(s: &mut crate::StoreStats) -> [&mut u64; 33] {
     [
         &mut s.dram_objects,
         &mut s.dram_used_bytes,
@@ -937,6 +939,7 @@ fn stats_u64(s: &mut crate::StoreStats) -> [&mut u64; 32] {
         &mut s.server_key_handle_bytes,
         &mut s.server_sessions,
         &mut s.server_mapped_buffers,
+        &mut s.resolve_reused,
     ]
 }
 

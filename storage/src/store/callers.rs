@@ -41,10 +41,30 @@ impl CallerTable {
         }
     }
 
-    /// Checks that every range of key `key_index` points into registered memory.
+    /// The registered buffer that holds `addr`, as `(base, end)`.
+    #[inline]
+    fn region_of(&self, addr: u64) -> Option<(u64, u64)> {
+        let i = self.regions.partition_point(|r| r.base <= addr);
+        let r = self.regions.get(i.checked_sub(1)?)?;
+        (addr - r.base < r.len).then_some((r.base, r.base + r.len))
+    }
+
+    /// The end of the registered buffer that holds `addr`, if one does: requests of one call
+    /// that continue each other may be merged only inside it (one registration per request).
+    #[inline]
+    pub(crate) fn region_end(&self, addr: u64) -> Option<u64> {
+        self.region_of(addr).map(|(_, end)| end)
+    }
+
+    /// Checks that every range of key `key_index` points into registered memory. A range inside
+    /// the buffer of the one before it (the usual case: one KV buffer) skips the search.
     #[inline]
     pub(crate) fn check(&self, key_index: usize, ranges: &[Range]) -> Result<()> {
+        let (mut lo, mut hi) = (0u64, 0u64);
         for (i, r) in ranges.iter().enumerate() {
+            if r.addr >= lo && r.addr < hi && r.len <= hi - r.addr {
+                continue;
+            }
             if !self.covers(r.addr, r.len) {
                 return Err(StoreError::Unregistered {
                     key_index,
@@ -52,6 +72,9 @@ impl CallerTable {
                     addr: r.addr,
                     len: r.len,
                 });
+            }
+            if let Some(region) = self.region_of(r.addr) {
+                (lo, hi) = region;
             }
         }
         Ok(())

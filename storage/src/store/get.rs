@@ -6,14 +6,26 @@
 //! it while the arena's shared lock keeps the objects in place. Keys only on SSD are read block
 //! span by block span into staging, verified, and copied out with a second batch. Bytes are
 //! counted once per call.
+//!
+//! A caller that asks for the same key set again (the standalone server's key handles) may pass
+//! a [`Resolved`]: the keys' committed DRAM entries from last time and the DRAM index epoch they
+//! were read at. While the epoch is unchanged the call skips every key's hash and lookup. The
+//! epoch is compared under the same shared lock the copy then runs under, and every publish,
+//! remove and eviction changes it under the exclusive lock, so a reused entry is never stale and
+//! its arena pages are never reused during the copy.
+//!
+//! Requests are built one per contiguous run: a range that continues the previous one of its key
+//! both in the arena and in the same caller buffer extends that request instead of adding one.
 
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use te_base::Phase;
 use te_core::TransferRequest;
 
 use super::{RangedGet, Store};
+use crate::dram::tier::DramEntry;
 use crate::error::{Result, StoreError, Tier};
 use crate::range_map::{check_get_ranges, map_range, Range};
 use crate::ssd::log::{LogCore, ReadSpan, SsdEntry};
@@ -29,6 +41,33 @@ enum Found {
     #[cfg(feature = "cluster")]
     Remote,
 }
+
+/// What a ranged call resolved for its key set last time: each key's committed DRAM entry, in
+/// order, and the DRAM index epoch they were read at (0: nothing reusable). Belongs to one key
+/// set: pass it only with the same keys in the same order.
+#[derive(Debug, Default)]
+pub(crate) struct Resolved {
+    epoch: u64,
+    entries: Vec<Arc<DramEntry>>,
+}
+
+impl Resolved {
+    /// Empty, with room for `n` keys (so its memory is known when the key set is remembered).
+    pub(crate) fn with_capacity(n: usize) -> Resolved {
+        Resolved {
+            epoch: 0,
+            entries: Vec::with_capacity(n),
+        }
+    }
+
+    /// Heap bytes held (the entry pointers; the entries themselves are the store's).
+    pub(crate) fn bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<Arc<DramEntry>>()
+    }
+}
+
+/// A resolution being refilled by a call: the cache, and the entries collected so far.
+type Refill<'c> = (&'c mut Resolved, Vec<Arc<DramEntry>>);
 
 /// What a read call asks for.
 pub(crate) enum Wants<'a, 'b> {
@@ -96,10 +135,20 @@ impl Store {
             Self::check_keys(items.iter().map(|i| i.key))?;
             return c.get_ranges(items);
         }
-        self.get_objects(Wants::Ranges(items))
+        self.get_objects(Wants::Ranges(items), None)
     }
 
-    pub(crate) fn get_objects(&self, wants: Wants<'_, '_>) -> Result<Vec<Result<u64>>> {
+    /// [`Store::batch_get_ranges`] of a key set asked for before, reusing (and refreshing)
+    /// what was resolved for it then.
+    pub(crate) fn batch_get_ranges_resolved(
+        &self,
+        items: &[RangedGet<'_>],
+        resolved: &mut Resolved,
+    ) -> Result<Vec<Result<u64>>> {
+        self.get_objects(Wants::Ranges(items), Some(resolved))
+    }
+
+    pub(crate) fn get_objects(&self, wants: Wants<'_, '_>, cache: Option<&mut Resolved>) -> Result<Vec<Result<u64>>> {
         self.check_open()?;
         let timer = self.inner.timer.clone();
         let t0 = timer.start();
@@ -119,6 +168,21 @@ impl Store {
         let mut whole: Vec<[Range; 1]> = Vec::new();
         let mut scratch = Vec::new();
         let dram_guard = self.inner.dram.as_ref().map(|d| d.state.read());
+        // Reuse the cache when the index has not changed since it was filled; else refill it.
+        let epoch = dram_guard.as_ref().map_or(0, |d| d.epoch());
+        let reuse = matches!(&cache, Some(c) if epoch != 0 && c.epoch == epoch && c.entries.len() == n);
+        let (held, mut fill): (Option<&[Arc<DramEntry>]>, Option<Refill<'_>>) = match cache {
+            Some(c) if reuse => (Some(&c.entries), None),
+            Some(c) => {
+                let mut v = std::mem::take(&mut c.entries);
+                v.clear();
+                c.epoch = 0;
+                (None, Some((c, v)))
+            }
+            None => (None, None),
+        };
+        // Each key's DRAM entry, for the build below (no second lookup).
+        let mut locs: Vec<Option<&DramEntry>> = Vec::with_capacity(n);
         let items: Cow<'_, [RangedGet<'_>]> = {
             // Both tiers are resolved under their shared locks held together: a put or remove
             // (which takes the DRAM lock exclusively) is either wholly before or after this.
@@ -128,7 +192,17 @@ impl Store {
             }
             for k in 0..n {
                 let key = wants.key(k);
-                let dram_entry = dram_guard.as_ref().and_then(|d| d.get(key));
+                let dram_entry: Option<&DramEntry> = match held {
+                    Some(h) => Some(&h[k]),
+                    None => {
+                        let e = dram_guard.as_ref().and_then(|d| d.get_shared(key));
+                        if let (Some((_, v)), Some(e)) = (&mut fill, e) {
+                            v.push(e.clone());
+                        }
+                        e.map(|e| &**e)
+                    }
+                };
+                locs.push(dram_entry);
                 // The object's size; `None` when absent or damaged (a damaged record has no
                 // trustworthy size: its key reads Corrupt below).
                 let (mut f, size) = if let Some(e) = dram_entry {
@@ -198,7 +272,7 @@ impl Store {
         let t2 = timer.lap(Phase::Resolve, t1);
 
         let mut dram_bytes = 0u64;
-        if let Some(guard) = dram_guard {
+        if dram_guard.is_some() {
             let n: usize = items
                 .iter()
                 .zip(&found)
@@ -208,23 +282,48 @@ impl Store {
             let mut requests: Vec<TransferRequest> = Vec::with_capacity(n);
             let mut owner: Vec<u32> = Vec::with_capacity(n);
             let own = self.inner.own;
+            let callers = self.inner.callers.read();
+            // The end of the caller buffer of the last request: a merge stays inside it.
+            let mut caller_end = 0u64;
             for (k, (it, f)) in items.iter().zip(&found).enumerate() {
                 if !matches!(f, Found::Dram) {
                     continue;
                 }
-                let e = guard.get(it.key).expect("resolved under this guard");
+                let e = locs[k].expect("resolved under this guard");
                 for r in it.ranges {
                     map_range(&e.extents, r, |arena, caller, len| {
+                        if let (Some(last), Some(&o)) = (requests.last_mut(), owner.last()) {
+                            let continues = o == k as u32
+                                && last.local_addr + last.len == caller
+                                && last.remote_addr + last.len == arena
+                                && caller + len <= caller_end;
+                            if continues {
+                                last.len += len;
+                                return;
+                            }
+                        }
+                        caller_end = callers.region_end(caller).unwrap_or(0);
                         requests.push(TransferRequest::read(caller, own, arena, len));
                         owner.push(k as u32);
                     });
                     dram_bytes += r.len;
                 }
             }
+            drop(callers);
+            drop(locs);
             timer.lap(Phase::Build, t2);
             // The shared lock stays held until the copies are done: nothing is evicted under them.
             self.run_batch(&requests, &owner, &mut errors)?;
-            drop(guard);
+        } else {
+            drop(locs);
+        }
+        drop(dram_guard);
+        if let Some((c, v)) = fill {
+            // Reusable only when every key was in DRAM: a key on SSD or missing is resolved again.
+            if v.len() == n && found.iter().all(|f| matches!(f, Found::Dram)) {
+                c.epoch = epoch;
+            }
+            c.entries = v;
         }
 
         let ssd_bytes = self.read_from_ssd(&items, &found, &mut errors)?;
@@ -259,6 +358,9 @@ impl Store {
         c.misses.fetch_add(misses, Ordering::Relaxed);
         c.dram_read_bytes.fetch_add(dram_bytes, Ordering::Relaxed);
         c.ssd_delivered_bytes.fetch_add(ssd_bytes, Ordering::Relaxed);
+        if reuse {
+            c.resolve_reused.fetch_add(1, Ordering::Relaxed);
+        }
         timer.lap(Phase::Other, t3);
         timer.count_call(items.iter().map(|i| i.ranges.len()).sum());
         Ok(results)

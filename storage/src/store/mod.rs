@@ -28,6 +28,7 @@ use crate::range_map::Range;
 use crate::ssd::log::SsdLog;
 use crate::ssd::record::MAX_KEY_LEN;
 use callers::{CallerRegion, CallerTable};
+pub(crate) use get::Resolved;
 use staging::Staging;
 
 /// One key of [`Store::batch_get_ranges`]: the object ranges to read and where each lands.
@@ -147,6 +148,8 @@ pub struct StoreStats {
     pub server_sessions: u64,
     /// Server: worker buffers mapped.
     pub server_mapped_buffers: u64,
+    /// Ranged calls that reused a key handle's last resolution (no key hashed or looked up).
+    pub resolve_reused: u64,
 
     // Distributed mode (local hits and misses are counted in every mode).
     /// Keys of ranged/whole gets served by this store's own tiers.
@@ -179,6 +182,7 @@ struct Counters {
     puts_failed: AtomicU64,
     local_hits: AtomicU64,
     misses: AtomicU64,
+    resolve_reused: AtomicU64,
 }
 
 pub(crate) struct Dram {
@@ -587,7 +591,7 @@ impl Store {
             Self::check_keys(items.iter().map(|i| i.0))?;
             return c.get_whole(items);
         }
-        self.get_objects(get::Wants::Whole(items))
+        self.get_objects(get::Wants::Whole(items), None)
     }
 
     /// The object lengths of `keys` (None where absent), under one shared lock per tier.
@@ -746,6 +750,7 @@ impl Store {
             puts_failed: c.puts_failed.load(Ordering::Relaxed),
             local_hits: c.local_hits.load(Ordering::Relaxed),
             misses: c.misses.load(Ordering::Relaxed),
+            resolve_reused: c.resolve_reused.load(Ordering::Relaxed),
             ..Default::default()
         };
         #[cfg(feature = "cluster")]

@@ -324,7 +324,7 @@ impl Store {
             st.keys()
                 .filter(|k| {
                     let e = st.entry(k).expect("listed");
-                    !e.on_ssd && !ssd_holds(&index, k, e.version)
+                    !e.on_ssd.load(Ordering::Relaxed) && !ssd_holds(&index, k, e.version)
                 })
                 .cloned()
                 .collect()
