@@ -20,9 +20,13 @@ use crate::util::{median, pattern, print_json, runtime};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Transport to measure (tcp, local).
+    /// Transport to measure (tcp, local, efa with the `efa` feature).
     #[arg(long, default_value = "tcp")]
     transport: String,
+    /// libfabric provider for `--transport efa` (sets TE_FABRIC_PROVIDER), e.g. `tcp;ofi_rxm`, `shm`.
+    /// Other `TE_FABRIC_*` variables (e.g. `TE_FABRIC_IDLE`) are taken from the environment.
+    #[arg(long)]
+    provider: Option<String>,
     /// Bytes of the write that carries the notification.
     #[arg(long, default_value = "4K", value_parser = parse_size)]
     block_bytes: u64,
@@ -58,8 +62,14 @@ fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-async fn engine(name: &str, transport: &str) -> Result<TransferEngine, String> {
-    let env = MapEnv::new([("TE_TCP_LISTEN", "127.0.0.1:0")]);
+async fn engine(name: &str, transport: &str, provider: Option<&str>) -> Result<TransferEngine, String> {
+    let mut env = MapEnv::new([("TE_TCP_LISTEN", "127.0.0.1:0")]);
+    for (k, v) in std::env::vars().filter(|(k, _)| k.starts_with("TE_FABRIC_")) {
+        env.0.insert(k, v);
+    }
+    if let Some(p) = provider {
+        env.0.insert("TE_FABRIC_PROVIDER".into(), p.into());
+    }
     TransferEngine::builder()
         .segment_name(format!("{name}-{}", std::process::id()))
         .env(Arc::new(env))
@@ -77,8 +87,9 @@ pub fn run(args: Args) -> Result<(), String> {
 }
 
 async fn measure(args: &Args) -> Result<(), String> {
-    let a = engine("te-bench-notify-initiator", &args.transport).await?;
-    let b = engine("te-bench-notify-target", &args.transport).await?;
+    let provider = args.provider.as_deref();
+    let a = engine("te-bench-notify-initiator", &args.transport, provider).await?;
+    let b = engine("te-bench-notify-target", &args.transport, provider).await?;
     let n = args.block_bytes;
     let src = a
         .allocate(n as usize, HostBufferOptions::default())
@@ -140,7 +151,7 @@ async fn measure(args: &Args) -> Result<(), String> {
         let (p50n, p99n) = percentiles(&mut notified);
         if args.json {
             print_json(&serde_json::json!({
-                "bench": "notify", "transport": args.transport, "run": run, "block_bytes": n,
+                "bench": "notify", "transport": args.transport, "provider": args.provider, "run": run, "block_bytes": n,
                 "payload_bytes": args.payload_bytes, "samples": args.samples,
                 "plain_p50_us": micros(p50p), "plain_p99_us": micros(p99p),
                 "notified_p50_us": micros(p50n), "notified_p99_us": micros(p99n),
@@ -158,7 +169,7 @@ async fn measure(args: &Args) -> Result<(), String> {
     let ratio = |x: Duration, y: Duration| x.as_secs_f64() / y.as_secs_f64();
     if args.json {
         print_json(&serde_json::json!({
-            "bench": "notify", "transport": args.transport, "summary": true, "runs": args.repeat,
+            "bench": "notify", "transport": args.transport, "provider": args.provider, "summary": true, "runs": args.repeat,
             "block_bytes": n, "verified": args.verify,
             "plain_p50_us": micros(p50p), "plain_p99_us": micros(p99p),
             "notified_p50_us": micros(p50n), "notified_p99_us": micros(p99n),

@@ -61,6 +61,11 @@ pub struct Args {
     /// Record per-phase timings of the store's ranged calls (as UMBP_RANGED_CALL_DEBUG=1).
     #[arg(long)]
     pub(crate) phases: bool,
+    /// Calls per layer group: `pool` (one `batch_get_ranges` per pool with layers in the group,
+    /// the connector's shape) or `one` (the group's keys of every pool in one call: fewer round
+    /// trips in standalone mode; the smallest pool's own load is then not measured).
+    #[arg(long, default_value = "pool", value_parser = ["pool", "one"])]
+    pub(crate) calls_per_group: String,
     /// Recompute every restored byte from its position-dependent seed.
     #[arg(long)]
     pub(crate) verify: bool,

@@ -129,8 +129,11 @@ pub fn run_reader(shape: ReaderShape, socket: &Option<PathBuf>) -> Result<(), St
         });
         stores.push(rt.block_on(b.open()).map_err(|e| format!("connect: {e}"))?);
     }
-    // Fill: objects of ranges_per_key ranges, pattern-filled, through the first client.
-    let writer = &stores[0];
+    // Fill: objects of ranges_per_key ranges, pattern-filled, through a client of its own (so
+    // neither arm's client is the one that wrote).
+    let writer = &rt
+        .block_on(Store::builder().connect(&socket).key_handle_slots(0).open())
+        .map_err(|e| format!("connect: {e}"))?;
     let staging = writer
         .alloc_buffer((object as usize * 256).max(4096))
         .map_err(|e| e.to_string())?;
@@ -163,6 +166,7 @@ pub fn run_reader(shape: ReaderShape, socket: &Option<PathBuf>) -> Result<(), St
         }
     }
     rt.block_on(writer.free_buffer(staging)).map_err(|e| e.to_string())?;
+    rt.block_on(writer.close()).map_err(|e| e.to_string())?;
 
     // Per arm and thread: a destination buffer of one chunk's ranges.
     let dest_len = shape.chunk * shape.ranges_per_key * shape.range_bytes as usize;
@@ -179,9 +183,15 @@ pub fn run_reader(shape: ReaderShape, socket: &Option<PathBuf>) -> Result<(), St
         dests.push(v);
     }
     let mut samples: Vec<Vec<ArmSample>> = (0..shape.arms.len()).map(|_| Vec::new()).collect();
-    for _ in 0..shape.reps {
-        for (a, s) in stores.iter().enumerate() {
-            samples[a].push(measure_arm(s, &dests[a], &keys, &shape)?);
+    // Arms alternate, and their order flips every repetition: whichever arm runs first in a
+    // repetition measured slower here, whatever it was.
+    for rep in 0..shape.reps {
+        let mut order: Vec<usize> = (0..stores.len()).collect();
+        if rep % 2 == 1 {
+            order.reverse();
+        }
+        for a in order {
+            samples[a].push(measure_arm(&stores[a], &dests[a], &keys, &shape)?);
         }
     }
     for (a, &on) in shape.arms.iter().enumerate() {

@@ -63,6 +63,7 @@ fn worker_args(args: &Args) -> Vec<String> {
         format!("--pages={}", args.pages),
         format!("--requests={}", args.requests),
         format!("--compute-us-per-layer={}", args.compute_us_per_layer),
+        format!("--calls-per-group={}", args.calls_per_group),
     ];
     if args.verify {
         v.push("--verify".into());
@@ -232,7 +233,7 @@ pub(crate) fn rank_loop(
                 .collect()
         })
         .collect();
-    let gets: Vec<Vec<(usize, Vec<RangedGet<'_>>)>> = calls
+    let mut gets: Vec<Vec<(usize, Vec<RangedGet<'_>>)>> = calls
         .iter()
         .map(|g| {
             g.iter()
@@ -247,6 +248,13 @@ pub(crate) fn rank_loop(
                 .collect()
         })
         .collect();
+    if args.calls_per_group == "one" {
+        // One call per group with every pool's keys; `usize::MAX`: no single pool's time.
+        for g in &mut gets {
+            let all: Vec<RangedGet<'_>> = g.drain(..).flat_map(|(_, v)| v).collect();
+            g.push((usize::MAX, all));
+        }
+    }
     let mut out = Vec::with_capacity(args.requests);
     for _ in 0..args.requests + 1 {
         if args.verify {

@@ -136,6 +136,7 @@ pub(super) fn rank_count(
             "ranks": ranks,
             "pages": args.pages,
             "layer_group": args.layer_group,
+            "calls_per_group": args.calls_per_group,
             "requests": args.requests,
             "compute_ms": info.compute_layers as f64 * args.compute_us_per_layer as f64 / 1e3,
             "restore_ms_p50": ms(s.restore),
