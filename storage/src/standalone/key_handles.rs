@@ -53,62 +53,51 @@ pub fn fingerprint<'a>(keys: impl Iterator<Item = &'a str>) -> u64 {
 /// Seed of [`fingerprint`] (any fixed value).
 const FINGERPRINT_SEED: u64 = 0x756d_6270_6b68_7331;
 
-/// A key set stored as one blob and its end offsets.
+/// A key set, each key in its own allocation: naming key `i` as a `&str` reads only its pointer
+/// and length, never its bytes. One blob with end offsets would be denser, but slicing a `str`
+/// checks char boundaries by reading the bytes at both ends; on the server's hit path that was a
+/// cache miss per key (7% of the server's samples in a 512-key call, `perf`, docs/PERFORMANCE.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeySet {
-    blob: String,
-    ends: Vec<u32>,
+    keys: Box<[Box<str>]>,
 }
 
 impl KeySet {
     /// Copies `keys`.
     pub fn new<'a>(keys: impl Iterator<Item = &'a str>) -> KeySet {
-        let mut blob = String::new();
-        let mut ends = Vec::new();
-        for k in keys {
-            blob.push_str(k);
-            ends.push(blob.len() as u32);
+        KeySet {
+            keys: keys.map(Box::from).collect(),
         }
-        KeySet { blob, ends }
     }
 
     /// Number of keys.
     pub fn len(&self) -> usize {
-        self.ends.len()
+        self.keys.len()
     }
 
     /// True without keys.
     pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
+        self.keys.is_empty()
     }
 
     /// Key `i`.
     pub fn key(&self, i: usize) -> &str {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        &self.blob[start..self.ends[i] as usize]
+        &self.keys[i]
     }
 
     /// The keys in order.
     pub fn iter(&self) -> impl Iterator<Item = &str> {
-        (0..self.len()).map(|i| self.key(i))
+        self.keys.iter().map(|k| &**k)
     }
 
-    /// True if these are exactly `keys`, in order. Compares bytes: no char-boundary checks on
-    /// the hit path.
+    /// True if these are exactly `keys`, in order.
     pub fn equals<'a>(&self, keys: impl ExactSizeIterator<Item = &'a str>) -> bool {
-        let blob = self.blob.as_bytes();
-        let mut start = 0;
-        keys.len() == self.len()
-            && keys.zip(&self.ends).all(|(k, &end)| {
-                let same = blob.get(start..end as usize) == Some(k.as_bytes());
-                start = end as usize;
-                same
-            })
+        keys.len() == self.len() && keys.zip(self.keys.iter()).all(|(a, b)| a.as_bytes() == b.as_bytes())
     }
 
-    /// Heap bytes held.
+    /// Heap bytes held: the keys' bytes and one pointer and length per key.
     pub fn bytes(&self) -> usize {
-        self.blob.capacity() + self.ends.capacity() * 4
+        self.keys.len() * std::mem::size_of::<Box<str>>() + self.keys.iter().map(|k| k.len()).sum::<usize>()
     }
 }
 

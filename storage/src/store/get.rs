@@ -49,6 +49,37 @@ enum Found {
 pub(crate) struct Resolved {
     epoch: u64,
     entries: Vec<Arc<DramEntry>>,
+    /// Each entry's [`Spot`], in the same order: a reusing call reads this dense array instead
+    /// of every entry (the entries are scattered over the heap; reading them was a cache miss per
+    /// key, the largest cost of a 512-key hit call: `perf`, docs/PERFORMANCE.md).
+    spots: Vec<Spot>,
+}
+
+/// What the request build needs of a committed DRAM entry: its length and, for an object in one
+/// extent (the usual case), that extent's arena address.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Spot {
+    len: u64,
+    single: Option<u64>,
+}
+
+impl Spot {
+    fn of(e: &DramEntry) -> Spot {
+        let single = match &*e.extents {
+            [only] => Some(only.addr),
+            _ => None,
+        };
+        Spot { len: e.len, single }
+    }
+
+    /// As [`map_range`] over the entry's extents, without reading the entry when it is one extent.
+    #[inline]
+    fn map(self, e: &DramEntry, r: &Range, mut emit: impl FnMut(u64, u64, u64)) {
+        match self.single {
+            Some(addr) => emit(addr + r.offset, r.addr, r.len),
+            None => map_range(&e.extents, r, emit),
+        }
+    }
 }
 
 impl Resolved {
@@ -57,17 +88,19 @@ impl Resolved {
         Resolved {
             epoch: 0,
             entries: Vec::with_capacity(n),
+            spots: Vec::with_capacity(n),
         }
     }
 
-    /// Heap bytes held (the entry pointers; the entries themselves are the store's).
+    /// Heap bytes held (the entry pointers and spots; the entries themselves are the store's).
     pub(crate) fn bytes(&self) -> usize {
         self.entries.capacity() * std::mem::size_of::<Arc<DramEntry>>()
+            + self.spots.capacity() * std::mem::size_of::<Spot>()
     }
 }
 
-/// A resolution being refilled by a call: the cache, and the entries collected so far.
-type Refill<'c> = (&'c mut Resolved, Vec<Arc<DramEntry>>);
+/// A resolution being refilled by a call: the cache, and the entries and spots collected so far.
+type Refill<'c> = (&'c mut Resolved, Vec<Arc<DramEntry>>, Vec<Spot>);
 
 /// What a read call asks for.
 pub(crate) enum Wants<'a, 'b> {
@@ -171,18 +204,19 @@ impl Store {
         // Reuse the cache when the index has not changed since it was filled; else refill it.
         let epoch = dram_guard.as_ref().map_or(0, |d| d.epoch());
         let reuse = matches!(&cache, Some(c) if epoch != 0 && c.epoch == epoch && c.entries.len() == n);
-        let (held, mut fill): (Option<&[Arc<DramEntry>]>, Option<Refill<'_>>) = match cache {
-            Some(c) if reuse => (Some(&c.entries), None),
+        let (held, mut fill): (Option<(&[Arc<DramEntry>], &[Spot])>, Option<Refill<'_>>) = match cache {
+            Some(c) if reuse => (Some((&c.entries, &c.spots)), None),
             Some(c) => {
-                let mut v = std::mem::take(&mut c.entries);
+                let (mut v, mut s) = (std::mem::take(&mut c.entries), std::mem::take(&mut c.spots));
                 v.clear();
+                s.clear();
                 c.epoch = 0;
-                (None, Some((c, v)))
+                (None, Some((c, v, s)))
             }
             None => (None, None),
         };
-        // Each key's DRAM entry, for the build below (no second lookup).
-        let mut locs: Vec<Option<&DramEntry>> = Vec::with_capacity(n);
+        // Each key's DRAM entry and spot, for the build below (no second lookup).
+        let mut locs: Vec<Option<(&DramEntry, Spot)>> = Vec::with_capacity(n);
         let items: Cow<'_, [RangedGet<'_>]> = {
             // Both tiers are resolved under their shared locks held together: a put or remove
             // (which takes the DRAM lock exclusively) is either wholly before or after this.
@@ -192,21 +226,22 @@ impl Store {
             }
             for k in 0..n {
                 let key = wants.key(k);
-                let dram_entry: Option<&DramEntry> = match held {
-                    Some(h) => Some(&h[k]),
-                    None => {
-                        let e = dram_guard.as_ref().and_then(|d| d.get_shared(key));
-                        if let (Some((_, v)), Some(e)) = (&mut fill, e) {
+                let dram_entry: Option<(&DramEntry, Spot)> = match held {
+                    Some((entries, spots)) => Some((&entries[k], spots[k])),
+                    None => dram_guard.as_ref().and_then(|d| d.get_shared(key)).map(|e| {
+                        let spot = Spot::of(e);
+                        if let Some((_, v, s)) = &mut fill {
                             v.push(e.clone());
+                            s.push(spot);
                         }
-                        e.map(|e| &**e)
-                    }
+                        (&**e, spot)
+                    }),
                 };
                 locs.push(dram_entry);
                 // The object's size; `None` when absent or damaged (a damaged record has no
                 // trustworthy size: its key reads Corrupt below).
-                let (mut f, size) = if let Some(e) = dram_entry {
-                    (Found::Dram, Some(e.len))
+                let (mut f, size) = if let Some((_, spot)) = dram_entry {
+                    (Found::Dram, Some(spot.len))
                 } else if let Some(e) = ssd_index.as_ref().and_then(|s| s.get(key)) {
                     (Found::Ssd(e.clone()), (!e.is_damaged()).then_some(e.payload_len))
                 } else {
@@ -230,7 +265,7 @@ impl Store {
                         whole.push([Range::new(0, len, addr)]);
                     }
                 }
-                if let Some(e) = dram_entry {
+                if let Some((e, _)) = dram_entry {
                     e.last_access.store(now, Ordering::Relaxed);
                 }
                 found.push(f);
@@ -289,9 +324,9 @@ impl Store {
                 if !matches!(f, Found::Dram) {
                     continue;
                 }
-                let e = locs[k].expect("resolved under this guard");
+                let (e, spot) = locs[k].expect("resolved under this guard");
                 for r in it.ranges {
-                    map_range(&e.extents, r, |arena, caller, len| {
+                    spot.map(e, r, |arena, caller, len| {
                         if let (Some(last), Some(&o)) = (requests.last_mut(), owner.last()) {
                             let continues = o == k as u32
                                 && last.local_addr + last.len == caller
@@ -318,12 +353,13 @@ impl Store {
             drop(locs);
         }
         drop(dram_guard);
-        if let Some((c, v)) = fill {
+        if let Some((c, v, s)) = fill {
             // Reusable only when every key was in DRAM: a key on SSD or missing is resolved again.
             if v.len() == n && found.iter().all(|f| matches!(f, Found::Dram)) {
                 c.epoch = epoch;
             }
             c.entries = v;
+            c.spots = s;
         }
 
         let ssd_bytes = self.read_from_ssd(&items, &found, &mut errors)?;
