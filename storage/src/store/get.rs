@@ -22,8 +22,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use te_base::Phase;
-use te_core::TransferRequest;
+use te_core::{SegmentId, TransferRequest};
 
+use super::callers::CallerTable;
 use super::{RangedGet, Store};
 use crate::dram::tier::DramEntry;
 use crate::error::{Result, StoreError, Tier};
@@ -71,14 +72,37 @@ impl Spot {
         };
         Spot { len: e.len, single }
     }
+}
 
-    /// As [`map_range`] over the entry's extents, without reading the entry when it is one extent.
-    #[inline]
-    fn map(self, e: &DramEntry, r: &Range, mut emit: impl FnMut(u64, u64, u64)) {
-        match self.single {
-            Some(addr) => emit(addr + r.offset, r.addr, r.len),
-            None => map_range(&e.extents, r, emit),
+/// The engine requests of a call being built: one per contiguous run (see the module doc).
+struct Build<'c> {
+    requests: Vec<TransferRequest>,
+    /// The key of each request.
+    owner: Vec<u32>,
+    callers: &'c CallerTable,
+    own: SegmentId,
+    /// The end of the caller buffer of the last request: a merge stays inside it.
+    caller_end: u64,
+}
+
+impl Build<'_> {
+    /// Adds `len` bytes of key `k` from arena address `arena` to caller address `caller`,
+    /// extending the last request when this continues it.
+    #[inline(always)]
+    fn piece(&mut self, k: u32, arena: u64, caller: u64, len: u64) {
+        if let (Some(last), Some(&o)) = (self.requests.last_mut(), self.owner.last()) {
+            let continues = o == k
+                && last.local_addr + last.len == caller
+                && last.remote_addr + last.len == arena
+                && caller + len <= self.caller_end;
+            if continues {
+                last.len += len;
+                return;
+            }
         }
+        self.caller_end = self.callers.region_end(caller).unwrap_or(0);
+        self.requests.push(TransferRequest::read(caller, self.own, arena, len));
+        self.owner.push(k);
     }
 }
 
@@ -314,36 +338,30 @@ impl Store {
                 .filter(|(_, f)| matches!(f, Found::Dram))
                 .map(|(it, _)| it.ranges.len())
                 .sum();
-            let mut requests: Vec<TransferRequest> = Vec::with_capacity(n);
-            let mut owner: Vec<u32> = Vec::with_capacity(n);
-            let own = self.inner.own;
             let callers = self.inner.callers.read();
-            // The end of the caller buffer of the last request: a merge stays inside it.
-            let mut caller_end = 0u64;
+            let mut b = Build {
+                requests: Vec::with_capacity(n),
+                owner: Vec::with_capacity(n),
+                callers: &callers,
+                own: self.inner.own,
+                caller_end: 0,
+            };
             for (k, (it, f)) in items.iter().zip(&found).enumerate() {
                 if !matches!(f, Found::Dram) {
                     continue;
                 }
                 let (e, spot) = locs[k].expect("resolved under this guard");
+                let k = k as u32;
                 for r in it.ranges {
-                    spot.map(e, r, |arena, caller, len| {
-                        if let (Some(last), Some(&o)) = (requests.last_mut(), owner.last()) {
-                            let continues = o == k as u32
-                                && last.local_addr + last.len == caller
-                                && last.remote_addr + last.len == arena
-                                && caller + len <= caller_end;
-                            if continues {
-                                last.len += len;
-                                return;
-                            }
-                        }
-                        caller_end = callers.region_end(caller).unwrap_or(0);
-                        requests.push(TransferRequest::read(caller, own, arena, len));
-                        owner.push(k as u32);
-                    });
+                    // One extent (the usual case): the spot alone places the range.
+                    match spot.single {
+                        Some(base) => b.piece(k, base + r.offset, r.addr, r.len),
+                        None => map_range(&e.extents, r, |arena, caller, len| b.piece(k, arena, caller, len)),
+                    }
                     dram_bytes += r.len;
                 }
             }
+            let Build { requests, owner, .. } = b;
             drop(callers);
             drop(locs);
             timer.lap(Phase::Build, t2);
