@@ -126,6 +126,9 @@ impl Resolved {
 /// A resolution being refilled by a call: the cache, and the entries and spots collected so far.
 type Refill<'c> = (&'c mut Resolved, Vec<Arc<DramEntry>>, Vec<Spot>);
 
+/// A resolution being reused by a call: its entries and their spots.
+type Reuse<'c> = (&'c [Arc<DramEntry>], &'c [Spot]);
+
 /// What a read call asks for.
 pub(crate) enum Wants<'a, 'b> {
     /// Ranges of each object.
@@ -228,7 +231,7 @@ impl Store {
         // Reuse the cache when the index has not changed since it was filled; else refill it.
         let epoch = dram_guard.as_ref().map_or(0, |d| d.epoch());
         let reuse = matches!(&cache, Some(c) if epoch != 0 && c.epoch == epoch && c.entries.len() == n);
-        let (held, mut fill): (Option<(&[Arc<DramEntry>], &[Spot])>, Option<Refill<'_>>) = match cache {
+        let (held, mut fill): (Option<Reuse<'_>>, Option<Refill<'_>>) = match cache {
             Some(c) if reuse => (Some((&c.entries, &c.spots)), None),
             Some(c) => {
                 let (mut v, mut s) = (std::mem::take(&mut c.entries), std::mem::take(&mut c.spots));
