@@ -106,25 +106,23 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
                                 ]
                             })
                             .collect();
-                        let start = log.tick();
-                        let r = store
-                            .batch_put_ranges(&[RangedPut {
-                                key: &name,
-                                object_len: len,
-                                ranges: &ranges,
-                                depth: v % 4,
-                            }])
-                            .unwrap()
-                            .remove(0);
-                        let end = log.tick();
+                        let (start, r, end) = log.timed(|| {
+                            store
+                                .batch_put_ranges(&[RangedPut {
+                                    key: &name,
+                                    object_len: len,
+                                    ranges: &ranges,
+                                    depth: v % 4,
+                                }])
+                                .unwrap()
+                                .remove(0)
+                        });
                         match r {
                             Ok(()) => log.push(k, Op::Put { version: v }, start, end),
                             Err(e) => problems.push(format!("put {name} v{v}: {e}")),
                         }
                     } else if dice < 45 {
-                        let start = log.tick();
-                        let r = store.remove(&name);
-                        let end = log.tick();
+                        let (start, r, end) = log.timed(|| store.remove(&name));
                         match r {
                             Ok(_) => log.push(k, Op::Remove, start, end),
                             Err(e) => problems.push(format!("remove {name}: {e}")),
@@ -132,9 +130,8 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
                     } else if dice < 75 {
                         let cap = MAX_LAYERS * LAYER;
                         buf.data[whole_at as usize..(whole_at + cap) as usize].fill(0xEE);
-                        let start = log.tick();
-                        let r = store.batch_get(&[(&name, base + whole_at, cap)]).unwrap().remove(0);
-                        let end = log.tick();
+                        let (start, r, end) =
+                            log.timed(|| store.batch_get(&[(&name, base + whole_at, cap)]).unwrap().remove(0));
                         let saw = match r {
                             Ok(n) => {
                                 let got = &buf.data[whole_at as usize..(whole_at + n) as usize];
@@ -167,15 +164,15 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
                             Range::new(LAYER - 50, 40, base + ranged_at + LAYER + 200),
                         ];
                         buf.data[ranged_at as usize..(ranged_at + 2 * LAYER) as usize].fill(0xEE);
-                        let start = log.tick();
-                        let r = store
-                            .batch_get_ranges(&[RangedGet {
-                                key: &name,
-                                ranges: &ranges,
-                            }])
-                            .unwrap()
-                            .remove(0);
-                        let end = log.tick();
+                        let (start, r, end) = log.timed(|| {
+                            store
+                                .batch_get_ranges(&[RangedGet {
+                                    key: &name,
+                                    ranges: &ranges,
+                                }])
+                                .unwrap()
+                                .remove(0)
+                        });
                         let saw = match r {
                             Ok(n) => {
                                 assert_eq!(n, LAYER + 140);
@@ -235,12 +232,12 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
     let buf = Buf::new(&store, (MAX_LAYERS * LAYER) as usize).await;
     for k in 0..KEYS {
         let name = key(k);
-        let start = log.tick();
-        let r = store
-            .batch_get(&[(&name, buf.addr(), MAX_LAYERS * LAYER)])
-            .unwrap()
-            .remove(0);
-        let end = log.tick();
+        let (start, r, end) = log.timed(|| {
+            store
+                .batch_get(&[(&name, buf.addr(), MAX_LAYERS * LAYER)])
+                .unwrap()
+                .remove(0)
+        });
         let saw = match r {
             Ok(n) => {
                 let (v, _, _) = tag_at(&buf.data);

@@ -100,17 +100,15 @@ async fn handle_hits_are_linearizable_under_puts_removes_and_eviction() {
         }
         let ranges = [Range::new(0, OBJECT, src.addr())];
         let name = key(k);
-        let start = log.tick();
-        let r = store
-            .batch_put_ranges(&[RangedPut {
+        let (start, r, end) = log.timed(|| {
+            store.batch_put_ranges(&[RangedPut {
                 key: &name,
                 object_len: OBJECT,
                 ranges: &ranges,
                 depth: 0,
             }])
-            .map_err(|e| e.to_string())?
-            .remove(0);
-        let end = log.tick();
+        });
+        let r = r.map_err(|e| e.to_string())?.remove(0);
         r.map_err(|e| format!("put {name} v{v}: {e}"))?;
         log.push(k, Op::Put { version: v }, start, end);
         Ok(())
@@ -142,9 +140,7 @@ async fn handle_hits_are_linearizable_under_puts_removes_and_eviction() {
                 while !stop.load(Ordering::Acquire) && Instant::now() < deadline {
                     // SAFETY: no call is in flight on `dest`.
                     unsafe { dest.bytes_mut() }.fill(0xEE);
-                    let start = log.tick();
-                    let got = store.batch_get_ranges(&gets);
-                    let end = log.tick();
+                    let (start, got, end) = log.timed(|| store.batch_get_ranges(&gets));
                     let got = match got {
                         Ok(g) => g,
                         Err(e) => {
@@ -198,9 +194,7 @@ async fn handle_hits_are_linearizable_under_puts_removes_and_eviction() {
             }
         } else {
             let name = key(k);
-            let start = log.tick();
-            let r = store.remove(&name);
-            let end = log.tick();
+            let (start, r, end) = log.timed(|| store.remove(&name));
             match r {
                 Ok(_) => log.push(k, Op::Remove, start, end),
                 Err(e) => problems.push(format!("remove {name}: {e}")),

@@ -59,7 +59,7 @@ pub(crate) struct Resolved {
 /// What the request build needs of a committed DRAM entry: its length and, for an object in one
 /// extent (the usual case), that extent's arena address.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Spot {
+struct Spot {
     len: u64,
     single: Option<u64>,
 }

@@ -36,6 +36,13 @@ impl Log {
         self.tick.fetch_add(1, Ordering::SeqCst)
     }
 
+    /// Runs `call` between two ticks: the tick before, its result, and the tick after.
+    pub fn timed<T>(&self, call: impl FnOnce() -> T) -> (u64, T, u64) {
+        let start = self.tick();
+        let r = call();
+        (start, r, self.tick())
+    }
+
     pub fn push(&self, k: usize, op: Op, start: u64, end: u64) {
         self.per_key[k].lock().unwrap().push(Event { op, start, end });
     }

@@ -108,16 +108,21 @@ pub fn qp_attr(transition: &QpTransition) -> (ffi::ibv_qp_attr, c_int) {
     }
 }
 
+/// The scatter/gather entry of `len` bytes at `addr`, and how many entries the request carries:
+/// a zero-byte one (a bare WRITE WITH IMM, an answer's receive) none.
+fn one_sge(addr: u64, len: u32, lkey: u32) -> (ffi::ibv_sge, c_int) {
+    let sge = ffi::ibv_sge {
+        addr,
+        length: len,
+        lkey,
+    };
+    (sge, c_int::from(len > 0))
+}
+
 /// Fills `out` for `wr`; the caller links `next` and points `sg_list` at `sge`.
 pub fn send_wr(wr: &WorkRequest, sge: &mut ffi::ibv_sge, out: &mut ffi::ibv_send_wr) {
-    *sge = ffi::ibv_sge {
-        addr: wr.local_addr,
-        length: wr.len,
-        lkey: wr.lkey,
-    };
+    (*sge, out.num_sge) = one_sge(wr.local_addr, wr.len, wr.lkey);
     out.wr_id = wr.wr_id;
-    // A zero-byte message (a bare WRITE WITH IMM) carries no scatter/gather entry.
-    out.num_sge = c_int::from(wr.len > 0);
     out.opcode = match wr.opcode {
         Opcode::RdmaWrite => ffi::IBV_WR_RDMA_WRITE,
         Opcode::RdmaRead => ffi::IBV_WR_RDMA_READ,
@@ -134,13 +139,8 @@ pub fn send_wr(wr: &WorkRequest, sge: &mut ffi::ibv_sge, out: &mut ffi::ibv_send
 /// Fills `out` for `rr`; the caller links `next` and points `sg_list` at `sge` (when `num_sge`
 /// is 1).
 pub fn recv_wr(rr: &RecvRequest, sge: &mut ffi::ibv_sge, out: &mut ffi::ibv_recv_wr) {
-    *sge = ffi::ibv_sge {
-        addr: rr.addr,
-        length: rr.len,
-        lkey: rr.lkey,
-    };
+    (*sge, out.num_sge) = one_sge(rr.addr, rr.len, rr.lkey);
     out.wr_id = rr.wr_id;
-    out.num_sge = c_int::from(rr.len > 0);
 }
 
 /// A completion from a work completion entry.
