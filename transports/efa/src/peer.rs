@@ -4,6 +4,7 @@
 //! Planning is per batch: one read lock of the region table, one allocation per rail for the
 //! fragments, one per batch for the per-request fragment counters; nothing per fragment.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -339,7 +340,7 @@ impl Peer for FabricPeer {
             peer: self.link.clone(),
             fragments_left,
             regions,
-            errors: Mutex::new(Vec::new()),
+            errors: Mutex::new(HashMap::new()),
             has_errors: AtomicBool::new(false),
         });
 

@@ -10,6 +10,7 @@
 //! with manual progress (tcp;ofi_rxm, shm).
 
 use std::cell::{Cell, UnsafeCell};
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{mpsc, Arc};
@@ -88,8 +89,9 @@ pub(crate) struct BatchPlan {
     pub fragments_left: Box<[AtomicU32]>,
     /// Local regions the batch uses; deregistration is refused while any job holds them.
     pub regions: Vec<Arc<LocalRegion>>,
-    /// The first error of each request that has failed fragments (failure path only).
-    pub errors: Mutex<Vec<(u32, Error)>>,
+    /// The first error of each request that has failed fragments (failure path only; a map, as
+    /// a dead peer fails every request of a batch of thousands).
+    pub errors: Mutex<HashMap<u32, Error>>,
     /// Set before the first entry of `errors`: the success path takes no lock until then.
     pub has_errors: AtomicBool,
 }
@@ -105,17 +107,10 @@ impl BatchPlan {
                     self.batch.complete(request as usize);
                     return;
                 }
-                let mut errors = self.errors.lock();
-                match errors.iter().position(|(r, _)| *r == request) {
-                    Some(i) => {
-                        let (_, e) = errors.swap_remove(i);
-                        drop(errors);
-                        self.batch.fail(request as usize, e);
-                    }
-                    None => {
-                        drop(errors);
-                        self.batch.complete(request as usize);
-                    }
+                let error = self.errors.lock().remove(&request);
+                match error {
+                    Some(e) => self.batch.fail(request as usize, e),
+                    None => self.batch.complete(request as usize),
                 }
             }
         }
@@ -123,13 +118,8 @@ impl BatchPlan {
 
     /// One fragment of `request` failed with `error` (and is back from the provider).
     fn fragment_failed(&self, request: u32, error: Error) {
-        {
-            self.has_errors.store(true, Ordering::Release);
-            let mut errors = self.errors.lock();
-            if !errors.iter().any(|(r, _)| *r == request) {
-                errors.push((request, error));
-            }
-        }
+        self.has_errors.store(true, Ordering::Release);
+        self.errors.lock().entry(request).or_insert(error);
         self.fragment_done(request);
     }
 }
