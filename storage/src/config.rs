@@ -407,6 +407,7 @@ impl StoreBuilder {
                 direct,
                 io,
                 compact_below,
+                step_hook: Default::default(),
             })
         };
         let ssd_staging_bytes = bytes(self.staging_bytes, "UMBP_SSD_STAGING_BYTES", 32 << 20)?;

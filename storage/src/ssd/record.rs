@@ -6,7 +6,8 @@
 //! a CRC32C of itself. Layout (little endian):
 //!
 //! ```text
-//!  0  magic "UMBPREC\x01"      8  flags u32 (bit 0: dead)   12  header crc u32
+//!  0  magic "UMBPREC\x01"      8  flags u32 (bit 0: dead,   12  header crc u32
+//!                                          bit 1: void)
 //! 16  seq u64                  24  payload_len u64           32  key_len u32
 //! 36  depth u32                40  nblocks u32               44  header_len u32
 //! 48  key bytes, then nblocks x u32 block crcs, zero padding to header_len
@@ -20,8 +21,13 @@ pub const MAX_KEY_LEN: usize = 1024;
 const MAGIC: [u8; 8] = *b"UMBPREC\x01";
 const FIXED: usize = 48;
 const CRC_AT: usize = 12;
-/// The flag of a record that was removed or superseded.
+/// The flag of a record that was removed or superseded: at open it hides every record of its key
+/// with a sequence number not above its own.
 pub const FLAG_DEAD: u32 = 1;
+/// The flag of a surplus copy of a version whose record lives elsewhere (a compaction copy left
+/// by a crash, or a version appended twice): at open it is skipped and hides nothing. Marking such
+/// a copy dead instead would hide the live copy of the same version.
+pub const FLAG_VOID: u32 = 2;
 
 /// Rounds `n` up to whole blocks.
 pub const fn align_up(n: u64) -> u64 {
@@ -52,7 +58,7 @@ pub fn checked_record_len(header_len: u64, payload_len: u64) -> Option<u64> {
 /// A parsed, checksum-verified header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
-    /// Flags (see [`FLAG_DEAD`]).
+    /// Flags (see [`FLAG_DEAD`] and [`FLAG_VOID`]).
     pub flags: u32,
     /// Log sequence number (larger is newer).
     pub seq: u64,

@@ -16,7 +16,10 @@
 //!
 //! Space comes back through compaction: a sealed segment whose live bytes fall below
 //! `compact_below` of its length has its live records rewritten at the log's head by a background
-//! thread, a bounded chunk at a time, and is then deleted. When a put does not fit under the
+//! thread, a bounded chunk at a time, and is then deleted once the copies are synced. A copy keeps
+//! its record's sequence number, so a crash before the source is gone leaves two live copies of
+//! one version: the open keeps one and marks the other void (a flag that hides nothing), never
+//! dead, since a dead record hides every record of its key up to its sequence number. When a put does not fit under the
 //! directory's capacity, segments with dead bytes are compacted at once; if it still does not fit
 //! the put fails with `NoSpace`.
 //!
@@ -43,7 +46,7 @@ use super::aligned::AlignedBuf;
 use super::io::{fd, open_segment, DirectIo, IoBackend, IoEngine, IoOp};
 use super::record::{
     align_up, block_crcs, checked_record_len, decode_header, decode_header_unverified, encode_header, has_magic,
-    header_len, payload_blocks, peek_header_len, record_len, HeaderFields, BLOCK, FLAG_DEAD,
+    header_len, payload_blocks, peek_header_len, record_len, HeaderFields, BLOCK, FLAG_DEAD, FLAG_VOID,
 };
 use crate::error::{Result, StoreError, Tier};
 use crate::range_map::Extent;
@@ -71,6 +74,67 @@ pub struct SsdOptions {
     pub io: IoBackend,
     /// Sealed segments whose live bytes fall below this fraction of their length are compacted.
     pub compact_below: f64,
+    /// Called between the steps of compaction and of the open scan's clean-up; crash tests cut
+    /// the process there. Empty by default.
+    pub step_hook: StepHook,
+}
+
+/// The points between two steps of a multi-step write of the log, where a crash may land.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Step {
+    /// Compaction wrote the copies of a chunk of live records; the index still names the source.
+    CopiesWritten,
+    /// Compaction pointed the index at the copies; copies of keys changed meanwhile not yet
+    /// marked dead.
+    IndexRepointed,
+    /// Compaction synced the copies of a whole segment; the source segment still exists.
+    CopiesSynced,
+    /// Compaction deleted the source segment's file; the directory not yet synced.
+    SourceDeleted,
+    /// Compaction synced the directory: the segment is gone for good.
+    DirectorySynced,
+    /// The open scan marked one superseded record dead or one surplus copy void.
+    OpenMarked,
+}
+
+impl Step {
+    /// Every step, in the order a compaction passes them (the open scan's last).
+    pub const ALL: [Step; 6] = [
+        Step::CopiesWritten,
+        Step::IndexRepointed,
+        Step::CopiesSynced,
+        Step::SourceDeleted,
+        Step::DirectorySynced,
+        Step::OpenMarked,
+    ];
+}
+
+/// A function called at each [`Step`]; cloning shares it.
+#[derive(Clone, Default)]
+pub struct StepHook(Option<Arc<dyn Fn(Step) + Send + Sync>>);
+
+impl StepHook {
+    /// A hook that calls `f` at every step.
+    pub fn new(f: impl Fn(Step) + Send + Sync + 'static) -> Self {
+        StepHook(Some(Arc::new(f)))
+    }
+
+    fn at(&self, step: Step) {
+        if let Some(f) = &self.0 {
+            f(step);
+        }
+    }
+}
+
+impl std::fmt::Debug for StepHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "StepHook(set)"
+        } else {
+            "StepHook(none)"
+        })
+    }
 }
 
 /// One open segment file.
@@ -357,7 +421,19 @@ impl LogCore {
     /// Rewrites the header of `e` with the dead flag (a damaged header is zeroed instead). The
     /// caller holds the lock of the record's directory, or is the open scan.
     fn mark_dead(&self, e: &SsdEntry) -> Result<()> {
-        let ctx = || format!("mark a record of segment {} dead", e.file.id);
+        self.mark(e, FLAG_DEAD)
+    }
+
+    /// Rewrites the header of `e` with the void flag: a surplus copy of a version that another
+    /// record holds, which must not hide that record at the next open (a damaged header is zeroed
+    /// instead). The caller holds the lock of the record's directory, or is the open scan.
+    fn mark_void(&self, e: &SsdEntry) -> Result<()> {
+        self.mark(e, FLAG_VOID)
+    }
+
+    fn mark(&self, e: &SsdEntry, flag: u32) -> Result<()> {
+        let what = if flag == FLAG_VOID { "void" } else { "dead" };
+        let ctx = || format!("mark a record of segment {} {what}", e.file.id);
         let mut buf = AlignedBuf::new(e.header_len as usize);
         if !e.damaged {
             self.read_at(&e.file, e.offset, e.header_len as usize, &mut buf)
@@ -366,7 +442,7 @@ impl LogCore {
                 return Err(invalid(ctx(), "the header no longer decodes"));
             };
             let f = HeaderFields {
-                flags: h.flags | FLAG_DEAD,
+                flags: h.flags | flag,
                 seq: h.seq,
                 payload_len: h.payload_len,
                 depth: h.depth,

@@ -11,10 +11,17 @@ struct Scan {
     damaged: HashMap<Arc<str>, SsdEntry>,
     /// Live records that lost to a newer (or dead) record: marked dead after the scan.
     stale: Vec<SsdEntry>,
+    /// Live copies of a version that another live copy holds too (a compaction cut short):
+    /// marked void after the scan, so they hide nothing.
+    surplus: Vec<SsdEntry>,
     max_seq: u64,
 }
 
 impl Scan {
+    /// Takes one valid record (void ones are never passed). Per key, the highest sequence number
+    /// wins; at equal numbers a dead record wins over a live one (a version removed after
+    /// compaction copied it), and of two live copies the first scanned stays and the other is
+    /// surplus.
     fn record(&mut self, key: Arc<str>, entry: SsdEntry, dead: bool) {
         self.max_seq = self.max_seq.max(entry.seq);
         match self.best.get_mut(&key) {
@@ -22,13 +29,16 @@ impl Scan {
                 self.best.insert(key, (entry, dead));
             }
             Some((cur, cur_dead)) => {
-                let wins = entry.seq > cur.seq || (entry.seq == cur.seq && dead && !*cur_dead);
+                let same = entry.seq == cur.seq;
+                let wins = entry.seq > cur.seq || (same && dead && !*cur_dead);
                 if wins {
                     let old = std::mem::replace(cur, entry);
                     if !*cur_dead {
                         self.stale.push(old);
                     }
                     *cur_dead = dead;
+                } else if !dead && same && !*cur_dead {
+                    self.surplus.push(entry);
                 } else if !dead {
                     self.stale.push(entry);
                 }
@@ -126,7 +136,11 @@ impl SsdLog {
             .ok_or_else(|| invalid("open the SSD log".into(), "sequence numbers exhausted"))?;
         core.seq.store(next, Ordering::Relaxed);
         let Scan {
-            best, damaged, stale, ..
+            best,
+            damaged,
+            stale,
+            surplus,
+            ..
         } = scan;
         {
             let mut index = core.index.write();
@@ -148,8 +162,15 @@ impl SsdLog {
         }
         // Records that lost to a newer or dead record (a crash between writing a record and
         // marking the one it replaced) are marked dead now, so no later removal can expose them.
+        // Surplus copies of a live version are marked void: dead, they would hide that version
+        // once compaction moves or deletes the copy the index keeps.
         for e in &stale {
             core.mark_dead(e)?;
+            core.opts.step_hook.at(Step::OpenMarked);
+        }
+        for e in &surplus {
+            core.mark_void(e)?;
+            core.opts.step_hook.at(Step::OpenMarked);
         }
         let core = Arc::new(core);
         let bg = core.clone();
@@ -269,8 +290,8 @@ impl LogCore {
         if offset.checked_add(rec_len).is_none_or(|e| e > file_len) {
             return Ok(Found::Bad);
         }
-        if verified && header.flags & FLAG_DEAD != 0 {
-            // A dead record's payload is never read again.
+        if verified && header.flags & (FLAG_DEAD | FLAG_VOID) != 0 {
+            // A dead or void record's payload is never read again.
             return Ok(Found::Record {
                 header,
                 rec_len,
@@ -400,11 +421,17 @@ impl LogCore {
                         tracing::warn!("{}: record at offset {offset} failed its payload CRC", p.display());
                         corrupt += 1;
                     }
+                    let at = offset;
+                    offset += rec_len;
+                    if header.flags & FLAG_VOID != 0 {
+                        // A surplus copy: space for compaction to take back, nothing to index.
+                        continue;
+                    }
                     let key: Arc<str> = Arc::from(header.key.as_str());
                     let dead = header.flags & FLAG_DEAD != 0;
                     let entry = SsdEntry {
                         file: file.clone(),
-                        offset,
+                        offset: at,
                         header_len: header.header_len,
                         seq: header.seq,
                         payload_len: header.payload_len,
@@ -414,7 +441,6 @@ impl LogCore {
                     };
                     seg.keys.push(key.clone());
                     scan.record(key, entry, dead);
-                    offset += rec_len;
                 }
                 Found::DamagedHeader { key, seq, rec_len } => {
                     bad_from = None;

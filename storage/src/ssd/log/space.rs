@@ -88,6 +88,7 @@ impl LogCore {
             let Some((src, keys)) = self.candidate(&dir.lock(), force) else {
                 continue;
             };
+            let mut copies = Vec::new();
             let mut at = 0usize;
             while at < keys.len() {
                 let mut st = dir.lock();
@@ -106,13 +107,13 @@ impl LogCore {
                         at += 1;
                     }
                 }
-                self.move_records(&mut st, &src, &keys[start..at])?;
+                self.move_records(&mut st, &src, &keys[start..at], &mut copies)?;
             }
             let mut st = dir.lock();
             if st.segments.iter().any(|s| Arc::ptr_eq(&s.file, &src)) {
                 // Anything published into it between chunks (nothing is: it is sealed) moves now.
-                self.move_records(&mut st, &src, &keys)?;
-                self.delete_segment(&mut st, &src)?;
+                self.move_records(&mut st, &src, &keys, &mut copies)?;
+                self.delete_segment(&mut st, &src, &copies)?;
             }
             return Ok(true);
         }
@@ -131,16 +132,24 @@ impl LogCore {
             let Some((src, keys)) = self.candidate(st, true) else {
                 break;
             };
-            self.move_records(st, &src, &keys)?;
-            self.delete_segment(st, &src)?;
+            let mut copies = Vec::new();
+            self.move_records(st, &src, &keys, &mut copies)?;
+            self.delete_segment(st, &src, &copies)?;
         }
         Ok(())
     }
 
     /// Rewrites the live records of `src` among `keys` at the directory's head and repoints the
     /// index at them; a copy whose key changed meanwhile is marked dead. Damaged records are not
-    /// copied (their keys then read NotFound).
-    fn move_records(&self, st: &mut DirState, src: &Arc<SegmentFile>, keys: &[Arc<str>]) -> Result<()> {
+    /// copied (their keys then read NotFound). Adds each file written to `copies` (synced before
+    /// the source is deleted).
+    fn move_records(
+        &self,
+        st: &mut DirState,
+        src: &Arc<SegmentFile>,
+        keys: &[Arc<str>],
+        copies: &mut Vec<Arc<SegmentFile>>,
+    ) -> Result<()> {
         let mut live: Vec<(Arc<str>, SsdEntry)> = Vec::new();
         {
             let mut index = self.index.write();
@@ -226,6 +235,12 @@ impl LogCore {
             }
             return Err(err);
         }
+        for (f, _) in &placed {
+            if !copies.iter().any(|c| Arc::ptr_eq(c, f)) {
+                copies.push(f.clone());
+            }
+        }
+        self.opts.step_hook.at(Step::CopiesWritten);
         let mut retire = Vec::new();
         {
             let mut index = self.index.write();
@@ -245,6 +260,7 @@ impl LogCore {
                 }
             }
         }
+        self.opts.step_hook.at(Step::IndexRepointed);
         for e in &retire {
             self.mark_dead(e)?;
         }
@@ -254,16 +270,26 @@ impl LogCore {
         Ok(())
     }
 
-    /// Drops a compacted segment from the directory and deletes its file (synced).
-    fn delete_segment(&self, st: &mut DirState, src: &Arc<SegmentFile>) -> Result<()> {
+    /// Drops a compacted segment from the directory and deletes its file, after syncing the
+    /// files its records were copied to: a power cut never takes the source away before the
+    /// copies are on disk.
+    fn delete_segment(&self, st: &mut DirState, src: &Arc<SegmentFile>, copies: &[Arc<SegmentFile>]) -> Result<()> {
         let Some(pos) = st.segments.iter().position(|s| Arc::ptr_eq(&s.file, src)) else {
             return Ok(());
         };
+        for f in copies {
+            f.file
+                .sync_data()
+                .map_err(|e| StoreError::io(format!("compaction: fsync segment {}", f.id), e))?;
+        }
+        self.opts.step_hook.at(Step::CopiesSynced);
         let seg = st.segments.remove(pos).expect("position found");
         st.bytes -= seg.len;
         let path = segment_path(&st.path, seg.file.id);
         std::fs::remove_file(&path).map_err(|e| StoreError::io(format!("delete {}", path.display()), e))?;
+        self.opts.step_hook.at(Step::SourceDeleted);
         sync_dir(&st.path)?;
+        self.opts.step_hook.at(Step::DirectorySynced);
         let c = &self.counters;
         c.segments_compacted.fetch_add(1, Ordering::Relaxed);
         c.compaction_freed.fetch_add(seg.len, Ordering::Relaxed);

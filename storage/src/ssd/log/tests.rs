@@ -14,6 +14,7 @@ fn opts(dirs: &[&Path], capacity: u64, segment_bytes: u64) -> SsdOptions {
         direct: DirectIo::Auto,
         io: IoBackend::Auto,
         compact_below: 0.5,
+        step_hook: StepHook::default(),
     }
 }
 
@@ -364,23 +365,7 @@ fn a_newer_record_wins_and_a_dead_one_hides_older_copies_at_open() {
     let log = SsdLog::open(o.clone()).unwrap();
     let s1 = log.next_seq();
     let s2 = log.next_seq();
-    let one = |seq: u64, version: u8| {
-        let v = pattern("a", 5000, version);
-        let mut b = AlignedBuf::new(v.len());
-        b.as_mut_slice()[..v.len()].copy_from_slice(&v);
-        let e = [Extent {
-            addr: b.as_mut_ptr() as u64,
-            len: 5000,
-        }];
-        let item = AppendItem {
-            key: "a",
-            len: 5000,
-            depth: 0,
-            seq,
-        };
-        // SAFETY: the buffer is aligned, block-rounded and alive until after the call.
-        unsafe { log.append(&[item], &[&e]) }.remove(0)
-    };
+    let one = |seq: u64, version: u8| append_one(&log, "a", seq, version);
     // The newer version lands first; the older one arriving later is written but never shown.
     one(s2, 2).unwrap();
     one(s1, 1).unwrap();
@@ -392,6 +377,56 @@ fn a_newer_record_wins_and_a_dead_one_hides_older_copies_at_open() {
     drop(log);
     let log = SsdLog::open(o).unwrap();
     assert!(read_all(&log, "a").is_none());
+}
+
+/// Appends one 5,000-byte record of `key` in version `seq` (bytes from `version`).
+fn append_one(log: &SsdLog, key: &str, seq: u64, version: u8) -> Result<()> {
+    let v = pattern(key, 5000, version);
+    let mut b = AlignedBuf::new(v.len());
+    b.as_mut_slice()[..v.len()].copy_from_slice(&v);
+    let e = [Extent {
+        addr: b.as_mut_ptr() as u64,
+        len: 5000,
+    }];
+    let item = AppendItem {
+        key,
+        len: 5000,
+        depth: 0,
+        seq,
+    };
+    // SAFETY: the buffer is aligned, block-rounded and alive until after the call.
+    unsafe { log.append(&[item], &[&e]) }.remove(0)
+}
+
+/// A version appended twice (a DRAM object written back after write-through) keeps its first
+/// record: the second is void, not dead, so it hides nothing at open, after compaction has moved
+/// the first, and after the first's segment is gone; a remove still hides both.
+#[test]
+fn a_version_appended_twice_survives_reopen_and_compaction() {
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let mut o = opts(&[dir.path()], 1 << 30, 64 << 10);
+    // Only the explicit compaction below runs.
+    o.compact_below = 0.0;
+    let log = SsdLog::open(o.clone()).unwrap();
+    let s = log.next_seq();
+    append_one(&log, "a", s, 1).unwrap();
+    append_one(&log, "a", s, 1).unwrap();
+    // Fill and replace others so the first segments are sealed and worth compacting.
+    for i in 0..12 {
+        let k = format!("filler-{}", i % 4);
+        append_one(&log, &k, log.next_seq(), i as u8).unwrap();
+    }
+    drop(log);
+    let log = SsdLog::open(o.clone()).unwrap();
+    assert_eq!(read_all(&log, "a").unwrap().unwrap(), pattern("a", 5000, 1));
+    assert!(log.compact(true).unwrap() > 0, "nothing compacted");
+    drop(log);
+    let log = SsdLog::open(o.clone()).unwrap();
+    assert_eq!(read_all(&log, "a").unwrap().unwrap(), pattern("a", 5000, 1));
+    assert!(log.remove("a").unwrap());
+    drop(log);
+    let log = SsdLog::open(o).unwrap();
+    assert!(read_all(&log, "a").is_none(), "a removed version came back");
 }
 
 proptest! {
@@ -595,3 +630,5 @@ fn signals_to_the_io_thread_change_nothing_on_either_engine() {
         Err(e) => panic!("io_uring: {e}"),
     }
 }
+
+mod cut_points;
