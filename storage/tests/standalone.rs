@@ -330,7 +330,9 @@ fn a_wrong_uid_is_refused() {
         println!("skipped: switching uid needs root (the check is unit-tested in server.rs)");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
+    // Everything uid 65534 needs lies under /tmp (1777), not under the checkout: a checkout in
+    // a 0700 directory (/root, mktemp -d) is not traversable by that uid.
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
     let server = Server::start(dir.path(), &["--dram", "16M"], &[]);
     let mode = std::fs::metadata(&server.socket).unwrap().permissions();
     assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777, 0o600);
@@ -338,13 +340,29 @@ fn a_wrong_uid_is_refused() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::set_permissions(&server.socket, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let out = Command::new(std::env::current_exe().unwrap())
+    // A copy of this test binary that the other uid can execute.
+    let exe_dir = tempfile::tempdir_in("/tmp").unwrap();
+    std::fs::set_permissions(exe_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = exe_dir.path().join("uid-child");
+    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = match Command::new(&exe)
         .args(["--exact", "uid_child", "--nocapture", "--test-threads=1"])
         .env("UMBP_TEST_UID_SOCKET", &server.socket)
+        .current_dir(exe_dir.path())
         .uid(65534)
         .gid(65534)
         .output()
-        .unwrap();
+    {
+        Ok(out) => out,
+        Err(e) => {
+            println!(
+                "skipped: cannot run a copy of the test binary as uid 65534 from {}: {e}",
+                exe.display()
+            );
+            return;
+        }
+    };
     let text = String::from_utf8_lossy(&out.stdout);
     if text.contains("Permission denied") && !text.contains("refused by") {
         println!("skipped: the test binary is not reachable as uid 65534: {text}");
