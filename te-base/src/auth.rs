@@ -159,9 +159,20 @@ impl AuthKey {
 
 /// A fresh nonce from the operating system's random source.
 pub fn nonce() -> Nonce {
-    let mut n = [0u8; NONCE_LEN];
+    random_bytes()
+}
+
+/// `N` bytes from the operating system's random source: for secrets (session tokens) and for
+/// seeds a peer must not guess.
+pub fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut n = [0u8; N];
     getrandom::fill(&mut n).expect("the OS random source failed");
     n
+}
+
+/// A `u64` from the operating system's random source.
+pub fn random_u64() -> u64 {
+    u64::from_le_bytes(random_bytes())
 }
 
 /// The initiator's side of one handshake.

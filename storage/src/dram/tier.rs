@@ -56,7 +56,13 @@ pub enum ReserveError {
 /// and a promotion) of one key may copy at once; the newest version wins at commit.
 #[derive(Debug)]
 pub struct DramState {
-    map: HashMap<Arc<str>, Arc<DramEntry>>,
+    /// Hashed with foldhash, not SipHash (about 6% of the standalone server's time went to
+    /// SipHash in a profile; docs/PERFORMANCE.md). Keys come from this process, from standalone
+    /// workers that passed SO_PEERCRED (and the shared-key handshake when one is set), or from
+    /// cluster peers (authenticated when a shared key is set; an open listener is warned about),
+    /// so collision flooding needs a peer we already let in. foldhash's per-map random seed still
+    /// keeps the layout unpredictable from outside; full HashDoS resistance is not bought here.
+    map: HashMap<Arc<str>, Arc<DramEntry>, foldhash::fast::RandomState>,
     pending: HashMap<u64, Pending>,
     alloc: PageAllocator,
     base: u64,
@@ -70,7 +76,7 @@ impl DramState {
     /// An empty arena of `capacity` bytes at address `base`, allocated in pages of `page` bytes.
     pub fn new(base: u64, capacity: u64, page: u64) -> Self {
         DramState {
-            map: HashMap::new(),
+            map: HashMap::default(),
             pending: HashMap::new(),
             alloc: PageAllocator::new((capacity / page) as u32),
             base,

@@ -186,7 +186,7 @@ impl Client {
     /// Connects (opens a session) to the server at `opts.socket`.
     pub fn connect(opts: ClientOptions) -> Result<Client> {
         let c = Client {
-            cache: Mutex::new(ClientCache::new(opts.slots, opts.debug, fastrand::u64(..))),
+            cache: Mutex::new(ClientCache::new(opts.slots, opts.debug, te_base::auth::random_u64())),
             opts,
             session: Mutex::new(SessionState {
                 live: None,

@@ -150,7 +150,8 @@ pub async fn serve(store: Store, opts: ServerOptions, shutdown: impl Future<Outp
     let listener = bind(&opts)?;
     let shared = Arc::new(Shared {
         rt: tokio::runtime::Handle::current(),
-        handles: Mutex::new(ServerTable::new(opts.key_handle_capacity, fastrand::u64(..))),
+        // A seed no client can guess: table slots and handles are not predictable from outside.
+        handles: Mutex::new(ServerTable::new(opts.key_handle_capacity, te_base::auth::random_u64())),
         sessions: Mutex::new(HashMap::new()),
         next_session: AtomicU64::new(1),
         mapped: Arc::new(AtomicU64::new(0)),
@@ -360,9 +361,8 @@ fn hello(shared: &Shared, stream: &UnixStream, rx: &mut Vec<u8>, tx: &mut Vec<u8
         hs.check(rx, "umbp worker").map_err(|_| refused())?;
     }
     let (session, control) = if join == [0; 16] {
-        let mut token = [0u8; 16];
-        token[..8].copy_from_slice(&fastrand::u64(..).to_le_bytes());
-        token[8..].copy_from_slice(&fastrand::u64(..).to_le_bytes());
+        // The token lets a second connection join this session: a secret, from the OS.
+        let token: [u8; 16] = te_base::auth::random_bytes();
         let s = Arc::new(Session {
             id: shared.next_session.fetch_add(1, Ordering::Relaxed),
             token,
@@ -474,7 +474,7 @@ fn dispatch(shared: &Shared, s: &Session, op: Op, payload: &[u8], fd: Option<Own
         }
         Op::Exists => {
             let keys = one_key(payload)?;
-            tx.u8(store.exists(keys) as u8);
+            tx.u8(store.exists(keys)? as u8);
         }
         Op::Remove => {
             let key = one_key(payload)?;
@@ -483,11 +483,11 @@ fn dispatch(shared: &Shared, s: &Session, op: Op, payload: &[u8], fd: Option<Own
         Op::ExistsConsecutive => {
             let keys = wire::decode_keys(payload)?;
             let v: Vec<&str> = keys.iter().collect();
-            tx.u64(store.batch_exists_consecutive(&v) as u64);
+            tx.u64(store.batch_exists_consecutive(&v)? as u64);
         }
         Op::ObjectLens => {
             let keys = wire::decode_keys(payload)?;
-            let lens = store.object_lens(keys.iter());
+            let lens = store.object_lens(keys.iter())?;
             let results: Vec<Result<u64>> = lens
                 .into_iter()
                 .zip(keys.iter())
@@ -522,7 +522,7 @@ fn dispatch(shared: &Shared, s: &Session, op: Op, payload: &[u8], fd: Option<Own
             tx.u8(removed.is_some() as u8);
         }
         Op::Stats => {
-            let mut st = store.stats();
+            let mut st = store.stats()?;
             let h = shared.handles.lock().counts();
             st.server_key_handle_hits = h.hits;
             st.server_key_handle_misses = h.misses;
@@ -533,8 +533,8 @@ fn dispatch(shared: &Shared, s: &Session, op: Op, payload: &[u8], fd: Option<Own
             st.server_mapped_buffers = shared.mapped.load(Ordering::Relaxed);
             wire::encode_stats(tx, &st);
         }
-        Op::PhaseReport => wire::encode_phases(tx, store.phase_report().as_ref()),
-        Op::ResetPhases => store.reset_phase_report(),
+        Op::PhaseReport => wire::encode_phases(tx, store.phase_report()?.as_ref()),
+        Op::ResetPhases => store.reset_phase_report()?,
         Op::Flush => store.flush()?,
         Op::Compact => {
             let mut r = wire::Reader::new(payload);
