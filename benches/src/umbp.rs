@@ -224,11 +224,18 @@ fn run_restore(args: &Args, standalone: bool) -> Result<(), String> {
     }
 
     for &ranks in &shape.ranks_list {
-        store.reset_phase_report();
-        let before = store.stats();
+        store.reset_phase_report().map_err(|e| e.to_string())?;
+        let before = store.stats().map_err(|e| e.to_string())?;
         let samples = ranks::run_ranks(&store, socket.as_deref(), ranks, &mems, pools, &groups, smallest, args)?;
-        let after = store.stats();
-        report::rank_count(&info, ranks, &samples, &before, &after, store.phase_report());
+        let after = store.stats().map_err(|e| e.to_string())?;
+        report::rank_count(
+            &info,
+            ranks,
+            &samples,
+            &before,
+            &after,
+            store.phase_report().map_err(|e| e.to_string())?,
+        );
     }
     close(&store, &rt, mems)?;
     if shape.ssd && args.ssd_dir.is_none() {

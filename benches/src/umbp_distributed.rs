@@ -273,11 +273,11 @@ pub fn run(args: Args) -> Result<(), String> {
     let groups = groups(&pools, args.layer_group);
     let smallest = (0..pools.len()).min_by_key(|&i| pools[i].layer_bytes).expect("pools");
     let barrier = Barrier::new(1);
-    let s0 = store.stats();
-    store.reset_phase_report();
+    let s0 = store.stats().map_err(|e| e.to_string())?;
+    store.reset_phase_report().map_err(|e| e.to_string())?;
     let remote = rank_loop(&store, &barrier, 0, &mem, &pools, &groups, smallest, &args)?;
-    let s1 = store.stats();
-    let phases = store.phase_report().map(|p| {
+    let s1 = store.stats().map_err(|e| e.to_string())?;
+    let phases = store.phase_report().map_err(|e| e.to_string())?.map(|p| {
         let mut m = serde_json::Map::new();
         for ph in te_base::Phase::ALL {
             m.insert(ph.name().into(), serde_json::json!(p.us_per_call(ph)));

@@ -83,7 +83,7 @@ async fn main() -> umbp::Result<()> {
     for _ in 0..40 {
         idle.push(restore(&store)?);
     }
-    let before = store.stats();
+    let before = store.stats().unwrap();
     let bg = store.clone();
     let started = Instant::now();
     let compaction = std::thread::spawn(move || {
@@ -96,7 +96,7 @@ async fn main() -> umbp::Result<()> {
     }
     let (segments, took): (umbp::Result<u64>, Duration) = compaction.join().expect("compaction thread");
     let segments = segments?;
-    let after = store.stats();
+    let after = store.stats().unwrap();
     let written = after.ssd_compaction_written_bytes - before.ssd_compaction_written_bytes;
     let freed = after.ssd_compaction_freed_bytes - before.ssd_compaction_freed_bytes;
     println!(

@@ -147,7 +147,11 @@ pub(crate) fn exported(store: Store) -> Store {
     let weak: Weak<Inner> = Arc::downgrade(&store.inner);
     engine.add_metrics_collector(Arc::new(move || {
         if let Some(inner) = weak.upgrade() {
-            handles.update(&Store { inner }.stats());
+            // A standalone server that cannot be reached leaves the gauges at their last values.
+            match (Store { inner }).stats() {
+                Ok(stats) => handles.update(&stats),
+                Err(e) => tracing::debug!("store metrics not updated: {e}"),
+            }
         }
     }));
     store

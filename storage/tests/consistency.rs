@@ -223,7 +223,7 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
         problems.extend(t.join().unwrap());
     }
     compactor.join().unwrap();
-    let stats = store.stats();
+    let stats = store.stats().unwrap();
     // Close (which writes DRAM-only objects to the log) and reopen: every key reads a version no
     // later write overwrote, or NotFound after a remove; nothing removed or replaced comes back.
     store.close().await.unwrap();

@@ -156,7 +156,14 @@ fn read_state(store: &umbp::Store, buf: &mut Buf, key: &str, candidates: &[State
         let Some(v) = *c else { continue };
         let len = len_of(v);
         // A length or byte mismatch means another candidate (or a bug the caller reports).
-        if store.object_lens(std::iter::once(key)).first().copied().flatten() != Some(len) {
+        if store
+            .object_lens(std::iter::once(key))
+            .unwrap()
+            .first()
+            .copied()
+            .flatten()
+            != Some(len)
+        {
             continue;
         }
         match get_layers(store, buf, key, v, 0, 1, len) {
@@ -165,7 +172,13 @@ fn read_state(store: &umbp::Store, buf: &mut Buf, key: &str, candidates: &[State
             Err(e) => panic!("{key}: version {v} present but unreadable: {e}"),
         }
     }
-    match store.object_lens(std::iter::once(key)).first().copied().flatten() {
+    match store
+        .object_lens(std::iter::once(key))
+        .unwrap()
+        .first()
+        .copied()
+        .flatten()
+    {
         None => None,
         Some(len) => panic!("{key}: holds {len} bytes, none of the allowed states {candidates:?}"),
     }
@@ -197,7 +210,7 @@ async fn rounds_on_one_directory(mode: usize) {
             // The model follows what the reopened store holds (an unacknowledged op may have landed).
             acked.insert(key, got);
         }
-        let stats = store.stats();
+        let stats = store.stats().unwrap();
         eprintln!(
             "mode {:?} round {round}: {acks} acks, {} segments compacted in the checking open",
             MODES[mode], stats.ssd_segments_compacted

@@ -75,7 +75,7 @@ async fn a_scrape_shows_the_stores_hits_misses_and_demotions() {
             .unwrap();
         assert!(matches!(got[0], Err(StoreError::NotFound { .. })));
     }
-    let s = store.stats();
+    let s = store.stats().unwrap();
     assert!(s.demoted > 0 && s.ssd_delivered_bytes > 0, "{s:?}");
 
     let body = scrape(&engine).await;

@@ -206,7 +206,7 @@ async fn handle_hits_are_linearizable_under_puts_removes_and_eviction() {
         problems.extend(t.join().unwrap());
     }
     assert!(Instant::now() < deadline, "the run did not finish within {BOUND:?}");
-    let st = store.stats();
+    let st = store.stats().unwrap();
     store.free_buffer(src).await.unwrap();
     store.close().await.unwrap();
     let (stale, gets) = log.check();

@@ -232,7 +232,10 @@ async fn main() {
                 Ok(found) => format!("OK {found}"),
                 Err(e) => format!("ERR {e}"),
             },
-            ["stats"] => format!("OK {:?}", store.stats()),
+            ["stats"] => match store.stats() {
+                Ok(s) => format!("OK {s:?}"),
+                Err(e) => format!("ERR {e}"),
+            },
             ["members"] => {
                 let mut m: Vec<String> = store.cluster_members().into_iter().map(|(n, _)| n).collect();
                 m.sort();

@@ -103,7 +103,9 @@ fn run() -> Result<(), String> {
         let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
             .map_err(|e| format!("SIGINT handler: {e}"))?;
         let store = builder.open().await.map_err(|e| format!("opening the store: {e}"))?;
-        let stats = store.stats();
+        let stats = store
+            .stats()
+            .map_err(|e| format!("reading the store's counters: {e}"))?;
         eprintln!(
             "umbp-server: listening on {} (DRAM {} B, SSD {} objects recovered)",
             opts.socket.display(),

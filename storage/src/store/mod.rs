@@ -514,34 +514,37 @@ impl Store {
         }
     }
 
-    /// True if `key` is in any tier.
-    pub fn exists(&self, key: &str) -> bool {
+    /// True if `key` is in any tier. In standalone mode an unreachable server is an error, never
+    /// a `false`.
+    pub fn exists(&self, key: &str) -> Result<bool> {
         if let Some(c) = self.remote() {
-            return c.exists(key).unwrap_or(false);
+            return c.exists(key);
         }
         if let Some(d) = &self.inner.dram {
             if d.state.read().get(key).is_some() {
-                return true;
+                return Ok(true);
             }
         }
-        self.inner.ssd.as_ref().is_some_and(|s| s.log.contains(key))
+        Ok(self.inner.ssd.as_ref().is_some_and(|s| s.log.contains(key)))
     }
 
     /// How many of `keys`, from the first, are stored: stops at the first miss (prefix matching).
-    /// Resolves under one shared lock per tier.
-    pub fn batch_exists_consecutive<K: AsRef<str>>(&self, keys: &[K]) -> usize {
+    /// Resolves under one shared lock per tier. In standalone mode an unreachable server is an
+    /// error, never a `0`.
+    pub fn batch_exists_consecutive<K: AsRef<str>>(&self, keys: &[K]) -> Result<usize> {
         if let Some(c) = self.remote() {
             let keys: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
-            return c.exists_consecutive(&keys).unwrap_or(0);
+            return c.exists_consecutive(&keys);
         }
         let dram = self.inner.dram.as_ref().map(|d| d.state.read());
         let ssd = self.inner.ssd.as_ref().map(|s| s.log.index());
-        keys.iter()
+        Ok(keys
+            .iter()
             .take_while(|k| {
                 let k = k.as_ref();
                 dram.as_ref().is_some_and(|d| d.get(k).is_some()) || ssd.as_ref().is_some_and(|s| s.contains_key(k))
             })
-            .count()
+            .count())
     }
 
     /// Removes `key` from every tier. False if it was in none. Both tiers drop the key under
@@ -594,20 +597,22 @@ impl Store {
         self.get_objects(get::Wants::Whole(items), None)
     }
 
-    /// The object lengths of `keys` (None where absent), under one shared lock per tier.
-    pub fn object_lens<'a>(&self, keys: impl Iterator<Item = &'a str>) -> Vec<Option<u64>> {
+    /// The object lengths of `keys` (None where absent), under one shared lock per tier. In
+    /// standalone mode an unreachable server is an error, never a row of `None`.
+    pub fn object_lens<'a>(&self, keys: impl Iterator<Item = &'a str>) -> Result<Vec<Option<u64>>> {
         if let Some(c) = self.remote() {
             let keys: Vec<&str> = keys.collect();
-            return c.object_lens(&keys).unwrap_or_else(|_| vec![None; keys.len()]);
+            return c.object_lens(&keys);
         }
         let dram = self.inner.dram.as_ref().map(|d| d.state.read());
         let ssd = self.inner.ssd.as_ref().map(|s| s.log.index());
-        keys.map(|k| {
-            dram.as_ref()
-                .and_then(|d| d.get(k).map(|e| e.len))
-                .or_else(|| ssd.as_ref().and_then(|s| s.get(k).map(|e| e.payload_len)))
-        })
-        .collect()
+        Ok(keys
+            .map(|k| {
+                dram.as_ref()
+                    .and_then(|d| d.get(k).map(|e| e.len))
+                    .or_else(|| ssd.as_ref().and_then(|s| s.get(k).map(|e| e.payload_len)))
+            })
+            .collect())
     }
 
     /// Puts one object from any memory (registered for the call if it is not already).
@@ -638,7 +643,7 @@ impl Store {
             Self::check_keys(std::iter::once(key))?;
             return c.get_bytes(key);
         }
-        let Some(mut len) = self.object_lens(std::iter::once(key))[0] else {
+        let Some(mut len) = self.object_lens(std::iter::once(key))?[0] else {
             return Err(StoreError::NotFound { key: key.to_owned() });
         };
         // The object may be replaced by a larger one between the size lookup and the read: retry
@@ -733,10 +738,11 @@ impl Store {
         flushed
     }
 
-    /// Counters since open.
-    pub fn stats(&self) -> StoreStats {
+    /// Counters since open. In standalone mode they are the server's, and an unreachable server
+    /// is an error, never a zeroed report.
+    pub fn stats(&self) -> Result<StoreStats> {
         if let Some(c) = self.remote() {
-            return c.stats().unwrap_or_default();
+            return c.stats();
         }
         let c = &self.inner.counters;
         let mut s = StoreStats {
@@ -778,26 +784,26 @@ impl Store {
             s.ssd_io_engine = ssd.log.io_engine().to_owned();
             s.ssd_direct_io = ssd.log.direct_io();
         }
-        s
+        Ok(s)
     }
 
     /// Per-phase timings of ranged calls (`None` unless `UMBP_RANGED_CALL_DEBUG=1`).
-    pub fn phase_report(&self) -> Option<PhaseReport> {
+    pub fn phase_report(&self) -> Result<Option<PhaseReport>> {
         if let Some(c) = self.remote() {
-            return c.phase_report().ok().flatten();
+            return c.phase_report();
         }
-        self.inner.stats.as_ref().map(|s| s.report())
+        Ok(self.inner.stats.as_ref().map(|s| s.report()))
     }
 
     /// Clears the phase timings.
-    pub fn reset_phase_report(&self) {
+    pub fn reset_phase_report(&self) -> Result<()> {
         if let Some(c) = self.remote() {
-            let _ = c.reset_phase_report();
-            return;
+            return c.reset_phase_report();
         }
         if let Some(s) = &self.inner.stats {
             s.reset();
         }
+        Ok(())
     }
 
     /// Submits `requests` and waits; on failure maps each failed request to its key through
