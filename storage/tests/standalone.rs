@@ -482,3 +482,43 @@ async fn a_shared_key_is_proved_before_anything_else() {
     assert!(e.to_string().contains("did not prove"), "{e}");
     store.close().await.unwrap();
 }
+
+/// `Store::get` waiting on a server that does not answer leaves the runtime's other tasks
+/// running: on a runtime with one worker, a task queued behind the waiting get still runs before
+/// the get gives up.
+#[test]
+fn an_async_get_waiting_on_a_stopped_server_does_not_stall_other_tasks() {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), &["--dram", "16M"], &[]);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let env = te_base::config::MapEnv(HashMap::from([(
+        "UMBP_STANDALONE_TIMEOUT_MS".to_owned(),
+        "2000".to_owned(),
+    )]));
+    let open = Store::builder().env(Arc::new(env)).connect(&server.socket).open();
+    let store = Arc::new(rt.block_on(open).unwrap());
+    rt.block_on(store.put("k", &[1u8; 4096], 0)).unwrap();
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(server.pid() as i32, libc::SIGSTOP) }, 0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (s, t) = (store.clone(), tx.clone());
+    rt.spawn(async move { t.send(("get", s.get("k").await.is_ok())).unwrap() });
+    rt.spawn(async move { tx.send(("other task", true)).unwrap() });
+    let first = rx.recv_timeout(Duration::from_secs(30));
+    let second = rx.recv_timeout(Duration::from_secs(30));
+    // SAFETY: as above.
+    unsafe { libc::kill(server.pid() as i32, libc::SIGCONT) };
+    assert_eq!(
+        first.unwrap().0,
+        "other task",
+        "the other task waited for the blocked get"
+    );
+    assert_eq!(second.unwrap(), ("get", false), "a get from a stopped server succeeded");
+    rt.block_on(store.close()).unwrap();
+}

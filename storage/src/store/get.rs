@@ -160,6 +160,11 @@ impl Store {
     /// a bad key) fail the whole call before any byte moves. Per key: the bytes delivered, or its
     /// data error (missing, corrupt, I/O).
     ///
+    /// Blocks the calling thread until every transfer and tier write is done (in standalone or
+    /// distributed mode, until the server or the owning peers answer, bounded by the configured
+    /// timeout): call it from a thread of your own, or from async code inside
+    /// `tokio::task::block_in_place` or `spawn_blocking`.
+    ///
     /// ```
     /// # #[tokio::main]
     /// # async fn main() -> umbp::Result<()> {

@@ -6,6 +6,7 @@
 //! them. Caller memory is registered through [`Store::register_buffer`] and described by that
 //! registration.
 
+mod blocking;
 mod callers;
 mod get;
 mod put;
@@ -616,11 +617,15 @@ impl Store {
     }
 
     /// Puts one object from any memory (registered for the call if it is not already).
+    ///
+    /// The wait for the transfer, the tier I/O and (in standalone or distributed mode) the server
+    /// or peers does not stall the runtime: on a multi-thread tokio runtime the worker hands its
+    /// other tasks on for the duration. On a current-thread runtime the call blocks that thread.
     pub async fn put(&self, key: &str, data: &[u8], depth: u32) -> Result<()> {
         if let Some(c) = self.remote() {
             self.check_open()?;
             Self::check_keys(std::iter::once(key))?;
-            return c.put_bytes(key, data, depth);
+            return blocking::off_worker(|| c.put_bytes(key, data, depth));
         }
         let addr = data.as_ptr() as u64;
         let len = data.len() as u64;
@@ -631,17 +636,18 @@ impl Store {
             });
         }
         let temp = self.temp_register(addr, len).await?;
-        let out = self.batch_put(&[(key, addr, len, depth)]);
+        let out = blocking::off_worker(|| self.batch_put(&[(key, addr, len, depth)]));
         self.temp_release(temp).await?;
         out?.remove(0)
     }
 
-    /// Gets one whole object into a new vector.
+    /// Gets one whole object into a new vector. Waits as [`Store::put`] does: other tasks of a
+    /// multi-thread runtime keep running.
     pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
         if let Some(c) = self.remote() {
             self.check_open()?;
             Self::check_keys(std::iter::once(key))?;
-            return c.get_bytes(key);
+            return blocking::off_worker(|| c.get_bytes(key));
         }
         let Some(mut len) = self.object_lens(std::iter::once(key))?[0] else {
             return Err(StoreError::NotFound { key: key.to_owned() });
@@ -652,7 +658,7 @@ impl Store {
             let mut out = vec![0u8; len.max(1) as usize];
             let addr = out.as_mut_ptr() as u64;
             let temp = self.temp_register(addr, out.len() as u64).await?;
-            let got = self.batch_get(&[(key, addr, out.len() as u64)]);
+            let got = blocking::off_worker(|| self.batch_get(&[(key, addr, out.len() as u64)]));
             self.temp_release(temp).await?;
             match got?.remove(0) {
                 Ok(n) => {

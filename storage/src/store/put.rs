@@ -32,6 +32,11 @@ impl Store {
     /// written. Per key: `Ok` once the object is stored, or its data error (no space, a
     /// concurrent put of the same key, I/O).
     ///
+    /// Blocks the calling thread until every transfer and tier write is done (in standalone or
+    /// distributed mode, until the server or the owning peers answer, bounded by the configured
+    /// timeout): call it from a thread of your own, or from async code inside
+    /// `tokio::task::block_in_place` or `spawn_blocking`.
+    ///
     /// ```
     /// # #[tokio::main]
     /// # async fn main() -> umbp::Result<()> {
