@@ -8,11 +8,15 @@
 //! ```text
 //! initiator                                   responder
 //!   nonce_i (32 random bytes)        ->
-//!                                    <-       nonce_r, mac_r = HMAC(key, "responder" | ctx | nonce_i | nonce_r)
+//!                                    <-       nonce_r, mac_r = proof("te-auth-v1 responder")
 //!   checks mac_r
-//!   mac_i = HMAC(key, "initiator" | ctx | nonce_i | nonce_r)  ->
+//!   mac_i = proof("te-auth-v1 initiator")  ->
 //!                                             checks mac_i, then serves
+//!
+//! proof(label) = HMAC-SHA256(key, label | u32_le(len(ctx)) | ctx | nonce_i | nonce_r)
 //! ```
+//!
+//! `docs/security.md` states the same bytes with a test vector, which a test here checks.
 //!
 //! Both sides contribute a fresh nonce, so neither proof can be replayed on another connection;
 //! the role label keeps a responder's proof from being reflected back as an initiator's; `ctx`
@@ -280,6 +284,44 @@ pub fn warn_unauthenticated(listener: &str, addrs: &str, exposes: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The vector of docs/security.md (computed there with an independent HMAC): the code and
+    /// the document agree on every byte of the proof's input.
+    #[test]
+    fn the_documented_test_vector_holds() {
+        let key: Vec<u8> = (0u8..32).collect();
+        let key = AuthKey::from_bytes(&key).unwrap();
+        let (ni, nr) = ([0xaa; NONCE_LEN], [0xbb; NONCE_LEN]);
+        let responder = hex(&key.prove(Role::Responder, "tcp", &ni, &nr));
+        let initiator = hex(&key.prove(Role::Initiator, "tcp", &ni, &nr));
+        assert_eq!(
+            responder,
+            "38a599627a2e6eedc05eb674a8a02e68898a76df941ef66c225bc025f809a6b5"
+        );
+        assert_eq!(
+            initiator,
+            "a613a4cbf95006117ff1472220d88934c8e7a6ec07643ee4d7dbe8c125cf7744"
+        );
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/security.md")).unwrap();
+        for (what, value) in [
+            ("key", hex(&(0u8..32).collect::<Vec<u8>>())),
+            ("responder proof", responder),
+            ("initiator proof", initiator),
+        ] {
+            assert!(
+                doc.contains(&format!("| {what} ")) && doc.contains(&format!("`{value}`")),
+                "docs/security.md lacks the {what} {value}"
+            );
+        }
+        assert!(
+            doc.contains("u32_le(len(ctx))"),
+            "docs/security.md does not state the context length"
+        );
+    }
 
     fn key(b: u8) -> AuthKey {
         AuthKey::from_bytes(&[b; 32]).unwrap()
