@@ -489,7 +489,6 @@ async fn a_shared_key_is_proved_before_anything_else() {
 #[test]
 fn an_async_get_waiting_on_a_stopped_server_does_not_stall_other_tasks() {
     use std::collections::HashMap;
-    use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), &["--dram", "16M"], &[]);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -501,8 +500,11 @@ fn an_async_get_waiting_on_a_stopped_server_does_not_stall_other_tasks() {
         "UMBP_STANDALONE_TIMEOUT_MS".to_owned(),
         "2000".to_owned(),
     )]));
-    let open = Store::builder().env(Arc::new(env)).connect(&server.socket).open();
-    let store = Arc::new(rt.block_on(open).unwrap());
+    let open = Store::builder()
+        .env(std::sync::Arc::new(env))
+        .connect(&server.socket)
+        .open();
+    let store = rt.block_on(open).unwrap();
     rt.block_on(store.put("k", &[1u8; 4096], 0)).unwrap();
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(server.pid() as i32, libc::SIGSTOP) }, 0);

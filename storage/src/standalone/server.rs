@@ -150,7 +150,7 @@ pub async fn serve(store: Store, opts: ServerOptions, shutdown: impl Future<Outp
     let listener = bind(&opts)?;
     let shared = Arc::new(Shared {
         rt: tokio::runtime::Handle::current(),
-        // A seed no client can guess: table slots and handles are not predictable from outside.
+        // Seeds which held key set is evicted next; from the OS, so no client can predict it.
         handles: Mutex::new(ServerTable::new(opts.key_handle_capacity, te_base::auth::random_u64())),
         sessions: Mutex::new(HashMap::new()),
         next_session: AtomicU64::new(1),

@@ -63,7 +63,7 @@ impl LogCore {
         written += self.retire_replaced(&retire);
         drop(guards);
         self.counters.bytes_written.fetch_add(written, Ordering::Relaxed);
-        if !retire.dead.is_empty() || !retire.void.is_empty() {
+        if !retire.is_empty() {
             self.wake_compactor();
         }
         plan.results
@@ -117,17 +117,17 @@ impl LogCore {
     }
 
     /// Indexes every written record whose sequence number is above the indexed one. Returns the
-    /// bytes written and the records to retire: those replaced and new ones that lost to a newer
-    /// version (dead), and new ones of the version already indexed (void: a dead mark would hide
-    /// the indexed record at the next open).
+    /// bytes written and the records to retire with the flag each gets: those replaced and new
+    /// ones that lost to a newer version are dead; a new record of the version already indexed is
+    /// void (a dead mark would hide the indexed record at the next open).
     fn publish(
         &self,
         items: &[AppendItem<'_>],
         placement: &mut [Option<(Arc<SegmentFile>, u64)>],
         crcs: &[Arc<[u32]>],
-    ) -> (u64, Retire) {
+    ) -> (u64, Vec<(SsdEntry, u32)>) {
         let mut written = 0u64;
-        let mut retire = Retire::default();
+        let mut retire = Vec::new();
         let mut index = self.index.write();
         for (i, it) in items.iter().enumerate() {
             let Some((file, offset)) = placement[i].take() else {
@@ -146,13 +146,13 @@ impl LogCore {
                 damaged: false,
             };
             match index.get(it.key) {
-                Some(cur) if !cur.damaged && cur.seq == it.seq => retire.void.push(entry),
-                Some(cur) if !cur.damaged && cur.seq > it.seq => retire.dead.push(entry),
+                Some(cur) if !cur.damaged && cur.seq == it.seq => retire.push((entry, FLAG_VOID)),
+                Some(cur) if !cur.damaged && cur.seq > it.seq => retire.push((entry, FLAG_DEAD)),
                 _ => {
                     entry.file.live.fetch_add(rl, Ordering::Relaxed);
                     if let Some(old) = index.insert(Arc::from(it.key), entry) {
                         old.file.live.fetch_sub(old.record_len(), Ordering::Relaxed);
-                        retire.dead.push(old);
+                        retire.push((old, FLAG_DEAD));
                     }
                 }
             }
@@ -160,18 +160,12 @@ impl LogCore {
         (written, retire)
     }
 
-    /// Marks `retire` dead or void on disk; returns the header bytes written. The caller holds
-    /// the directory locks.
-    fn retire_replaced(&self, retire: &Retire) -> u64 {
+    /// Marks each of `retire` with its flag on disk; returns the header bytes written. The caller
+    /// holds the directory locks.
+    fn retire_replaced(&self, retire: &[(SsdEntry, u32)]) -> u64 {
         let mut written = 0;
-        let marks = retire
-            .dead
-            .iter()
-            .map(|e| (e, false))
-            .chain(retire.void.iter().map(|e| (e, true)));
-        for (e, void) in marks {
-            let r = if void { self.mark_void(e) } else { self.mark_dead(e) };
-            match r {
+        for (e, flag) in retire {
+            match self.mark(e, *flag) {
                 Ok(()) => written += e.record_len().min(e.header_len),
                 Err(err) => tracing::warn!("could not retire a replaced record: {err}"),
             }
@@ -287,15 +281,6 @@ impl LogCore {
         });
         Ok(())
     }
-}
-
-/// The records one append call retires.
-#[derive(Default)]
-struct Retire {
-    /// Replaced, or lost to a newer version.
-    dead: Vec<SsdEntry>,
-    /// A second record of the version the index already holds.
-    void: Vec<SsdEntry>,
 }
 
 /// The encoded headers of one append call, in one aligned buffer that is written from directly.

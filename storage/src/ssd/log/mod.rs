@@ -424,13 +424,9 @@ impl LogCore {
         self.mark(e, FLAG_DEAD)
     }
 
-    /// Rewrites the header of `e` with the void flag: a surplus copy of a version that another
-    /// record holds, which must not hide that record at the next open (a damaged header is zeroed
-    /// instead). The caller holds the lock of the record's directory, or is the open scan.
-    fn mark_void(&self, e: &SsdEntry) -> Result<()> {
-        self.mark(e, FLAG_VOID)
-    }
-
+    /// Rewrites the header of `e` with `flag` ([`FLAG_DEAD`], or [`FLAG_VOID`] for a surplus copy
+    /// of a version another record holds); a damaged header is zeroed instead. The caller holds
+    /// the lock of the record's directory, or is the open scan.
     fn mark(&self, e: &SsdEntry, flag: u32) -> Result<()> {
         let what = if flag == FLAG_VOID { "void" } else { "dead" };
         let ctx = || format!("mark a record of segment {} {what}", e.file.id);

@@ -9,11 +9,10 @@ struct Scan {
     best: HashMap<Arc<str>, (SsdEntry, bool)>,
     /// Keys named by damaged headers (used when the key has no valid record at all).
     damaged: HashMap<Arc<str>, SsdEntry>,
-    /// Live records that lost to a newer (or dead) record: marked dead after the scan.
-    stale: Vec<SsdEntry>,
-    /// Live copies of a version that another live copy holds too (a compaction cut short):
-    /// marked void after the scan, so they hide nothing.
-    surplus: Vec<SsdEntry>,
+    /// Live records to mark after the scan, with their flag: dead for those that lost to a newer
+    /// (or dead) record; void for a second live copy of a version (a compaction cut short), so
+    /// it hides nothing.
+    marks: Vec<(SsdEntry, u32)>,
     max_seq: u64,
 }
 
@@ -34,13 +33,12 @@ impl Scan {
                 if wins {
                     let old = std::mem::replace(cur, entry);
                     if !*cur_dead {
-                        self.stale.push(old);
+                        self.marks.push((old, FLAG_DEAD));
                     }
                     *cur_dead = dead;
-                } else if !dead && same && !*cur_dead {
-                    self.surplus.push(entry);
                 } else if !dead {
-                    self.stale.push(entry);
+                    let flag = if same && !*cur_dead { FLAG_VOID } else { FLAG_DEAD };
+                    self.marks.push((entry, flag));
                 }
             }
         }
@@ -136,11 +134,7 @@ impl SsdLog {
             .ok_or_else(|| invalid("open the SSD log".into(), "sequence numbers exhausted"))?;
         core.seq.store(next, Ordering::Relaxed);
         let Scan {
-            best,
-            damaged,
-            stale,
-            surplus,
-            ..
+            best, damaged, marks, ..
         } = scan;
         {
             let mut index = core.index.write();
@@ -164,12 +158,8 @@ impl SsdLog {
         // marking the one it replaced) are marked dead now, so no later removal can expose them.
         // Surplus copies of a live version are marked void: dead, they would hide that version
         // once compaction moves or deletes the copy the index keeps.
-        for e in &stale {
-            core.mark_dead(e)?;
-            core.opts.step_hook.at(Step::OpenMarked);
-        }
-        for e in &surplus {
-            core.mark_void(e)?;
+        for (e, flag) in &marks {
+            core.mark(e, *flag)?;
             core.opts.step_hook.at(Step::OpenMarked);
         }
         let core = Arc::new(core);

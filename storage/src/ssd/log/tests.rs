@@ -365,32 +365,36 @@ fn a_newer_record_wins_and_a_dead_one_hides_older_copies_at_open() {
     let log = SsdLog::open(o.clone()).unwrap();
     let s1 = log.next_seq();
     let s2 = log.next_seq();
-    let one = |seq: u64, version: u8| append_one(&log, "a", seq, version);
+    let one = |seq: u64, version: u8| append_one(&log, "a", seq, &pattern("a", 5000, version));
     // The newer version lands first; the older one arriving later is written but never shown.
     one(s2, 2).unwrap();
     one(s1, 1).unwrap();
     assert_eq!(read_all(&log, "a").unwrap().unwrap(), pattern("a", 5000, 2));
     drop(log);
-    let log = SsdLog::open(o.clone()).unwrap();
-    assert_eq!(read_all(&log, "a").unwrap().unwrap(), pattern("a", 5000, 2));
-    assert!(log.remove("a").unwrap());
-    drop(log);
-    let log = SsdLog::open(o).unwrap();
-    assert!(read_all(&log, "a").is_none());
+    reopened_reads_then_stays_removed(&o, "a", &pattern("a", 5000, 2));
 }
 
-/// Appends one 5,000-byte record of `key` in version `seq` (bytes from `version`).
-fn append_one(log: &SsdLog, key: &str, seq: u64, version: u8) -> Result<()> {
-    let v = pattern(key, 5000, version);
-    let mut b = AlignedBuf::new(v.len());
-    b.as_mut_slice()[..v.len()].copy_from_slice(&v);
+/// Reopens the log of `o`: `key` reads `want`; removed, it stays absent over another reopen.
+fn reopened_reads_then_stays_removed(o: &SsdOptions, key: &str, want: &[u8]) {
+    let log = SsdLog::open(o.clone()).unwrap();
+    assert_eq!(read_all(&log, key).unwrap().unwrap(), want);
+    assert!(log.remove(key).unwrap());
+    drop(log);
+    let log = SsdLog::open(o.clone()).unwrap();
+    assert!(read_all(&log, key).is_none(), "a removed version came back");
+}
+
+/// Appends one record of `key` in version `seq` holding `bytes`.
+fn append_one(log: &SsdLog, key: &str, seq: u64, bytes: &[u8]) -> Result<()> {
+    let mut b = AlignedBuf::new(bytes.len());
+    b.as_mut_slice()[..bytes.len()].copy_from_slice(bytes);
     let e = [Extent {
         addr: b.as_mut_ptr() as u64,
-        len: 5000,
+        len: bytes.len() as u64,
     }];
     let item = AppendItem {
         key,
-        len: 5000,
+        len: bytes.len() as u64,
         depth: 0,
         seq,
     };
@@ -409,24 +413,20 @@ fn a_version_appended_twice_survives_reopen_and_compaction() {
     o.compact_below = 0.0;
     let log = SsdLog::open(o.clone()).unwrap();
     let s = log.next_seq();
-    append_one(&log, "a", s, 1).unwrap();
-    append_one(&log, "a", s, 1).unwrap();
+    let a = pattern("a", 5000, 1);
+    append_one(&log, "a", s, &a).unwrap();
+    append_one(&log, "a", s, &a).unwrap();
     // Fill and replace others so the first segments are sealed and worth compacting.
     for i in 0..12 {
         let k = format!("filler-{}", i % 4);
-        append_one(&log, &k, log.next_seq(), i as u8).unwrap();
+        append_one(&log, &k, log.next_seq(), &pattern(&k, 5000, i as u8)).unwrap();
     }
     drop(log);
     let log = SsdLog::open(o.clone()).unwrap();
-    assert_eq!(read_all(&log, "a").unwrap().unwrap(), pattern("a", 5000, 1));
+    assert_eq!(read_all(&log, "a").unwrap().unwrap(), a);
     assert!(log.compact(true).unwrap() > 0, "nothing compacted");
     drop(log);
-    let log = SsdLog::open(o.clone()).unwrap();
-    assert_eq!(read_all(&log, "a").unwrap().unwrap(), pattern("a", 5000, 1));
-    assert!(log.remove("a").unwrap());
-    drop(log);
-    let log = SsdLog::open(o).unwrap();
-    assert!(read_all(&log, "a").is_none(), "a removed version came back");
+    reopened_reads_then_stays_removed(&o, "a", &a);
 }
 
 proptest! {

@@ -16,19 +16,11 @@ const CHILD_VAR: &str = "TE_TEST_UMBP_CUT_POINT_CHILD";
 const KEYS: usize = 12;
 const LEN: usize = 8000;
 
-fn step_name(s: Step) -> &'static str {
-    match s {
-        Step::CopiesWritten => "copies-written",
-        Step::IndexRepointed => "index-repointed",
-        Step::CopiesSynced => "copies-synced",
-        Step::SourceDeleted => "source-deleted",
-        Step::DirectorySynced => "directory-synced",
-        Step::OpenMarked => "open-marked",
-    }
-}
-
-fn step_named(name: &str) -> Step {
-    *Step::ALL.iter().find(|s| step_name(**s) == name).expect("a step name")
+fn index_of(step: Step) -> usize {
+    Step::ALL
+        .iter()
+        .position(|&s| s == step)
+        .expect("every step is in Step::ALL")
 }
 
 /// The child: opens the log with a hook that kills the process at the `nth` arrival at `step`,
@@ -38,7 +30,7 @@ fn step_named(name: &str) -> Step {
 fn cut_point_child() {
     let Ok(spec) = std::env::var(CHILD_VAR) else { return };
     let mut parts = spec.splitn(4, ':');
-    let step = step_named(parts.next().unwrap());
+    let step = Step::ALL[parts.next().unwrap().parse::<usize>().unwrap()];
     let nth: u32 = parts.next().unwrap().parse().unwrap();
     let round: usize = parts.next().unwrap().parse().unwrap();
     let dir = PathBuf::from(parts.next().unwrap());
@@ -67,21 +59,7 @@ fn cut_point_child() {
         for &k in batch {
             let key = format!("key-{k}");
             let seq = log.next_seq();
-            let obj = pattern(&key, LEN, seq as u8);
-            let items = [AppendItem {
-                key: &key,
-                len: LEN as u64,
-                depth: 0,
-                seq,
-            }];
-            let mut b = AlignedBuf::new(LEN);
-            b.as_mut_slice()[..LEN].copy_from_slice(&obj);
-            let e = [Extent {
-                addr: b.as_mut_ptr() as u64,
-                len: LEN as u64,
-            }];
-            // SAFETY: the buffer is aligned, block-rounded and alive until after the call.
-            unsafe { log.append(&items, &[&e]) }.remove(0).unwrap();
+            append_one(&log, &key, seq, &pattern(&key, LEN, seq as u8)).unwrap();
             ack(format!("put {key} {seq}"));
         }
     }
@@ -101,10 +79,7 @@ fn round(step: Step, nth: u32, round: usize, dir: &Path, model: &mut HashMap<Str
     let mut child = Command::new(exe)
         .args(["--exact", "ssd::log::tests::cut_points::cut_point_child", "--nocapture"])
         .args(["--test-threads=1"])
-        .env(
-            CHILD_VAR,
-            format!("{}:{nth}:{round}:{}", step_name(step), dir.display()),
-        )
+        .env(CHILD_VAR, format!("{}:{nth}:{round}:{}", index_of(step), dir.display()))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -129,8 +104,7 @@ fn round(step: Step, nth: u32, round: usize, dir: &Path, model: &mut HashMap<Str
     use std::os::unix::process::ExitStatusExt;
     assert!(
         done || status.signal() == Some(libc::SIGKILL),
-        "{}: child neither finished nor was cut: {status:?}",
-        step_name(step)
+        "{step:?}: child neither finished nor was cut: {status:?}"
     );
     done
 }
@@ -178,10 +152,10 @@ fn a_kill_at_any_step_of_compaction_loses_nothing() {
                 cut += 1;
             }
             if check_after {
-                let context = format!("{} round {r} (cut at {} #{nth})", step_name(step), step_name(at));
+                let context = format!("{step:?} round {r} (cut at {at:?} #{nth})");
                 check(dir.path(), &model, &context);
             }
         }
-        assert!(cut >= 2, "{}: only {cut} rounds reached the cut point", step_name(step));
+        assert!(cut >= 2, "{step:?}: only {cut} rounds reached the cut point");
     }
 }
