@@ -273,10 +273,10 @@ pub fn run(args: Args) -> Result<(), String> {
     let groups = groups(&pools, args.layer_group);
     let smallest = (0..pools.len()).min_by_key(|&i| pools[i].layer_bytes).expect("pools");
     let barrier = Barrier::new(1);
-    let s0 = store.stats().map_err(|e| e.to_string())?;
+    let s0 = cluster_stats(&store)?;
     store.reset_phase_report().map_err(|e| e.to_string())?;
     let remote = rank_loop(&store, &barrier, 0, &mem, &pools, &groups, smallest, &args)?;
-    let s1 = store.stats().map_err(|e| e.to_string())?;
+    let s1 = cluster_stats(&store)?;
     let phases = store.phase_report().map_err(|e| e.to_string())?.map(|p| {
         let mut m = serde_json::Map::new();
         for ph in te_base::Phase::ALL {
@@ -422,4 +422,11 @@ pub fn run(args: Args) -> Result<(), String> {
     rt.block_on(store.close()).map_err(|e| format!("close: {e}"))?;
     drop((mem, mem1));
     Ok(())
+}
+
+/// The store's distributed-path counters (it runs in distributed mode here).
+fn cluster_stats(store: &umbp::Store) -> Result<umbp::ClusterStats, String> {
+    let s = store.stats().map_err(|e| e.to_string())?;
+    s.cluster
+        .ok_or_else(|| "the store is not in distributed mode".to_string())
 }

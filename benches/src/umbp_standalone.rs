@@ -252,7 +252,7 @@ type ThreadResult = (Vec<Duration>, Duration, u64);
 
 /// One pass per thread over every chunk (after a warm-up pass), timing each call.
 fn measure_arm(store: &Store, dests: &[KvBuffer], keys: &[String], shape: &ReaderShape) -> Result<ArmSample, String> {
-    let st0 = store.stats().map_err(|e| e.to_string())?;
+    let st0 = standalone_stats(store)?;
     let (b0, c0) = store.key_handle_report().map_or((0, 0), |r| (r.1, r.2));
     let barrier = Arc::new(Barrier::new(shape.threads));
     let rb = shape.range_bytes;
@@ -324,7 +324,7 @@ fn measure_arm(store: &Store, dests: &[KvBuffer], keys: &[String], shape: &Reade
         pass.push(p);
         bad += b;
     }
-    let st1 = store.stats().map_err(|e| e.to_string())?;
+    let st1 = standalone_stats(store)?;
     let (b1, c1) = store.key_handle_report().map_or((0, 0), |r| (r.1, r.2));
     let hits = st1.key_handle_hits - st0.key_handle_hits;
     let total = hits + st1.key_handle_misses - st0.key_handle_misses;
@@ -399,4 +399,11 @@ pub fn worker_ready_then_wait() -> Result<(), String> {
         .read_line(&mut line)
         .map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// The store's standalone counters (it is a standalone client here).
+fn standalone_stats(store: &Store) -> Result<umbp::StandaloneStats, String> {
+    let s = store.stats().map_err(|e| e.to_string())?;
+    s.standalone
+        .ok_or_else(|| "the store is not a standalone client".to_string())
 }

@@ -97,8 +97,8 @@ async fn main() -> umbp::Result<()> {
     let (segments, took): (umbp::Result<u64>, Duration) = compaction.join().expect("compaction thread");
     let segments = segments?;
     let after = store.stats().unwrap();
-    let written = after.ssd_compaction_written_bytes - before.ssd_compaction_written_bytes;
-    let freed = after.ssd_compaction_freed_bytes - before.ssd_compaction_freed_bytes;
+    let written = after.core.ssd_compaction_written_bytes - before.core.ssd_compaction_written_bytes;
+    let freed = after.core.ssd_compaction_freed_bytes - before.core.ssd_compaction_freed_bytes;
     println!(
         "objects {objects} x {} KiB, removed {remove_pct}%, segments compacted {segments} in {:.2} s",
         OBJ >> 10,
@@ -111,13 +111,13 @@ async fn main() -> umbp::Result<()> {
         freed as f64 / (1 << 20) as f64,
         net as f64 / (1 << 20) as f64,
         written as f64 / net.max(1) as f64,
-        written as f64 / after.ssd_file_bytes.max(1) as f64,
+        written as f64 / after.core.ssd_file_bytes.max(1) as f64,
         net as f64 / (1 << 20) as f64 / took.as_secs_f64()
     );
     println!(
         "files {:.1} MiB -> {:.1} MiB",
-        before.ssd_file_bytes as f64 / (1 << 20) as f64,
-        after.ssd_file_bytes as f64 / (1 << 20) as f64
+        before.core.ssd_file_bytes as f64 / (1 << 20) as f64,
+        after.core.ssd_file_bytes as f64 / (1 << 20) as f64
     );
     let n_busy = busy.len();
     println!(

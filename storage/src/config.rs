@@ -32,11 +32,13 @@ use std::sync::Arc;
 
 use te_base::config::{parse_bool, parse_bytes, parse_var, Env, ProcessEnv, UnknownVar, LISTENER_VAR_SUFFIXES};
 
+use crate::core::config::CoreConfig;
 use crate::error::{Result, StoreError};
 use crate::eviction::EvictionPolicy;
 use crate::ssd::io::{DirectIo, IoBackend};
 use crate::ssd::log::SsdOptions;
 use crate::ssd::record::BLOCK;
+use crate::standalone::config::StandaloneConfig;
 
 /// The local-mode variables (tiers, eviction, staging, debugging).
 pub const ENV_VARS: &[&str] = &[
@@ -79,49 +81,39 @@ pub fn unknown_vars(env: &dyn Env) -> Vec<UnknownVar> {
     te_base::config::unknown_vars(env, &["UMBP_"], known.iter().map(String::as_str))
 }
 
-/// Resolved configuration of a store.
+/// Resolved configuration of a store: the core's settings plus the one mode it runs in.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
     /// Segment name of the store's own engine (when the store builds one).
     pub segment_name: Option<String>,
-    /// DRAM arena bytes; 0 means no DRAM tier.
-    pub dram_capacity: u64,
-    /// Allocation unit of the arena.
-    pub dram_page_bytes: u64,
-    /// Fraction of the arena at which eviction starts.
-    pub dram_high_watermark: f64,
-    /// Fraction eviction brings the arena down to.
-    pub dram_low_watermark: f64,
-    /// Eviction policy of the DRAM tier.
-    pub eviction: EvictionPolicy,
-    /// The SSD tier, if any.
-    pub ssd: Option<SsdOptions>,
-    /// Bytes of one staging slot.
-    pub ssd_staging_bytes: u64,
-    /// Number of staging slots.
-    pub ssd_staging_slots: usize,
-    /// Puts also go to the SSD log before returning.
-    pub write_through: bool,
-    /// Whole-object SSD reads are copied into DRAM.
-    pub promote_on_read: bool,
-    /// Per-phase timings of ranged calls.
-    pub ranged_call_debug: bool,
-    /// Standalone mode: the server's socket (None: local mode).
-    pub standalone_socket: Option<PathBuf>,
-    /// Standalone mode: longest wait for a reply.
-    pub standalone_timeout: std::time::Duration,
-    /// Standalone mode: busy-poll for a reply this long before sleeping.
-    pub standalone_spin: std::time::Duration,
-    /// Standalone mode: key-handle cache slots (0: off).
-    pub key_handle_slots: usize,
-    /// Standalone mode: keep the reuse-distance histogram.
-    pub key_handle_debug: bool,
-    /// Standalone mode: the shared key (`TE_AUTH_KEY_FILE`) proved to the server.
-    pub standalone_auth: Option<te_base::auth::AuthKey>,
+    /// The tiers (in standalone mode, the server's are used and these are not).
+    pub core: CoreConfig,
+    /// The mode, with its settings.
+    pub mode: ModeConfig,
+}
 
-    /// Distributed mode (`UMBP_CLUSTER`); `None`: local mode.
+/// Which mode a store runs in, with that mode's settings.
+#[derive(Debug, Clone)]
+pub enum ModeConfig {
+    /// The tiers live in this process.
+    Local,
+    /// A worker of the `umbp-server` at the configured socket (`UMBP_STANDALONE_SOCKET`).
+    Standalone(StandaloneConfig),
+    /// A peer of a cluster (`UMBP_CLUSTER`).
     #[cfg(feature = "cluster")]
-    pub cluster: Option<crate::cluster::ClusterConfig>,
+    Cluster(crate::cluster::ClusterConfig),
+}
+
+impl ModeConfig {
+    /// The mode's name: `local`, `standalone` or `distributed`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ModeConfig::Local => "local",
+            ModeConfig::Standalone(_) => "standalone",
+            #[cfg(feature = "cluster")]
+            ModeConfig::Cluster(_) => "distributed",
+        }
+    }
 }
 
 /// Builds a [`StoreConfig`]: explicit settings, then `UMBP_*` variables, then defaults.
@@ -437,8 +429,7 @@ impl StoreBuilder {
                 "no tier left: set UMBP_SSD_DIRS or a DRAM capacity",
             ));
         }
-        StoreConfig {
-            segment_name: self.segment_name.clone(),
+        let core = CoreConfig {
             dram_capacity,
             dram_page_bytes,
             dram_high_watermark: high,
@@ -450,44 +441,58 @@ impl StoreBuilder {
             write_through,
             promote_on_read: flag(self.promote_on_read, "UMBP_PROMOTE_ON_READ", true)?,
             ranged_call_debug: flag(self.ranged_call_debug, "UMBP_RANGED_CALL_DEBUG", false)?,
-            standalone_socket: match &self.standalone {
-                Some(s) => s.clone(),
-                None => parse_var::<String>(env, "UMBP_STANDALONE_SOCKET")?.map(PathBuf::from),
-            },
-            standalone_timeout: std::time::Duration::from_millis(
-                parse_var::<u64>(env, "UMBP_STANDALONE_TIMEOUT_MS")?.unwrap_or(30_000),
-            ),
-            standalone_spin: crate::standalone::io::spin_from_env(env)?,
-            key_handle_slots: match self.key_handle_slots {
-                Some(n) => n,
-                None => parse_var::<usize>(env, "UMBP_KEY_HANDLE_SLOTS")?
-                    .unwrap_or(crate::standalone::key_handles::DEFAULT_SLOTS),
-            },
-            key_handle_debug: flag(None, "UMBP_KEY_HANDLE_DEBUG", false)?,
-            standalone_auth: te_base::auth::AuthKey::from_env(env)?,
-            #[cfg(feature = "cluster")]
-            cluster: match &self.cluster {
-                Some(c) => Some(c.clone()),
-                None => crate::cluster::ClusterConfig::from_env(env)?,
-            },
-        }
-        .exclusive_modes()
-    }
-}
-
-impl StoreConfig {
-    /// A standalone client has no tiers of its own, so it cannot also be a cluster peer: the
-    /// `umbp-server` it talks to is the one that joins the cluster.
-    fn exclusive_modes(self) -> Result<StoreConfig> {
+        };
+        // Every mode's variables are checked whichever mode is chosen: a malformed one is an
+        // error even where it would not be used.
+        let socket = match &self.standalone {
+            Some(s) => s.clone(),
+            None => parse_var::<String>(env, "UMBP_STANDALONE_SOCKET")?.map(PathBuf::from),
+        };
+        let timeout =
+            std::time::Duration::from_millis(parse_var::<u64>(env, "UMBP_STANDALONE_TIMEOUT_MS")?.unwrap_or(30_000));
+        let spin = crate::standalone::io::spin_from_env(env)?;
+        let key_handle_slots = match self.key_handle_slots {
+            Some(n) => n,
+            None => parse_var::<usize>(env, "UMBP_KEY_HANDLE_SLOTS")?
+                .unwrap_or(crate::standalone::key_handles::DEFAULT_SLOTS),
+        };
+        let key_handle_debug = flag(None, "UMBP_KEY_HANDLE_DEBUG", false)?;
+        let auth = te_base::auth::AuthKey::from_env(env)?;
         #[cfg(feature = "cluster")]
-        if let (Some(socket), Some(_)) = (&self.standalone_socket, &self.cluster) {
-            return Err(StoreError::Engine(te_base::Error::config(
-                "UMBP_CLUSTER",
-                format!("(with UMBP_STANDALONE_SOCKET={})", socket.display()),
-                "a standalone client cannot join a cluster; configure the cluster on its umbp-server",
-            )));
-        }
-        Ok(self)
+        let cluster = match &self.cluster {
+            Some(c) => Some(c.clone()),
+            None => crate::cluster::ClusterConfig::from_env(env)?,
+        };
+        let mode = match socket {
+            Some(socket) => {
+                // A standalone client has no tiers of its own, so it cannot also be a cluster
+                // peer: the `umbp-server` it talks to is the one that joins the cluster.
+                #[cfg(feature = "cluster")]
+                if cluster.is_some() {
+                    return Err(StoreError::Engine(te_base::Error::config(
+                        "UMBP_CLUSTER",
+                        format!("(with UMBP_STANDALONE_SOCKET={})", socket.display()),
+                        "a standalone client cannot join a cluster; configure the cluster on its umbp-server",
+                    )));
+                }
+                ModeConfig::Standalone(StandaloneConfig {
+                    socket,
+                    timeout,
+                    spin,
+                    key_handle_slots,
+                    key_handle_debug,
+                    auth,
+                })
+            }
+            #[cfg(feature = "cluster")]
+            None if cluster.is_some() => ModeConfig::Cluster(cluster.expect("checked")),
+            None => ModeConfig::Local,
+        };
+        Ok(StoreConfig {
+            segment_name: self.segment_name.clone(),
+            core,
+            mode,
+        })
     }
 }
 
@@ -582,8 +587,9 @@ mod tests {
     #[test]
     fn defaults_and_overrides() {
         let c = with(&[]).config().unwrap();
-        assert_eq!(c.dram_capacity, 1 << 30);
-        assert!(c.ssd.is_none());
+        assert_eq!(c.core.dram_capacity, 1 << 30);
+        assert!(c.core.ssd.is_none());
+        assert!(matches!(c.mode, ModeConfig::Local));
         let c = with(&[
             ("UMBP_DRAM_CAPACITY", "64M"),
             ("UMBP_SSD_DIRS", "/tmp/a,/tmp/b"),
@@ -591,15 +597,15 @@ mod tests {
         ])
         .config()
         .unwrap();
-        assert_eq!(c.dram_capacity, 64 << 20);
-        assert_eq!(c.ssd.unwrap().dirs.len(), 2);
-        assert_eq!(c.eviction, EvictionPolicy::Lru);
+        assert_eq!(c.core.dram_capacity, 64 << 20);
+        assert_eq!(c.core.ssd.unwrap().dirs.len(), 2);
+        assert_eq!(c.core.eviction, EvictionPolicy::Lru);
         // Explicit settings win over the environment.
         let c = with(&[("UMBP_DRAM_CAPACITY", "64M")])
             .dram_capacity(8 << 20)
             .config()
             .unwrap();
-        assert_eq!(c.dram_capacity, 8 << 20);
+        assert_eq!(c.core.dram_capacity, 8 << 20);
     }
 
     #[test]

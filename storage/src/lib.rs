@@ -33,9 +33,9 @@
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod config;
+mod core;
 pub mod error;
 pub mod eviction;
-mod metrics;
 pub mod range_map;
 pub mod standalone;
 pub mod store;
@@ -52,12 +52,16 @@ pub mod ssd {
     pub mod record;
 }
 
+pub use crate::core::config::CoreConfig;
+pub use crate::core::stats::CoreStats;
 #[cfg(feature = "cluster")]
-pub use cluster::ClusterConfig;
-pub use config::{StoreBuilder, StoreConfig};
+pub use cluster::{stats::ClusterStats, ClusterConfig};
+pub use config::{ModeConfig, StoreBuilder, StoreConfig};
 pub use error::{Result, StoreError, Tier};
 pub use eviction::EvictionPolicy;
 pub use range_map::Range;
 pub use ssd::io::{DirectIo, IoBackend};
+pub use standalone::config::StandaloneConfig;
+pub use standalone::stats::StandaloneStats;
 pub use standalone::KvBuffer;
 pub use store::{RangedGet, RangedPut, Store, StoreStats};

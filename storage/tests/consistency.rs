@@ -262,10 +262,14 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
     }
     println!(
         "{gets} gets checked; stats: demoted {}, promoted {}, demotion failed {}, puts ok {}, segments compacted {}",
-        stats.demoted, stats.promoted, stats.demotion_failed, stats.puts_ok, stats.ssd_segments_compacted
+        stats.core.demoted,
+        stats.core.promoted,
+        stats.core.demotion_failed,
+        stats.core.puts_ok,
+        stats.core.ssd_segments_compacted
     );
     assert!(
-        stats.demoted > 0 && stats.promoted > 0 && stats.ssd_segments_compacted > 0,
+        stats.core.demoted > 0 && stats.core.promoted > 0 && stats.core.ssd_segments_compacted > 0,
         "the run must move objects between tiers and compact: {stats:?}"
     );
     assert!(gets > 100, "only {gets} gets ran");

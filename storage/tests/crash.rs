@@ -128,7 +128,7 @@ async fn killed_mid_puts_keeps_every_acknowledged_put() {
     }
 
     let store = with_ssd(0, dir.path()).open().await.unwrap();
-    assert!(store.stats().unwrap().ssd_torn_dropped >= 1);
+    assert!(store.stats().unwrap().core.ssd_torn_dropped >= 1);
     let mut buf = Buf::new(&store, 64 << 10).await;
     let last = *acked.iter().max().unwrap();
     for &i in &acked {

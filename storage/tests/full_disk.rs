@@ -87,7 +87,7 @@ async fn a_full_filesystem_recovers_after_removes() {
     for capacity in [None, Some(1 << 30)] {
         let dir = fs.path();
         let store = ssd_store(&dir, 0, capacity).open().await.unwrap();
-        let cap = store.stats().unwrap().ssd_capacity_bytes;
+        let cap = store.stats().unwrap().core.ssd_capacity_bytes;
         assert!(cap <= 16 << 20 && cap > 8 << 20, "capacity {cap}");
         let mut buf = Buf::new(&store, OBJ as usize).await;
         let (stored, err) = fill(&store, &mut buf, 0, 1000);
@@ -107,7 +107,7 @@ async fn a_full_filesystem_recovers_after_removes() {
             "after removes only {} puts fit: {err:?}",
             again.len()
         );
-        assert!(store.stats().unwrap().ssd_segments_compacted > 0);
+        assert!(store.stats().unwrap().core.ssd_segments_compacted > 0);
         check(&store, &mut buf, &keep);
         check(&store, &mut buf, &again);
         store.close().await.unwrap();
@@ -174,7 +174,10 @@ async fn failed_demotions_never_lose_acknowledged_puts() {
     let (stored, err) = fill(&store, &mut buf, 0, 1000);
     assert!(matches!(err, Some(StoreError::NoSpace { .. })), "{err:?}");
     let s = store.stats().unwrap();
-    assert!(s.demoted > 0 && s.demotion_failed > 0 && s.dropped == 0, "{s:?}");
+    assert!(
+        s.core.demoted > 0 && s.core.demotion_failed > 0 && s.core.dropped == 0,
+        "{s:?}"
+    );
     check(&store, &mut buf, &stored);
     // Removing makes room for demotions and puts again.
     for &i in stored.iter().filter(|&&i| i % 2 == 1) {

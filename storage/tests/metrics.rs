@@ -76,23 +76,29 @@ async fn a_scrape_shows_the_stores_hits_misses_and_demotions() {
         assert!(matches!(got[0], Err(StoreError::NotFound { .. })));
     }
     let s = store.stats().unwrap();
-    assert!(s.demoted > 0 && s.ssd_delivered_bytes > 0, "{s:?}");
+    assert!(s.core.demoted > 0 && s.core.ssd_delivered_bytes > 0, "{s:?}");
 
     let body = scrape(&engine).await;
     assert_eq!(value(&body, "umbp_hits_total", "tier=\"local\""), 20.0);
     assert_eq!(value(&body, "umbp_misses_total", ""), 3.0);
     assert_eq!(value(&body, "umbp_puts_total", "outcome=\"ok\""), 20.0);
-    assert_eq!(value(&body, "umbp_demotions_total", ""), s.demoted as f64);
-    assert_eq!(value(&body, "umbp_evictions_total", ""), (s.demoted + s.dropped) as f64);
-    assert_eq!(value(&body, "umbp_promotions_total", ""), s.promoted as f64);
+    assert_eq!(value(&body, "umbp_demotions_total", ""), s.core.demoted as f64);
+    assert_eq!(
+        value(&body, "umbp_evictions_total", ""),
+        (s.core.demoted + s.core.dropped) as f64
+    );
+    assert_eq!(value(&body, "umbp_promotions_total", ""), s.core.promoted as f64);
     let dram = value(&body, "umbp_delivered_bytes_total", "tier=\"dram\"");
     let ssd = value(&body, "umbp_delivered_bytes_total", "tier=\"ssd\"");
     assert_eq!(dram + ssd, (20 * obj) as f64);
-    assert_eq!(ssd, s.ssd_delivered_bytes as f64);
-    assert_eq!(value(&body, "umbp_ssd_read_bytes_total", ""), s.ssd_read_bytes as f64);
+    assert_eq!(ssd, s.core.ssd_delivered_bytes as f64);
+    assert_eq!(
+        value(&body, "umbp_ssd_read_bytes_total", ""),
+        s.core.ssd_read_bytes as f64
+    );
     assert_eq!(
         value(&body, "umbp_capacity_bytes", "tier=\"dram\""),
-        s.dram_capacity_bytes as f64
+        s.core.dram_capacity_bytes as f64
     );
     // The engine's own metrics are in the same answer.
     assert!(value(&body, "te_requests_total", "transport=\"local\"") > 0.0);

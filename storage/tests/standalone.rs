@@ -26,6 +26,30 @@ async fn behaviour_suite_local() {
     store.close().await.unwrap();
 }
 
+/// The same suite on a peer of a one-peer cluster (a real etcd on loopback): every key is
+/// local, so the distributed layer must leave each call's outcome unchanged, and the stats gain
+/// a cluster section with nothing read remotely.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behaviour_suite_distributed() {
+    let Some(etcd) = te_tests::etcd::EtcdServer::start_on_loopback() else {
+        return;
+    };
+    let mut cc = umbp::ClusterConfig::parse(&etcd.endpoint.replace("http://", "etcd://")).unwrap();
+    cc.prefix = format!("/suite-{}", std::process::id());
+    cc.listen = "127.0.0.1:0".parse().unwrap();
+    let store = dram_only().cluster(cc).open().await.unwrap();
+    assert!(matches!(store.config().mode, umbp::ModeConfig::Cluster(_)));
+    behaviour_suite(&store).await;
+    let st = store.stats().unwrap();
+    let cluster = st.cluster.as_ref().expect("a peer's stats have a cluster section");
+    assert_eq!(cluster.remote_hits, 0, "{st:?}");
+    assert!(st.standalone.is_none());
+    assert!(store.cluster_owner("suite/page-0").is_some(), "the suite's keys are published");
+    store.close().await.unwrap();
+    drop(etcd);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behaviour_suite_standalone() {
     let dir = tempfile::tempdir().unwrap();
@@ -35,10 +59,10 @@ async fn behaviour_suite_standalone() {
     behaviour_suite(&store).await;
     let st = store.stats().unwrap();
     assert!(
-        st.key_handle_hits >= 1,
+        sa(&st).key_handle_hits >= 1,
         "the repeated get named its keys by handle: {st:?}"
     );
-    assert_eq!(st.server_sessions, 1);
+    assert_eq!(sa(&st).server_sessions, 1);
     store.close().await.unwrap();
 }
 
@@ -64,7 +88,7 @@ async fn a_closed_store_does_not_reconnect() {
     assert!(other.exists("kept").unwrap(), "the object outlives the closed client");
     // The closed client's session ends when the server sees its connections close.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while other.stats().unwrap().server_sessions != 1 {
+    while sa(&other.stats().unwrap()).server_sessions != 1 {
         assert!(Instant::now() < deadline, "{:?}", other.stats().unwrap());
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -107,14 +131,14 @@ async fn key_handles_survive_a_cycle_longer_than_the_client_cache() {
         let rounds = 60;
         let st = cycle(&store, c, rounds).await;
         let reuses = (c * (rounds - 1)) as f64;
-        let rate = st.key_handle_hits as f64 / reuses;
-        rates.push((c, rate, st.key_handle_remints));
+        let rate = sa(&st).key_handle_hits as f64 / reuses;
+        rates.push((c, rate, sa(&st).key_handle_remints));
         if c == 8 {
             assert_eq!(rate, 1.0, "C=8 fits: {st:?}");
-            assert_eq!((st.key_handle_mints, st.key_handle_remints), (8, 0));
+            assert_eq!((sa(&st).key_handle_mints, sa(&st).key_handle_remints), (8, 0));
         }
         // The handle is a hint: every call returned the right length whatever it hit.
-        assert_eq!(st.key_handle_hits + st.key_handle_misses, (c * rounds) as u64);
+        assert_eq!(sa(&st).key_handle_hits + sa(&st).key_handle_misses, (c * rounds) as u64);
         store.close().await.unwrap();
     }
     println!("hit rate over reuses at 8 slots (C, rate, remints): {rates:?}");
@@ -131,12 +155,12 @@ async fn key_handles_survive_a_cycle_longer_than_the_server_table() {
     let store = Store::builder().connect(&server.socket).open().await.unwrap();
     let rounds = 60;
     let st = cycle(&store, 9, rounds).await;
-    let rate = st.key_handle_hits as f64 / (9 * (rounds - 1)) as f64;
+    let rate = sa(&st).key_handle_hits as f64 / (9 * (rounds - 1)) as f64;
     assert!(rate >= 0.70, "C=9 at server capacity 8: {rate} {st:?}");
-    assert_eq!(st.server_key_handle_held, 8);
-    assert!(st.server_key_handle_bytes > 0);
+    assert_eq!(sa(&st).server_key_handle_held, 8);
+    assert!(sa(&st).server_key_handle_bytes > 0);
     assert!(
-        st.server_key_handle_misses > 0,
+        sa(&st).server_key_handle_misses > 0,
         "the server forgot handles the client held"
     );
     store.close().await.unwrap();
@@ -158,9 +182,9 @@ async fn capacity_zero_turns_the_server_table_off_and_terminates() {
         .await
         .unwrap()
         .expect("calls at capacity 0 did not return");
-    assert_eq!(st.server_key_handle_mints, 0);
-    assert_eq!(st.server_key_handle_held, 0);
-    assert_eq!(st.key_handle_hits, 0);
+    assert_eq!(sa(&st).server_key_handle_mints, 0);
+    assert_eq!(sa(&st).server_key_handle_held, 0);
+    assert_eq!(sa(&st).key_handle_hits, 0);
     store.close().await.unwrap();
 }
 
@@ -175,8 +199,8 @@ async fn slots_zero_also_stops_the_server_remembering() {
         .await
         .unwrap();
     let st = cycle(&store, 9, 10).await;
-    assert_eq!((st.key_handle_hits, st.key_handle_mints), (0, 0));
-    assert_eq!(st.server_key_handle_held, 0, "{st:?}");
+    assert_eq!((sa(&st).key_handle_hits, sa(&st).key_handle_mints), (0, 0));
+    assert_eq!(sa(&st).server_key_handle_held, 0, "{st:?}");
     // Handles are minted from 1 and never reused: if the whole run minted nothing, the first
     // handle a raw client can get is still 1 (the seed's assertion).
     let mut raw = Raw::connect(&server.socket, [0; 16]).unwrap();

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use history::{tag_at, Log, Op};
-use standalone_support::Server;
+use standalone_support::{sa, Server};
 use umbp::{Range, RangedGet, RangedPut, Store, StoreError};
 
 const KEYS: usize = 16;
@@ -212,11 +212,14 @@ async fn handle_hits_are_linearizable_under_puts_removes_and_eviction() {
     let (stale, gets) = log.check();
     println!(
         "{gets} gets checked; {} calls reused a resolution; handle hits {}; demoted {}, promoted {}",
-        st.resolve_reused, st.server_key_handle_hits, st.demoted, st.promoted
+        st.core.resolve_reused,
+        sa(&st).server_key_handle_hits,
+        st.core.demoted,
+        st.core.promoted
     );
     history::assert_clean(&problems, &stale);
     assert!(
-        st.resolve_reused > 50 && st.demoted > 0,
+        st.core.resolve_reused > 50 && st.core.demoted > 0,
         "the run must reuse resolutions and demote objects: {st:?}"
     );
 }

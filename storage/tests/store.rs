@@ -44,7 +44,7 @@ async fn dram_ranged_round_trip_across_pages() {
             }
         }
     }
-    assert_eq!(store.stats().unwrap().dram_read_bytes, 64 * LAYER);
+    assert_eq!(store.stats().unwrap().core.dram_read_bytes, 64 * LAYER);
     assert_eq!(
         store
             .batch_exists_consecutive(&["page-0", "page-1", "nope", "page-2"])
@@ -235,13 +235,13 @@ async fn ssd_ranged_read_reads_only_the_blocks_it_needs() {
     let layer = 37_440u64;
     let mut buf = Buf::new(&store, (61 * layer) as usize).await;
     put_layers(&store, &mut buf, "p", 3, 61, layer, 0).unwrap();
-    let before = store.stats().unwrap().ssd_read_bytes;
+    let before = store.stats().unwrap().core.ssd_read_bytes;
     assert_eq!(get_layers(&store, &mut buf, "p", 3, 30, 1, layer).unwrap(), layer);
-    let read = store.stats().unwrap().ssd_read_bytes - before;
+    let read = store.stats().unwrap().core.ssd_read_bytes - before;
     assert!(read <= 2 * layer, "{read} bytes read for one {layer}-byte layer");
     assert_eq!(get_layers(&store, &mut buf, "p", 3, 0, 61, layer).unwrap(), 61 * layer);
     let s = store.stats().unwrap();
-    assert!(!s.ssd_io_engine.is_empty());
+    assert!(!s.core.ssd_io_engine.is_empty());
     // The simple API round-trips too.
     store.put("simple", b"hello world", 0).await.unwrap();
     assert_eq!(store.get("simple").await.unwrap(), b"hello world");
@@ -258,27 +258,27 @@ async fn watermarks_demote_to_ssd_and_reads_promote() {
         .open()
         .await
         .unwrap();
-    let cap = store.stats().unwrap().dram_capacity_bytes;
+    let cap = store.stats().unwrap().core.dram_capacity_bytes;
     let mut buf = Buf::new(&store, 64 << 10).await;
     let obj = 16 << 10;
     for i in 0..20 {
         put_layers(&store, &mut buf, &format!("k{i}"), i, 4, obj / 4, 0).unwrap();
         let s = store.stats().unwrap();
         assert!(
-            s.dram_used_bytes <= cap * 3 / 4,
+            s.core.dram_used_bytes <= cap * 3 / 4,
             "after put {i}: {} of {cap}",
-            s.dram_used_bytes
+            s.core.dram_used_bytes
         );
     }
     let s = store.stats().unwrap();
-    assert!(s.demoted > 0 && s.dropped == 0, "{s:?}");
-    assert_eq!(s.dram_objects + s.ssd_objects, 20, "{s:?}");
+    assert!(s.core.demoted > 0 && s.core.dropped == 0, "{s:?}");
+    assert_eq!(s.core.dram_objects + s.core.ssd_objects, 20, "{s:?}");
     // Every object is readable, wherever it lives now.
     for i in 0..20 {
         get_layers(&store, &mut buf, &format!("k{i}"), i, 0, 4, obj / 4).unwrap();
     }
     // k0 was demoted first (LRU) and read whole just now: it was promoted if it fit.
-    assert!(store.stats().unwrap().promoted > 0);
+    assert!(store.stats().unwrap().core.promoted > 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -327,7 +327,7 @@ async fn write_through_survives_reopen() {
         for i in 0..5 {
             put_layers(&store, &mut buf, &format!("w{i}"), i, 3, 5000, 0).unwrap();
         }
-        assert_eq!(store.stats().unwrap().ssd_objects, 5);
+        assert_eq!(store.stats().unwrap().core.ssd_objects, 5);
         store.close().await.unwrap();
         assert!(matches!(store.remove("w0"), Err(StoreError::Closed)));
     }
@@ -395,7 +395,7 @@ async fn concurrent_readers_and_writers_on_overlapping_keys() {
         t.join().unwrap();
     }
     let s = store.stats().unwrap();
-    assert!(s.puts_ok > 0);
+    assert!(s.core.puts_ok > 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -423,7 +423,7 @@ async fn objects_larger_than_a_staging_slot_are_a_per_key_error() {
     ));
     put_layers(&store, &mut buf, "small", 0, 2, 1000, 0).unwrap();
     assert!(!store.exists("big").unwrap());
-    assert_eq!(store.stats().unwrap().puts_failed, 1);
+    assert_eq!(store.stats().unwrap().core.puts_failed, 1);
 }
 
 /// One flipped byte, in a payload or a header, of a sealed or the active segment, affects only
@@ -464,8 +464,8 @@ async fn flipped_bytes_affect_only_their_key() {
     flip(2, 4096 + 3 * 4096 - 1); // k08: payload, last byte, active segment
     flip(2, rec + 55); // k09: header (its block CRC table), active segment
     let store = open().await.unwrap();
-    assert_eq!(store.stats().unwrap().ssd_torn_dropped, 0);
-    assert_eq!(store.stats().unwrap().ssd_corrupt_records, 4);
+    assert_eq!(store.stats().unwrap().core.ssd_torn_dropped, 0);
+    assert_eq!(store.stats().unwrap().core.ssd_corrupt_records, 4);
     let mut buf = Buf::new(&store, 1 << 16).await;
     for i in 0..12u32 {
         let key = format!("k{i:02}");

@@ -183,11 +183,11 @@ pub(super) fn ssd_layer_ratio(
     if bytes == 0 {
         return Err(format!("no pool holds logical layer {layer}"));
     }
-    let before = store.stats().map_err(|e| e.to_string())?.ssd_read_bytes;
+    let before = store.stats().map_err(|e| e.to_string())?.core.ssd_read_bytes;
     for r in store.batch_get_ranges(&gets).map_err(|e| e.to_string())? {
         r.map_err(|e| e.to_string())?;
     }
-    Ok((store.stats().map_err(|e| e.to_string())?.ssd_read_bytes - before) as f64 / bytes as f64)
+    Ok((store.stats().map_err(|e| e.to_string())?.core.ssd_read_bytes - before) as f64 / bytes as f64)
 }
 
 #[allow(clippy::too_many_arguments)]

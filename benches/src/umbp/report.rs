@@ -114,8 +114,8 @@ pub(super) fn rank_count(
     let gbps = bytes_per_restore as f64 / s.load.as_secs_f64() / 1e9;
     let ns_per_fragment = s.over.as_nanos() as f64 / info.fragments as f64;
     let ns_per_fragment_smallest = s.small_over.as_nanos() as f64 / info.smallest_fragments as f64;
-    let ssd_read = after.ssd_read_bytes - before.ssd_read_bytes;
-    let delivered = (after.ssd_delivered_bytes - before.ssd_delivered_bytes).max(1);
+    let ssd_read = after.core.ssd_read_bytes - before.core.ssd_read_bytes;
+    let delivered = (after.core.ssd_delivered_bytes - before.core.ssd_delivered_bytes).max(1);
     if args.json {
         let phases = phases.map(|p| {
             let mut m = serde_json::Map::new();
@@ -160,8 +160,8 @@ pub(super) fn rank_count(
             "ssd_read_bytes": ssd_read,
             "ssd_read_over_delivered": if ssd { Some(ssd_read as f64 / delivered as f64) } else { None },
             "ssd_layer_read_ratio": info.layer_read_ratio,
-            "ssd_io_engine": after.ssd_io_engine,
-            "ssd_direct_io": after.ssd_direct_io,
+            "ssd_io_engine": after.core.ssd_io_engine,
+            "ssd_direct_io": after.core.ssd_direct_io,
             "phases_us_per_call": phases,
         }));
         return;
@@ -184,8 +184,8 @@ pub(super) fn rank_count(
         if ssd {
             format!(
                 ", SSD ({}, O_DIRECT {}) read {:.2}x delivered, one layer alone {:.2}x its bytes",
-                after.ssd_io_engine,
-                after.ssd_direct_io,
+                after.core.ssd_io_engine,
+                after.core.ssd_direct_io,
                 ssd_read as f64 / delivered as f64,
                 info.layer_read_ratio.unwrap_or(0.0)
             )

@@ -109,8 +109,8 @@ fn run() -> Result<(), String> {
         eprintln!(
             "umbp-server: listening on {} (DRAM {} B, SSD {} objects recovered)",
             opts.socket.display(),
-            stats.dram_capacity_bytes,
-            stats.ssd_objects
+            stats.core.dram_capacity_bytes,
+            stats.core.ssd_objects
         );
         let shutdown = async move {
             tokio::select! {

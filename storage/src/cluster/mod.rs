@@ -21,15 +21,17 @@ pub(crate) mod conn;
 pub(crate) mod directory;
 pub(crate) mod leases;
 pub(crate) mod owner;
+mod peer;
 pub(crate) mod remote_get;
 pub(crate) mod remote_put;
 pub(crate) mod server;
+pub mod stats;
 pub mod wire;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
@@ -39,11 +41,11 @@ use te_base::SegmentId;
 pub use config::ClusterConfig;
 use conn::Conn;
 use directory::{Directory, FreeBytes, LocalKeys};
-use leases::Leases;
+use owner::Owner;
+pub(crate) use peer::Peer;
 use server::Server;
 
 use crate::error::{Result, StoreError};
-use crate::store::Inner;
 
 /// Counters of the distributed path, updated once per call.
 #[derive(Debug, Default)]
@@ -65,14 +67,11 @@ pub(crate) struct Cluster {
     rt: Option<tokio::runtime::Runtime>,
     pub(crate) dir: Arc<Directory>,
     server: Option<Server>,
-    pub(crate) leases: Leases,
     conns: Mutex<HashMap<Arc<str>, Vec<Conn>>>,
     segments: RwLock<HashMap<Arc<str>, SegmentId>>,
     /// Placements of remote DRAM objects read before (owner, extents, generation): a later read
     /// of the same key skips RESOLVE; VALIDATE still checks it, and a stale one is resolved again.
     pub(crate) placements: RwLock<HashMap<String, Remembered>>,
-    /// Reservations peers are writing into (remote puts), with their deadlines.
-    pub(crate) reservations: Mutex<HashMap<u64, std::time::Instant>>,
     pub(crate) counters: ClusterCounters,
 }
 
@@ -92,7 +91,7 @@ impl Cluster {
     pub(crate) async fn start(
         cfg: ClusterConfig,
         name: &str,
-        store: Weak<Inner>,
+        owner: Arc<Owner>,
         local_keys: LocalKeys,
         free_bytes: FreeBytes,
     ) -> Result<Arc<Cluster>> {
@@ -105,7 +104,7 @@ impl Cluster {
         let env = te_base::config::ProcessEnv;
         let limits = ListenerLimits::from_env(&env, "UMBP_CLUSTER", cfg.timeout)?;
         let server = rt
-            .spawn(Server::start(cfg.listen, cfg.auth.clone(), limits, store))
+            .spawn(Server::start(cfg.listen, cfg.auth.clone(), limits, owner.clone()))
             .await
             .map_err(|e| StoreError::Cluster(format!("starting the control listener: {e}")))?
             .map_err(|e| StoreError::io(format!("binding the control listener on {}", cfg.listen), e))?;
@@ -120,16 +119,15 @@ impl Cluster {
             .await
             .map_err(|e| StoreError::Cluster(format!("joining: {e}")))?
             .map_err(StoreError::Cluster)?;
+        let _ = owner.dir.set(dir.clone());
         Ok(Arc::new(Cluster {
             cfg,
             rt: Some(rt),
             dir,
             server: Some(server),
-            leases: Leases::default(),
             conns: Mutex::new(HashMap::new()),
             segments: RwLock::new(HashMap::new()),
             placements: RwLock::new(HashMap::new()),
-            reservations: Mutex::new(HashMap::new()),
             counters: ClusterCounters::default(),
         }))
     }
@@ -242,19 +240,6 @@ impl Cluster {
     }
 }
 
-impl ClusterCounters {
-    /// Copies the counters into `s`.
-    pub(crate) fn fill(&self, s: &mut crate::store::StoreStats) {
-        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        s.remote_hits = l(&self.remote_hits);
-        s.remote_bytes = l(&self.remote_bytes);
-        s.remote_requests = l(&self.remote_requests);
-        s.remote_control_bytes = l(&self.control_bytes);
-        s.remote_stale = l(&self.stale);
-        s.remote_errors = l(&self.remote_errors);
-    }
-}
-
 /// The engine of a peer: its segment (arena and staging, exported) published in the cluster's
 /// etcd under the same prefix and lease TTL, with the cluster's key on every transport.
 pub(crate) async fn engine(cc: &ClusterConfig, name: &str) -> Result<te_core::TransferEngine> {
@@ -272,79 +257,17 @@ pub(crate) async fn engine(cc: &ClusterConfig, name: &str) -> Result<te_core::Tr
     Ok(b.build().await?)
 }
 
-/// Joins `store` to the cluster: control listener, membership, and every key it already holds
-/// (a restarted peer's SSD keys) written to the directory.
-pub(crate) async fn join(store: &crate::store::Store, cc: ClusterConfig, name: &str) -> Result<()> {
-    let weak = Arc::downgrade(&store.inner);
-    let lister = weak.clone();
-    let local_keys: LocalKeys = Box::new(move || {
-        lister
-            .upgrade()
-            .map(|inner| crate::store::Store { inner }.local_keys())
-            .unwrap_or_default()
-    });
-    let free = weak.clone();
-    let free_bytes: FreeBytes = Box::new(move || {
-        free.upgrade()
-            .map(|inner| crate::store::Store { inner }.dram_free())
-            .unwrap_or(0)
-    });
-    let reaper = weak.clone();
-    let c = Cluster::start(cc, name, weak, local_keys, free_bytes).await?;
-    let keys = store.local_keys();
-    c.dir.publish(&keys).await;
-    // Frees staging slots and DRAM reservations whose holder died, at half the deadline's
-    // granularity; ends with the store.
-    let period = (c.cfg.timeout / 2).max(std::time::Duration::from_millis(10));
-    c.handle().spawn(async move {
-        loop {
-            tokio::time::sleep(period).await;
-            let Some(inner) = reaper.upgrade() else {
-                return;
-            };
-            crate::store::Store { inner }.expire_peer_holds();
+impl ClusterCounters {
+    /// The counters as a stats section.
+    pub(crate) fn snapshot(&self) -> stats::ClusterStats {
+        let l = |c: &AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        stats::ClusterStats {
+            remote_hits: l(&self.remote_hits),
+            remote_bytes: l(&self.remote_bytes),
+            remote_requests: l(&self.remote_requests),
+            remote_control_bytes: l(&self.control_bytes),
+            remote_stale: l(&self.stale),
+            remote_errors: l(&self.remote_errors),
         }
-    });
-    let _ = store.inner.cluster.set(c);
-    Ok(())
-}
-
-impl crate::store::Store {
-    /// DRAM bytes below the high watermark not yet allocated (what a remote put may use here).
-    pub(crate) fn dram_free(&self) -> u64 {
-        self.inner
-            .dram
-            .as_ref()
-            .map(|d| d.high.saturating_sub(d.state.read().used()))
-            .unwrap_or(0)
-    }
-
-    /// Every key this store's tiers hold.
-    pub(crate) fn local_keys(&self) -> Vec<String> {
-        let mut keys: Vec<String> = Vec::new();
-        if let Some(d) = &self.inner.dram {
-            keys.extend(d.state.read().keys().map(|k| k.to_string()));
-        }
-        if let Some(s) = &self.inner.ssd {
-            keys.extend(s.log.index().keys().map(|k| k.to_string()));
-        }
-        keys.sort_unstable();
-        keys.dedup();
-        keys
-    }
-
-    /// Distributed mode: the peer this store's copy of the directory names as `key`'s owner
-    /// (this peer's own name for its keys); `None` in local mode or when unknown.
-    pub fn cluster_owner(&self, key: &str) -> Option<String> {
-        self.inner.cluster.get()?.dir.owner_of(key).map(|o| o.to_string())
-    }
-
-    /// Distributed mode: the live members this store knows, with their control addresses.
-    pub fn cluster_members(&self) -> Vec<(String, std::net::SocketAddr)> {
-        self.inner
-            .cluster
-            .get()
-            .map(|c| c.dir.members().into_iter().map(|(n, a)| (n.to_string(), a)).collect())
-            .unwrap_or_default()
     }
 }

@@ -17,9 +17,9 @@ use te_core::TransferRequest;
 use super::conn::Conn;
 use super::wire::{self, Op, Place};
 use super::Cluster;
+use crate::core::{Core, RangedGet};
 use crate::error::StoreError;
 use crate::range_map::{map_range, Extent};
-use crate::store::{RangedGet, Store};
 
 /// One owner's share of a call.
 struct OwnerWork {
@@ -73,7 +73,7 @@ impl Cluster {
     /// remembered placement that turned out stale are resolved and read once more.
     pub(crate) fn get_remote(
         self: &Arc<Self>,
-        store: &Store,
+        core: &Core,
         items: &[RangedGet<'_>],
         missed: &[usize],
         errors: &mut [Option<StoreError>],
@@ -84,13 +84,13 @@ impl Cluster {
             return out;
         }
         let mut retry = Vec::new();
-        self.pass(store, items, missed, true, errors, hits, &mut out, &mut retry);
+        self.pass(core, items, missed, true, errors, hits, &mut out, &mut retry);
         if !retry.is_empty() {
             for &k in &retry {
                 errors[k] = None;
             }
             let mut again = Vec::new();
-            self.pass(store, items, &retry, false, errors, hits, &mut out, &mut again);
+            self.pass(core, items, &retry, false, errors, hits, &mut out, &mut again);
         }
         let c = &self.counters;
         c.remote_hits.fetch_add(out.hits, Ordering::Relaxed);
@@ -108,7 +108,7 @@ impl Cluster {
     #[allow(clippy::too_many_arguments)]
     fn pass(
         &self,
-        store: &Store,
+        core: &Core,
         items: &[RangedGet<'_>],
         keys: &[usize],
         use_cache: bool,
@@ -150,14 +150,14 @@ impl Cluster {
         }
         // With the phase report on: resolve = RESOLVE round trips, build + submit = the batches,
         // wait = the reads, other = VALIDATE.
-        let timer = &store.inner.timer;
+        let timer = &core.timer();
         let t0 = timer.start();
 
         let timeout = self.cfg.timeout;
         // RESOLVE: sent to every owner before any answer is read, so the owners work at once.
         let mut sent: Vec<Option<(Conn, SegmentId, u64, bool)>> = Vec::with_capacity(work.len());
         for w in &work {
-            let r = self.segment_for(store, &w.owner).and_then(|seg| {
+            let r = self.segment_for(core, &w.owner).and_then(|seg| {
                 let mut conn = self.conn_to(&w.owner, w.addr)?;
                 let fresh = w.keys.iter().zip(&w.cached).filter(|(_, c)| c.is_none());
                 if fresh.clone().next().is_none() {
@@ -212,7 +212,7 @@ impl Cluster {
             batches.push(match resolved {
                 Some(r) => self
                     .keep_or_fail(r, w, items, errors)
-                    .map(|r| self.submit_owner(store, items, w, r, errors)),
+                    .map(|r| self.submit_owner(core, items, w, r, errors)),
                 None => None,
             });
         }
@@ -382,11 +382,11 @@ impl Cluster {
     }
 
     /// `owner`'s engine segment, opened (on the control runtime, bounded) the first time.
-    pub(crate) fn segment_for(&self, store: &Store, owner: &Arc<str>) -> Result<SegmentId, String> {
+    pub(crate) fn segment_for(&self, core: &Core, owner: &Arc<str>) -> Result<SegmentId, String> {
         if let Some(s) = self.segment(owner) {
             return Ok(s);
         }
-        let (engine, name) = (store.engine().clone(), owner.to_string());
+        let (engine, name) = (core.engine().clone(), owner.to_string());
         let opened = self.run(
             async move { engine.open_segment(&name).await.map(|h| h.id()) },
             self.cfg.timeout,
@@ -402,7 +402,7 @@ impl Cluster {
     /// error now.
     fn submit_owner(
         &self,
-        store: &Store,
+        core: &Core,
         items: &[RangedGet<'_>],
         w: &OwnerWork,
         r: Resolved,
@@ -491,7 +491,7 @@ impl Cluster {
         let batch = if requests.is_empty() {
             None
         } else {
-            match store.engine().submit(&requests) {
+            match core.engine().submit(&requests) {
                 Ok(b) => Some(b),
                 Err(e) => {
                     for x in read.drain(..) {

@@ -13,12 +13,12 @@ use te_core::TransferRequest;
 
 use super::wire::{self, Op, Place};
 use super::Cluster;
+use crate::core::{Core, RangedPut};
 use crate::range_map::{map_range, Extent};
-use crate::store::{RangedPut, Store};
 
 impl Cluster {
     /// Stores `keys` of `items` on another peer; returns those stored there.
-    pub(crate) fn put_remote(&self, store: &Store, items: &[RangedPut<'_>], keys: &[usize]) -> Vec<usize> {
+    pub(crate) fn put_remote(&self, core: &Core, items: &[RangedPut<'_>], keys: &[usize]) -> Vec<usize> {
         if keys.is_empty() || !self.dir.is_live() {
             return Vec::new();
         }
@@ -26,7 +26,7 @@ impl Cluster {
         let Some((owner, addr)) = self.dir.roomiest_peer(need) else {
             return Vec::new();
         };
-        match self.put_at(store, items, keys, &owner, addr) {
+        match self.put_at(core, items, keys, &owner, addr) {
             Ok(stored) => stored,
             Err(e) => {
                 tracing::warn!("umbp cluster: remote put on {owner} failed: {e}");
@@ -38,13 +38,13 @@ impl Cluster {
 
     fn put_at(
         &self,
-        store: &Store,
+        core: &Core,
         items: &[RangedPut<'_>],
         keys: &[usize],
         owner: &Arc<str>,
         addr: std::net::SocketAddr,
     ) -> Result<Vec<usize>, String> {
-        let seg = self.segment_for(store, owner)?;
+        let seg = self.segment_for(core, owner)?;
         let mut conn = self.conn_to(owner, addr)?;
         let objs: Vec<(&str, u64, u32)> = keys
             .iter()
@@ -89,7 +89,7 @@ impl Cluster {
         }
         let mut failed = vec![false; keys.len()];
         if !requests.is_empty() {
-            let batch = store.engine().submit(&requests).map_err(|e| format!("writing: {e}"))?;
+            let batch = core.engine().submit(&requests).map_err(|e| format!("writing: {e}"))?;
             match batch.wait_blocking(Some(self.cfg.timeout)) {
                 Some(Ok(_)) => {}
                 Some(Err(e)) => {

@@ -7,7 +7,7 @@
 //! weakly, so a store that is dropped stops serving.
 
 use std::net::SocketAddr;
-use std::sync::Weak;
+use std::sync::Arc;
 
 use te_base::auth::AuthKey;
 use te_base::listener::{accept_admitted, AcceptBackoff, ConnectionGate, ListenerLimits};
@@ -15,8 +15,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 use super::conn::{accept_handshake, read_frame, write_frame};
+use super::owner::Owner;
 use super::wire::{self, Op};
-use crate::store::{Inner, Store};
 
 const NAME: &str = "umbp cluster control listener";
 
@@ -38,26 +38,26 @@ impl Server {
         listen: SocketAddr,
         auth: Option<AuthKey>,
         limits: ListenerLimits,
-        store: Weak<Inner>,
+        owner: Arc<Owner>,
     ) -> std::io::Result<Server> {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         if auth.is_none() {
             te_base::auth::warn_unauthenticated(NAME, &addr.to_string(), "where this peer's KV pages are");
         }
-        let task = tokio::spawn(accept_loop(listener, auth, limits, store));
+        let task = tokio::spawn(accept_loop(listener, auth, limits, owner));
         Ok(Server { addr, task })
     }
 }
 
-async fn accept_loop(listener: TcpListener, auth: Option<AuthKey>, limits: ListenerLimits, store: Weak<Inner>) {
+async fn accept_loop(listener: TcpListener, auth: Option<AuthKey>, limits: ListenerLimits, owner: Arc<Owner>) {
     let gate = ConnectionGate::new(&limits);
     let mut backoff = AcceptBackoff::default();
     loop {
         let (stream, from, permit) = accept_admitted(&listener, &gate, &mut backoff, NAME, limits.frame_timeout).await;
-        let (auth, store) = (auth.clone(), store.clone());
+        let (auth, owner) = (auth.clone(), owner.clone());
         tokio::spawn(async move {
-            if let Err(e) = serve(stream, from, auth, limits, store).await {
+            if let Err(e) = serve(stream, from, auth, limits, owner).await {
                 tracing::debug!("{NAME}: {from}: {e}");
             }
             drop(permit);
@@ -70,7 +70,7 @@ async fn serve(
     from: SocketAddr,
     auth: Option<AuthKey>,
     limits: ListenerLimits,
-    store: Weak<Inner>,
+    owner: Arc<Owner>,
 ) -> std::io::Result<()> {
     accept_handshake(&mut s, auth.as_ref(), &from.to_string(), limits.handshake_timeout).await?;
     loop {
@@ -79,12 +79,11 @@ async fn serve(
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
         };
-        let Some(inner) = store.upgrade() else { return Ok(()) };
-        let store = Store { inner };
+        let Some(core) = owner.core() else { return Ok(()) };
         let (op, answer) = match op {
             Op::Resolve => match wire::decode_resolve(&body) {
                 Ok(keys) => {
-                    let (lease, places) = store.places_for_peer(&keys);
+                    let (lease, places) = owner.resolve(&core, &keys);
                     (Op::Places, wire::encode_places(lease, &places))
                 }
                 Err(e) => (Op::Refused, format!("malformed RESOLVE: {e}").into_bytes()),
@@ -92,21 +91,21 @@ async fn serve(
             Op::Validate => match wire::decode_validate(&body) {
                 Ok((lease, keys)) => (
                     Op::Verdicts,
-                    wire::encode_verdicts(&store.validate_for_peer(lease, &keys)),
+                    wire::encode_verdicts(&owner.validate(&core, lease, &keys)),
                 ),
                 Err(e) => (Op::Refused, format!("malformed VALIDATE: {e}").into_bytes()),
             },
             Op::Allocate => match wire::decode_allocate(&body) {
-                Ok(objs) => (Op::Places, wire::encode_places(0, &store.allocate_for_peer(&objs))),
+                Ok(objs) => (Op::Places, wire::encode_places(0, &owner.allocate(&core, &objs))),
                 Err(e) => (Op::Refused, format!("malformed ALLOCATE: {e}").into_bytes()),
             },
             Op::Commit => match wire::decode_validate(&body) {
                 Ok((_, keys)) => {
-                    let (verdicts, committed) = store.commit_for_peer(&keys);
+                    let (verdicts, committed) = owner.commit(&core, &keys);
+                    drop(core);
                     // Routable before the writer's put returns.
-                    if let Some(c) = store.inner.cluster.get().cloned() {
-                        drop(store);
-                        c.dir.publish(&committed).await;
+                    if let Some(dir) = owner.dir.get() {
+                        dir.publish(&committed).await;
                     }
                     (Op::Verdicts, wire::encode_verdicts(&verdicts))
                 }

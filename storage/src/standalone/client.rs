@@ -13,41 +13,25 @@
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use super::config::StandaloneConfig;
 use super::io::{recv_frame, send_frame, RecvError};
 use super::key_handles::ClientCache;
 use super::memfd::KvBuffer;
-use super::server::AUTH_CONTEXT;
 use super::wire::{self, Op, Put, Reader, Welcome};
+use super::AUTH_CONTEXT;
+use crate::core::{RangedGet, RangedPut};
 use crate::error::{Result, StoreError};
-use crate::store::{RangedGet, RangedPut, StoreStats};
+use crate::store::stats::StoreStats;
 use te_base::auth::{InitiatorHandshake, NONCE_LEN, PROOF_LEN};
 
 /// Longest reply the client reads.
 const MAX_REPLY: usize = 1 << 30;
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
-
-/// How a client connects.
-#[derive(Debug, Clone)]
-pub struct ClientOptions {
-    /// The server's socket.
-    pub socket: PathBuf,
-    /// Key-handle cache slots (`UMBP_KEY_HANDLE_SLOTS`; 0: off).
-    pub slots: usize,
-    /// Keep the reuse-distance histogram (`UMBP_KEY_HANDLE_DEBUG`).
-    pub debug: bool,
-    /// Longest wait for a reply (`UMBP_STANDALONE_TIMEOUT_MS`).
-    pub timeout: Duration,
-    /// Busy-poll for the reply this long before sleeping (`UMBP_STANDALONE_SPIN_US`).
-    pub spin: Duration,
-    /// The shared key to prove, and to demand the server proves (`TE_AUTH_KEY_FILE`).
-    pub auth: Option<te_base::auth::AuthKey>,
-}
 
 struct Conn {
     spin: Duration,
@@ -59,7 +43,7 @@ struct Conn {
 }
 
 impl Conn {
-    fn open(opts: &ClientOptions, join: [u8; 16], generation: u64) -> Result<(Conn, Welcome)> {
+    fn open(opts: &StandaloneConfig, join: [u8; 16], generation: u64) -> Result<(Conn, Welcome)> {
         let gone = |e: std::io::Error| StoreError::ServerGone {
             detail: format!("connecting to {}: {e}", opts.socket.display()),
         };
@@ -170,7 +154,7 @@ struct Shared {
 
 /// The standalone client behind a `Store`.
 pub struct Client {
-    opts: ClientOptions,
+    opts: StandaloneConfig,
     session: Mutex<SessionState>,
     pool: Mutex<Vec<Conn>>,
     buffers: Mutex<BTreeMap<u64, Shared>>,
@@ -184,9 +168,13 @@ pub struct Client {
 
 impl Client {
     /// Connects (opens a session) to the server at `opts.socket`.
-    pub fn connect(opts: ClientOptions) -> Result<Client> {
+    pub fn connect(opts: StandaloneConfig) -> Result<Client> {
         let c = Client {
-            cache: Mutex::new(ClientCache::new(opts.slots, opts.debug, te_base::auth::random_u64())),
+            cache: Mutex::new(ClientCache::new(
+                opts.key_handle_slots,
+                opts.key_handle_debug,
+                te_base::auth::random_u64(),
+            )),
             opts,
             session: Mutex::new(SessionState {
                 live: None,
@@ -339,7 +327,7 @@ impl Client {
         self.with_scratch(data.len(), |b| {
             // SAFETY: the scratch buffer is used by one call at a time (its lock is held).
             unsafe { b.bytes_mut()[..data.len()].copy_from_slice(data) };
-            let ranges = [crate::Range::new(0, data.len() as u64, b.addr())];
+            let ranges = [crate::range_map::Range::new(0, data.len() as u64, b.addr())];
             self.put_ranges(&[RangedPut {
                 key,
                 object_len: data.len() as u64,
@@ -609,10 +597,11 @@ impl Client {
     pub fn stats(&self) -> Result<StoreStats> {
         let mut s = self.simple(Op::Stats, None, |rx| Ok(wire::decode_stats(rx)?))?;
         let n = self.cache.lock().counts();
-        s.key_handle_hits = n.hits;
-        s.key_handle_misses = n.misses;
-        s.key_handle_mints = n.mints;
-        s.key_handle_remints = n.remints;
+        let sa = s.standalone.get_or_insert_with(Default::default);
+        sa.key_handle_hits = n.hits;
+        sa.key_handle_misses = n.misses;
+        sa.key_handle_mints = n.mints;
+        sa.key_handle_remints = n.remints;
         Ok(s)
     }
 
@@ -658,7 +647,7 @@ impl Client {
         let mut st = self.session.lock();
         st.live = None;
         st.closed = true;
-        if self.opts.debug {
+        if self.opts.key_handle_debug {
             if let Some(line) = self.key_handle_report() {
                 eprintln!("umbp key handles: {:?}; {line}", self.cache.lock().counts());
             }

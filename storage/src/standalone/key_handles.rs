@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::store::Resolved;
+use crate::core::Resolved;
 
 /// Default client slots.
 pub const DEFAULT_SLOTS: usize = 128;

@@ -23,13 +23,18 @@
 //! | `UMBP_SERVER_MAX_CONNECTIONS`, `..._PER_SOURCE`, `..._HANDSHAKE_TIMEOUT_MS`, `..._IDLE_TIMEOUT_MS` | see `te_base::listener` | connection caps (per source = per uid) and deadlines |
 
 pub mod client;
+pub mod config;
 pub mod io;
 pub mod key_handles;
 pub mod memfd;
 pub mod server;
+pub mod stats;
 pub mod wire;
 
 pub use memfd::KvBuffer;
+
+/// The context both sides of the standalone hello bind their proofs to.
+pub const AUTH_CONTEXT: &str = "umbp-standalone";
 
 /// The standalone-mode variables (client and server); the server's listener limits are
 /// `UMBP_SERVER` plus [`te_base::config::LISTENER_VAR_SUFFIXES`].

@@ -34,17 +34,18 @@ use te_base::listener::{AcceptBackoff, ConnectionGate, ConnectionPermit, Listene
 use super::io::{peer_credentials, recv_frame, send_frame, RecvError};
 use super::key_handles::{Held, ServerTable, DEFAULT_CAPACITY};
 use super::memfd::{map_sealed, Mapping};
+use super::stats::StandaloneStats;
 use super::wire::{self, Keys, Op, Put, Welcome};
+use super::AUTH_CONTEXT;
+use crate::core::{RangedGet, RangedPut};
 use crate::error::{Result, StoreError};
 use crate::range_map::Range;
-use crate::store::{RangedGet, RangedPut, Store};
+use crate::store::Store;
 
 /// Default longest frame a worker may send.
 pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
 /// Default per-frame timeout.
 pub const DEFAULT_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
-/// The handshake context of this listener (a proof for another listener is useless here).
-pub const AUTH_CONTEXT: &str = "umbp-standalone";
 /// Buffers one session may register.
 const MAX_REGIONS: usize = 4096;
 
@@ -524,13 +525,16 @@ fn dispatch(shared: &Shared, s: &Session, op: Op, payload: &[u8], fd: Option<Own
         Op::Stats => {
             let mut st = store.stats()?;
             let h = shared.handles.lock().counts();
-            st.server_key_handle_hits = h.hits;
-            st.server_key_handle_misses = h.misses;
-            st.server_key_handle_mints = h.mints;
-            st.server_key_handle_held = h.held;
-            st.server_key_handle_bytes = h.bytes;
-            st.server_sessions = shared.sessions.lock().len() as u64;
-            st.server_mapped_buffers = shared.mapped.load(Ordering::Relaxed);
+            st.standalone = Some(StandaloneStats {
+                server_key_handle_hits: h.hits,
+                server_key_handle_misses: h.misses,
+                server_key_handle_mints: h.mints,
+                server_key_handle_held: h.held,
+                server_key_handle_bytes: h.bytes,
+                server_sessions: shared.sessions.lock().len() as u64,
+                server_mapped_buffers: shared.mapped.load(Ordering::Relaxed),
+                ..Default::default()
+            });
             wire::encode_stats(tx, &st);
         }
         Op::PhaseReport => wire::encode_phases(tx, store.phase_report()?.as_ref()),

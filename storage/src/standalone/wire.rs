@@ -11,15 +11,19 @@
 //! protobuf and a runtime per call would cost more than the call. A fixed header and flat records
 //! decode with no allocation per key or range.
 
+use crate::core::stats::CoreStats;
 use crate::error::{StoreError, Tier};
 use crate::range_map::Range;
 use crate::ssd::record::MAX_KEY_LEN;
+use crate::standalone::stats::StandaloneStats;
+use crate::store::stats::StoreStats;
 
 /// First two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"UB";
 /// Protocol version; a peer speaking another is refused at the header. 2: `StoreStats` carries
-/// `resolve_reused` (33 counters).
-pub const VERSION: u8 = 2;
+/// `resolve_reused` (33 counters). 3: stats in sections (core with hits and misses, the
+/// server's standalone counters, an optional cluster section).
+pub const VERSION: u8 = 3;
 /// Bytes of a frame header.
 pub const HEADER: usize = 8;
 /// Bytes of one encoded range: object offset, length, worker address.
@@ -904,8 +908,8 @@ pub fn decode_results(r: &mut Reader<'_>, n: usize) -> Result<Vec<crate::Result<
     Ok(v)
 }
 
-/// The numeric counters of [`crate::StoreStats`], in wire order.
-fn stats_u64(s: &mut crate::StoreStats) -> [&mut u64; 33] {
+/// The numeric core counters, in wire order.
+fn core_u64(s: &mut CoreStats) -> [&mut u64; 24] {
     [
         &mut s.dram_objects,
         &mut s.dram_used_bytes,
@@ -928,10 +932,16 @@ fn stats_u64(s: &mut crate::StoreStats) -> [&mut u64; 33] {
         &mut s.ssd_segments_compacted,
         &mut s.ssd_compaction_written_bytes,
         &mut s.ssd_compaction_freed_bytes,
-        &mut s.key_handle_hits,
-        &mut s.key_handle_misses,
-        &mut s.key_handle_mints,
-        &mut s.key_handle_remints,
+        &mut s.local_hits,
+        &mut s.misses,
+        &mut s.resolve_reused,
+    ]
+}
+
+/// The server's own standalone counters, in wire order (the client fills its key-handle
+/// counters itself).
+fn server_u64(s: &mut StandaloneStats) -> [&mut u64; 7] {
+    [
         &mut s.server_key_handle_hits,
         &mut s.server_key_handle_misses,
         &mut s.server_key_handle_mints,
@@ -939,31 +949,84 @@ fn stats_u64(s: &mut crate::StoreStats) -> [&mut u64; 33] {
         &mut s.server_key_handle_bytes,
         &mut s.server_sessions,
         &mut s.server_mapped_buffers,
-        &mut s.resolve_reused,
     ]
 }
 
-/// Encodes store counters.
-pub fn encode_stats(out: &mut Vec<u8>, s: &crate::StoreStats) {
-    let mut s = s.clone();
-    for v in stats_u64(&mut s) {
+/// Counters of a cluster section, in wire order.
+const CLUSTER_COUNTERS: usize = 6;
+
+/// Encodes a server's counters: the core's, its standalone counters, then a cluster section
+/// (a flag byte, and its counters when the server is a cluster peer).
+pub fn encode_stats(out: &mut Vec<u8>, s: &StoreStats) {
+    let mut core = s.core.clone();
+    for v in core_u64(&mut core) {
         out.u64(*v);
     }
-    out.str(&s.ssd_io_engine);
-    out.u8(s.ssd_direct_io as u8);
+    out.str(&core.ssd_io_engine);
+    out.u8(core.ssd_direct_io as u8);
+    let mut sa = s.standalone.clone().unwrap_or_default();
+    for v in server_u64(&mut sa) {
+        out.u64(*v);
+    }
+    #[cfg(feature = "cluster")]
+    if let Some(c) = &s.cluster {
+        out.u8(1);
+        let values: [u64; CLUSTER_COUNTERS] = [
+            c.remote_hits,
+            c.remote_bytes,
+            c.remote_requests,
+            c.remote_control_bytes,
+            c.remote_stale,
+            c.remote_errors,
+        ];
+        for v in values {
+            out.u64(v);
+        }
+        return;
+    }
+    out.u8(0);
 }
 
-/// Decodes store counters.
-pub fn decode_stats(payload: &[u8]) -> Result<crate::StoreStats, WireError> {
+/// Decodes a server's counters (the standalone section holds the server's part).
+pub fn decode_stats(payload: &[u8]) -> Result<StoreStats, WireError> {
     let mut r = Reader::new(payload);
-    let mut s = crate::StoreStats::default();
-    for v in stats_u64(&mut s) {
+    let mut core = CoreStats::default();
+    for v in core_u64(&mut core) {
         *v = r.u64()?;
     }
-    s.ssd_io_engine = r.str()?.to_owned();
-    s.ssd_direct_io = r.u8()? != 0;
+    core.ssd_io_engine = r.str()?.to_owned();
+    core.ssd_direct_io = r.u8()? != 0;
+    let mut sa = StandaloneStats::default();
+    for v in server_u64(&mut sa) {
+        *v = r.u64()?;
+    }
+    let mut cluster = [0u64; CLUSTER_COUNTERS];
+    let has_cluster = match r.u8()? {
+        0 => false,
+        1 => {
+            for v in &mut cluster {
+                *v = r.u64()?;
+            }
+            true
+        }
+        _ => return Err(WireError::BadValue("cluster section flag")),
+    };
     r.end()?;
-    Ok(s)
+    // A build without the feature has no section to put a server's cluster counters in.
+    let _ = (has_cluster, cluster);
+    Ok(StoreStats {
+        core,
+        standalone: Some(sa),
+        #[cfg(feature = "cluster")]
+        cluster: has_cluster.then(|| crate::cluster::stats::ClusterStats {
+            remote_hits: cluster[0],
+            remote_bytes: cluster[1],
+            remote_requests: cluster[2],
+            remote_control_bytes: cluster[3],
+            remote_stale: cluster[4],
+            remote_errors: cluster[5],
+        }),
+    })
 }
 
 /// Encodes an optional phase report.
@@ -1019,8 +1082,43 @@ mod tests {
             let _ = Welcome::decode(&b);
             let _ = decode_results(&mut Reader::new(&b), 3);
             let _ = decode_error(&mut Reader::new(&b));
+            let _ = decode_stats(&b);
             if b.len() >= HEADER {
                 let _ = decode_header(b[..HEADER].try_into().unwrap(), 1 << 20);
+            }
+        }
+
+        #[test]
+        fn stats_round_trip_in_their_sections(
+            values in proptest::collection::vec(any::<u64>(), 37),
+            engine in "[a-z]{0,8}", direct in any::<bool>(), peer in any::<bool>(),
+        ) {
+            let mut core = CoreStats { ssd_io_engine: engine, ssd_direct_io: direct, ..Default::default() };
+            let mut server = StandaloneStats::default();
+            let fields = core_u64(&mut core).into_iter().chain(server_u64(&mut server));
+            for (f, v) in fields.zip(&values) {
+                *f = *v;
+            }
+            let sent = StoreStats {
+                core,
+                standalone: Some(server),
+                #[cfg(feature = "cluster")]
+                cluster: peer.then(|| crate::cluster::stats::ClusterStats {
+                    remote_hits: values[31],
+                    remote_bytes: values[32],
+                    remote_requests: values[33],
+                    remote_control_bytes: values[34],
+                    remote_stale: values[35],
+                    remote_errors: values[36],
+                }),
+            };
+            let _ = peer;
+            let mut out = Vec::new();
+            encode_stats(&mut out, &sent);
+            prop_assert_eq!(decode_stats(&out).unwrap(), sent);
+            // Every cut of the encoding is a typed error, never a panic or a shorter report.
+            for cut in 0..out.len() {
+                prop_assert!(decode_stats(&out[..cut]).is_err());
             }
         }
 

@@ -1,233 +1,73 @@
-//! The store: DRAM and SSD tiers behind one API, moving bytes through the transfer engine.
+//! The store's public face: one API over the three modes, chosen once at open.
 //!
-//! The store registers its DRAM arena and its SSD staging memory with a te-core engine, opens its
-//! own segment, and serves every read and write as a batch of engine requests whose remote side is
-//! that segment, so the local-copy transport plans them (adjacent fragments coalesce) and copies
-//! them. Caller memory is registered through [`Store::register_buffer`] and described by that
-//! registration.
+//! - local: the store core (tiers, ranged get and put, eviction, compaction) in this process;
+//! - standalone: a client of the node's `umbp-server`, which owns the tiers
+//!   ([`crate::standalone`]);
+//! - distributed: a core plus its cluster layer, which reads missed keys from their owners and
+//!   places overflow on other peers ([`crate::cluster`]).
+//!
+//! Each method dispatches once on the mode; the core below knows none of them.
 
 mod blocking;
-mod callers;
-mod get;
-mod put;
-mod staging;
+mod metrics;
+pub mod stats;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
-use te_base::{PhaseReport, PhaseStats, PhaseTimer, SegmentId};
-use te_core::{
-    BatchError, HostBufferOptions, HugePages, MemoryLocation, RegisterOptions, TransferEngine, TransferRequest,
-};
+use te_base::PhaseReport;
+use te_core::TransferEngine;
 
-use crate::config::{StoreBuilder, StoreConfig};
-use crate::dram::tier::DramState;
+use crate::config::{ModeConfig, StoreBuilder, StoreConfig};
+use crate::core::hooks::{NoMisses, NoOverflow};
+use crate::core::{check_keys, whole_object_puts, whole_object_ranges, Core, Resolved};
+pub use crate::core::{RangedGet, RangedPut};
 use crate::error::{Result, StoreError};
-use crate::eviction::EvictionPolicy;
-use crate::range_map::Range;
-use crate::ssd::log::SsdLog;
-use crate::ssd::record::MAX_KEY_LEN;
-use callers::{CallerRegion, CallerTable};
-pub(crate) use get::Resolved;
-use staging::Staging;
+use crate::standalone::client::Client;
+use crate::standalone::config::StandaloneConfig;
+use crate::standalone::KvBuffer;
+pub use stats::StoreStats;
 
-/// One key of [`Store::batch_get_ranges`]: the object ranges to read and where each lands.
-#[derive(Debug, Clone, Copy)]
-pub struct RangedGet<'a> {
-    /// The key.
-    pub key: &'a str,
-    /// Ranges of the object; each `addr` inside a registered caller buffer.
-    pub ranges: &'a [Range],
-}
-
-/// One key of [`Store::batch_put_ranges`]: an object of `object_len` bytes given as ranges that
-/// tile it exactly.
-#[derive(Debug, Clone, Copy)]
-pub struct RangedPut<'a> {
-    /// The key.
-    pub key: &'a str,
-    /// Size of the object.
-    pub object_len: u64,
-    /// Ranges covering `[0, object_len)` exactly; each `addr` inside a registered caller buffer.
-    pub ranges: &'a [Range],
-    /// Depth hint: the page's position in its prefix (deeper pages are evicted first by the
-    /// prefix-aware policy).
-    pub depth: u32,
-}
-
-/// A whole object `(key, addr, len, depth)` as the single range that tiles it.
-pub(crate) fn whole_object_ranges(objs: &[(&str, u64, u64, u32)]) -> Vec<[Range; 1]> {
-    objs.iter()
-        .map(|&(_, addr, len, _)| [Range::new(0, len, addr)])
-        .collect()
-}
-
-/// The ranged puts of whole objects, borrowing the ranges from [`whole_object_ranges`].
-pub(crate) fn whole_object_puts<'a>(objs: &[(&'a str, u64, u64, u32)], ranges: &'a [[Range; 1]]) -> Vec<RangedPut<'a>> {
-    objs.iter()
-        .zip(ranges)
-        .map(|(&(key, _, len, depth), r)| RangedPut {
-            key,
-            object_len: len,
-            ranges: r,
-            depth,
-        })
-        .collect()
-}
-
-/// Counters of the store since open (tier byte counters are updated once per call).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StoreStats {
-    /// Objects in DRAM.
-    pub dram_objects: u64,
-    /// Bytes of DRAM allocated.
-    pub dram_used_bytes: u64,
-    /// Bytes the DRAM arena holds.
-    pub dram_capacity_bytes: u64,
-    /// Bytes delivered to callers from DRAM.
-    pub dram_read_bytes: u64,
-    /// Objects in the SSD log.
-    pub ssd_objects: u64,
-    /// Bytes read from SSD files (whole blocks).
-    pub ssd_read_bytes: u64,
-    /// Bytes written to SSD files.
-    pub ssd_written_bytes: u64,
-    /// Bytes delivered to callers from SSD.
-    pub ssd_delivered_bytes: u64,
-    /// Objects demoted from DRAM to SSD.
-    pub demoted: u64,
-    /// Objects evicted from DRAM without an SSD copy (no SSD tier).
-    pub dropped: u64,
-    /// Demotions that failed (the object stayed in DRAM).
-    pub demotion_failed: u64,
-    /// Objects promoted from SSD to DRAM.
-    pub promoted: u64,
-    /// Keys put successfully.
-    pub puts_ok: u64,
-    /// Keys whose put failed.
-    pub puts_failed: u64,
-    /// Torn tails truncated at open.
-    pub ssd_torn_dropped: u64,
-    /// Damaged records found at open (their keys read `Corrupt`).
-    pub ssd_corrupt_records: u64,
-    /// Bytes of SSD segment files.
-    pub ssd_file_bytes: u64,
-    /// Bytes the SSD tier may use.
-    pub ssd_capacity_bytes: u64,
-    /// Segments compacted and deleted.
-    pub ssd_segments_compacted: u64,
-    /// Bytes rewritten by compaction.
-    pub ssd_compaction_written_bytes: u64,
-    /// Segment bytes deleted by compaction.
-    pub ssd_compaction_freed_bytes: u64,
-    /// The SSD I/O engine (`uring`, `psync`), empty without SSD.
-    pub ssd_io_engine: String,
-    /// True when the SSD files use O_DIRECT.
-    pub ssd_direct_io: bool,
-
-    // Standalone mode (all zero in local mode); see `crate::standalone`.
-    /// Client: ranged gets that named their keys by a key handle the server accepted.
-    pub key_handle_hits: u64,
-    /// Client: ranged gets that sent their keys.
-    pub key_handle_misses: u64,
-    /// Client: handles received for key sets sent.
-    pub key_handle_mints: u64,
-    /// Client: mints of a key set minted before.
-    pub key_handle_remints: u64,
-    /// Server: handles resolved.
-    pub server_key_handle_hits: u64,
-    /// Server: handles not known.
-    pub server_key_handle_misses: u64,
-    /// Server: handles minted.
-    pub server_key_handle_mints: u64,
-    /// Server: key sets held now.
-    pub server_key_handle_held: u64,
-    /// Server: heap bytes the held key sets take.
-    pub server_key_handle_bytes: u64,
-    /// Server: worker sessions connected.
-    pub server_sessions: u64,
-    /// Server: worker buffers mapped.
-    pub server_mapped_buffers: u64,
-    /// Ranged calls that reused a key handle's last resolution (no key hashed or looked up).
-    pub resolve_reused: u64,
-
-    // Distributed mode (local hits and misses are counted in every mode).
-    /// Keys of ranged/whole gets served by this store's own tiers.
-    pub local_hits: u64,
-    /// Keys of gets served by no tier and no peer.
-    pub misses: u64,
-    /// Keys read from another peer.
-    pub remote_hits: u64,
-    /// Bytes delivered from other peers (exactly the requested spans).
-    pub remote_bytes: u64,
-    /// Engine requests issued to other peers.
-    pub remote_requests: u64,
-    /// Control-protocol bytes sent and received (RESOLVE, PLACES, VALIDATE, VERDICTS).
-    pub remote_control_bytes: u64,
-    /// Remote keys whose placement changed while they were read (returned as misses).
-    pub remote_stale: u64,
-    /// Remote keys whose owner failed them (`StoreError::Remote`).
-    pub remote_errors: u64,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    dram_read_bytes: AtomicU64,
-    ssd_delivered_bytes: AtomicU64,
-    demoted: AtomicU64,
-    dropped: AtomicU64,
-    demotion_failed: AtomicU64,
-    promoted: AtomicU64,
-    puts_ok: AtomicU64,
-    puts_failed: AtomicU64,
-    local_hits: AtomicU64,
-    misses: AtomicU64,
-    resolve_reused: AtomicU64,
-}
-
-pub(crate) struct Dram {
-    /// Keeps the arena registered (and exported to the store's own segment) for the store's life.
-    _arena: te_core::Registration,
-    pub(crate) state: RwLock<DramState>,
-    pub(crate) high: u64,
-    pub(crate) low: u64,
-    pub(crate) policy: EvictionPolicy,
-}
-
-pub(crate) struct Ssd {
-    pub(crate) log: SsdLog,
-    pub(crate) staging: Staging,
-}
-
-pub(crate) struct Inner {
-    pub(crate) engine: TransferEngine,
-    owns_engine: bool,
-    pub(crate) own: SegmentId,
-    pub(crate) cfg: StoreConfig,
-    pub(crate) dram: Option<Dram>,
-    pub(crate) ssd: Option<Ssd>,
-    callers: RwLock<CallerTable>,
-    clock: AtomicU64,
-    /// Object versions when there is no SSD log (with one, its sequence numbers are used).
-    versions: AtomicU64,
-    pub(crate) timer: PhaseTimer,
-    stats: Option<Arc<PhaseStats>>,
-    counters: Counters,
+/// A standalone worker's side: the client, and the engine `Store::engine` hands out.
+struct Standalone {
+    client: Client,
+    engine: TransferEngine,
     closed: AtomicBool,
-    /// Standalone mode: every public call goes to the server through this client.
-    pub(crate) remote: Option<Arc<crate::standalone::client::Client>>,
+}
 
-    /// Distributed mode: set once at open.
+impl Standalone {
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Closed);
+        }
+        Ok(())
+    }
+}
+
+enum Mode {
+    Local(Arc<Core>),
+    Standalone(Box<Standalone>),
     #[cfg(feature = "cluster")]
-    pub(crate) cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
+    Cluster(crate::cluster::Peer),
+}
+
+/// Where a call that no mode layer changes goes: the server, or a core in this process (local
+/// mode's, or a cluster peer's).
+enum Target<'a> {
+    Server(&'a Standalone),
+    Core(&'a Core),
+}
+
+struct Inner {
+    cfg: StoreConfig,
+    mode: Mode,
 }
 
 /// The UMBP store. Cheap to clone; clones share one store. Data calls are blocking and may run
 /// on many threads at once; registration and opening are async.
 #[derive(Clone)]
 pub struct Store {
-    pub(crate) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for Store {
@@ -238,44 +78,60 @@ impl std::fmt::Debug for Store {
 
 static STORE_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// A segment name unique in this process.
+fn fresh_name(what: &str) -> String {
+    format!(
+        "{what}-{}-{}",
+        std::process::id(),
+        STORE_COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// An engine for moving bytes inside this process only: the local-copy transport is all a
+/// local store (or a standalone worker) needs. Installing the others would open network
+/// listeners nobody uses and, with efa compiled in, load libfabric, whose shm provider installs
+/// its own SIGTERM handler.
+async fn local_engine(name: String) -> Result<TransferEngine> {
+    Ok(TransferEngine::builder()
+        .segment_name(name)
+        .transports(["local"])
+        .build()
+        .await?)
+}
+
 impl StoreBuilder {
-    /// Opens a store with its own engine (segment name from the builder, else
-    /// `umbp-<pid>-<n>`). Must run inside a tokio runtime (the engine's requirement).
+    /// Opens a store in the configured mode, with its own engine (segment name from the
+    /// builder, else `umbp-<pid>-<n>`). Must run inside a tokio runtime (the engine's
+    /// requirement).
     pub async fn open(self) -> Result<Store> {
         let cfg = self.config()?;
-        if cfg.standalone_socket.is_some() {
-            return Store::open_remote(cfg).await;
-        }
-        let name = cfg.segment_name.clone().unwrap_or_else(|| {
-            format!(
-                "umbp-{}-{}",
-                std::process::id(),
-                STORE_COUNTER.fetch_add(1, Ordering::Relaxed)
-            )
-        });
-        #[cfg(feature = "cluster")]
-        if let Some(cc) = cfg.cluster.clone() {
-            let engine = crate::cluster::engine(&cc, &name).await?;
-            let store = Store::open_with(cfg, engine, true).await?;
-            crate::cluster::join(&store, cc, &name).await?;
-            return Ok(store);
-        }
-        // A local store only moves bytes inside this process: the local-copy transport is all
-        // it needs. Installing the others would open network listeners nobody uses and, with
-        // efa compiled in, load libfabric, whose shm provider installs its own SIGTERM handler.
-        let engine = TransferEngine::builder()
-            .segment_name(name)
-            .transports(["local"])
-            .build()
-            .await?;
-        Store::open_with(cfg, engine, true).await
+        let name = cfg.segment_name.clone().unwrap_or_else(|| fresh_name("umbp"));
+        let mode = match &cfg.mode {
+            ModeConfig::Local => Mode::Local(Arc::new(
+                Core::open(cfg.core.clone(), local_engine(name).await?, true).await?,
+            )),
+            ModeConfig::Standalone(sc) => Mode::Standalone(Box::new(Store::connect(sc.clone()).await?)),
+            #[cfg(feature = "cluster")]
+            ModeConfig::Cluster(cc) => {
+                Mode::Cluster(crate::cluster::Peer::open(cfg.core.clone(), cc.clone(), &name).await?)
+            }
+        };
+        Ok(Store::exported(cfg, mode))
     }
 
-    /// Opens a store on an existing engine (the store registers its memory there and opens the
-    /// engine's own segment).
+    /// Opens a local-mode store on an existing engine (the store registers its memory there and
+    /// opens the engine's own segment). A configuration naming another mode is refused.
     pub async fn open_on(self, engine: TransferEngine) -> Result<Store> {
         let cfg = self.config()?;
-        Store::open_with(cfg, engine, false).await
+        if !matches!(cfg.mode, ModeConfig::Local) {
+            return Err(StoreError::Engine(te_base::Error::config(
+                "mode",
+                cfg.mode.name(),
+                "a store opened on an existing engine runs in local mode",
+            )));
+        }
+        let core = Core::open(cfg.core.clone(), engine, false).await?;
+        Ok(Store::exported(cfg, Mode::Local(Arc::new(core))))
     }
 }
 
@@ -296,154 +152,87 @@ impl Store {
         StoreBuilder::new()
     }
 
-    async fn open_with(cfg: StoreConfig, engine: TransferEngine, owns_engine: bool) -> Result<Store> {
-        let dram = if cfg.dram_capacity > 0 {
-            let opts = HostBufferOptions {
-                huge_pages: HugePages::Transparent,
-                ..Default::default()
-            };
-            let arena = engine.allocate(cfg.dram_capacity as usize, opts).await?;
-            let state = DramState::new(arena.addr(), cfg.dram_capacity, cfg.dram_page_bytes);
-            let cap = state.capacity();
-            Some(Dram {
-                _arena: arena,
-                state: RwLock::new(state),
-                high: (cap as f64 * cfg.dram_high_watermark) as u64,
-                low: (cap as f64 * cfg.dram_low_watermark) as u64,
-                policy: cfg.eviction,
-            })
-        } else {
-            None
-        };
-        let ssd = match &cfg.ssd {
-            None => None,
-            Some(opts) => {
-                let log = SsdLog::open(opts.clone())?;
-                let total = cfg.ssd_staging_bytes * cfg.ssd_staging_slots as u64;
-                let region = engine.allocate(total as usize, HostBufferOptions::default()).await?;
-                Some(Ssd {
-                    log,
-                    staging: Staging::new(region, cfg.ssd_staging_bytes, cfg.ssd_staging_slots),
-                })
-            }
-        };
-        let own = engine.open_segment(engine.segment_name()).await?.id();
-        let stats = cfg.ranged_call_debug.then(|| Arc::new(PhaseStats::default()));
-        let timer = stats.clone().map(PhaseTimer::on).unwrap_or_default();
-        Ok(crate::metrics::exported(Store {
-            inner: Arc::new(Inner {
-                engine,
-                owns_engine,
-                own,
-                cfg,
-                dram,
-                ssd,
-                callers: RwLock::new(CallerTable::default()),
-                clock: AtomicU64::new(1),
-                versions: AtomicU64::new(1),
-                timer,
-                stats,
-                counters: Counters::default(),
-                closed: AtomicBool::new(false),
-                remote: None,
-
-                #[cfg(feature = "cluster")]
-                cluster: std::sync::OnceLock::new(),
-            }),
-        }))
-    }
-
-    /// Standalone mode: a store whose calls go to the server at `cfg.standalone_socket`. It has no
-    /// tiers of its own; its engine (local transport only) is what `engine()` returns.
-    async fn open_remote(cfg: StoreConfig) -> Result<Store> {
-        let socket = cfg.standalone_socket.clone().expect("checked by the caller");
-        let opts = crate::standalone::client::ClientOptions {
-            socket,
-            slots: cfg.key_handle_slots,
-            debug: cfg.key_handle_debug,
-            timeout: cfg.standalone_timeout,
-            spin: cfg.standalone_spin,
-            auth: cfg.standalone_auth.clone(),
-        };
-        let client = tokio::task::spawn_blocking(move || crate::standalone::client::Client::connect(opts))
+    async fn connect(cfg: StandaloneConfig) -> Result<Standalone> {
+        let client = tokio::task::spawn_blocking(move || Client::connect(cfg))
             .await
             .map_err(|e| StoreError::Server { detail: e.to_string() })??;
-        let name = format!(
-            "umbp-client-{}-{}",
-            std::process::id(),
-            STORE_COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
-        let engine = TransferEngine::builder()
-            .segment_name(name)
-            .transports(["local"])
-            .build()
-            .await?;
-        let own = engine.open_segment(engine.segment_name()).await?.id();
-        Ok(crate::metrics::exported(Store {
-            inner: Arc::new(Inner {
-                engine,
-                owns_engine: true,
-                own,
-                cfg,
-                dram: None,
-                ssd: None,
-                callers: RwLock::new(CallerTable::default()),
-                clock: AtomicU64::new(1),
-                versions: AtomicU64::new(1),
-                timer: PhaseTimer::default(),
-                stats: None,
-                counters: Counters::default(),
-                closed: AtomicBool::new(false),
-                remote: Some(Arc::new(client)),
-                #[cfg(feature = "cluster")]
-                cluster: std::sync::OnceLock::new(),
-            }),
-        }))
+        let engine = local_engine(fresh_name("umbp-client")).await?;
+        engine.open_segment(engine.segment_name()).await?;
+        Ok(Standalone {
+            client,
+            engine,
+            closed: AtomicBool::new(false),
+        })
     }
 
-    /// The standalone client, in standalone mode.
-    #[inline]
-    pub(crate) fn remote(&self) -> Option<&crate::standalone::client::Client> {
-        self.inner.remote.as_deref()
+    /// The store, with its counters exported through its engine's metrics.
+    fn exported(cfg: StoreConfig, mode: Mode) -> Store {
+        let store = Store {
+            inner: Arc::new(Inner { cfg, mode }),
+        };
+        let weak = Arc::downgrade(&store.inner);
+        metrics::export(store.engine(), move || {
+            weak.upgrade().map(|inner| Store { inner }.stats())
+        });
+        store
+    }
+
+    fn target(&self) -> Target<'_> {
+        match &self.inner.mode {
+            Mode::Local(core) => Target::Core(core),
+            Mode::Standalone(s) => Target::Server(s),
+            #[cfg(feature = "cluster")]
+            Mode::Cluster(peer) => Target::Core(peer.core()),
+        }
     }
 
     /// True in standalone mode.
     pub fn is_standalone(&self) -> bool {
-        self.inner.remote.is_some()
+        matches!(self.inner.mode, Mode::Standalone(_))
     }
 
     /// Allocates a KV buffer of `len` bytes as a sealed memfd mapped shared: in standalone mode
-    /// the only memory the server can map; in local mode an ordinary buffer. Register it with
-    /// [`Store::register_buffer`] and release it with [`Store::free_buffer`].
-    pub fn alloc_buffer(&self, len: usize) -> Result<crate::KvBuffer> {
-        self.check_open()?;
-        match self.remote() {
-            Some(c) => c.alloc(len),
-            None => crate::KvBuffer::new(len),
+    /// the only memory the server can map; in the other modes an ordinary buffer. Register it
+    /// with [`Store::register_buffer`] and release it with [`Store::free_buffer`].
+    pub fn alloc_buffer(&self, len: usize) -> Result<KvBuffer> {
+        match self.target() {
+            Target::Server(s) => {
+                s.check_open()?;
+                s.client.alloc(len)
+            }
+            Target::Core(core) => {
+                core.check_open()?;
+                KvBuffer::new(len)
+            }
         }
     }
 
     /// Deregisters (if registered) and releases a buffer from [`Store::alloc_buffer`].
-    pub async fn free_buffer(&self, buf: crate::KvBuffer) -> Result<()> {
-        if let Some(c) = self.remote() {
-            return c.free(buf);
+    pub async fn free_buffer(&self, buf: KvBuffer) -> Result<()> {
+        match self.target() {
+            Target::Server(s) => s.client.free(buf),
+            Target::Core(core) => core.deregister_buffer(buf.addr()).await.map(|_| ()),
         }
-        self.deregister_buffer(buf.addr()).await?;
-        Ok(())
     }
 
     /// Standalone mode: the client's reuse-distance line (`UMBP_KEY_HANDLE_DEBUG=1`), and the
     /// request bytes and count of its ranged gets.
     pub fn key_handle_report(&self) -> Option<(Option<String>, u64, u64)> {
-        self.remote().map(|c| {
-            let (bytes, calls) = c.get_request_bytes();
-            (c.key_handle_report(), bytes, calls)
-        })
+        match self.target() {
+            Target::Server(s) => {
+                let (bytes, calls) = s.client.get_request_bytes();
+                Some((s.client.key_handle_report(), bytes, calls))
+            }
+            Target::Core(_) => None,
+        }
     }
 
     /// The engine the store moves bytes with.
     pub fn engine(&self) -> &TransferEngine {
-        &self.inner.engine
+        match self.target() {
+            Target::Server(s) => &s.engine,
+            Target::Core(core) => core.engine(),
+        }
     }
 
     /// The resolved configuration.
@@ -460,122 +249,60 @@ impl Store {
     /// [`Store::deregister_buffer`] or [`Store::close`], and the caller must not read bytes a
     /// running get writes into, nor change bytes a running put reads.
     pub async unsafe fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
-        self.check_open()?;
-        if let Some(c) = self.remote() {
-            return c.register(addr, len);
+        match self.target() {
+            Target::Server(s) => {
+                s.check_open()?;
+                s.client.register(addr, len)
+            }
+            // SAFETY: forwarded contract.
+            Target::Core(core) => unsafe { core.register_buffer(addr, len) }.await,
         }
-        // SAFETY: forwarded contract: the caller keeps the memory valid while registered.
-        let registration = unsafe {
-            self.inner
-                .engine
-                .register_raw(addr, len, MemoryLocation::HOST, RegisterOptions::local_only())
-        }
-        .await?;
-        self.inner.callers.write().insert(CallerRegion {
-            base: addr,
-            len,
-            registration,
-        });
-        Ok(())
     }
 
     /// Deregisters the caller buffer that starts at `addr`. False if none does.
     pub async fn deregister_buffer(&self, addr: u64) -> Result<bool> {
-        if let Some(c) = self.remote() {
-            return c.deregister(addr);
-        }
-        let Some(region) = self.inner.callers.write().remove(addr) else {
-            return Ok(false);
-        };
-        region.registration.deregister().await?;
-        Ok(true)
-    }
-
-    fn check_open(&self) -> Result<()> {
-        if self.inner.closed.load(Ordering::Acquire) {
-            return Err(StoreError::Closed);
-        }
-        Ok(())
-    }
-
-    pub(crate) fn now(&self) -> u64 {
-        self.inner.clock.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// `n` new object versions, above every version stored (the SSD log's sequence numbers when
-    /// there is one, so versions compare across tiers and restarts). One atomic add per batch.
-    pub(crate) fn next_versions(&self, n: usize) -> std::ops::Range<u64> {
-        let n = n as u64;
-        match &self.inner.ssd {
-            Some(s) => s.log.next_seqs(n),
-            None => {
-                let first = self.inner.versions.fetch_add(n, Ordering::Relaxed);
-                first..first + n
-            }
+        match self.target() {
+            Target::Server(s) => s.client.deregister(addr),
+            Target::Core(core) => core.deregister_buffer(addr).await,
         }
     }
 
     /// True if `key` is in any tier. In standalone mode an unreachable server is an error, never
     /// a `false`.
     pub fn exists(&self, key: &str) -> Result<bool> {
-        if let Some(c) = self.remote() {
-            return c.exists(key);
+        match self.target() {
+            Target::Server(s) => s.client.exists(key),
+            Target::Core(core) => core.exists(key),
         }
-        if let Some(d) = &self.inner.dram {
-            if d.state.read().get(key).is_some() {
-                return Ok(true);
-            }
-        }
-        Ok(self.inner.ssd.as_ref().is_some_and(|s| s.log.contains(key)))
     }
 
     /// How many of `keys`, from the first, are stored: stops at the first miss (prefix matching).
     /// Resolves under one shared lock per tier. In standalone mode an unreachable server is an
     /// error, never a `0`.
     pub fn batch_exists_consecutive<K: AsRef<str>>(&self, keys: &[K]) -> Result<usize> {
-        if let Some(c) = self.remote() {
-            let keys: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
-            return c.exists_consecutive(&keys);
+        match self.target() {
+            Target::Server(s) => {
+                let keys: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
+                s.client.exists_consecutive(&keys)
+            }
+            Target::Core(core) => core.batch_exists_consecutive(keys),
         }
-        let dram = self.inner.dram.as_ref().map(|d| d.state.read());
-        let ssd = self.inner.ssd.as_ref().map(|s| s.log.index());
-        Ok(keys
-            .iter()
-            .take_while(|k| {
-                let k = k.as_ref();
-                dram.as_ref().is_some_and(|d| d.get(k).is_some()) || ssd.as_ref().is_some_and(|s| s.contains_key(k))
-            })
-            .count())
     }
 
-    /// Removes `key` from every tier. False if it was in none. Both tiers drop the key under
-    /// the DRAM lock, so no promotion or demotion can bring the removed version back; the SSD
-    /// record is marked dead on disk before this returns.
+    /// Removes `key` from every tier (in distributed mode, from the directory too). False if it
+    /// was in none. Both tiers drop the key under the DRAM lock, so no promotion or demotion can
+    /// bring the removed version back; the SSD record is marked dead on disk before this returns.
     pub fn remove(&self, key: &str) -> Result<bool> {
-        self.check_open()?;
-        Self::check_keys(std::iter::once(key))?;
-        if let Some(c) = self.remote() {
-            return c.remove(key);
+        match &self.inner.mode {
+            Mode::Local(core) => core.remove(key),
+            Mode::Standalone(s) => {
+                s.check_open()?;
+                check_keys(std::iter::once(key))?;
+                s.client.remove(key)
+            }
+            #[cfg(feature = "cluster")]
+            Mode::Cluster(peer) => peer.remove(key),
         }
-        let found = self.remove_local(key)?;
-        #[cfg(feature = "cluster")]
-        if let (true, Some(c)) = (found, self.inner.cluster.get()) {
-            c.unpublish(key);
-        }
-        Ok(found)
-    }
-
-    /// Removes `key` from this store's tiers (not from a cluster's directory).
-    pub(crate) fn remove_local(&self, key: &str) -> Result<bool> {
-        let mut dram = self.inner.dram.as_ref().map(|d| d.state.write());
-        let mut found = dram.as_mut().is_some_and(|st| st.remove(key));
-        let old = self.inner.ssd.as_ref().and_then(|s| s.log.unpublish(key));
-        drop(dram);
-        if let (Some(old), Some(s)) = (old, &self.inner.ssd) {
-            found = true;
-            s.log.retire(&old)?;
-        }
-        Ok(found)
     }
 
     /// Puts whole objects from registered caller memory: `(key, addr, len, depth)` each.
@@ -588,32 +315,28 @@ impl Store {
     /// Gets whole objects into registered caller buffers: `(key, addr, capacity)` each. Per key:
     /// the object's length, or its data error (`BufferTooSmall` when it does not fit). The size
     /// and the bytes come from one lookup, so a concurrent put never yields a truncated or mixed
-    /// object.
+    /// object. In distributed mode only this peer's tiers are read.
     pub fn batch_get(&self, items: &[(&str, u64, u64)]) -> Result<Vec<Result<u64>>> {
-        if let Some(c) = self.remote() {
-            self.check_open()?;
-            Self::check_keys(items.iter().map(|i| i.0))?;
-            return c.get_whole(items);
+        match self.target() {
+            Target::Server(s) => {
+                s.check_open()?;
+                check_keys(items.iter().map(|i| i.0))?;
+                s.client.get_whole(items)
+            }
+            Target::Core(core) => core.batch_get(items),
         }
-        self.get_objects(get::Wants::Whole(items), None)
     }
 
     /// The object lengths of `keys` (None where absent), under one shared lock per tier. In
     /// standalone mode an unreachable server is an error, never a row of `None`.
     pub fn object_lens<'a>(&self, keys: impl Iterator<Item = &'a str>) -> Result<Vec<Option<u64>>> {
-        if let Some(c) = self.remote() {
-            let keys: Vec<&str> = keys.collect();
-            return c.object_lens(&keys);
+        match self.target() {
+            Target::Server(s) => {
+                let keys: Vec<&str> = keys.collect();
+                s.client.object_lens(&keys)
+            }
+            Target::Core(core) => core.object_lens(keys),
         }
-        let dram = self.inner.dram.as_ref().map(|d| d.state.read());
-        let ssd = self.inner.ssd.as_ref().map(|s| s.log.index());
-        Ok(keys
-            .map(|k| {
-                dram.as_ref()
-                    .and_then(|d| d.get(k).map(|e| e.len))
-                    .or_else(|| ssd.as_ref().and_then(|s| s.get(k).map(|e| e.payload_len)))
-            })
-            .collect())
     }
 
     /// Puts one object from any memory (registered for the call if it is not already).
@@ -622,11 +345,14 @@ impl Store {
     /// or peers does not stall the runtime: on a multi-thread tokio runtime the worker hands its
     /// other tasks on for the duration. On a current-thread runtime the call blocks that thread.
     pub async fn put(&self, key: &str, data: &[u8], depth: u32) -> Result<()> {
-        if let Some(c) = self.remote() {
-            self.check_open()?;
-            Self::check_keys(std::iter::once(key))?;
-            return blocking::off_worker(|| c.put_bytes(key, data, depth));
-        }
+        let core = match self.target() {
+            Target::Server(s) => {
+                s.check_open()?;
+                check_keys(std::iter::once(key))?;
+                return blocking::off_worker(|| s.client.put_bytes(key, data, depth));
+            }
+            Target::Core(core) => core,
+        };
         let addr = data.as_ptr() as u64;
         let len = data.len() as u64;
         if len == 0 {
@@ -635,21 +361,24 @@ impl Store {
                 range_index: 0,
             });
         }
-        let temp = self.temp_register(addr, len).await?;
+        let temp = core.temp_register(addr, len).await?;
         let out = blocking::off_worker(|| self.batch_put(&[(key, addr, len, depth)]));
-        self.temp_release(temp).await?;
+        core.temp_release(temp).await?;
         out?.remove(0)
     }
 
     /// Gets one whole object into a new vector. Waits as [`Store::put`] does: other tasks of a
     /// multi-thread runtime keep running.
     pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
-        if let Some(c) = self.remote() {
-            self.check_open()?;
-            Self::check_keys(std::iter::once(key))?;
-            return blocking::off_worker(|| c.get_bytes(key));
-        }
-        let Some(mut len) = self.object_lens(std::iter::once(key))?[0] else {
+        let core = match self.target() {
+            Target::Server(s) => {
+                s.check_open()?;
+                check_keys(std::iter::once(key))?;
+                return blocking::off_worker(|| s.client.get_bytes(key));
+            }
+            Target::Core(core) => core,
+        };
+        let Some(mut len) = core.object_lens(std::iter::once(key))?[0] else {
             return Err(StoreError::NotFound { key: key.to_owned() });
         };
         // The object may be replaced by a larger one between the size lookup and the read: retry
@@ -657,9 +386,9 @@ impl Store {
         for _ in 0..8 {
             let mut out = vec![0u8; len.max(1) as usize];
             let addr = out.as_mut_ptr() as u64;
-            let temp = self.temp_register(addr, out.len() as u64).await?;
-            let got = blocking::off_worker(|| self.batch_get(&[(key, addr, out.len() as u64)]));
-            self.temp_release(temp).await?;
+            let temp = core.temp_register(addr, out.len() as u64).await?;
+            let got = blocking::off_worker(|| core.batch_get(&[(key, addr, out.len() as u64)]));
+            core.temp_release(temp).await?;
             match got?.remove(0) {
                 Ok(n) => {
                     out.truncate(n as usize);
@@ -676,190 +405,215 @@ impl Store {
     /// segment whose live fraction is below `UMBP_SSD_COMPACT_BELOW`, or with `force` every one
     /// with any dead byte. Returns the number of segments compacted.
     pub fn compact(&self, force: bool) -> Result<u64> {
-        self.check_open()?;
-        if let Some(c) = self.remote() {
-            return c.compact(force);
+        match self.target() {
+            Target::Server(s) => {
+                s.check_open()?;
+                s.client.compact(force)
+            }
+            Target::Core(core) => core.compact(force),
         }
-        match &self.inner.ssd {
-            Some(s) => s.log.compact(force),
-            None => Ok(0),
-        }
-    }
-
-    async fn temp_register(&self, addr: u64, len: u64) -> Result<Option<u64>> {
-        if self.inner.callers.read().covers(addr, len) {
-            return Ok(None);
-        }
-        // SAFETY: the memory is a live slice borrowed by the caller for the whole call, and the
-        // registration is released before the call returns.
-        unsafe { self.register_buffer(addr, len) }.await?;
-        Ok(Some(addr))
-    }
-
-    async fn temp_release(&self, temp: Option<u64>) -> Result<()> {
-        if let Some(addr) = temp {
-            self.deregister_buffer(addr).await?;
-        }
-        Ok(())
     }
 
     /// Makes every acknowledged put durable: objects only in DRAM are written to the SSD log
     /// (they stay in DRAM), then every segment and directory is fsynced. Without an SSD tier
     /// there is nothing to make durable.
     pub fn flush(&self) -> Result<()> {
-        if let Some(c) = self.remote() {
-            return c.flush();
+        match self.target() {
+            Target::Server(s) => s.client.flush(),
+            Target::Core(core) => core.flush(),
         }
-        let Some(s) = &self.inner.ssd else { return Ok(()) };
-        if let Some(d) = &self.inner.dram {
-            self.write_back(d)?;
-        }
-        s.log.sync()
     }
 
-    /// Flushes, releases caller registrations, and shuts the store's own engine down. Calls
-    /// after this fail with [`StoreError::Closed`].
+    /// Flushes, releases caller registrations, and shuts the store's own engine down (in
+    /// distributed mode, after leaving the cluster). Calls after this fail with
+    /// [`StoreError::Closed`].
     pub async fn close(&self) -> Result<()> {
-        if self.inner.closed.swap(true, Ordering::AcqRel) {
-            return Ok(());
+        match &self.inner.mode {
+            Mode::Local(core) => core.close().await.map(|_| ()),
+            Mode::Standalone(s) => {
+                if s.closed.swap(true, Ordering::AcqRel) {
+                    return Ok(());
+                }
+                s.client.close();
+                Ok(s.engine.shutdown().await?)
+            }
+            #[cfg(feature = "cluster")]
+            Mode::Cluster(peer) => peer.close().await,
         }
-        if let Some(c) = self.remote() {
-            c.close();
-            self.inner.engine.shutdown().await?;
-            return Ok(());
-        }
-        // Registrations are released and the engine shut down even when the flush fails.
-        let flushed = self.flush();
-        #[cfg(feature = "cluster")]
-        if let Some(c) = self.inner.cluster.get() {
-            c.leave();
-        }
-        let regions = self.inner.callers.write().drain();
-        for r in regions {
-            r.registration.deregister().await?;
-        }
-        if self.inner.owns_engine {
-            self.inner.engine.shutdown().await?;
-        }
-        flushed
     }
 
-    /// Counters since open. In standalone mode they are the server's, and an unreachable server
-    /// is an error, never a zeroed report.
+    /// Counters since open: the tiers', and the section of the mode in use. In standalone mode
+    /// they are the server's, and an unreachable server is an error, never a zeroed report.
     pub fn stats(&self) -> Result<StoreStats> {
-        if let Some(c) = self.remote() {
-            return c.stats();
-        }
-        let c = &self.inner.counters;
-        let mut s = StoreStats {
-            dram_read_bytes: c.dram_read_bytes.load(Ordering::Relaxed),
-            ssd_delivered_bytes: c.ssd_delivered_bytes.load(Ordering::Relaxed),
-            demoted: c.demoted.load(Ordering::Relaxed),
-            dropped: c.dropped.load(Ordering::Relaxed),
-            demotion_failed: c.demotion_failed.load(Ordering::Relaxed),
-            promoted: c.promoted.load(Ordering::Relaxed),
-            puts_ok: c.puts_ok.load(Ordering::Relaxed),
-            puts_failed: c.puts_failed.load(Ordering::Relaxed),
-            local_hits: c.local_hits.load(Ordering::Relaxed),
-            misses: c.misses.load(Ordering::Relaxed),
-            resolve_reused: c.resolve_reused.load(Ordering::Relaxed),
-            ..Default::default()
-        };
-        #[cfg(feature = "cluster")]
-        if let Some(cl) = self.inner.cluster.get() {
-            cl.counters.fill(&mut s);
-        }
-        if let Some(d) = &self.inner.dram {
-            let st = d.state.read();
-            s.dram_objects = st.len() as u64;
-            s.dram_used_bytes = st.used();
-            s.dram_capacity_bytes = st.capacity();
-        }
-        if let Some(ssd) = &self.inner.ssd {
-            let k = ssd.log.counters();
-            s.ssd_objects = ssd.log.len() as u64;
-            s.ssd_read_bytes = k.bytes_read.load(Ordering::Relaxed);
-            s.ssd_written_bytes = k.bytes_written.load(Ordering::Relaxed);
-            s.ssd_torn_dropped = k.torn_dropped.load(Ordering::Relaxed);
-            s.ssd_corrupt_records = k.corrupt_records.load(Ordering::Relaxed);
-            s.ssd_file_bytes = ssd.log.file_bytes();
-            s.ssd_capacity_bytes = ssd.log.capacity();
-            s.ssd_segments_compacted = k.segments_compacted.load(Ordering::Relaxed);
-            s.ssd_compaction_written_bytes = k.compaction_written.load(Ordering::Relaxed);
-            s.ssd_compaction_freed_bytes = k.compaction_freed.load(Ordering::Relaxed);
-            s.ssd_io_engine = ssd.log.io_engine().to_owned();
-            s.ssd_direct_io = ssd.log.direct_io();
-        }
-        Ok(s)
+        Ok(match &self.inner.mode {
+            Mode::Local(core) => StoreStats {
+                core: core.stats(),
+                ..Default::default()
+            },
+            Mode::Standalone(s) => s.client.stats()?,
+            #[cfg(feature = "cluster")]
+            Mode::Cluster(peer) => StoreStats {
+                core: peer.core().stats(),
+                cluster: Some(peer.stats()),
+                ..Default::default()
+            },
+        })
     }
 
     /// Per-phase timings of ranged calls (`None` unless `UMBP_RANGED_CALL_DEBUG=1`).
     pub fn phase_report(&self) -> Result<Option<PhaseReport>> {
-        if let Some(c) = self.remote() {
-            return c.phase_report();
+        match self.target() {
+            Target::Server(s) => s.client.phase_report(),
+            Target::Core(core) => Ok(core.phase_report()),
         }
-        Ok(self.inner.stats.as_ref().map(|s| s.report()))
     }
 
     /// Clears the phase timings.
     pub fn reset_phase_report(&self) -> Result<()> {
-        if let Some(c) = self.remote() {
-            return c.reset_phase_report();
+        match self.target() {
+            Target::Server(s) => s.client.reset_phase_report(),
+            Target::Core(core) => {
+                core.reset_phase_report();
+                Ok(())
+            }
         }
-        if let Some(s) = &self.inner.stats {
-            s.reset();
-        }
-        Ok(())
     }
 
-    /// Submits `requests` and waits; on failure maps each failed request to its key through
-    /// `owner` (the key index of each request) and records the first error of each key.
-    pub(crate) fn run_batch(
+    /// Reads ranges of many objects into registered caller buffers. Shape errors (a range that
+    /// overlaps another of its key, falls outside its object, or points into unregistered memory;
+    /// a bad key) fail the whole call before any byte moves. Per key: the bytes delivered, or its
+    /// data error (missing, corrupt, I/O).
+    ///
+    /// Blocks the calling thread until every transfer and tier write is done (in standalone or
+    /// distributed mode, until the server or the owning peers answer, bounded by the configured
+    /// timeout): call it from a thread of your own, or from async code inside
+    /// `tokio::task::block_in_place` or `spawn_blocking`.
+    ///
+    /// ```
+    /// # #[tokio::main]
+    /// # async fn main() -> umbp::Result<()> {
+    /// use umbp::{Range, RangedGet, Store};
+    /// let store = Store::builder().dram_capacity(16 << 20).ssd_dirs(vec![]).open().await?;
+    /// // A page of three 1728-byte layers; layers 0 and 2 land in their own buffers.
+    /// let page: Vec<u8> = (0..3 * 1728).map(|i| (i / 1728) as u8 + 1).collect();
+    /// store.put("page-0", &page, 0).await?;
+    /// let (mut l0, mut l2) = (vec![0u8; 1728], vec![0u8; 1728]);
+    /// for b in [&mut l0, &mut l2] {
+    ///     // SAFETY: the buffers outlive their registration (deregistered below).
+    ///     unsafe { store.register_buffer(b.as_mut_ptr() as u64, b.len() as u64) }.await?;
+    /// }
+    /// let ranges = [
+    ///     Range::new(0, 1728, l0.as_mut_ptr() as u64),
+    ///     Range::new(2 * 1728, 1728, l2.as_mut_ptr() as u64),
+    /// ];
+    /// let got = store.batch_get_ranges(&[RangedGet { key: "page-0", ranges: &ranges }])?;
+    /// assert_eq!(*got[0].as_ref().unwrap(), 2 * 1728);
+    /// assert!(l0.iter().all(|&b| b == 1) && l2.iter().all(|&b| b == 3));
+    /// // A missing key is that key's error, not the call's.
+    /// let missing = store.batch_get_ranges(&[RangedGet { key: "page-9", ranges: &ranges[..1] }])?;
+    /// assert!(matches!(missing[0], Err(umbp::StoreError::NotFound { .. })));
+    /// for b in [&l0, &l2] {
+    ///     store.deregister_buffer(b.as_ptr() as u64).await?;
+    /// }
+    /// store.close().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn batch_get_ranges(&self, items: &[RangedGet<'_>]) -> Result<Vec<Result<u64>>> {
+        match &self.inner.mode {
+            Mode::Local(core) => core.batch_get_ranges(items, None, &mut NoMisses),
+            Mode::Standalone(s) => {
+                s.check_open()?;
+                check_keys(items.iter().map(|i| i.key))?;
+                s.client.get_ranges(items)
+            }
+            #[cfg(feature = "cluster")]
+            Mode::Cluster(peer) => peer.batch_get_ranges(items, None),
+        }
+    }
+
+    /// [`Store::batch_get_ranges`] of a key set asked for before, reusing (and refreshing)
+    /// what was resolved for it then (the standalone server's key handles).
+    pub(crate) fn batch_get_ranges_resolved(
         &self,
-        requests: &[TransferRequest],
-        owner: &[u32],
-        errors: &mut [Option<StoreError>],
-    ) -> Result<()> {
-        if requests.is_empty() {
-            return Ok(());
+        items: &[RangedGet<'_>],
+        resolved: &mut Resolved,
+    ) -> Result<Vec<Result<u64>>> {
+        match &self.inner.mode {
+            Mode::Local(core) => core.batch_get_ranges(items, Some(resolved), &mut NoMisses),
+            Mode::Standalone(_) => self.batch_get_ranges(items),
+            #[cfg(feature = "cluster")]
+            Mode::Cluster(peer) => peer.batch_get_ranges(items, Some(resolved)),
         }
-        let timer = &self.inner.timer;
-        // With the phase report on, the engine and its transport record into the store's timer,
-        // so resolve, plan and submit show the engine's own split (the seed's breakdown).
-        let batch = if timer.is_on() {
-            let opts = te_core::SubmitOptions {
-                background: false,
-                timer: Some(timer.clone()),
-                ..Default::default()
-            };
-            self.inner.engine.submit_with(requests, &opts)?
-        } else {
-            self.inner.engine.submit(requests)?
-        };
-        let t1 = timer.start();
-        let outcome = batch.wait_blocking(None).expect("no timeout");
-        timer.lap(te_base::Phase::Wait, t1);
-        if let Err(BatchError { failures, .. }) = outcome {
-            for (i, e) in failures {
-                let k = owner[i] as usize;
-                if errors[k].is_none() {
-                    errors[k] = Some(StoreError::Engine(e));
-                }
-            }
-        }
-        Ok(())
     }
 
-    pub(crate) fn check_keys<'a>(keys: impl Iterator<Item = &'a str>) -> Result<()> {
-        for (i, k) in keys.enumerate() {
-            if k.is_empty() || k.len() > MAX_KEY_LEN {
-                return Err(StoreError::BadKey {
-                    key_index: i,
-                    len: k.len(),
-                    max: MAX_KEY_LEN,
-                });
+    /// Writes objects given as ranges of registered caller memory that tile each object exactly.
+    /// Shape errors (bad or repeated key, zero length, ranges that overlap, fall outside the
+    /// object or leave a gap, unregistered memory) fail the whole call before anything is
+    /// written. Per key: `Ok` once the object is stored, or its data error (no space, a
+    /// concurrent put of the same key, I/O).
+    ///
+    /// Blocks the calling thread until every transfer and tier write is done (in standalone or
+    /// distributed mode, until the server or the owning peers answer, bounded by the configured
+    /// timeout): call it from a thread of your own, or from async code inside
+    /// `tokio::task::block_in_place` or `spawn_blocking`.
+    ///
+    /// ```
+    /// # #[tokio::main]
+    /// # async fn main() -> umbp::Result<()> {
+    /// use umbp::{Range, RangedPut, Store};
+    /// let store = Store::builder().dram_capacity(16 << 20).ssd_dirs(vec![]).open().await?;
+    /// // Two layers of a page, each in its own layer buffer, become one object.
+    /// let (mut l0, mut l1) = (vec![1u8; 1728], vec![2u8; 1728]);
+    /// for b in [&mut l0, &mut l1] {
+    ///     // SAFETY: the buffers outlive their registration (deregistered below).
+    ///     unsafe { store.register_buffer(b.as_mut_ptr() as u64, b.len() as u64) }.await?;
+    /// }
+    /// let ranges = [
+    ///     Range::new(0, 1728, l0.as_mut_ptr() as u64),
+    ///     Range::new(1728, 1728, l1.as_mut_ptr() as u64),
+    /// ];
+    /// let put = RangedPut { key: "page-0", object_len: 2 * 1728, ranges: &ranges, depth: 0 };
+    /// for r in store.batch_put_ranges(&[put])? {
+    ///     r?;
+    /// }
+    /// let page = store.get("page-0").await?;
+    /// assert_eq!((page[0], page[1728]), (1, 2));
+    /// for b in [&l0, &l1] {
+    ///     store.deregister_buffer(b.as_ptr() as u64).await?;
+    /// }
+    /// store.close().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn batch_put_ranges(&self, items: &[RangedPut<'_>]) -> Result<Vec<Result<()>>> {
+        match &self.inner.mode {
+            Mode::Local(core) => core.batch_put_ranges(items, &mut NoOverflow),
+            Mode::Standalone(s) => {
+                s.check_open()?;
+                // Keys are checked here in every mode: a bad key is BadKey, never a wire error.
+                check_keys(items.iter().map(|i| i.key))?;
+                s.client.put_ranges(items)
             }
+            #[cfg(feature = "cluster")]
+            Mode::Cluster(peer) => peer.batch_put_ranges(items),
         }
-        Ok(())
+    }
+
+    /// Distributed mode: the peer this store's copy of the directory names as `key`'s owner
+    /// (this peer's own name for its keys); `None` in the other modes or when unknown.
+    #[cfg(feature = "cluster")]
+    pub fn cluster_owner(&self, key: &str) -> Option<String> {
+        match &self.inner.mode {
+            Mode::Cluster(peer) => peer.owner_of(key),
+            _ => None,
+        }
+    }
+
+    /// Distributed mode: the live members this store knows, with their control addresses.
+    #[cfg(feature = "cluster")]
+    pub fn cluster_members(&self) -> Vec<(String, std::net::SocketAddr)> {
+        match &self.inner.mode {
+            Mode::Cluster(peer) => peer.members(),
+            _ => Vec::new(),
+        }
     }
 }

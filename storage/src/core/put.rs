@@ -9,7 +9,8 @@ use std::sync::Arc;
 use te_base::Phase;
 use te_core::TransferRequest;
 
-use super::{Dram, RangedPut, Ssd, Store};
+use super::hooks::Overflow;
+use super::{check_keys, Core, Dram, RangedPut, Ssd};
 use crate::dram::tier::{DramState, ReserveError};
 use crate::error::{Result, StoreError};
 use crate::range_map::{check_put_ranges, map_range, Extent};
@@ -25,53 +26,18 @@ enum Source {
     Staging,
 }
 
-impl Store {
-    /// Writes objects given as ranges of registered caller memory that tile each object exactly.
-    /// Shape errors (bad or repeated key, zero length, ranges that overlap, fall outside the
-    /// object or leave a gap, unregistered memory) fail the whole call before anything is
-    /// written. Per key: `Ok` once the object is stored, or its data error (no space, a
-    /// concurrent put of the same key, I/O).
-    ///
-    /// Blocks the calling thread until every transfer and tier write is done (in standalone or
-    /// distributed mode, until the server or the owning peers answer, bounded by the configured
-    /// timeout): call it from a thread of your own, or from async code inside
-    /// `tokio::task::block_in_place` or `spawn_blocking`.
-    ///
-    /// ```
-    /// # #[tokio::main]
-    /// # async fn main() -> umbp::Result<()> {
-    /// use umbp::{Range, RangedPut, Store};
-    /// let store = Store::builder().dram_capacity(16 << 20).ssd_dirs(vec![]).open().await?;
-    /// // Two layers of a page, each in its own layer buffer, become one object.
-    /// let (mut l0, mut l1) = (vec![1u8; 1728], vec![2u8; 1728]);
-    /// for b in [&mut l0, &mut l1] {
-    ///     // SAFETY: the buffers outlive their registration (deregistered below).
-    ///     unsafe { store.register_buffer(b.as_mut_ptr() as u64, b.len() as u64) }.await?;
-    /// }
-    /// let ranges = [
-    ///     Range::new(0, 1728, l0.as_mut_ptr() as u64),
-    ///     Range::new(1728, 1728, l1.as_mut_ptr() as u64),
-    /// ];
-    /// let put = RangedPut { key: "page-0", object_len: 2 * 1728, ranges: &ranges, depth: 0 };
-    /// for r in store.batch_put_ranges(&[put])? {
-    ///     r?;
-    /// }
-    /// let page = store.get("page-0").await?;
-    /// assert_eq!((page[0], page[1728]), (1, 2));
-    /// for b in [&l0, &l1] {
-    ///     store.deregister_buffer(b.as_ptr() as u64).await?;
-    /// }
-    /// store.close().await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn batch_put_ranges(&self, items: &[RangedPut<'_>]) -> Result<Vec<Result<()>>> {
+impl Core {
+    /// Writes objects given as ranges of registered caller memory that tile each object exactly
+    /// (`Store::batch_put_ranges` documents the contract). What DRAM cannot hold is offered to
+    /// `overflow` before it goes to the SSD tier.
+    pub(crate) fn batch_put_ranges(
+        &self,
+        items: &[RangedPut<'_>],
+        overflow_to: &mut dyn Overflow,
+    ) -> Result<Vec<Result<()>>> {
         self.check_open()?;
-        // Keys are checked here in both modes: a bad key is BadKey, never a wire error.
-        Self::check_keys(items.iter().map(|i| i.key))?;
-        if let Some(c) = self.remote() {
-            return c.put_ranges(items);
-        }
-        let timer = self.inner.timer.clone();
+        check_keys(items.iter().map(|i| i.key))?;
+        let timer = self.timer.clone();
         let t0 = timer.start();
         if items.len() > 1 {
             let mut seen: HashMap<&str, usize> = HashMap::with_capacity(items.len());
@@ -90,21 +56,18 @@ impl Store {
             check_put_ranges(k, it.object_len, it.ranges, &mut scratch)?;
         }
         {
-            let callers = self.inner.callers.read();
+            let callers = self.callers.read();
             for (k, it) in items.iter().enumerate() {
                 callers.check(k, it.ranges)?;
             }
         }
         timer.lap(Phase::Classify, t0);
         let versions: Vec<u64> = self.next_versions(items.len()).collect();
-        // Keys stored on another peer (distributed mode): their owner writes the directory.
-        #[cfg(feature = "cluster")]
-        let mut remote = vec![false; items.len()];
         let mut errors: Vec<Option<StoreError>> = (0..items.len()).map(|_| None).collect();
         let all: Vec<usize> = (0..items.len()).collect();
-        let has_ssd = self.inner.ssd.is_some();
-        let write_through = self.inner.cfg.write_through && has_ssd;
-        match &self.inner.dram {
+        let has_ssd = self.ssd.is_some();
+        let write_through = self.cfg.write_through && has_ssd;
+        match &self.dram {
             Some(d) if write_through => {
                 // SSD first: DRAM never holds a version the SSD write then failed to store.
                 self.put_ssd(items, &all, &versions, &mut errors)?;
@@ -136,14 +99,15 @@ impl Store {
                     &mut errors,
                     &mut overflow,
                 );
-                // Distributed mode: what local DRAM cannot hold goes to the roomiest peer first.
-                #[cfg(feature = "cluster")]
-                if let (false, Some(c)) = (overflow.is_empty(), self.inner.cluster.get()) {
-                    for k in c.put_remote(self, items, &overflow) {
-                        remote[k] = true;
-                        self.remove_local(items[k].key)?;
+                // What local DRAM cannot hold goes to the overflow hook first; the older local
+                // copies of what it placed are dropped.
+                if !overflow.is_empty() {
+                    let mut placed = vec![false; items.len()];
+                    for k in overflow_to.place(self, items, &overflow) {
+                        placed[k] = true;
+                        self.remove_unchecked(items[k].key)?;
                     }
-                    overflow.retain(|&k| !remote[k]);
+                    overflow.retain(|&k| !placed[k]);
                 }
                 if !overflow.is_empty() {
                     if has_ssd {
@@ -163,14 +127,7 @@ impl Store {
             None => self.put_ssd(items, &all, &versions, &mut errors)?,
         }
         let failed = errors.iter().filter(|e| e.is_some()).count() as u64;
-        // Distributed mode: the stored keys are routable to this peer before the put returns.
-        #[cfg(feature = "cluster")]
-        if let Some(cluster) = self.inner.cluster.get() {
-            let stored = items.iter().zip(&errors).zip(&remote);
-            let local = stored.filter(|((_, e), &r)| e.is_none() && !r);
-            cluster.publish(local.map(|((it, _), _)| it.key.to_owned()).collect());
-        }
-        let c = &self.inner.counters;
+        let c = &self.counters;
         c.puts_ok.fetch_add(items.len() as u64 - failed, Ordering::Relaxed);
         c.puts_failed.fetch_add(failed, Ordering::Relaxed);
         // A put records classify and the submit/wait of its batches (and SSD appends as wait).
@@ -206,7 +163,7 @@ impl Store {
         overflow: &mut Vec<usize>,
     ) -> u64 {
         let now = self.now();
-        let own = self.inner.own;
+        let own = self.own;
         let mut st = d.state.write();
         let cap = st.capacity();
         let need: u64 = keys
@@ -259,7 +216,7 @@ impl Store {
         // A promotion commits only if the SSD log still holds the version it read (no remove or
         // newer put happened since): checked under the DRAM lock, which removes also hold.
         let ssd_index = match source {
-            Source::Staging => self.inner.ssd.as_ref().map(|s| s.log.index()),
+            Source::Staging => self.ssd.as_ref().map(|s| s.log.index()),
             Source::Caller => None,
         };
         let mut stored = 0;
@@ -283,8 +240,8 @@ impl Store {
         if victims.is_empty() {
             return;
         }
-        let c = &self.inner.counters;
-        let Some(ssd) = &self.inner.ssd else {
+        let c = &self.counters;
+        let Some(ssd) = &self.ssd else {
             for v in &victims {
                 st.evict(v);
             }
@@ -322,7 +279,7 @@ impl Store {
     /// Writes every committed DRAM object the SSD log does not hold (in this version or a newer
     /// one) to the log, straight from the arena, keeping it in DRAM. Used by `flush`.
     pub(crate) fn write_back(&self, d: &Dram) -> Result<()> {
-        let Some(ssd) = &self.inner.ssd else { return Ok(()) };
+        let Some(ssd) = &self.ssd else { return Ok(()) };
         let mut st = d.state.write();
         let keys: Vec<Arc<str>> = {
             let index = ssd.log.index();
@@ -359,8 +316,8 @@ impl Store {
         versions: &[u64],
         errors: &mut [Option<StoreError>],
     ) -> Result<()> {
-        let ssd = self.inner.ssd.as_ref().expect("caller checked");
-        let own = self.inner.own;
+        let ssd = self.ssd.as_ref().expect("caller checked");
+        let own = self.own;
         let slot = ssd.staging.acquire();
         let mut next = 0usize;
         while next < keys.len() {
@@ -423,11 +380,11 @@ impl Store {
                 })
                 .collect();
             let payloads: Vec<&[Extent]> = extents.iter().map(|e| e.as_slice()).collect();
-            let t = self.inner.timer.start();
+            let t = self.timer.start();
             // SAFETY: every payload is at a 4 KiB-aligned offset of the slot we hold, padded with
             // zeros to whole blocks inside the slot.
             let results = unsafe { ssd.log.append(&append, &payloads) };
-            self.inner.timer.lap(Phase::Wait, t);
+            self.timer.lap(Phase::Wait, t);
             for (&(k, _), r) in ok.iter().zip(results) {
                 if let Err(e) = r {
                     errors[k].get_or_insert(e);
@@ -441,7 +398,7 @@ impl Store {
     /// watermark without evicting anything: `(key, staging addr, len, depth, version)` each.
     /// Returns how many were promoted (a key put or removed meanwhile is not).
     pub(crate) fn promote(&self, objs: &[(&str, u64, u64, u32, u64)]) -> u64 {
-        let Some(d) = &self.inner.dram else { return 0 };
+        let Some(d) = &self.dram else { return 0 };
         let plain: Vec<(&str, u64, u64, u32)> = objs.iter().map(|&(k, a, l, dp, _)| (k, a, l, dp)).collect();
         let versions: Vec<u64> = objs.iter().map(|o| o.4).collect();
         let ranges = super::whole_object_ranges(&plain);

@@ -25,7 +25,8 @@ use te_base::Phase;
 use te_core::{SegmentId, TransferRequest};
 
 use super::callers::CallerTable;
-use super::{RangedGet, Store};
+use super::hooks::{MissResolver, NoMisses};
+use super::{check_keys, Core, RangedGet};
 use crate::dram::tier::DramEntry;
 use crate::error::{Result, StoreError, Tier};
 use crate::range_map::{check_get_ranges, map_range, Range};
@@ -38,9 +39,8 @@ enum Found {
     Ssd(SsdEntry),
     /// A data error decided at resolve time (buffer too small, damaged record).
     Failed,
-    /// Read from the peer that owns it (distributed mode).
-    #[cfg(feature = "cluster")]
-    Remote,
+    /// Delivered by the call's miss resolver (distributed mode: the peer that owns it).
+    Elsewhere,
 }
 
 /// What a ranged call resolved for its key set last time: each key's committed DRAM entry, in
@@ -154,73 +154,39 @@ impl<'a> Wants<'a, '_> {
     }
 }
 
-impl Store {
-    /// Reads ranges of many objects into registered caller buffers. Shape errors (a range that
-    /// overlaps another of its key, falls outside its object, or points into unregistered memory;
-    /// a bad key) fail the whole call before any byte moves. Per key: the bytes delivered, or its
-    /// data error (missing, corrupt, I/O).
-    ///
-    /// Blocks the calling thread until every transfer and tier write is done (in standalone or
-    /// distributed mode, until the server or the owning peers answer, bounded by the configured
-    /// timeout): call it from a thread of your own, or from async code inside
-    /// `tokio::task::block_in_place` or `spawn_blocking`.
-    ///
-    /// ```
-    /// # #[tokio::main]
-    /// # async fn main() -> umbp::Result<()> {
-    /// use umbp::{Range, RangedGet, Store};
-    /// let store = Store::builder().dram_capacity(16 << 20).ssd_dirs(vec![]).open().await?;
-    /// // A page of three 1728-byte layers; layers 0 and 2 land in their own buffers.
-    /// let page: Vec<u8> = (0..3 * 1728).map(|i| (i / 1728) as u8 + 1).collect();
-    /// store.put("page-0", &page, 0).await?;
-    /// let (mut l0, mut l2) = (vec![0u8; 1728], vec![0u8; 1728]);
-    /// for b in [&mut l0, &mut l2] {
-    ///     // SAFETY: the buffers outlive their registration (deregistered below).
-    ///     unsafe { store.register_buffer(b.as_mut_ptr() as u64, b.len() as u64) }.await?;
-    /// }
-    /// let ranges = [
-    ///     Range::new(0, 1728, l0.as_mut_ptr() as u64),
-    ///     Range::new(2 * 1728, 1728, l2.as_mut_ptr() as u64),
-    /// ];
-    /// let got = store.batch_get_ranges(&[RangedGet { key: "page-0", ranges: &ranges }])?;
-    /// assert_eq!(*got[0].as_ref().unwrap(), 2 * 1728);
-    /// assert!(l0.iter().all(|&b| b == 1) && l2.iter().all(|&b| b == 3));
-    /// // A missing key is that key's error, not the call's.
-    /// let missing = store.batch_get_ranges(&[RangedGet { key: "page-9", ranges: &ranges[..1] }])?;
-    /// assert!(matches!(missing[0], Err(umbp::StoreError::NotFound { .. })));
-    /// for b in [&l0, &l2] {
-    ///     store.deregister_buffer(b.as_ptr() as u64).await?;
-    /// }
-    /// store.close().await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn batch_get_ranges(&self, items: &[RangedGet<'_>]) -> Result<Vec<Result<u64>>> {
-        if let Some(c) = self.remote() {
-            self.check_open()?;
-            Self::check_keys(items.iter().map(|i| i.key))?;
-            return c.get_ranges(items);
-        }
-        self.get_objects(Wants::Ranges(items), None)
-    }
-
-    /// [`Store::batch_get_ranges`] of a key set asked for before, reusing (and refreshing)
-    /// what was resolved for it then.
-    pub(crate) fn batch_get_ranges_resolved(
+impl Core {
+    /// Reads ranges of many objects into registered caller buffers (`Store::batch_get_ranges`
+    /// documents the contract). Keys no tier holds go to `misses`.
+    pub(crate) fn batch_get_ranges(
         &self,
         items: &[RangedGet<'_>],
-        resolved: &mut Resolved,
+        resolved: Option<&mut Resolved>,
+        misses: &mut dyn MissResolver,
     ) -> Result<Vec<Result<u64>>> {
-        self.get_objects(Wants::Ranges(items), Some(resolved))
+        self.get_objects(Wants::Ranges(items), resolved, misses)
     }
 
-    pub(crate) fn get_objects(&self, wants: Wants<'_, '_>, cache: Option<&mut Resolved>) -> Result<Vec<Result<u64>>> {
+    /// Gets whole objects into registered caller buffers: `(key, addr, capacity)` each. Per key:
+    /// the object's length, or its data error (`BufferTooSmall` when it does not fit). The size
+    /// and the bytes come from one lookup, so a concurrent put never yields a truncated or mixed
+    /// object. Only the local tiers are read.
+    pub(crate) fn batch_get(&self, items: &[(&str, u64, u64)]) -> Result<Vec<Result<u64>>> {
+        self.get_objects(Wants::Whole(items), None, &mut NoMisses)
+    }
+
+    fn get_objects(
+        &self,
+        wants: Wants<'_, '_>,
+        cache: Option<&mut Resolved>,
+        misses: &mut dyn MissResolver,
+    ) -> Result<Vec<Result<u64>>> {
         self.check_open()?;
-        let timer = self.inner.timer.clone();
+        let timer = self.timer.clone();
         let t0 = timer.start();
         let n = wants.len();
-        Self::check_keys((0..n).map(|k| wants.key(k)))?;
+        check_keys((0..n).map(|k| wants.key(k)))?;
         if let Wants::Ranges(items) = &wants {
-            let callers = self.inner.callers.read();
+            let callers = self.callers.read();
             for (k, it) in items.iter().enumerate() {
                 callers.check(k, it.ranges)?;
             }
@@ -232,7 +198,7 @@ impl Store {
         let mut errors: Vec<Option<StoreError>> = (0..n).map(|_| None).collect();
         let mut whole: Vec<[Range; 1]> = Vec::new();
         let mut scratch = Vec::new();
-        let dram_guard = self.inner.dram.as_ref().map(|d| d.state.read());
+        let dram_guard = self.dram.as_ref().map(|d| d.state.read());
         // Reuse the cache when the index has not changed since it was filled; else refill it.
         let epoch = dram_guard.as_ref().map_or(0, |d| d.epoch());
         let reuse = matches!(&cache, Some(c) if epoch != 0 && c.epoch == epoch && c.entries.len() == n);
@@ -252,7 +218,7 @@ impl Store {
         let items: Cow<'_, [RangedGet<'_>]> = {
             // Both tiers are resolved under their shared locks held together: a put or remove
             // (which takes the DRAM lock exclusively) is either wholly before or after this.
-            let ssd_index = self.inner.ssd.as_ref().map(|s| s.log.index());
+            let ssd_index = self.ssd.as_ref().map(|s| s.log.index());
             if let Wants::Whole(_) = &wants {
                 whole.reserve(n);
             }
@@ -315,7 +281,7 @@ impl Store {
             if let Wants::Whole(_) = &wants {
                 // Ranged calls checked their caller memory before the lookup; whole gets know
                 // their ranges only now.
-                let callers = self.inner.callers.read();
+                let callers = self.callers.read();
                 for (k, it) in items.iter().enumerate() {
                     if matches!(found[k], Found::Dram | Found::Ssd(_)) {
                         callers.check(k, it.ranges)?;
@@ -346,12 +312,12 @@ impl Store {
                 .filter(|(_, f)| matches!(f, Found::Dram))
                 .map(|(it, _)| it.ranges.len())
                 .sum();
-            let callers = self.inner.callers.read();
+            let callers = self.callers.read();
             let mut b = Build {
                 requests: Vec::with_capacity(n),
                 owner: Vec::with_capacity(n),
                 callers: &callers,
-                own: self.inner.own,
+                own: self.own,
                 caller_end: 0,
             };
             for (k, (it, f)) in items.iter().zip(&found).enumerate() {
@@ -389,14 +355,14 @@ impl Store {
         }
 
         let ssd_bytes = self.read_from_ssd(&items, &found, &mut errors)?;
-        // Distributed mode: ranged reads of keys no local tier holds go to their owners.
-        #[cfg(feature = "cluster")]
-        if let (Wants::Ranges(_), Some(cluster)) = (&wants, self.inner.cluster.get()) {
+        // Ranged reads of keys no local tier holds go to the call's resolver (distributed mode:
+        // their owners). Whole gets need the size first and stay local.
+        if let Wants::Ranges(_) = &wants {
             let missed: Vec<usize> = (0..n).filter(|&k| matches!(found[k], Found::Missing)).collect();
-            let mut hits = Vec::new();
-            cluster.get_remote(self, &items, &missed, &mut errors, &mut hits);
-            for k in hits {
-                found[k] = Found::Remote;
+            if !missed.is_empty() {
+                for k in misses.resolve(self, &items, &missed, &mut errors) {
+                    found[k] = Found::Elsewhere;
+                }
             }
         }
         let t3 = timer.start();
@@ -415,7 +381,7 @@ impl Store {
                 _ => {}
             }
         }
-        let c = &self.inner.counters;
+        let c = &self.counters;
         c.local_hits.fetch_add(local_hits, Ordering::Relaxed);
         c.misses.fetch_add(misses, Ordering::Relaxed);
         c.dram_read_bytes.fetch_add(dram_bytes, Ordering::Relaxed);
@@ -435,18 +401,18 @@ impl Store {
         found: &[Found],
         errors: &mut [Option<StoreError>],
     ) -> Result<u64> {
-        let Some(ssd) = &self.inner.ssd else { return Ok(0) };
+        let Some(ssd) = &self.ssd else { return Ok(0) };
         let keys: Vec<usize> = (0..items.len())
             .filter(|&k| matches!(found[k], Found::Ssd(_)))
             .collect();
         if keys.is_empty() {
             return Ok(0);
         }
-        let timer = &self.inner.timer;
+        let timer = &self.timer;
         let slot = ssd.staging.acquire();
-        let own = self.inner.own;
+        let own = self.own;
         let mut delivered = 0u64;
-        let promote_enabled = self.inner.cfg.promote_on_read && self.inner.dram.is_some();
+        let promote_enabled = self.cfg.promote_on_read && self.dram.is_some();
         let mut next = 0usize;
         while next < keys.len() {
             let t0 = timer.start();
@@ -549,7 +515,7 @@ impl Store {
             }
             if !promote.is_empty() {
                 let promoted = self.promote(&promote);
-                self.inner.counters.promoted.fetch_add(promoted, Ordering::Relaxed);
+                self.counters.promoted.fetch_add(promoted, Ordering::Relaxed);
             }
         }
         Ok(delivered)

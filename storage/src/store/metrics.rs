@@ -6,12 +6,16 @@
 //! when metrics are collected (each scrape of the engine's endpoint). With metrics off the store
 //! registers nothing and pays nothing.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use te_core::metrics::facade::{Counter, Gauge};
 use te_core::metrics::Registrar;
 
-use crate::store::{Inner, Store, StoreStats};
+use te_core::TransferEngine;
+
+use super::stats::StoreStats;
+use crate::error::Result;
+use crate::standalone::stats::StandaloneStats;
 
 /// The exported handles, registered once when the store opens.
 struct Handles {
@@ -86,14 +90,22 @@ impl Handles {
         }
     }
 
-    fn update(&self, s: &StoreStats) {
+    fn update(&self, stats: &StoreStats) {
+        let s = &stats.core;
+        #[cfg(feature = "cluster")]
+        let (remote_hits, remote_bytes) = stats
+            .cluster
+            .as_ref()
+            .map_or((0, 0), |c| (c.remote_hits, c.remote_bytes));
+        #[cfg(not(feature = "cluster"))]
+        let (remote_hits, remote_bytes) = (0, 0);
         self.local_hits.absolute(s.local_hits);
-        self.remote_hits.absolute(s.remote_hits);
+        self.remote_hits.absolute(remote_hits);
         self.misses.absolute(s.misses);
         for (c, v) in self
             .delivered
             .iter()
-            .zip([s.dram_read_bytes, s.ssd_delivered_bytes, s.remote_bytes])
+            .zip([s.dram_read_bytes, s.ssd_delivered_bytes, remote_bytes])
         {
             c.absolute(v);
         }
@@ -104,6 +116,22 @@ impl Handles {
         self.promotions.absolute(s.promoted);
         self.puts_ok.absolute(s.puts_ok);
         self.puts_failed.absolute(s.puts_failed);
+        if let Some(sa) = &stats.standalone {
+            self.update_standalone(sa);
+        }
+        let pairs = [
+            (&self.objects, [s.dram_objects, s.ssd_objects]),
+            (&self.used, [s.dram_used_bytes, s.ssd_file_bytes]),
+            (&self.capacity, [s.dram_capacity_bytes, s.ssd_capacity_bytes]),
+        ];
+        for (gauges, values) in pairs {
+            for (g, v) in gauges.iter().zip(values) {
+                g.set(v as f64);
+            }
+        }
+    }
+
+    fn update_standalone(&self, s: &StandaloneStats) {
         let client = [
             s.key_handle_hits,
             s.key_handle_misses,
@@ -122,37 +150,21 @@ impl Handles {
             c.absolute(v);
         }
         self.server_key_handles_held.set(s.server_key_handle_held as f64);
-        let pairs = [
-            (&self.objects, [s.dram_objects, s.ssd_objects]),
-            (&self.used, [s.dram_used_bytes, s.ssd_file_bytes]),
-            (&self.capacity, [s.dram_capacity_bytes, s.ssd_capacity_bytes]),
-        ];
-        for (gauges, values) in pairs {
-            for (g, v) in gauges.iter().zip(values) {
-                g.set(v as f64);
-            }
-        }
     }
 }
 
-/// Registers the store's metrics with its engine's recorder and a collector that refreshes them;
-/// nothing when the engine exports no metrics. The collector holds the store weakly (the engine
-/// it is registered on belongs to the store). Returns the store.
-pub(crate) fn exported(store: Store) -> Store {
-    let engine = store.engine();
+/// Registers the store's metrics with `engine`'s recorder and a collector that refreshes them
+/// from `stats` (which holds the store weakly and answers `None` once it is gone: the engine it
+/// is registered on belongs to the store); nothing when the engine exports no metrics.
+pub(crate) fn export(engine: &TransferEngine, stats: impl Fn() -> Option<Result<StoreStats>> + Send + Sync + 'static) {
     let Some(registrar) = engine.metrics_registrar() else {
-        return store;
+        return;
     };
     let handles = Handles::new(&registrar);
-    let weak: Weak<Inner> = Arc::downgrade(&store.inner);
-    engine.add_metrics_collector(Arc::new(move || {
-        if let Some(inner) = weak.upgrade() {
-            // A standalone server that cannot be reached leaves the gauges at their last values.
-            match (Store { inner }).stats() {
-                Ok(stats) => handles.update(&stats),
-                Err(e) => tracing::debug!("store metrics not updated: {e}"),
-            }
-        }
+    engine.add_metrics_collector(Arc::new(move || match stats() {
+        Some(Ok(s)) => handles.update(&s),
+        // A standalone server that cannot be reached leaves the gauges at their last values.
+        Some(Err(e)) => tracing::debug!("store metrics not updated: {e}"),
+        None => {}
     }));
-    store
 }
