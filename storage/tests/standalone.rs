@@ -45,7 +45,10 @@ async fn behaviour_suite_distributed() {
     let cluster = st.cluster.as_ref().expect("a peer's stats have a cluster section");
     assert_eq!(cluster.remote_hits, 0, "{st:?}");
     assert!(st.standalone.is_none());
-    assert!(store.cluster_owner("suite/page-0").is_some(), "the suite's keys are published");
+    assert!(
+        store.cluster_owner("suite/page-0").is_some(),
+        "the suite's keys are published"
+    );
     store.close().await.unwrap();
     drop(etcd);
 }

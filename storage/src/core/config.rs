@@ -1,5 +1,5 @@
 //! The core's settings: tiers, eviction, staging and debugging (the `UMBP_*` variables of local
-//! mode; see [`crate::config`] for how they are resolved).
+//! mode; the store's configuration module resolves them).
 
 use crate::eviction::EvictionPolicy;
 use crate::ssd::log::SsdOptions;
