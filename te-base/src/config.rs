@@ -193,26 +193,52 @@ pub fn parse_bytes(env: &dyn Env, var: &str) -> Result<Option<u64>> {
         .map_err(|reason| Error::config(var, raw, reason))
 }
 
-/// Parses `"4096"`, `"2K"`, `"2KiB"`, `"1M"`, `"1G"`.
+/// Parses a byte size: the one grammar every size variable and command-line size uses.
+///
+/// A number (digits, optionally a decimal fraction) and an optional unit: `K`, `M`, `G`, `T`
+/// (also `k`, and `KiB`, `MiB`, `GiB`, `TiB`) are powers of 1024, so `4K` is 4096; `KB`, `MB`,
+/// `GB`, `TB` (also `kB`) are powers of 1000, as vendors and the seeds quote sizes (`2.79MB` is
+/// 2,790,000); `B` or nothing is bytes. The result must be a whole number of bytes that fits 64
+/// bits: `1.1K` (1126.4 bytes) is an error, not a rounding.
 pub fn parse_byte_size(raw: &str) -> std::result::Result<u64, String> {
     if raw.is_empty() {
         return Err("empty value".into());
     }
-    let digits_end = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
-    let (digits, suffix) = raw.split_at(digits_end);
-    if digits.is_empty() {
-        return Err("expected a non-negative integer byte count".into());
+    let number_end = raw
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(raw.len());
+    let (number, unit) = raw.split_at(number_end);
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() || (number.contains('.') && fraction.is_empty()) {
+        return Err("expected a non-negative byte count such as 4096, 4K, 2.79MB or 2GiB".into());
     }
-    let n: u64 = digits.parse().map_err(|e| format!("{e}"))?;
-    let mult: u64 = match suffix {
+    if whole.len() > 20 || fraction.len() > 9 {
+        return Err("byte count overflows 64 bits or has more than 9 decimals".into());
+    }
+    let mult: u128 = match unit {
         "" | "B" => 1,
-        "K" | "KiB" | "k" => 1 << 10,
+        "K" | "k" | "KiB" => 1 << 10,
         "M" | "MiB" => 1 << 20,
         "G" | "GiB" => 1 << 30,
-        _ => return Err(format!("unknown size suffix {suffix:?}")),
+        "T" | "TiB" => 1 << 40,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        _ => {
+            return Err(format!(
+                "unknown size unit {unit:?} (K, M, G, T are powers of 1024; KB, MB, GB, TB of 1000)"
+            ))
+        }
     };
-    n.checked_mul(mult)
-        .ok_or_else(|| "byte count overflows 64 bits".to_string())
+    // Exact decimal arithmetic: (whole.fraction) * mult = digits * mult / 10^decimals.
+    let digits: u128 = format!("{whole}{fraction}").parse().map_err(|e| format!("{e}"))?;
+    let scale = 10u128.pow(fraction.len() as u32);
+    let scaled = digits * mult;
+    if !scaled.is_multiple_of(scale) {
+        return Err(format!("{raw} is not a whole number of bytes"));
+    }
+    u64::try_from(scaled / scale).map_err(|_| "byte count overflows 64 bits".to_string())
 }
 
 #[cfg(test)]
@@ -247,7 +273,16 @@ mod tests {
         assert_eq!(parse_byte_size("2K"), Ok(2048));
         assert_eq!(parse_byte_size("128KiB"), Ok(128 << 10));
         assert_eq!(parse_byte_size("1G"), Ok(1 << 30));
-        assert!(parse_byte_size("1T").is_err());
+        assert_eq!(parse_byte_size("1T"), Ok(1 << 40));
+        assert_eq!(parse_byte_size("4K"), parse_byte_size("4096"));
+        assert_eq!(parse_byte_size("4KB"), Ok(4_000));
+        assert_eq!(parse_byte_size("2.79MB"), Ok(2_790_000));
+        assert_eq!(parse_byte_size("1.5K"), Ok(1_536));
+        assert_eq!(parse_byte_size("391MB"), Ok(391_000_000));
+        for bad in ["1.1K", "1.", ".5K", "1x", "-1", "1 K", "4Q", "0.0000000001G", "16E"] {
+            assert!(parse_byte_size(bad).is_err(), "{bad:?}");
+        }
+        assert!(parse_byte_size("17179869184G").is_err(), "2^64 bytes overflows");
         assert!(parse_byte_size("").is_err());
         assert!(parse_byte_size("K").is_err());
         assert!(parse_byte_size("99999999999999999999G").is_err());

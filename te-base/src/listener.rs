@@ -11,7 +11,7 @@ use std::future::Future;
 use std::io;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -219,7 +219,7 @@ pub fn tune_socket(stream: &tokio::net::TcpStream, timeout: Duration) {
 }
 
 /// Waits for the next connection `gate` admits: accept errors back off, a connection over the caps
-/// is closed at once (logged at debug, naming `listener`), an admitted socket is tuned
+/// is closed at once (logged by [`log_refusal`], naming `listener`), an admitted socket is tuned
 /// ([`tune_socket`] with `socket_timeout`). Dropping the permit frees its place.
 pub async fn accept_admitted(
     listener: &tokio::net::TcpListener,
@@ -244,8 +244,70 @@ pub async fn accept_admitted(
                 tune_socket(&stream, socket_timeout);
                 return (stream, from, permit);
             }
-            Err(why) => tracing::debug!("{name}: closing a connection from {from}: {why:?}"),
+            Err(why) => log_refusal(name, &from, &format_args!("over the connection caps ({why:?})")),
         }
+    }
+}
+
+/// Shortest time between two logged refusals of one listener.
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// What one listener has logged of its refusals.
+#[derive(Debug, Clone, Copy)]
+struct RefusalTally {
+    last_logged: Instant,
+    unlogged: u64,
+}
+
+/// Decides whether a refusal at `now` is logged: the first one is, then at most one per
+/// [`REFUSAL_LOG_INTERVAL`]. Returns how many refusals went unlogged before it.
+fn note_refusal(tally: &mut Option<RefusalTally>, now: Instant) -> Option<u64> {
+    match tally {
+        Some(t) if now.saturating_duration_since(t.last_logged) < REFUSAL_LOG_INTERVAL => {
+            t.unlogged += 1;
+            None
+        }
+        Some(t) => {
+            let unlogged = t.unlogged;
+            *t = RefusalTally {
+                last_logged: now,
+                unlogged: 0,
+            };
+            Some(unlogged)
+        }
+        None => {
+            *tally = Some(RefusalTally {
+                last_logged: now,
+                unlogged: 0,
+            });
+            Some(0)
+        }
+    }
+}
+
+/// Logs a listener's refusal of a peer (it failed to prove the shared key, or it was over the
+/// connection caps) at warn, rate-limited per listener: the first refusal, then at most one line
+/// per [`REFUSAL_LOG_INTERVAL`] with the count of refusals not logged since. Every listener logs
+/// its refusals through this, so a scan or a misconfigured peer shows alike everywhere without
+/// flooding the log. `why` is for the operator; the peer was told nothing more than before.
+pub fn log_refusal(listener: &str, from: &dyn std::fmt::Display, why: &dyn std::fmt::Display) {
+    // One entry per listener kind (a handful of names), so a linear scan is enough.
+    static TALLIES: Mutex<Vec<(String, Option<RefusalTally>)>> = parking_lot::const_mutex(Vec::new());
+    let logged = {
+        let mut tallies = TALLIES.lock();
+        let at = match tallies.iter().position(|(name, _)| name == listener) {
+            Some(at) => at,
+            None => {
+                tallies.push((listener.to_string(), None));
+                tallies.len() - 1
+            }
+        };
+        note_refusal(&mut tallies[at].1, Instant::now())
+    };
+    match logged {
+        Some(0) => tracing::warn!("{listener}: refused {from}: {why}"),
+        Some(n) => tracing::warn!("{listener}: refused {from}: {why} ({n} more refusals since the last one logged)"),
+        None => {}
     }
 }
 
@@ -285,6 +347,19 @@ pub async fn deadline<T>(limit: Duration, what: &str, fut: impl Future<Output = 
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn refusals_are_logged_first_then_once_per_interval_with_the_count() {
+        let t0 = Instant::now();
+        let mut tally = None;
+        assert_eq!(note_refusal(&mut tally, t0), Some(0));
+        for i in 1..=5 {
+            assert_eq!(note_refusal(&mut tally, t0 + Duration::from_millis(i)), None);
+        }
+        assert_eq!(note_refusal(&mut tally, t0 + REFUSAL_LOG_INTERVAL), Some(5));
+        assert_eq!(note_refusal(&mut tally, t0 + REFUSAL_LOG_INTERVAL), None);
+        assert_eq!(note_refusal(&mut tally, t0 + 2 * REFUSAL_LOG_INTERVAL), Some(1));
+    }
+
     use crate::config::MapEnv;
 
     #[test]

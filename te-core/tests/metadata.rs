@@ -412,6 +412,9 @@ async fn p2p_answer_cap_is_configurable_and_strict() {
     }
     let c = P2pConfig::from_env(&MapEnv::new([("TE_P2P_MAX_ANSWER_BYTES", "4096")]), None).unwrap();
     assert_eq!(c.max_answer_bytes, 4096);
+    // A size like every other: the documented default reads back as itself.
+    let c = P2pConfig::from_env(&MapEnv::new([("TE_P2P_MAX_ANSWER_BYTES", "4M")]), None).unwrap();
+    assert_eq!(c.max_answer_bytes, 4 << 20);
     let err = P2pConfig::from_env(&MapEnv::new([("TE_P2P_MAX_CONNECTIONS_PER_SOURCE", "0")]), None).unwrap_err();
     assert!(err.to_string().contains("TE_P2P_MAX_CONNECTIONS_PER_SOURCE"), "{err}");
 

@@ -48,8 +48,9 @@ pub fn expand(pools: &[PoolShape]) -> Vec<u64> {
 }
 
 /// Parses a size list: entries separated by commas, whitespace or newlines, each `SIZE` or
-/// `COUNTxSIZE`; `#` starts a comment. SIZE is bytes with an optional unit: K/M/G/T (powers of 10,
-/// also KB/MB/GB/TB) or KiB/MiB/GiB/TiB (powers of 2); decimals allowed (`2.79MB`).
+/// `COUNTxSIZE`; `#` starts a comment. SIZE is a byte size as every size in the engine is read
+/// (`te_core::config::parse_byte_size`: K/M/G/T and KiB.. are powers of 1024, KB/MB/GB/TB of 1000;
+/// decimals allowed where the result is whole, `2.79MB`).
 pub fn parse_sizes(text: &str) -> Result<Vec<u64>, String> {
     let mut sizes = Vec::new();
     for line in text.lines() {
@@ -82,32 +83,9 @@ pub fn parse_sizes(text: &str) -> Result<Vec<u64>, String> {
     Ok(sizes)
 }
 
-/// Parses one size with an optional unit (see [`parse_sizes`]).
+/// Parses one size: te-core's one byte-size grammar (`4K` is 4096, `2.79MB` is 2,790,000).
 pub fn parse_size(text: &str) -> Result<u64, String> {
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("bad size {text:?} (expected e.g. 4096, 2.79MB, 2GiB)"))?;
-    let mult: f64 = match unit {
-        "" | "B" => 1.0,
-        "K" | "KB" | "k" | "kB" => 1e3,
-        "M" | "MB" => 1e6,
-        "G" | "GB" => 1e9,
-        "T" | "TB" => 1e12,
-        "KiB" => 1024.0,
-        "MiB" => 1024.0 * 1024.0,
-        "GiB" => 1024.0 * 1024.0 * 1024.0,
-        "TiB" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        _ => return Err(format!("unknown unit {unit:?} in size {text:?}")),
-    };
-    let bytes = (value * mult).round();
-    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 / 2.0 {
-        return Err(format!("size {text:?} is out of range"));
-    }
-    Ok(bytes as u64)
+    te_core::config::parse_byte_size(text).map_err(|e| format!("bad size {text:?}: {e}"))
 }
 
 /// Human-readable bytes (decimal units, as the seed quotes them).
@@ -143,8 +121,8 @@ mod tests {
     #[test]
     fn size_lists_parse_and_reject_garbage() {
         assert_eq!(
-            parse_sizes("2x4K, 2.79MB\n# comment\n1GiB").unwrap(),
-            vec![4000, 4000, 2_790_000, 1 << 30]
+            parse_sizes("2x4K, 2.79MB\n# comment\n1GiB, 4KB").unwrap(),
+            vec![4096, 4096, 2_790_000, 1 << 30, 4000]
         );
         for bad in ["", "0", "3xx", "12Q", "-5", "0x4K", "abc"] {
             assert!(parse_sizes(bad).is_err(), "{bad:?}");

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use te_base::auth::AuthKey;
-use te_base::listener::{accept_admitted, AcceptBackoff, ConnectionGate, ListenerLimits};
+use te_base::listener::{accept_admitted, log_refusal, AcceptBackoff, ConnectionGate, ListenerLimits};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
@@ -57,8 +57,10 @@ async fn accept_loop(listener: TcpListener, auth: Option<AuthKey>, limits: Liste
         let (stream, from, permit) = accept_admitted(&listener, &gate, &mut backoff, NAME, limits.frame_timeout).await;
         let (auth, owner) = (auth.clone(), owner.clone());
         tokio::spawn(async move {
-            if let Err(e) = serve(stream, from, auth, limits, owner).await {
-                tracing::debug!("{NAME}: {from}: {e}");
+            match serve(stream, from, auth, limits, owner).await {
+                Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => log_refusal(NAME, &from, &e),
+                Err(e) => tracing::debug!("{NAME}: {from}: {e}"),
+                Ok(()) => {}
             }
             drop(permit);
         });

@@ -359,7 +359,14 @@ fn hello(shared: &Shared, stream: &UnixStream, rx: &mut Vec<u8>, tx: &mut Vec<u8
         if h.op != Op::Proof || rx.len() != PROOF_LEN {
             return Err(wire::WireError::BadOp(h.op as u8).into());
         }
-        hs.check(rx, "umbp worker").map_err(|_| refused())?;
+        if hs.check(rx, "umbp worker").is_err() {
+            te_base::listener::log_refusal(
+                "umbp standalone server",
+                &"a worker",
+                &"it did not prove the shared key",
+            );
+            return Err(refused());
+        }
     }
     let (session, control) = if join == [0; 16] {
         // The token lets a second connection join this session: a secret, from the OS.

@@ -37,8 +37,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use parking_lot::RwLock;
 use te_base::auth::{warn_unauthenticated, AuthKey, InitiatorHandshake, ResponderHandshake, NONCE_LEN, PROOF_LEN};
-use te_base::config::{parse_var, Env};
-use te_base::listener::{accept_admitted, deadline, read_growing, AcceptBackoff, ConnectionGate, ListenerLimits};
+use te_base::config::{parse_bytes, parse_var, Env};
+use te_base::listener::{
+    accept_admitted, deadline, log_refusal, read_growing, AcceptBackoff, ConnectionGate, ListenerLimits,
+};
 use te_base::{Error, MetadataStore, Result, SegmentDescriptor};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -336,7 +338,7 @@ impl P2pConfig {
             return Err(Error::config("TE_P2P_TIMEOUT_MS", "0", "must be at least 1"));
         }
         let timeout = Duration::from_millis(ms);
-        let max_answer_bytes = match parse_var::<usize>(env, "TE_P2P_MAX_ANSWER_BYTES")? {
+        let max_answer_bytes = match parse_bytes(env, "TE_P2P_MAX_ANSWER_BYTES")?.map(|n| n as usize) {
             None => DEFAULT_MAX_ANSWER_BYTES,
             Some(n) if n < 1024 || n > u32::MAX as usize => {
                 return Err(Error::config(
@@ -672,6 +674,10 @@ async fn answer(
         )
         .await;
         if !matches!(ok, Ok(true)) {
+            match &ok {
+                Ok(_) => log_refusal("p2p metadata", &peer, &"it did not prove the shared key"),
+                Err(e) => log_refusal("p2p metadata", &peer, &format_args!("its handshake failed: {e}")),
+            }
             // Whatever went wrong, the peer hears the same words and nothing else.
             let _ = write_answer(
                 &mut stream,

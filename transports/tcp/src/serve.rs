@@ -24,7 +24,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use te_base::auth::{AuthKey, Nonce, ResponderHandshake, NONCE_LEN};
-use te_base::listener::{accept_admitted, deadline, AcceptBackoff, ConnectionGate, ConnectionPermit, ListenerLimits};
+use te_base::listener::{
+    accept_admitted, deadline, log_refusal, AcceptBackoff, ConnectionGate, ConnectionPermit, ListenerLimits,
+};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -77,11 +79,18 @@ impl ConnProgress {
     }
 }
 
+/// How often [`watchdog`] samples a connection's progress: a sixteenth of the shorter deadline,
+/// 1 ms to 250 ms. A stall is seen only at a tick, so a connection is cut between its deadline and
+/// the deadline plus one tick after its last step (a 3 s deadline cuts within 3.0-3.19 s).
+fn watchdog_tick(limits: &ListenerLimits) -> Duration {
+    (limits.frame_timeout.min(limits.idle_timeout) / 16).clamp(Duration::from_millis(1), Duration::from_millis(250))
+}
+
 /// Returns when the connection stalled: idle for the idle timeout, or inside a frame with no
-/// step for the frame timeout. Reads a counter every tick; nothing on the data path reads a clock.
+/// step for the frame timeout (bounded as [`watchdog_tick`] says). Reads a counter every tick;
+/// nothing on the data path reads a clock.
 async fn watchdog(progress: &ConnProgress, limits: &ListenerLimits) -> io::Error {
-    let tick =
-        (limits.frame_timeout.min(limits.idle_timeout) / 4).clamp(Duration::from_millis(1), Duration::from_secs(1));
+    let tick = watchdog_tick(limits);
     let mut last = u64::MAX;
     let mut stalled = Duration::ZERO;
     loop {
@@ -128,8 +137,10 @@ pub(crate) async fn accept_loop(
         .await;
         let server = server.clone();
         let task = tokio::spawn(async move {
-            if let Err(e) = serve_connection(stream, &server, permit).await {
-                tracing::debug!("tcp: connection from {from} ended: {e}");
+            match serve_connection(stream, &server, permit).await {
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => log_refusal("tcp transport", &from, &e),
+                Err(e) => tracing::debug!("tcp: connection from {from} ended: {e}"),
+                Ok(()) => {}
             }
         });
         let mut conns = connections.lock();

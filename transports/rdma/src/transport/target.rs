@@ -269,7 +269,7 @@ async fn opening(
             )
             .await;
             if let Err(e) = proved {
-                tracing::debug!("rdma handshake: {peer} did not authenticate: {e}");
+                te_base::listener::log_refusal("rdma handshake", &peer, &format_args!("it did not authenticate: {e}"));
                 return Err(Some(ConnectResponse::Unauthenticated));
             }
             let body = within(
@@ -285,8 +285,11 @@ async fn opening(
             })
         }
         (Some(_), other) => {
-            if let Err(e) = other {
-                tracing::debug!("rdma handshake: unreadable opening from {peer}: {e}");
+            match other {
+                Err(e) => {
+                    te_base::listener::log_refusal("rdma handshake", &peer, &format_args!("unreadable opening: {e}"))
+                }
+                Ok(_) => te_base::listener::log_refusal("rdma handshake", &peer, &"it did not offer the shared key"),
             }
             Err(Some(ConnectResponse::Unauthenticated))
         }
