@@ -89,6 +89,22 @@ async fn deregistered_target_is_untouched(pair: &ConformancePair, opts: &Conform
     conformance::release(&pair.initiator, &[&src]).await;
 }
 
+/// The suite on the provider `TE_FABRIC_PROVIDER` names, when it names one other than the two
+/// above (`verbs;ofi_rxm` on soft-RoCE, `efa` on an EFA node), with the environment's other
+/// `TE_FABRIC_*` variables (`TE_FABRIC_DOMAINS=rxe1`) applied to both transports.
+#[test]
+fn conformance_env_provider() {
+    let Ok(provider) = std::env::var("TE_FABRIC_PROVIDER") else {
+        eprintln!("SKIP: TE_FABRIC_PROVIDER names no provider (tcp;ofi_rxm and shm run in their own tests)");
+        return;
+    };
+    if PROVIDERS.contains(&provider.as_str()) {
+        eprintln!("SKIP: TE_FABRIC_PROVIDER={provider} runs in its own test");
+        return;
+    }
+    conformance_on(&provider);
+}
+
 #[test]
 fn conformance_tcp_rxm() {
     conformance_on("tcp;ofi_rxm");
