@@ -1,7 +1,9 @@
 //! `te-bench info`: what is compiled in and whether it runs here. With the efa feature also
 //! libfabric's versions (headers at build, library loaded now), the providers it finds, and what
-//! each provider's initiator sees when a request is refused (`RefusalReport`).
+//! each provider's initiator sees when a request is refused (`RefusalReport`). Every transport
+//! lists the devices it skipped, with why.
 
+use te_base::SkippedDevice;
 use te_core::TransferEngine;
 
 use crate::util::{print_json, runtime};
@@ -22,24 +24,44 @@ pub fn run(args: Args) -> Result<(), String> {
                 .build(),
         )
         .map_err(|e| e.to_string())?;
-    let mut rows: Vec<(String, String, Option<String>)> = engine
+    let mut rows: Vec<(String, String, Option<String>, Vec<SkippedDevice>)> = engine
         .transports()
         .iter()
-        .map(|t| ("transport".to_string(), t.name.clone(), t.unavailable.clone()))
+        .map(|t| {
+            (
+                "transport".to_string(),
+                t.name.clone(),
+                t.unavailable.clone(),
+                t.skipped.clone(),
+            )
+        })
         .collect();
     for p in te_core::device_plugins() {
-        rows.push(("device-plugin".to_string(), p.name.to_string(), p.unavailable.clone()));
+        rows.push((
+            "device-plugin".to_string(),
+            p.name.to_string(),
+            p.unavailable.clone(),
+            Vec::new(),
+        ));
     }
     #[cfg(feature = "efa")]
     libfabric(args.json);
-    for (kind, name, unavailable) in rows {
+    for (kind, name, unavailable, skipped) in rows {
         if args.json {
             print_json(&serde_json::json!({
                 "kind": kind, "name": name, "usable": unavailable.is_none(), "reason": unavailable,
+                "skipped_devices": skipped,
             }));
         } else {
             match unavailable {
-                None => println!("{kind:14} {name:8} usable"),
+                None => {
+                    println!("{kind:14} {name:8} usable");
+                    // Devices (NICs, provider domains) the transport serves without, each with why.
+                    for d in skipped {
+                        println!("  skipped device '{}': {}", d.name, d.reason);
+                    }
+                }
+                // The reason already names every skipped device when none opened.
                 Some(r) => println!("{kind:14} {name:8} not available: {r}"),
             }
         }
