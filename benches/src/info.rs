@@ -1,7 +1,7 @@
 //! `te-bench info`: what is compiled in and whether it runs here. With the efa feature also
 //! libfabric's versions (headers at build, library loaded now), the providers it finds, and what
-//! each provider's initiator sees when a request is refused (`RefusalReport`). Every transport
-//! lists the devices it skipped, with why.
+//! each provider's initiator sees when a request is refused (`RefusalReport`), and libfabric's
+//! registration-cache variables. Every transport lists the devices it skipped, with why.
 
 use te_base::SkippedDevice;
 use te_core::TransferEngine;
@@ -85,6 +85,27 @@ fn libfabric(json: bool) {
             "libfabric      headers {hm}.{hn}, loaded {rm}.{rn}; providers: {}",
             providers.join(", ")
         );
+    }
+    // libfabric's registration caches, as this process runs with them (te_transport_efa::mr_cache).
+    for c in te_transport_efa::mr_cache::settings() {
+        let by = if c.set_here {
+            "set by the efa transport"
+        } else {
+            "from the environment"
+        };
+        if json {
+            print_json(&serde_json::json!({
+                "kind": "libfabric-mr-cache", "var": c.var, "value": c.value, "set_here": c.set_here,
+                "cache_on": c.cache_on,
+            }));
+        } else {
+            let mark = if c.cache_on {
+                " WARNING: a registration cache stays on"
+            } else {
+                ""
+            };
+            println!("  {}={} ({by}){mark}", c.var, c.value);
+        }
     }
     for p in &providers {
         let report = RefusalReport::of(p, (rm, rn));
