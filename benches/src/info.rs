@@ -1,7 +1,9 @@
 //! `te-bench info`: what is compiled in and whether it runs here. With the efa feature also
 //! libfabric's versions (headers at build, library loaded now), the providers it finds, and what
-//! each provider's initiator sees when a request is refused (`RefusalReport`).
+//! each provider's initiator sees when a request is refused (`RefusalReport`), and libfabric's
+//! registration-cache variables. Every transport lists the devices it skipped, with why.
 
+use te_base::SkippedDevice;
 use te_core::TransferEngine;
 
 use crate::util::{print_json, runtime};
@@ -22,24 +24,44 @@ pub fn run(args: Args) -> Result<(), String> {
                 .build(),
         )
         .map_err(|e| e.to_string())?;
-    let mut rows: Vec<(String, String, Option<String>)> = engine
+    let mut rows: Vec<(String, String, Option<String>, Vec<SkippedDevice>)> = engine
         .transports()
         .iter()
-        .map(|t| ("transport".to_string(), t.name.clone(), t.unavailable.clone()))
+        .map(|t| {
+            (
+                "transport".to_string(),
+                t.name.clone(),
+                t.unavailable.clone(),
+                t.skipped.clone(),
+            )
+        })
         .collect();
     for p in te_core::device_plugins() {
-        rows.push(("device-plugin".to_string(), p.name.to_string(), p.unavailable.clone()));
+        rows.push((
+            "device-plugin".to_string(),
+            p.name.to_string(),
+            p.unavailable.clone(),
+            Vec::new(),
+        ));
     }
     #[cfg(feature = "efa")]
     libfabric(args.json);
-    for (kind, name, unavailable) in rows {
+    for (kind, name, unavailable, skipped) in rows {
         if args.json {
             print_json(&serde_json::json!({
                 "kind": kind, "name": name, "usable": unavailable.is_none(), "reason": unavailable,
+                "skipped_devices": skipped,
             }));
         } else {
             match unavailable {
-                None => println!("{kind:14} {name:8} usable"),
+                None => {
+                    println!("{kind:14} {name:8} usable");
+                    // Devices (NICs, provider domains) the transport serves without, each with why.
+                    for d in skipped {
+                        println!("  skipped device '{}': {}", d.name, d.reason);
+                    }
+                }
+                // The reason already names every skipped device when none opened.
                 Some(r) => println!("{kind:14} {name:8} not available: {r}"),
             }
         }
@@ -63,6 +85,27 @@ fn libfabric(json: bool) {
             "libfabric      headers {hm}.{hn}, loaded {rm}.{rn}; providers: {}",
             providers.join(", ")
         );
+    }
+    // libfabric's registration caches, as this process runs with them (te_transport_efa::mr_cache).
+    for c in te_transport_efa::mr_cache::settings() {
+        let by = if c.set_here {
+            "set by the efa transport"
+        } else {
+            "from the environment"
+        };
+        if json {
+            print_json(&serde_json::json!({
+                "kind": "libfabric-mr-cache", "var": c.var, "value": c.value, "set_here": c.set_here,
+                "cache_on": c.cache_on,
+            }));
+        } else {
+            let mark = if c.cache_on {
+                " WARNING: a registration cache stays on"
+            } else {
+                ""
+            };
+            println!("  {}={} ({by}){mark}", c.var, c.value);
+        }
     }
     for p in &providers {
         let report = RefusalReport::of(p, (rm, rn));

@@ -483,25 +483,54 @@ pub async fn hostile_requests_fail_alone(pair: &ConformancePair, opts: &Conforma
     release(&pair.target, &[&dst, &secret]).await;
 }
 
-/// After the target deregisters a region, requests to it fail rather than touch freed memory.
+/// After the target deregisters a region, a write to it is refused and not one byte of it changes
+/// (checked on the bytes, then on the status): deregistration revokes remote access before it
+/// returns, whatever registration cache the transport's library keeps.
 pub async fn deregistered_target_is_refused(pair: &ConformancePair, opts: &ConformanceOptions) {
     let (src, _) = region(&pair.initiator, 1 << 16, false).await;
     let (dst, dkey) = region(&pair.target, 1 << 16, true).await;
+    // Different patterns on both sides, so a write that lands shows in every byte it touched.
+    src.fill(DEREGISTERED_SRC_SEED);
+    dst.fill(DEREGISTERED_DST_SEED);
     let peer = connect(pair, &[(&dst, &dkey)]).await;
     pair.target
         .deregister(std::slice::from_ref(&dst.info))
         .await
         .expect("deregister");
     let statuses = run_batch(&peer, vec![req(0, TransferOp::Write, &src, 0, &dst, 0, 0, 4096)], opts).await;
+    // The bytes first: a refused status over memory that was written anyway (a registration cache
+    // keeping the key alive) must fail on what landed, not only on what was reported.
+    let landed = deregistered_bytes_changed(&dst);
+    let refused = matches!(&statuses[0], RequestStatus::Failed(e) if opts.target_refusal.matches(e));
+    assert!(
+        landed == 0,
+        "{}: deregistered memory was written: {landed} of 4096 bytes changed (status {:?})",
+        pair.initiator.name(),
+        statuses[0]
+    );
     // The initiator's descriptor still lists the region, so only the target can refuse it, and
     // the report must be the one the transport documents (`opts.target_refusal`).
     assert!(
-        matches!(&statuses[0], RequestStatus::Failed(e) if opts.target_refusal.matches(e)),
+        refused,
         "{}: write to a deregistered region must be refused as {:?}, got {:?}",
         pair.initiator.name(),
         opts.target_refusal,
         statuses[0]
     );
-    assert!(dst.bytes().iter().all(|&b| b == 0), "deregistered memory was written");
     release(&pair.initiator, &[&src]).await;
+}
+
+/// Pattern seeds of [`deregistered_target_is_refused`]'s source and (deregistered) target.
+pub const DEREGISTERED_SRC_SEED: u64 = 0xdead;
+/// See [`DEREGISTERED_SRC_SEED`].
+pub const DEREGISTERED_DST_SEED: u64 = 0xbeef;
+
+/// How many bytes of a region filled with [`DEREGISTERED_DST_SEED`] no longer hold it (after a
+/// write into it was attempted while it was deregistered).
+pub fn deregistered_bytes_changed(dst: &TestRegion) -> usize {
+    dst.bytes()
+        .iter()
+        .enumerate()
+        .filter(|&(i, &b)| b != pattern(DEREGISTERED_DST_SEED, i as u64))
+        .count()
 }

@@ -114,6 +114,15 @@ pub enum Error {
     #[error("registration batch failed for {} item(s): {}", failures.len(), summarize(failures))]
     RegistrationFailed { failures: Vec<RegistrationFailure> },
 
+    /// The transport found devices (NICs, provider domains) but could open none of them: each one
+    /// tried, with why it was skipped. When at least one opens, the transport installs and lists
+    /// the others in [`crate::Transport::skipped_devices`] instead.
+    #[error("{transport}: no device could be opened: {}", summarize_skipped(skipped))]
+    NoDeviceOpened {
+        transport: String,
+        skipped: Vec<SkippedDevice>,
+    },
+
     /// A transport-level failure: what was being done, and, where a native library failed, its
     /// own error as the [`std::error::Error::source`] (a [`NativeError`] with libfabric's code, an
     /// [`std::io::Error`] with the verbs errno), so callers can match on it. The display includes
@@ -207,6 +216,27 @@ pub struct RegistrationFailure {
     pub location: String,
     /// Why it failed.
     pub cause: Box<Error>,
+}
+
+/// A device (NIC, provider domain) a transport did not open, and why: named in the error when no
+/// device opened, and by [`crate::Transport::skipped_devices`] when others did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SkippedDevice {
+    /// The device's name as the configuration names it (`rxe0`, `rdmap16s27`, `eth0`).
+    pub name: String,
+    /// Why it was skipped: the failed call and the native library's text.
+    pub reason: String,
+}
+
+fn summarize_skipped(skipped: &[SkippedDevice]) -> String {
+    if skipped.is_empty() {
+        return "none was selected".into();
+    }
+    skipped
+        .iter()
+        .map(|d| format!("'{}': {}", d.name, d.reason))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn summarize(failures: &[RegistrationFailure]) -> String {

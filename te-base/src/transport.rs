@@ -64,6 +64,13 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Stops background work. Outstanding requests fail with [`crate::Error::Closed`].
     async fn shutdown(&self) {}
+
+    /// Devices (NICs, provider domains) this transport was configured or able to use but did not
+    /// open at install, each with why; it serves on the others. Empty by default. The engine
+    /// reports them with the transport's status (`te-bench info` prints them).
+    fn skipped_devices(&self) -> Vec<crate::error::SkippedDevice> {
+        Vec::new()
+    }
 }
 
 /// A connected peer segment, ready for the data path.

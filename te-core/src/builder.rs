@@ -159,6 +159,7 @@ impl TransferEngineBuilder {
             .map(|t| TransportStatus {
                 name: t.name().to_string(),
                 unavailable: None,
+                skipped: t.skipped_devices(),
             })
             .collect();
         let mut transports: Vec<Arc<dyn Transport>> = self.custom;
@@ -168,6 +169,7 @@ impl TransferEngineBuilder {
                     statuses.push(TransportStatus {
                         name: tname.to_string(),
                         unavailable: None,
+                        skipped: t.skipped_devices(),
                     });
                     transports.push(t);
                 }
@@ -176,6 +178,22 @@ impl TransferEngineBuilder {
                     statuses.push(TransportStatus {
                         name: tname.to_string(),
                         unavailable: Some(reason),
+                        skipped: Vec::new(),
+                    });
+                }
+                // Devices found, none opened: unusable here, like "no device", so the engine
+                // still serves on its other transports; every device is named with why.
+                Err(Error::NoDeviceOpened { transport, skipped }) => {
+                    let reason = Error::NoDeviceOpened {
+                        transport,
+                        skipped: skipped.clone(),
+                    }
+                    .to_string();
+                    tracing::warn!("transport {tname}: not available: {reason}");
+                    statuses.push(TransportStatus {
+                        name: tname.to_string(),
+                        unavailable: Some(reason),
+                        skipped,
                     });
                 }
                 Err(e) => return Err(e),

@@ -39,6 +39,9 @@ pub struct TransportStatus {
     pub name: String,
     /// `None` when installed and usable; otherwise why not.
     pub unavailable: Option<String>,
+    /// Devices (NICs, provider domains) the installed transport did not open, each with why; it
+    /// serves on the rest ([`te_base::Transport::skipped_devices`]).
+    pub skipped: Vec<te_base::SkippedDevice>,
 }
 
 pub(crate) struct EngineInner {

@@ -291,13 +291,23 @@ int te_fi_av_remove(struct te_fi_rail *r, uint64_t fi_addr) {
 }
 
 /*
+ * libfabric's internal "do not cache this registration" flag (include/ofi_mr.h, not installed:
+ * BIT_ULL(60) from 1.17 through 2.6 and main). Utility providers pass it to their core provider
+ * through fi_mr_regattr's flags (rxm registers its own buffers on verbs this way), and rxm forwards
+ * an application's flags unchanged, so verbs;ofi_rxm registers the region outside verbs' MR cache
+ * and fi_close deregisters it at once, even when the cache is on for the process. Only the verbs
+ * core provider is given it: efa >= 2.5 rejects unknown flags, and the others have no cache.
+ */
+#define TE_OFI_MR_NOCACHE (1ULL << 60)
+
+/*
  * Registers [buf, buf+len) on the rail's domain. `remote` grants peers read/write access; without it
  * the region is only usable as the local side of our own operations. `hmem_iface`/`hmem_device` are
  * 0/0 for host memory (FI_HMEM_SYSTEM). Binds to the endpoint when the provider granted
- * FI_MR_ENDPOINT. Returns the MR, its key (FI_KEY_NOTAVAIL becomes an error) and its descriptor.
+ * FI_MR_ENDPOINT. `nocache` passes TE_OFI_MR_NOCACHE (above). Returns the MR, its key (FI_KEY_NOTAVAIL becomes an error) and its descriptor.
  */
 int te_fi_mr_reg(struct te_fi_rail *r, void *buf, size_t len, int remote, uint64_t requested_key, int bind_ep,
-                 int hmem_iface, int hmem_device, struct fid_mr **mr_out, uint64_t *key, void **desc) {
+                 int nocache, int hmem_iface, int hmem_device, struct fid_mr **mr_out, uint64_t *key, void **desc) {
     struct iovec iov = {.iov_base = buf, .iov_len = len};
     struct fi_mr_attr attr;
     memset(&attr, 0, sizeof(attr));
@@ -310,7 +320,7 @@ int te_fi_mr_reg(struct te_fi_rail *r, void *buf, size_t len, int remote, uint64
     attr.device.reserved = 0;
     if (hmem_iface == FI_HMEM_CUDA) attr.device.cuda = hmem_device;
     struct fid_mr *mr = NULL;
-    int rc = fi_mr_regattr(r->domain, &attr, 0, &mr);
+    int rc = fi_mr_regattr(r->domain, &attr, nocache ? TE_OFI_MR_NOCACHE : 0, &mr);
     if (rc) return rc;
     if (bind_ep) {
         if ((rc = fi_mr_bind(mr, &r->ep->fid, 0)) || (rc = fi_mr_enable(mr))) {

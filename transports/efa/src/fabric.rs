@@ -42,6 +42,9 @@ impl InfoList {
     /// RDM + RMA providers matching `provider` (any provider when `None`). `Ok(None)` when nothing
     /// matches.
     pub(crate) fn query(provider: Option<&str>) -> Result<Option<InfoList>> {
+        // Every libfabric call that initialises the library comes after a query: the cache
+        // settings must be in the environment before libfabric reads its parameters.
+        crate::mr_cache::settings();
         let prov = provider
             .map(CString::new)
             .transpose()
@@ -167,6 +170,10 @@ impl RailAttrs {
     }
     pub(crate) fn bind_ep(&self) -> bool {
         self.mr_mode & mr::ENDPOINT != 0
+    }
+    /// Registrations on this rail ask the provider not to cache them (see [`crate::mr_cache`]).
+    pub(crate) fn mr_cache_bypass(&self) -> bool {
+        crate::mr_cache::bypass_per_registration(&self.provider)
     }
 }
 
@@ -393,6 +400,7 @@ impl Rail {
                     c_int::from(remote),
                     requested_key,
                     c_int::from(self.attrs.bind_ep()),
+                    c_int::from(self.attrs.mr_cache_bypass()),
                     0,
                     0,
                     &mut mr,

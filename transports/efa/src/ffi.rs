@@ -142,6 +142,7 @@ extern "C" {
         remote: c_int,
         requested_key: u64,
         bind_ep: c_int,
+        nocache: c_int,
         hmem_iface: c_int,
         hmem_device: c_int,
         mr: *mut *mut FidMr,

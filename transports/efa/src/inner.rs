@@ -18,6 +18,8 @@ pub(crate) struct Inner {
     /// Largest single RMA operation over every rail.
     pub max_fragment: u64,
     pub(crate) endpoint: serde_json::Value,
+    /// Domains not opened at install, each with why.
+    pub(crate) skipped: Vec<te_base::SkippedDevice>,
     pub(crate) closed: AtomicBool,
 }
 

@@ -10,6 +10,8 @@
 //! - Writes use `FI_DELIVERY_COMPLETE`: a request completes only when its bytes are in the target's
 //!   memory (tcp;ofi_rxm otherwise reports completion before the data lands).
 //! - Large requests are striped across rails and split at the provider's maximum message size.
+//! - Registration caches are kept off ([`mr_cache`]): deregistration revokes a region's remote key
+//!   before `deregister` returns, on every provider.
 //! - Only exported regions get remote access, each registration covers exactly the exported
 //!   range, and application-chosen keys never repeat; the provider checks keys and bounds, and
 //!   [`RefusalReport`] says what the initiator sees when it refuses (shm on libfabric 2.x reports
@@ -47,6 +49,7 @@ mod idle;
 mod inner;
 mod link;
 mod mailbox;
+pub mod mr_cache;
 mod mr_keys;
 pub mod note_wire;
 mod peer;

@@ -10,7 +10,7 @@ use te_base::auth::AuthKey;
 use te_base::topology::{NicPlacement, RailPlacement, Topology};
 use te_base::{
     Capabilities, Error, InstallContext, MemoryKinds, NotifyInbox, Peer, RegionInfo, Result, SegmentDescriptor,
-    Transport,
+    SkippedDevice, Transport,
 };
 
 use crate::config::{FabricConfig, VAR_DOMAINS, VAR_PROVIDER};
@@ -59,8 +59,10 @@ fn loopback_interfaces() -> Vec<String> {
     out
 }
 
-/// Picks one getinfo entry per domain (NIC) of the first provider returned.
-fn select_rails<'a>(list: &'a InfoList, config: &FabricConfig) -> Result<(String, Vec<Info<'a>>)> {
+/// Picks one getinfo entry per domain (NIC) of the first provider returned: the candidates to
+/// open rails on, in order, and the domains `TE_FABRIC_DOMAINS` names that fi_getinfo did not
+/// return (skipped, with why). A configuration naming only such domains is an error.
+fn select_rails<'a>(list: &'a InfoList, config: &FabricConfig) -> Result<(String, Vec<Info<'a>>, Vec<SkippedDevice>)> {
     let entries: Vec<Info<'a>> = list.iter().collect();
     let provider = entries[0].provider();
     let mut by_domain: BTreeMap<String, Info<'a>> = BTreeMap::new();
@@ -79,21 +81,31 @@ fn select_rails<'a>(list: &'a InfoList, config: &FabricConfig) -> Result<(String
             Some(_) => {}
         }
     }
+    let mut skipped = Vec::new();
     let chosen: Vec<String> = match &config.domains {
         Some(wanted) => {
-            for w in wanted {
-                if !by_domain.contains_key(w) {
-                    return Err(Error::config(
-                        VAR_DOMAINS,
-                        wanted.join(","),
-                        format!(
-                            "provider '{provider}' has no domain '{w}' (it has: {})",
-                            order.join(", ")
-                        ),
-                    ));
-                }
+            let (present, absent): (Vec<&String>, Vec<&String>) =
+                wanted.iter().partition(|w| by_domain.contains_key(w.as_str()));
+            if present.is_empty() {
+                return Err(Error::config(
+                    VAR_DOMAINS,
+                    wanted.join(","),
+                    format!(
+                        "provider '{provider}' has none of these domains (it has: {})",
+                        order.join(", ")
+                    ),
+                ));
             }
-            wanted.clone()
+            for w in absent {
+                skipped.push(SkippedDevice {
+                    name: w.clone(),
+                    reason: format!(
+                        "named in {VAR_DOMAINS}, but provider '{provider}' offers no such domain (it has: {})",
+                        order.join(", ")
+                    ),
+                });
+            }
+            present.into_iter().cloned().collect()
         }
         None => {
             let lo = loopback_interfaces();
@@ -105,13 +117,67 @@ fn select_rails<'a>(list: &'a InfoList, config: &FabricConfig) -> Result<(String
             }
         }
     };
-    let infos = chosen.iter().take(config.max_rails).map(|d| by_domain[d]).collect();
-    Ok((provider, infos))
+    let infos = chosen.iter().map(|d| by_domain[d]).collect();
+    Ok((provider, infos, skipped))
+}
+
+/// Opens a rail on each candidate domain in turn until `max_rails` are open. A domain whose rail
+/// does not open (fi_fabric, fi_domain, endpoint...), or whose memory-registration mode disagrees
+/// with the first rail's, is skipped with why: on a node with many NICs one bad NIC must not take
+/// the others away. `Err` only when none opens, naming every domain tried.
+fn open_rails(
+    provider: &str,
+    candidates: Vec<Info<'_>>,
+    config: &FabricConfig,
+    skipped: &mut Vec<SkippedDevice>,
+) -> Result<Vec<Arc<Rail>>> {
+    let mut rails: Vec<Arc<Rail>> = Vec::with_capacity(candidates.len().min(config.max_rails));
+    for info in candidates {
+        if rails.len() == config.max_rails {
+            break;
+        }
+        let domain = info.domain();
+        let rail = match Rail::open(info, config.shm_permitted) {
+            Ok(rail) => rail,
+            Err(e) => {
+                tracing::warn!(%provider, %domain, error = %e, "efa: domain skipped: its rail did not open");
+                skipped.push(SkippedDevice {
+                    name: domain,
+                    reason: e.to_string(),
+                });
+                continue;
+            }
+        };
+        if let Some(first) = rails.first() {
+            if first.attrs.virt_addr() != rail.attrs.virt_addr() {
+                let reason = format!(
+                    "its FI_MR_VIRT_ADDR ({}) disagrees with the first rail's ('{}': {}); one endpoint \
+                     descriptor cannot address both",
+                    rail.attrs.virt_addr(),
+                    first.attrs.domain,
+                    first.attrs.virt_addr()
+                );
+                tracing::warn!(%provider, %domain, %reason, "efa: domain skipped");
+                skipped.push(SkippedDevice { name: domain, reason });
+                continue;
+            }
+        }
+        rails.push(Arc::new(rail));
+    }
+    if rails.is_empty() {
+        return Err(Error::NoDeviceOpened {
+            transport: format!("{TRANSPORT} ({provider})"),
+            skipped: std::mem::take(skipped),
+        });
+    }
+    Ok(rails)
 }
 
 impl FabricTransport {
     /// Opens the rails of the configured provider and starts one owner thread per rail; every
-    /// buffer is registered on every rail.
+    /// buffer is registered on every rail. A domain whose rail does not open is skipped and
+    /// listed in [`FabricTransport::skipped_domains`] (as is a domain `TE_FABRIC_DOMAINS` names
+    /// but the provider does not offer); [`Error::NoDeviceOpened`] when no domain opens.
     pub fn open(config: FabricConfig) -> Result<FabricTransport> {
         Self::open_with(config, None)
     }
@@ -153,26 +219,19 @@ impl FabricTransport {
                 ));
             }
         };
-        let (provider, infos) = select_rails(&list, &config)?;
+        let (provider, candidates, mut skipped) = select_rails(&list, &config)?;
         let (_, (major, minor)) = crate::libfabric_versions();
         let refusal = crate::RefusalReport::of(&provider, (major, minor));
         if refusal == crate::RefusalReport::SilentSuccess {
             tracing::warn!(%provider, libfabric = %format!("{major}.{minor}"), "efa: {refusal}");
         }
-        let mut workers = Vec::with_capacity(infos.len());
-        let mut rails_json = Vec::with_capacity(infos.len());
+        let opened = open_rails(&provider, candidates, &config, &mut skipped)?;
+        let mut workers = Vec::with_capacity(opened.len());
+        let mut rails_json = Vec::with_capacity(opened.len());
         let mut max_fragment = config.max_fragment.unwrap_or(u64::MAX);
-        let mut virt_addr = None;
-        for (i, info) in infos.into_iter().enumerate() {
-            let rail = Arc::new(Rail::open(info, config.shm_permitted)?);
+        let virt_addr = opened[0].attrs.virt_addr();
+        for (i, rail) in opened.into_iter().enumerate() {
             max_fragment = max_fragment.min(rail.attrs.max_msg_size.max(1));
-            let v = rail.attrs.virt_addr();
-            if *virt_addr.get_or_insert(v) != v {
-                return Err(Error::transport(
-                    TRANSPORT,
-                    format!("rails of provider '{provider}' disagree on FI_MR_VIRT_ADDR"),
-                ));
-            }
             rails_json.push(RailEndpoint {
                 domain: rail.attrs.domain.clone(),
                 addr: to_hex(&rail.address),
@@ -207,7 +266,7 @@ impl FabricTransport {
         let regions = RegionTable::new(Registrar::new(rails, placement));
         let endpoint = serde_json::to_value(EndpointInfo {
             provider: provider.clone(),
-            virt_addr: virt_addr.unwrap_or(false),
+            virt_addr,
             rails: rails_json,
             notify: Some(NotifyInfo {
                 version: crate::note_wire::VERSION,
@@ -223,6 +282,7 @@ impl FabricTransport {
                 regions,
                 max_fragment,
                 endpoint,
+                skipped,
                 closed: AtomicBool::new(false),
             }),
         })
@@ -236,6 +296,11 @@ impl FabricTransport {
     /// Number of rails (NICs).
     pub fn rails(&self) -> usize {
         self.inner.workers.len()
+    }
+
+    /// The domains this transport did not open, each with why (see [`FabricTransport::open`]).
+    pub fn skipped_domains(&self) -> &[SkippedDevice] {
+        &self.inner.skipped
     }
 
     /// Granted mr_mode bits of rail `i` in the shim's encoding (see [`crate::ffi::mr`]).
@@ -306,6 +371,10 @@ impl Transport for FabricTransport {
             return Err(Error::Closed("efa transport".into()));
         }
         Ok(Arc::new(FabricPeer::connect(self.inner.clone(), peer)?))
+    }
+
+    fn skipped_devices(&self) -> Vec<SkippedDevice> {
+        self.inner.skipped.clone()
     }
 
     async fn shutdown(&self) {

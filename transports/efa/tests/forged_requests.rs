@@ -16,7 +16,7 @@ use te_transport_efa::RefusalReport;
 
 fn each_provider(f: impl Fn(&str, RefusalReport)) {
     let (_, (major, minor)) = te_transport_efa::libfabric_versions();
-    for p in PROVIDERS {
+    for p in providers() {
         if provider_present(p) {
             let report = RefusalReport::of(p, (major, minor));
             eprintln!("-- provider {p}, libfabric {major}.{minor}: {report:?}");

@@ -84,12 +84,11 @@ fn malformed_configuration_is_an_error_naming_the_variable() {
 
 #[test]
 fn endpoint_follows_the_granted_mr_mode() {
-    for p in PROVIDERS {
+    for p in providers() {
         if !provider_present(p) {
             continue;
         }
-        let config =
-            te_transport_efa::config::FabricConfig::from_env(&MapEnv::new([("TE_FABRIC_PROVIDER", p)])).unwrap();
+        let config = te_transport_efa::config::FabricConfig::from_env(&install_env(p, &[])).unwrap();
         let t = te_transport_efa::FabricTransport::open(config).unwrap();
         let granted = t.rail_mr_mode(0).unwrap();
         let virt = granted & te_transport_efa::ffi::mr::VIRT_ADDR != 0;

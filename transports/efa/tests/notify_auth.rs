@@ -46,7 +46,7 @@ fn connect_to(initiator: &Arc<dyn Transport>, target: &SegmentDescriptor) -> Arc
 
 #[test]
 fn a_keyed_target_takes_only_messages_that_prove_its_key() {
-    for p in PROVIDERS {
+    for p in providers() {
         if !provider_present(p) {
             continue;
         }
@@ -83,7 +83,7 @@ fn a_keyed_target_takes_only_messages_that_prove_its_key() {
 
 #[test]
 fn peers_without_efa_notifications_and_oversized_payloads_are_refused_at_once() {
-    let p = PROVIDERS[0];
+    let p = providers()[0];
     if !provider_present(p) {
         return;
     }

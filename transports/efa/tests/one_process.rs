@@ -9,7 +9,7 @@ use common::*;
 use te_base::{Error, TransferOp};
 
 fn each_provider(f: impl Fn(&str)) {
-    for p in PROVIDERS {
+    for p in providers() {
         if provider_present(p) {
             eprintln!("-- provider {p}");
             f(p);

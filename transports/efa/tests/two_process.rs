@@ -16,7 +16,7 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn each_provider(f: impl Fn(&str)) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    for p in PROVIDERS {
+    for p in providers() {
         if provider_present(p) {
             eprintln!("-- provider {p}");
             f(p);

@@ -19,6 +19,16 @@ pub mod peer_process;
 /// The providers the suites run on.
 pub const PROVIDERS: [&str; 2] = ["tcp;ofi_rxm", "shm"];
 
+/// The providers the multi-provider tests loop over: the one the environment's
+/// `TE_FABRIC_PROVIDER` names (a run on `verbs;ofi_rxm` or `efa`), else [`PROVIDERS`].
+pub fn providers() -> Vec<&'static str> {
+    match std::env::var("TE_FABRIC_PROVIDER") {
+        // Leaked once per call: a test's provider name lives as long as the test binary.
+        Ok(p) if !p.is_empty() => vec![Box::leak(p.into_boxed_str())],
+        _ => PROVIDERS.to_vec(),
+    }
+}
+
 pub use te_base::test_support::required;
 
 /// True if `provider` is usable here; otherwise prints why the test is skipped, or panics when
@@ -36,7 +46,28 @@ pub fn provider_present(provider: &str) -> bool {
     false
 }
 
-/// Installs the transport with `provider` and extra variables.
+/// The environment of an install of `provider`: `TE_FABRIC_PROVIDER=provider`, then every other
+/// `TE_FABRIC_*` variable of this process's environment (so `TE_FABRIC_DOMAINS=rxe1` restricts the
+/// suite to one domain), then `extra` (a test's own settings win). When the environment's
+/// `TE_FABRIC_PROVIDER` names another provider, its variables describe that provider and none is
+/// applied.
+pub fn install_env(provider: &str, extra: &[(&str, &str)]) -> MapEnv {
+    let mut env = MapEnv::new([("TE_FABRIC_PROVIDER", provider)]);
+    let applies = std::env::var("TE_FABRIC_PROVIDER").map_or(true, |p| p == provider);
+    if applies {
+        for (k, v) in std::env::vars() {
+            if k.starts_with("TE_FABRIC_") && k != "TE_FABRIC_PROVIDER" {
+                env.0.insert(k, v);
+            }
+        }
+    }
+    for (k, v) in extra {
+        env.0.insert(k.to_string(), v.to_string());
+    }
+    env
+}
+
+/// Installs the transport with `provider` and extra variables (see [`install_env`]).
 pub fn install(provider: &str, extra: &[(&str, &str)]) -> Arc<dyn Transport> {
     install_into(provider, extra, te_base::NotifyInbox::new(Default::default()), None)
 }
@@ -48,13 +79,9 @@ pub fn install_into(
     inbox: Arc<te_base::NotifyInbox>,
     auth: Option<te_base::auth::AuthKey>,
 ) -> Arc<dyn Transport> {
-    let mut env = MapEnv::new([("TE_FABRIC_PROVIDER", provider)]);
-    for (k, v) in extra {
-        env.0.insert(k.to_string(), v.to_string());
-    }
     let ctx = InstallContext {
         auth,
-        env: Arc::new(env),
+        env: Arc::new(install_env(provider, extra)),
         segment_name: "test".into(),
         devices: Vec::new(),
         notifications: inbox,

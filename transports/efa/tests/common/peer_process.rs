@@ -19,9 +19,10 @@ impl PeerProcess {
     /// Starts `te-efa-peer serve bytes seed` with `provider`, optionally under a command prefix
     /// (e.g. `ip netns exec NS`).
     pub fn start(provider: &str, bytes: u64, seed: u64, prefix: &[&str]) -> PeerProcess {
-        let mut child = peer_command(prefix)
+        let mut cmd = peer_command(prefix);
+        fabric_env(&mut cmd, provider);
+        let mut child = cmd
             .args(["serve", &bytes.to_string(), &seed.to_string()])
-            .env("TE_FABRIC_PROVIDER", provider)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -165,6 +166,19 @@ pub fn check_notified_writes(target: &mut PeerProcess, provider: &str, prefix: &
     assert_eq!(target.mismatched(0, slice * count, seed), 0, "{provider}: data");
 }
 
+/// Gives a peer process of `provider` the `TE_FABRIC_*` variables an install in this process
+/// gets ([`super::install_env`]); the environment's others, which describe another provider's
+/// run, are removed from what the child inherits.
+pub fn fabric_env(cmd: &mut Command, provider: &str) {
+    let env = super::install_env(provider, &[]).0;
+    for (k, _) in std::env::vars() {
+        if k.starts_with("TE_FABRIC_") && !env.contains_key(&k) {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(env);
+}
+
 /// `te-efa-peer`, under a command prefix (e.g. `ip netns exec NS`) when one is given.
 pub fn peer_command(prefix: &[&str]) -> Command {
     let exe = env!("CARGO_BIN_EXE_te-efa-peer");
@@ -181,9 +195,10 @@ pub fn peer_command(prefix: &[&str]) -> Command {
 /// Runs an initiator subcommand of `te-efa-peer` (under `prefix`) with `target`'s descriptor on
 /// its stdin; asserts it succeeded and returns its stdout.
 pub fn run_initiator(target: &PeerProcess, provider: &str, prefix: &[&str], args: &[String]) -> String {
-    let mut client = peer_command(prefix)
+    let mut cmd = peer_command(prefix);
+    fabric_env(&mut cmd, provider);
+    let mut client = cmd
         .args(args)
-        .env("TE_FABRIC_PROVIDER", provider)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
