@@ -357,7 +357,7 @@ impl Core {
         let ssd_bytes = self.read_from_ssd(&items, &found, &mut errors)?;
         // Ranged reads of keys no local tier holds go to the call's resolver (distributed mode:
         // their owners). Whole gets need the size first and stay local.
-        if let Wants::Ranges(_) = &wants {
+        if let (Wants::Ranges(_), true) = (&wants, misses.resolves()) {
             let missed: Vec<usize> = (0..n).filter(|&k| matches!(found[k], Found::Missing)).collect();
             if !missed.is_empty() {
                 for k in misses.resolve(self, &items, &missed, &mut errors) {

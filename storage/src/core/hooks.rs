@@ -7,6 +7,12 @@ use crate::error::StoreError;
 /// Serves the keys of a ranged get that no local tier holds (distributed mode: from the peers
 /// that own them).
 pub(crate) trait MissResolver {
+    /// False when it never delivers anything: the core then skips listing the missed keys (local
+    /// mode pays nothing for the hook).
+    fn resolves(&self) -> bool {
+        true
+    }
+
     /// Delivers what it can of `missed` (key indices of `items`) into their caller buffers,
     /// records a per-key error for keys that failed, and returns the keys it delivered.
     fn resolve(
@@ -30,6 +36,10 @@ pub(crate) trait Overflow {
 pub(crate) struct NoMisses;
 
 impl MissResolver for NoMisses {
+    fn resolves(&self) -> bool {
+        false
+    }
+
     fn resolve(&mut self, _: &Core, _: &[RangedGet<'_>], _: &[usize], _: &mut [Option<StoreError>]) -> Vec<usize> {
         Vec::new()
     }
