@@ -41,6 +41,11 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "== cargo doc (all features, -D warnings: broken intra-doc links fail)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps -q
 
+echo "== cargo package (every publishable crate; --no-verify: they depend on each other by path)"
+cargo package --workspace --exclude te-bench --exclude te-tests --exclude te-testkit --no-verify --allow-dirty -q
+echo "== the README's dependency snippet, built and run as an outside crate"
+bash scripts/readme-snippet.sh
+
 echo "== cargo test (all features)"
 # The system libfabric (Debian 12: 1.17); its refusal probe checks the loaded library is this one.
 SYSTEM_LIBFABRIC=$(pkg-config --modversion libfabric | cut -d. -f1,2)

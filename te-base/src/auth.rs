@@ -306,7 +306,20 @@ mod tests {
             initiator,
             "a613a4cbf95006117ff1472220d88934c8e7a6ec07643ee4d7dbe8c125cf7744"
         );
-        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/security.md")).unwrap();
+        // The vector above is checked in every build; the document beside it only in the
+        // repository (a packaged crate carries no docs/).
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/security.md");
+        let doc = match std::fs::read_to_string(path) {
+            Ok(doc) => doc,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && !std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.git")).exists() =>
+            {
+                println!("skipped: {path} is not here (not a checkout of the repository)");
+                return;
+            }
+            Err(e) => panic!("reading {path}: {e}"),
+        };
         for (what, value) in [
             ("key", hex(&(0u8..32).collect::<Vec<u8>>())),
             ("responder proof", responder),
