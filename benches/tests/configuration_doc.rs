@@ -12,7 +12,10 @@ fn documented() -> BTreeSet<String> {
     page.lines()
         .filter_map(|l| l.strip_prefix("| `"))
         .filter_map(|l| l.split_once('`').map(|(v, _)| v.to_string()))
-        .filter(|v| v.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+        .filter(|v| {
+            v.chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        })
         .collect()
 }
 
@@ -29,13 +32,24 @@ fn every_variable_read_has_a_row_and_every_row_is_read() {
     let missing: Vec<&String> = known.difference(&doc).collect();
     assert!(missing.is_empty(), "read but not in docs/configuration.md: {missing:?}");
     // Only a build with every component knows every variable the page lists.
-    let full = ["TE_FABRIC_PROVIDER", "TE_RDMA_DEVICES", "UMBP_CLUSTER", "TE_CUDA_BATCH_MEMCPY"]
-        .iter()
-        .all(|v| known.contains(*v));
+    let full = [
+        "TE_FABRIC_PROVIDER",
+        "TE_RDMA_DEVICES",
+        "UMBP_CLUSTER",
+        "TE_CUDA_BATCH_MEMCPY",
+    ]
+    .iter()
+    .all(|v| known.contains(*v));
     let stale: Vec<&String> = doc.difference(&known).collect();
     if full {
-        assert!(stale.is_empty(), "in docs/configuration.md but read by nothing: {stale:?}");
+        assert!(
+            stale.is_empty(),
+            "in docs/configuration.md but read by nothing: {stale:?}"
+        );
     } else {
-        println!("skipped the stale-row check: not every component is compiled in ({} rows not known here)", stale.len());
+        println!(
+            "skipped the stale-row check: not every component is compiled in ({} rows not known here)",
+            stale.len()
+        );
     }
 }

@@ -107,7 +107,10 @@ fn baseline_command(b: Baseline, args: &Args) -> (&'static str, String) {
     match b {
         Baseline::Iperf3 => (
             "iperf3",
-            format!("iperf3 -c 127.0.0.1 -n {} -J -P {}", args.total_bytes, args.lanes),
+            format!(
+                "iperf3 -c 127.0.0.1 -n {} -l {} -J -P {}",
+                args.total_bytes, args.block_bytes, args.lanes
+            ),
         ),
         Baseline::Ucx => (
             "ucx_perftest ucp_put_bw (UCX_TLS=tcp)",
@@ -159,6 +162,9 @@ pub(super) fn run_baseline_once(
             srv.args(["-s", "-1", "-B", "127.0.0.1", "-p", &port]);
             let mut cli = Command::new("iperf3");
             let total = args.total_bytes.to_string();
+            // `-l`: iperf3 writes in blocks of our block size, not its default 128 KiB, so both
+            // sides move the same bytes in the same write size.
+            let block = args.block_bytes.to_string();
             cli.args([
                 "-c",
                 "127.0.0.1",
@@ -166,6 +172,8 @@ pub(super) fn run_baseline_once(
                 &port,
                 "-n",
                 &total,
+                "-l",
+                &block,
                 "-J",
                 "-P",
                 &args.lanes.to_string(),
