@@ -165,7 +165,13 @@ if [ ! -f "$IMAGE/.built" ]; then
   t0=$(now)
   rm -rf "$VM_DIR"/image-*
   mkdir -p "$IMAGE"
-  if ! build_image "$IMAGE" >"$VM_DIR/image-build.log" 2>&1; then
+  # A subshell outside any condition, so that set -e stops the recipe at its first failure.
+  set +e
+  (set -e; build_image "$IMAGE") >"$VM_DIR/image-build.log" 2>&1
+  rc=$?
+  set -e
+  for f in vmlinuz initrd.img rootfs.ext4; do [ -s "$IMAGE/$f" ] || rc=1; done
+  if [ "$rc" != 0 ]; then
     tail -30 "$VM_DIR/image-build.log" >&2
     rm -rf "$IMAGE"
     skip "the guest image could not be built (mmdebstrap needs the Debian mirror; log above, in full in $VM_DIR/image-build.log)"
