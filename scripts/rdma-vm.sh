@@ -21,7 +21,7 @@
 # Exit status: the steps' (0 when every step exited 0, 1 otherwise, also when the VM ran past
 # RDMA_VM_TIMEOUT); 77 when the VM cannot run here (packages, image, boot), with the reason.
 #
-# Environment: RDMA_VM_TIMEOUT (whole run, seconds, default 2400), RDMA_VM_ACCEL (auto|kvm|tcg,
+# Environment: RDMA_VM_TIMEOUT (the VM's run, seconds, default 2400), RDMA_VM_ACCEL (auto|kvm|tcg,
 # default auto), RDMA_VM_SMP (vCPUs, default 2), RDMA_VM_MEM (MiB, default 2048),
 # RDMA_VM_KVM_DEADLINE (default 30), RDMA_VM_BOOT_DEADLINE (TCG boot to init, default 300),
 # RDMA_VM_BUILD_TIMEOUT (mmdebstrap, default 900).
