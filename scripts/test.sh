@@ -5,7 +5,9 @@
 # the efa transport's tests and an efa transfer against the vendored libfabric 2.6 as well.
 #
 # Tests that need something this host lacks (GPU, RDMA NIC) skip with a message. Set
-# TE_REQUIRE=libfabric,etcd,netns (CI does) to turn skips of those into failures.
+# TE_REQUIRE=libfabric,etcd,netns (CI does) to turn skips of those into failures. Last, the rdma
+# conformance suite runs on soft-RoCE in a VM (scripts/rdma-vm.sh; TE_REQUIRE=rdma-vm, TE_RDMA_VM=0
+# turns it off).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -97,3 +99,43 @@ done
 
 echo "== examples: every cargo run --example program, two-process ones included"
 bash scripts/run-examples.sh
+
+# The rdma transport on a real verbs stack: soft-RoCE (rdma_rxe) in a QEMU VM booting Debian's own
+# kernel (scripts/rdma-vm.sh; this host's kernel has no RDMA). The conformance suite's binary built
+# above runs in the guest on rxe0 (on lo, active MTU 4096) and on rxe1 (on a dummy interface, MTU
+# 1024), then te-bench's byte-verified transfer between two processes (scripts/rdma-pair.sh). Skips when the VM cannot run here (no qemu or image: e.g. no Debian mirror, not root);
+# TE_REQUIRE=rdma-vm turns that skip into a failure.
+echo "== rdma on soft-RoCE in a VM (scripts/rdma-vm.sh)"
+requires() { [[ ",$(echo "${TE_REQUIRE:-}" | tr -d ' ')," == *",$1,"* ]]; }
+rdma_vm_skipped() {
+  if requires rdma-vm; then
+    echo "test.sh: TE_REQUIRE names rdma-vm but $1" >&2
+    exit 1
+  fi
+  echo "test.sh: skipped the rdma VM run: $1 (TE_REQUIRE=rdma-vm makes this fail)"
+}
+if [ "${TE_RDMA_VM:-1}" = 0 ]; then
+  rdma_vm_skipped "TE_RDMA_VM=0 turned it off"
+else
+  # The conformance binary of the rdma crate, as the workspace build above made it (no rebuild).
+  RDMA_CONFORMANCE=$(cargo test --workspace --all-features --no-run --message-format=json 2>/dev/null |
+    grep '"manifest_path":"[^"]*/transports/rdma/Cargo.toml"' | grep '"name":"conformance"' |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' || true)
+  [ -x "$RDMA_CONFORMANCE" ] || { echo "test.sh: no rdma conformance test binary found" >&2; exit 1; }
+  rc=0
+  bash scripts/rdma-vm.sh --bin rdma-conformance="$RDMA_CONFORMANCE" --bin te-bench="$BENCH" \
+    --bin rdma-pair.sh=scripts/rdma-pair.sh \
+    --step "rdma conformance on rxe0 (soft-RoCE on lo, MTU 4096)" \
+      "TE_TEST_RDMA_DEVICE=rxe0 TE_REQUIRE=rdma rdma-conformance --nocapture" \
+    --step "rdma conformance on rxe1 (soft-RoCE on dummy0, MTU 1024)" \
+      "TE_TEST_RDMA_DEVICE=rxe1 TE_REQUIRE=rdma rdma-conformance --nocapture" \
+    --step "two processes on rxe0: target MTU 4096, initiator capped at 1024 (te-bench --verify)" \
+      "bash rdma-pair.sh rxe0 rxe0:1024" \
+    --step "two processes on rxe1 (MTU 1024; te-bench --verify)" \
+      "bash rdma-pair.sh rxe1 rxe1" || rc=$?
+  case $rc in
+    0) ;;
+    77) rdma_vm_skipped "the VM cannot run here (reason above)" ;;
+    *) echo "test.sh: the rdma tests in the VM failed" >&2; exit "$rc" ;;
+  esac
+fi

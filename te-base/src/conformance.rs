@@ -92,12 +92,34 @@ impl Default for ConformanceOptions {
 
 /// Runs every check in turn.
 pub async fn run_all(pair: &ConformancePair, opts: &ConformanceOptions) {
-    write_read_sizes(pair, opts).await;
-    unaligned_offsets(pair, opts).await;
-    large_batch(pair, opts).await;
-    concurrent_batches(pair, opts).await;
-    hostile_requests_fail_alone(pair, opts).await;
-    deregistered_target_is_refused(pair, opts).await;
+    checked(pair, "write_read_sizes", write_read_sizes(pair, opts)).await;
+    checked(pair, "unaligned_offsets", unaligned_offsets(pair, opts)).await;
+    checked(pair, "large_batch", large_batch(pair, opts)).await;
+    checked(pair, "concurrent_batches", concurrent_batches(pair, opts)).await;
+    checked(
+        pair,
+        "hostile_requests_fail_alone",
+        hostile_requests_fail_alone(pair, opts),
+    )
+    .await;
+    checked(
+        pair,
+        "deregistered_target_is_refused",
+        deregistered_target_is_refused(pair, opts),
+    )
+    .await;
+}
+
+/// Runs one check and says on stderr that it passed and how long it took, so a log run with
+/// `--nocapture` (the rdma VM runner's) lists the checks that ran, not only the one test holding them.
+pub async fn checked<F: std::future::Future<Output = ()>>(pair: &ConformancePair, name: &str, check: F) {
+    let started = std::time::Instant::now();
+    check.await;
+    eprintln!(
+        "conformance ({}): {name} ok in {:.1} s",
+        pair.initiator.name(),
+        started.elapsed().as_secs_f64()
+    );
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1 << 40);

@@ -23,8 +23,8 @@ use crate::transport::{Peer, SubmitContext};
 
 /// Runs every notification check.
 pub async fn run_all(pair: &ConformancePair, inbox: &Arc<NotifyInbox>, opts: &ConformanceOptions) {
-    notified_batches(pair, inbox, opts).await;
-    inbox_bounds(pair, inbox, opts).await;
+    super::checked(pair, "notify::notified_batches", notified_batches(pair, inbox, opts)).await;
+    super::checked(pair, "notify::inbox_bounds", inbox_bounds(pair, inbox, opts)).await;
 }
 
 /// Sends one bare notification and waits for the target's answer.
