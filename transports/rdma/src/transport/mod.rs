@@ -36,7 +36,7 @@ use crate::config::RdmaConfig;
 use crate::protocol::handshake::{EndpointInfo, PROTOCOL_VERSION};
 use crate::protocol::recovery::Backoff;
 use crate::protocol::remote_keys::{BufferKeys, RemoteKeyTable};
-use crate::verbs::{QpCaps, Verbs};
+use crate::verbs::{LinkLayer, QpCaps, Verbs};
 use crate::NAME;
 use device_memory::DeviceMemory;
 use peer::{PeerInner, QpInner, QpSlot, RailPair, RdmaPeer, SlotRef};
@@ -408,26 +408,15 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
         let handshake_addr: SocketAddr = info.handshake.parse().expect("validated by from_value");
         let keys = RemoteKeyTable::from_descriptor(desc, NAME)?;
         let local_rails = &shared.rails().rails;
-        // Rail number `i` talks to the peer's rail number `i` (the same NIC position, the same
-        // switch rail in rail-optimized fabrics), wherever each side holds it; which pairs a
-        // transfer uses depends on its two buffers.
-        let pairs: Vec<RailPair> = local_rails
-            .iter()
-            .enumerate()
-            .filter_map(|(local, rail)| {
-                let remote = info.rails.iter().position(|r| r.rail as usize == rail.id)?;
-                (rail.port_attrs.link_layer == info.rails[remote].link_layer).then_some(RailPair { local, remote })
-            })
-            .collect();
+        let mine: Vec<(usize, LinkLayer)> = local_rails.iter().map(|r| (r.id, r.port_attrs.link_layer)).collect();
+        let theirs: Vec<(usize, LinkLayer)> = info.rails.iter().map(|r| (r.rail as usize, r.link_layer)).collect();
+        let pairs = rail_pairs(&mine, &theirs).map_err(|reason| Error::NoTransport {
+            segment: desc.name.clone(),
+            reason,
+        })?;
         let mut pair_of_rail = vec![None; shared.rails().id_bound()];
         for (i, p) in pairs.iter().enumerate() {
             pair_of_rail[local_rails[p.local].id] = Some(i);
-        }
-        if pairs.is_empty() {
-            return Err(Error::NoTransport {
-                segment: desc.name.clone(),
-                reason: "no rail pair with the same link layer (InfiniBand vs RoCE)".into(),
-            });
         }
         let q = shared.config.qps_per_peer as usize;
         let depth = shared.config.send_queue_depth;
@@ -539,5 +528,65 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
         self.listener.abort();
         self.shared.stop.store(true, Ordering::Release);
         self.shared.wake_progress();
+    }
+}
+
+/// The rail pairs two sides can use: rail number `i` talks to the peer's rail number `i` (the same
+/// NIC position, the same switch rail in rail-optimized fabrics), wherever each side holds it, when
+/// both have the same link layer. `mine` and `theirs` are (rail number, link layer) in each side's
+/// order. The error says which rule left nothing: no rail number in common (two processes that
+/// each opened a different NIC of one host, as on a soft-RoCE VM with rxe0 and rxe1), or common
+/// numbers whose link layers differ.
+fn rail_pairs(
+    mine: &[(usize, LinkLayer)],
+    theirs: &[(usize, LinkLayer)],
+) -> std::result::Result<Vec<RailPair>, String> {
+    let mut common = 0;
+    let pairs: Vec<RailPair> = mine
+        .iter()
+        .enumerate()
+        .filter_map(|(local, &(id, layer))| {
+            let remote = theirs.iter().position(|&(r, _)| r == id)?;
+            common += 1;
+            (layer == theirs[remote].1).then_some(RailPair { local, remote })
+        })
+        .collect();
+    if !pairs.is_empty() {
+        return Ok(pairs);
+    }
+    let numbers = |rails: &[(usize, LinkLayer)]| rails.iter().map(|r| r.0.to_string()).collect::<Vec<_>>().join(", ");
+    Err(if common == 0 {
+        format!(
+            "no rail number in common (rail i talks to the peer's rail i): this side has rails [{}], the peer [{}]",
+            numbers(mine),
+            numbers(theirs)
+        )
+    } else {
+        format!("the {common} rail number(s) in common differ in link layer (InfiniBand vs RoCE)")
+    })
+}
+
+#[cfg(test)]
+mod rail_pair_tests {
+    use super::*;
+
+    #[test]
+    fn rails_pair_by_number_and_the_refusal_names_the_rule_that_left_none() {
+        let (e, ib) = (LinkLayer::Ethernet, LinkLayer::Infiniband);
+        // Rail numbers pair wherever each side holds them.
+        let p = rail_pairs(&[(0, e), (1, e)], &[(1, e), (0, e)]).unwrap();
+        assert_eq!(
+            p.iter().map(|p| (p.local, p.remote)).collect::<Vec<_>>(),
+            [(0, 1), (1, 0)]
+        );
+        // One process per NIC of one host (soft-RoCE: rxe0 is rail 0, rxe1 rail 1).
+        let err = rail_pairs(&[(0, e)], &[(1, e)]).unwrap_err();
+        assert!(
+            err.contains("no rail number in common") && err.contains("[0]") && err.contains("[1]"),
+            "{err}"
+        );
+        // The same number on both sides but another link layer.
+        let err = rail_pairs(&[(0, e)], &[(0, ib)]).unwrap_err();
+        assert!(err.contains("differ in link layer"), "{err}");
     }
 }
