@@ -122,6 +122,11 @@ else
     grep '"manifest_path":"[^"]*/transports/rdma/Cargo.toml"' | grep '"name":"conformance"' |
     sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' || true)
   [ -x "$RDMA_CONFORMANCE" ] || { echo "test.sh: no rdma conformance test binary found" >&2; exit 1; }
+  # The efa transport's conformance binary (against the system libfabric 1.17, which the guest
+  # has too), for its run on libfabric's verbs provider over rxe1.
+  EFA_CONFORMANCE=$(cargo test -p te-transport-efa --no-run --message-format=json 2>/dev/null |
+    grep '"name":"conformance"' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' || true)
+  [ -x "$EFA_CONFORMANCE" ] || { echo "test.sh: no efa conformance test binary found" >&2; exit 1; }
   rc=0
   bash scripts/rdma-vm.sh --bin rdma-conformance="$RDMA_CONFORMANCE" --bin te-bench="$BENCH" \
     --bin rdma-pair.sh=scripts/rdma-pair.sh \
@@ -132,7 +137,10 @@ else
     --step "two processes on rxe0: target MTU 4096, initiator capped at 1024 (te-bench --verify)" \
       "bash rdma-pair.sh rxe0 rxe0:1024" \
     --step "two processes on rxe1 (MTU 1024; te-bench --verify)" \
-      "bash rdma-pair.sh rxe1 rxe1" || rc=$?
+      "bash rdma-pair.sh rxe1 rxe1" \
+    --bin efa-conformance="$EFA_CONFORMANCE" \
+    --step "efa conformance on libfabric verbs;ofi_rxm over rxe1 (deregistered memory refused, bytes checked)" \
+      "TE_FABRIC_PROVIDER='verbs;ofi_rxm' TE_FABRIC_DOMAINS=rxe1 FI_UNIVERSE_SIZE=16 TE_REQUIRE=libfabric efa-conformance conformance_env_provider --nocapture --test-threads=1" || rc=$?
   case $rc in
     0) ;;
     77) rdma_vm_skipped "the VM cannot run here (reason above)" ;;
