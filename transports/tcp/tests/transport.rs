@@ -197,11 +197,12 @@ async fn target_refuses_what_it_did_not_export_and_keeps_serving() {
         "refused write touched private memory"
     );
     assert_eq!(&exported.data[..], &src.data[..4096]);
-    // The connection survived the refusals.
+    // The connection survived the refusals. The descriptor lists its buffers by address, so the
+    // exported one's index is looked up (it is not 0 when the private buffer sits lower).
     assert!(peer.is_healthy());
-    run(&peer, vec![req(0, TransferOp::Read, &src, 4096, exported.addr(), 4096)])
-        .await
-        .unwrap();
+    let mut read = req(0, TransferOp::Read, &src, 4096, exported.addr(), 4096);
+    read.remote_buffer = lie.find_buffer(exported.addr(), 4096).unwrap() as u32;
+    run(&peer, vec![read]).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
