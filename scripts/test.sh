@@ -138,6 +138,9 @@ else
       "bash rdma-pair.sh rxe0 rxe0:1024" \
     --step "two processes on rxe1 (MTU 1024; te-bench --verify)" \
       "bash rdma-pair.sh rxe1 rxe1" \
+    --bin rdma-bench.sh=scripts/rdma-bench.sh \
+    --step "rdma registration caps sweep, te-bench write beside ib_write_bw on rxe0 (soft-RoCE under emulation)" \
+      "bash rdma-bench.sh rxe0" \
     --bin efa-conformance="$EFA_CONFORMANCE" \
     --step "efa conformance on libfabric verbs;ofi_rxm over rxe1 (deregistered memory refused, bytes checked)" \
       "TE_FABRIC_PROVIDER='verbs;ofi_rxm' TE_FABRIC_DOMAINS=rxe1 FI_UNIVERSE_SIZE=16 TE_REQUIRE=libfabric efa-conformance conformance_env_provider --nocapture --test-threads=1" || rc=$?
