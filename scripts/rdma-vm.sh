@@ -68,17 +68,8 @@ done
 
 # Host packages, installed when missing (without Recommends), as scripts/test.sh does.
 HOST_PACKAGES=(qemu-system-x86 mmdebstrap e2fsprogs debian-archive-keyring)
-missing=()
-for p in "${HOST_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  log "installing ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
-      --no-install-recommends "${missing[@]}"; } >&2 || skip "cannot install ${missing[*]} (apt-get failed)"
-fi
+source scripts/lib/apt-missing.sh
+install_missing rdma-vm "${HOST_PACKAGES[@]}" >&2 || skip "cannot install ${HOST_PACKAGES[*]} (apt-get failed)"
 [ "$(id -u)" -eq 0 ] || skip "building and booting the image needs root (mmdebstrap root mode)"
 
 # The guest's packages and the image recipe: both go into the image's hash.

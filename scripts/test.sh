@@ -18,17 +18,8 @@ cd "$(dirname "$0")/.."
 PACKAGES=(libfabric-dev libfabric-bin etcd-server protobuf-compiler libprotobuf-dev pkg-config iproute2 util-linux libibverbs-dev gcc
   autoconf automake libtool make)
 
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "test.sh: installing ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+source scripts/lib/apt-missing.sh
+install_missing test.sh "${PACKAGES[@]}"
 
 # Keep the build within the machine: 2 cores, and debug info that does not balloon the disk.
 export CARGO_TERM_COLOR=never
