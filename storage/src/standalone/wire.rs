@@ -952,8 +952,21 @@ fn server_u64(s: &mut StandaloneStats) -> [&mut u64; 7] {
     ]
 }
 
-/// Counters of a cluster section, in wire order.
+/// Counters of a cluster section.
 const CLUSTER_COUNTERS: usize = 6;
+
+/// A cluster section's counters, in wire order.
+#[cfg(feature = "cluster")]
+fn cluster_u64(c: &mut crate::cluster::stats::ClusterStats) -> [&mut u64; CLUSTER_COUNTERS] {
+    [
+        &mut c.remote_hits,
+        &mut c.remote_bytes,
+        &mut c.remote_requests,
+        &mut c.remote_control_bytes,
+        &mut c.remote_stale,
+        &mut c.remote_errors,
+    ]
+}
 
 /// Encodes a server's counters: the core's, its standalone counters, then a cluster section
 /// (a flag byte, and its counters when the server is a cluster peer).
@@ -971,16 +984,8 @@ pub fn encode_stats(out: &mut Vec<u8>, s: &StoreStats) {
     #[cfg(feature = "cluster")]
     if let Some(c) = &s.cluster {
         out.u8(1);
-        let values: [u64; CLUSTER_COUNTERS] = [
-            c.remote_hits,
-            c.remote_bytes,
-            c.remote_requests,
-            c.remote_control_bytes,
-            c.remote_stale,
-            c.remote_errors,
-        ];
-        for v in values {
-            out.u64(v);
+        for v in cluster_u64(&mut c.clone()) {
+            out.u64(*v);
         }
         return;
     }
@@ -1000,31 +1005,30 @@ pub fn decode_stats(payload: &[u8]) -> Result<StoreStats, WireError> {
     for v in server_u64(&mut sa) {
         *v = r.u64()?;
     }
-    let mut cluster = [0u64; CLUSTER_COUNTERS];
-    let has_cluster = match r.u8()? {
-        0 => false,
+    // A build without the feature reads a server's cluster section and has nowhere to put it.
+    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
+    let cluster = match r.u8()? {
+        0 => None,
         1 => {
-            for v in &mut cluster {
+            let mut values = [0u64; CLUSTER_COUNTERS];
+            for v in &mut values {
                 *v = r.u64()?;
             }
-            true
+            Some(values)
         }
         _ => return Err(WireError::BadValue("cluster section flag")),
     };
     r.end()?;
-    // A build without the feature has no section to put a server's cluster counters in.
-    let _ = (has_cluster, cluster);
     Ok(StoreStats {
         core,
         standalone: Some(sa),
         #[cfg(feature = "cluster")]
-        cluster: has_cluster.then(|| crate::cluster::stats::ClusterStats {
-            remote_hits: cluster[0],
-            remote_bytes: cluster[1],
-            remote_requests: cluster[2],
-            remote_control_bytes: cluster[3],
-            remote_stale: cluster[4],
-            remote_errors: cluster[5],
+        cluster: cluster.map(|values| {
+            let mut c = crate::cluster::stats::ClusterStats::default();
+            for (f, v) in cluster_u64(&mut c).into_iter().zip(values) {
+                *f = v;
+            }
+            c
         }),
     })
 }
@@ -1103,15 +1107,15 @@ mod tests {
                 core,
                 standalone: Some(server),
                 #[cfg(feature = "cluster")]
-                cluster: peer.then(|| crate::cluster::stats::ClusterStats {
-                    remote_hits: values[31],
-                    remote_bytes: values[32],
-                    remote_requests: values[33],
-                    remote_control_bytes: values[34],
-                    remote_stale: values[35],
-                    remote_errors: values[36],
+                cluster: peer.then(|| {
+                    let mut c = crate::cluster::stats::ClusterStats::default();
+                    for (f, v) in cluster_u64(&mut c).into_iter().zip(&values[31..]) {
+                        *f = *v;
+                    }
+                    c
                 }),
             };
+            #[cfg(not(feature = "cluster"))]
             let _ = peer;
             let mut out = Vec::new();
             encode_stats(&mut out, &sent);
