@@ -48,6 +48,34 @@ pub(crate) struct Wanted<'a> {
 }
 
 impl Core {
+    /// The phase timer of ranged calls (off unless `UMBP_RANGED_CALL_DEBUG=1`).
+    pub(crate) fn timer(&self) -> &te_base::PhaseTimer {
+        &self.timer
+    }
+
+    /// DRAM bytes below the high watermark not yet allocated (what a remote put may use
+    /// here; membership announces it).
+    pub(crate) fn dram_free(&self) -> u64 {
+        self.dram
+            .as_ref()
+            .map(|d| d.high.saturating_sub(d.state.read().used()))
+            .unwrap_or(0)
+    }
+
+    /// Every key the tiers hold, sorted.
+    pub(crate) fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = Vec::new();
+        if let Some(d) = &self.dram {
+            keys.extend(d.state.read().keys().map(|k| k.to_string()));
+        }
+        if let Some(s) = &self.ssd {
+            keys.extend(s.log.index().keys().map(|k| k.to_string()));
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
     /// Where each key's `ranges` (`(offset, len)`) are. SSD-resident keys are read into one
     /// staging slot taken without waiting; the slot is returned and stays taken until
     /// [`Core::release_staging_slot`]. Keys that do not fit it, or whose blocks fail, are

@@ -189,11 +189,6 @@ impl Core {
         &self.engine
     }
 
-    /// The phase timer of ranged calls (off unless `UMBP_RANGED_CALL_DEBUG=1`).
-    pub(crate) fn timer(&self) -> &PhaseTimer {
-        &self.timer
-    }
-
     /// Registers caller host memory through the engine (see `Store::register_buffer`).
     ///
     /// # Safety
@@ -402,28 +397,6 @@ impl Core {
         if let Some(s) = &self.stats {
             s.reset();
         }
-    }
-
-    /// DRAM bytes below the high watermark not yet allocated (what a remote put may use here).
-    pub(crate) fn dram_free(&self) -> u64 {
-        self.dram
-            .as_ref()
-            .map(|d| d.high.saturating_sub(d.state.read().used()))
-            .unwrap_or(0)
-    }
-
-    /// Every key the tiers hold, sorted.
-    pub(crate) fn keys(&self) -> Vec<String> {
-        let mut keys: Vec<String> = Vec::new();
-        if let Some(d) = &self.dram {
-            keys.extend(d.state.read().keys().map(|k| k.to_string()));
-        }
-        if let Some(s) = &self.ssd {
-            keys.extend(s.log.index().keys().map(|k| k.to_string()));
-        }
-        keys.sort_unstable();
-        keys.dedup();
-        keys
     }
 
     /// Submits `requests` and waits; on failure maps each failed request to its key through
