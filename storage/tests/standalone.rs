@@ -523,9 +523,12 @@ fn an_async_get_waiting_on_a_stopped_server_does_not_stall_other_tasks() {
         .enable_all()
         .build()
         .unwrap();
+    // The get waits this long for the stopped server. The other task only needs a replacement
+    // worker thread to start meanwhile; 2 s was too short for that once, under a parallel test
+    // run on two loaded cores (the get's timeout answered first).
     let env = te_base::config::MapEnv(HashMap::from([(
         "UMBP_STANDALONE_TIMEOUT_MS".to_owned(),
-        "2000".to_owned(),
+        "10000".to_owned(),
     )]));
     let open = Store::builder()
         .env(std::sync::Arc::new(env))
