@@ -396,6 +396,10 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
             .map_err(|e| Error::transport(NAME, format!("deregistration task: {e}")))?
     }
 
+    fn skipped_devices(&self) -> Vec<te_base::SkippedDevice> {
+        self.shared.rails().skipped.clone()
+    }
+
     async fn connect(&self, desc: &SegmentDescriptor) -> Result<Arc<dyn Peer>> {
         let shared = &self.shared;
         let info = desc

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use te_base::device::DmaBufExport;
 use te_base::registration::RegistrationProvider;
 use te_base::topology::Topology;
-use te_base::{Error, RegionId, RegionInfo, Result};
+use te_base::{Error, RegionId, RegionInfo, Result, SkippedDevice};
 
 use super::device_memory::DeviceMemory;
 use crate::config::RdmaConfig;
@@ -106,6 +106,9 @@ pub struct RailSet<V: Verbs> {
     pub rails: Vec<Rail<V>>,
     /// Split size of every registration (the smallest device max MR size, or the knob).
     pub chunk: u64,
+    /// Devices not opened as rails (no active port, no usable GID), each with why: reported through
+    /// `Transport::skipped_devices`, as the efa transport reports its domains.
+    pub skipped: Vec<SkippedDevice>,
 }
 
 /// Registrations of one region on one rail: one MR per chunk.
@@ -183,8 +186,12 @@ impl<V: Verbs> RailSet<V> {
             verbs: verbs.clone(),
             rails: Vec::new(),
             chunk: u64::MAX,
+            skipped: Vec::new(),
         };
-        let mut skipped = Vec::new();
+        let skip = |name: &String, reason: &str| SkippedDevice {
+            name: name.clone(),
+            reason: reason.to_string(),
+        };
         for (name, rate_mbps, id) in devices {
             let ctx = verbs.open_device(name)?;
             let attrs = verbs.query_device(&ctx)?;
@@ -197,7 +204,7 @@ impl<V: Verbs> RailSet<V> {
                 }
             }
             let Some((port, port_attrs)) = chosen else {
-                skipped.push(format!("{name}: no active port"));
+                set.skipped.push(skip(name, "no active port"));
                 verbs.close_device(ctx)?;
                 continue;
             };
@@ -213,7 +220,7 @@ impl<V: Verbs> RailSet<V> {
                     match choose_gid(port_attrs.link_layer, &entries) {
                         Some(i) => i,
                         None => {
-                            skipped.push(format!("{name}: no usable GID (set TE_RDMA_GID_INDEX)"));
+                            set.skipped.push(skip(name, "no usable GID (set TE_RDMA_GID_INDEX)"));
                             verbs.close_device(ctx)?;
                             continue;
                         }
@@ -253,7 +260,14 @@ impl<V: Verbs> RailSet<V> {
         if set.rails.is_empty() {
             return Err(Error::not_available(
                 "rdma",
-                format!("no usable RDMA port ({})", skipped.join("; ")),
+                format!(
+                    "no usable RDMA port ({})",
+                    set.skipped
+                        .iter()
+                        .map(|d| format!("{}: {}", d.name, d.reason))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ),
             ));
         }
         Ok(set)

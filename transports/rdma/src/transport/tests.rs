@@ -796,3 +796,18 @@ async fn each_source_holds_at_most_its_quota_of_target_qps() {
     assert!(err.to_string().contains("TE_RDMA_MAX_QPS_PER_SOURCE"), "{err}");
     assert_eq!(accepted_qps(&b).len(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_without_an_active_port_is_skipped_and_reported() {
+    let mut down = FakeDevice::roce("mlx5_1", [10, 0, 0, 2]);
+    down.port.active = false;
+    let verbs = fabric(vec![FakeDevice::roce("mlx5_0", [10, 0, 0, 1]), down]);
+    let t = transport(&verbs, &["mlx5_0", "mlx5_1"], "skips", config()).await;
+    assert_eq!(t.shared.rails().rails.len(), 1);
+    let skipped = te_base::Transport::skipped_devices(&*t);
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+    assert_eq!(
+        (skipped[0].name.as_str(), skipped[0].reason.as_str()),
+        ("mlx5_1", "no active port")
+    );
+}
