@@ -176,7 +176,7 @@ fn open_rails(
 impl FabricTransport {
     /// Opens the rails of the configured provider and starts one owner thread per rail; every
     /// buffer is registered on every rail. A domain whose rail does not open is skipped and
-    /// listed in [`FabricTransport::skipped_domains`] (as is a domain `TE_FABRIC_DOMAINS` names
+    /// listed in [`Transport::skipped_devices`] (as is a domain `TE_FABRIC_DOMAINS` names
     /// but the provider does not offer); [`Error::NoDeviceOpened`] when no domain opens.
     pub fn open(config: FabricConfig) -> Result<FabricTransport> {
         Self::open_with(config, None)
@@ -296,11 +296,6 @@ impl FabricTransport {
     /// Number of rails (NICs).
     pub fn rails(&self) -> usize {
         self.inner.workers.len()
-    }
-
-    /// The domains this transport did not open, each with why (see [`FabricTransport::open`]).
-    pub fn skipped_domains(&self) -> &[SkippedDevice] {
-        &self.inner.skipped
     }
 
     /// Granted mr_mode bits of rail `i` in the shim's encoding (see [`crate::ffi::mr`]).
