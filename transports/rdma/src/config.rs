@@ -47,6 +47,7 @@ pub const ENV_VARS: &[&str] = &[
     "TE_RDMA_HANDSHAKE_TIMEOUT_MS",
     "TE_RDMA_IDLE_TIMEOUT_MS",
     "TE_RDMA_ABORT_FLUSH_MS",
+    "TE_RDMA_POLL_SPIN_US",
 ];
 
 /// Every knob of the transport.
@@ -89,7 +90,26 @@ pub struct RdmaConfig {
     /// How long an aborted connection waits for the flush completions of its QPs before it
     /// destroys them instead (`TE_RDMA_ABORT_FLUSH_MS`; see `Peer::abort`).
     pub abort_flush_grace: Duration,
+    /// How the progress thread waits for completions (`TE_RDMA_POLL_SPIN_US`).
+    pub poll: PollMode,
 }
+
+/// How the progress thread waits for completions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollMode {
+    /// Busy-poll the CQs for this long after the last completion while work is in flight, then
+    /// arm them and sleep on their completion channels until one fires (`TE_RDMA_POLL_SPIN_US=N`,
+    /// default 50). Idle, it sleeps at once.
+    Adaptive { spin: Duration },
+    /// Busy-poll whenever work is in flight; never sleep on a channel (`TE_RDMA_POLL_SPIN_US=busy`,
+    /// the behaviour before completion events).
+    Busy,
+}
+
+/// Default spin of [`PollMode::Adaptive`]: longer than a round trip on a NIC (a few
+/// microseconds), so back-to-back batches never pay a wake-up, short enough that a thread waiting
+/// on a slow peer gives its core back at once.
+pub const DEFAULT_POLL_SPIN: Duration = Duration::from_micros(50);
 
 /// Time one handshake message may take to arrive or leave.
 pub const HANDSHAKE_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
@@ -114,6 +134,9 @@ impl Default for RdmaConfig {
             listener: ListenerLimits::with_frame_timeout(HANDSHAKE_FRAME_TIMEOUT),
             max_qps_per_source: DEFAULT_MAX_QPS_PER_SOURCE,
             abort_flush_grace: Duration::from_secs(5),
+            poll: PollMode::Adaptive {
+                spin: DEFAULT_POLL_SPIN,
+            },
         }
     }
 }
@@ -205,6 +228,24 @@ impl RdmaConfig {
             c.abort_flush_grace = Duration::from_millis(ms);
         }
 
+        if let Some(spin) = parse_var::<String>(env, "TE_RDMA_POLL_SPIN_US")? {
+            c.poll = match spin.trim() {
+                "busy" => PollMode::Busy,
+                n => match n.parse::<u64>() {
+                    Ok(us) if us <= 1_000_000 => PollMode::Adaptive {
+                        spin: Duration::from_micros(us),
+                    },
+                    _ => {
+                        return Err(Error::config(
+                            "TE_RDMA_POLL_SPIN_US",
+                            spin,
+                            "must be microseconds in 0..=1000000, or busy",
+                        ))
+                    }
+                },
+            };
+        }
+
         let p = &mut c.connect;
         if let Some(mtu) = parse_var_with_alias::<u32>(env, "TE_RDMA_MTU", "MC_MTU")? {
             p.mtu_cap = Some(Mtu::from_bytes(mtu).ok_or_else(|| {
@@ -259,6 +300,29 @@ mod tests {
         assert_eq!(c.gid_index, Some(3));
         assert_eq!(c.slice_size, 128 << 10);
         assert_eq!(c.handshake_addr, Some("10.0.0.1:7000".parse().unwrap()));
+        assert_eq!(
+            c.poll,
+            PollMode::Adaptive {
+                spin: DEFAULT_POLL_SPIN
+            }
+        );
+    }
+
+    #[test]
+    fn the_poll_mode_reads_microseconds_or_busy() {
+        let spin = |v: &str| {
+            RdmaConfig::from_env(&MapEnv::new([("TE_RDMA_POLL_SPIN_US", v)]))
+                .unwrap()
+                .poll
+        };
+        assert_eq!(spin("busy"), PollMode::Busy);
+        assert_eq!(spin("0"), PollMode::Adaptive { spin: Duration::ZERO });
+        assert_eq!(
+            spin("200"),
+            PollMode::Adaptive {
+                spin: Duration::from_micros(200)
+            }
+        );
     }
 
     #[test]
@@ -278,6 +342,9 @@ mod tests {
             ("TE_RDMA_SL", "16"),
             ("TE_RDMA_HANDSHAKE_ADDR", "nowhere"),
             ("TE_RDMA_RECONNECT_BACKOFF_MS", "0"),
+            ("TE_RDMA_POLL_SPIN_US", "always"),
+            ("TE_RDMA_POLL_SPIN_US", "1000001"),
+            ("TE_RDMA_POLL_SPIN_US", "-1"),
         ] {
             let err = RdmaConfig::from_env(&MapEnv::new([(var, bad)])).unwrap_err();
             let text = err.to_string();

@@ -85,6 +85,13 @@ pub(crate) struct Shared<V: Verbs> {
     psn_state: AtomicU64,
     stop: AtomicBool,
     progress_thread: Mutex<Option<std::thread::Thread>>,
+    /// Set by the progress thread before it sleeps on the completion channels: wakers then write
+    /// to `wake` (see [`progress::Sleeper`]).
+    pub(crate) sleeping: AtomicBool,
+    wake: std::os::unix::net::UnixStream,
+    /// Times the progress thread slept on the channels, and woke because a channel fired.
+    pub(crate) sleeps: AtomicU64,
+    pub(crate) channel_wakes: AtomicU64,
     runtime: tokio::runtime::Handle,
     pool: &'static RegistrationPool,
 }
@@ -112,6 +119,12 @@ impl<V: Verbs> Shared<V> {
     }
 
     pub(crate) fn wake_progress(&self) {
+        // SeqCst pairs with the progress thread's store before its last look at the queues:
+        // either it sees what the caller queued, or the caller sees it asleep and wakes it.
+        if self.sleeping.load(Ordering::SeqCst) {
+            // A full socket buffer is already readable: the thread wakes either way.
+            let _ = std::io::Write::write(&mut &self.wake, &[1]);
+        }
         if let Some(t) = self.progress_thread.lock().as_ref() {
             t.unpark();
         }
@@ -223,6 +236,13 @@ impl<V: Verbs> RdmaTransport<V> {
         let peermem = sysfs.join("module/nvidia_peermem").exists();
         let device = DeviceMemory::new(plugins, peermem, verbs.supports_dmabuf());
         let kinds = device.kinds();
+        let (wake_rx, wake) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| Error::io("rdma: the progress thread's wake socket", e))?;
+        for end in [&wake_rx, &wake] {
+            end.set_nonblocking(true)
+                .map_err(|e| Error::io("rdma: the progress thread's wake socket", e))?;
+        }
+        let sleeper = progress::Sleeper::new(&verbs, &set, wake_rx, config.poll)?;
         let shared = Arc::new(Shared {
             verbs,
             registrar: Arc::new(RailRegistrar::new(Arc::new(set), placement, device)),
@@ -247,11 +267,15 @@ impl<V: Verbs> RdmaTransport<V> {
             psn_state: AtomicU64::new(te_base::token::random_token()),
             stop: AtomicBool::new(false),
             progress_thread: Mutex::new(None),
+            sleeping: AtomicBool::new(false),
+            wake,
+            sleeps: AtomicU64::new(0),
+            channel_wakes: AtomicU64::new(0),
             runtime: tokio::runtime::Handle::current(),
             pool: RegistrationPool::global()?,
             config,
         });
-        let thread = progress::spawn(Arc::downgrade(&shared))?;
+        let thread = progress::spawn(Arc::downgrade(&shared), sleeper)?;
         *shared.progress_thread.lock() = Some(thread);
         if shared.auth.is_none() {
             te_base::auth::warn_unauthenticated(

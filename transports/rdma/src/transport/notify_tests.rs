@@ -49,7 +49,7 @@ fn pair(recv_depth: u32, rnr_retry: u8) -> Pair {
     let verbs = RecordingVerbs::new(vec![FakeDevice::roce("mlx5_0", [10, 0, 0, 1])]);
     let ctx = verbs.open_device("mlx5_0").unwrap();
     let pd = verbs.alloc_pd(&ctx).unwrap();
-    let cq = verbs.create_cq(&ctx, 1024).unwrap();
+    let cq = verbs.create_cq(&ctx, 1024, None).unwrap();
     let caps = QpCaps {
         max_send_wr: 64,
         max_send_sge: 1,

@@ -46,6 +46,9 @@ pub struct Rail<V: Verbs> {
     pub(crate) ctx: Option<V::Context>,
     pub(crate) pd: Option<V::Pd>,
     pub(crate) cq: Option<V::Cq>,
+    /// The CQ's completion channel; `None` when the device could not make one (the progress
+    /// thread then polls this rail without waiting on it).
+    pub(crate) channel: Option<V::Channel>,
 }
 
 impl<V: Verbs> Rail<V> {
@@ -71,6 +74,11 @@ impl<V: Verbs> Rail<V> {
     /// The completion queue every QP of this rail uses.
     pub fn cq(&self) -> &V::Cq {
         self.cq.as_ref().expect("live until drop")
+    }
+
+    /// The CQ's completion channel, if it has one.
+    pub fn channel(&self) -> Option<&V::Channel> {
+        self.channel.as_ref()
     }
 
     /// Reserves CQ room for a QP of `depth` send slots: every work request completes at most once
@@ -237,7 +245,16 @@ impl<V: Verbs> RailSet<V> {
             }
             let pd = verbs.alloc_pd(&ctx)?;
             let cq_capacity = config.cq_depth.min(attrs.max_cqe.max(16));
-            let cq = verbs.create_cq(&ctx, cq_capacity)?;
+            // A channel lets the progress thread sleep until a completion arrives; without one
+            // (a provider that cannot make it) the rail is polled only.
+            let channel = match verbs.create_comp_channel(&ctx) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!(device = %name, "rdma: no completion channel, polling only: {e}");
+                    None
+                }
+            };
+            let cq = verbs.create_cq(&ctx, cq_capacity, channel.as_ref())?;
             set.chunk = set
                 .chunk
                 .min(mr_split::chunk_size(attrs.max_mr_size, config.max_mr_size));
@@ -255,6 +272,7 @@ impl<V: Verbs> RailSet<V> {
                 ctx: Some(ctx),
                 pd: Some(pd),
                 cq: Some(cq),
+                channel,
             });
         }
         if set.rails.is_empty() {
@@ -291,6 +309,7 @@ impl<V: Verbs> Drop for RailSet<V> {
         for rail in &mut self.rails {
             let results = [
                 rail.cq.take().map(|cq| self.verbs.destroy_cq(cq)),
+                rail.channel.take().map(|ch| self.verbs.destroy_comp_channel(ch)),
                 rail.pd.take().map(|pd| self.verbs.dealloc_pd(pd)),
                 rail.ctx.take().map(|ctx| self.verbs.close_device(ctx)),
             ];

@@ -17,6 +17,7 @@
 //! sender's device was told not to ([`RecordingVerbs::stop_flushing`]).
 
 use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
 
 use parking_lot::Mutex;
 use te_base::{Error, Result};
@@ -30,6 +31,8 @@ use crate::protocol::qp_state::{QpMachine, QpState, QpTransition};
 /// One recorded verbs call.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Call {
+    /// `create_comp_channel` on a device.
+    CreateCompChannel,
     /// `open_device(name)`.
     OpenDevice(String),
     /// `alloc_pd` on a device.
@@ -155,6 +158,10 @@ struct State {
     no_flush: Vec<u32>,
     /// Flush completions generated so far.
     flushed: u64,
+    /// Each CQ's channel (the writing end), the armed CQs, and the events raised so far.
+    cq_channel: HashMap<u32, std::os::unix::net::UnixStream>,
+    armed: std::collections::HashSet<u32>,
+    events_raised: u64,
 }
 
 /// The recording fake. Handles are plain ids.
@@ -162,6 +169,14 @@ struct State {
 pub struct RecordingVerbs {
     devices: Vec<FakeDevice>,
     state: Mutex<State>,
+}
+
+/// A fake completion channel: a socket pair; the fake writes a byte per event into one end, the
+/// transport waits on the other.
+#[derive(Debug)]
+pub struct FakeChannel {
+    rx: std::os::unix::net::UnixStream,
+    tx: std::os::unix::net::UnixStream,
 }
 
 /// Handle of a fake object (its id; for a QP, its QP number; for an MR, its lkey).
@@ -240,6 +255,11 @@ impl RecordingVerbs {
     /// Receives posted and not yet consumed on QP `qpn`.
     pub fn posted_recvs(&self, qpn: u32) -> usize {
         self.state.lock().qps.get(&qpn).map_or(0, |q| q.recvs.len())
+    }
+
+    /// Completion-channel events raised so far (one per completion that found its CQ armed).
+    pub fn events_raised(&self) -> u64 {
+        self.state.lock().events_raised
     }
 
     /// Completions waiting in every CQ (not yet polled).
@@ -368,7 +388,7 @@ fn receive(state: &mut State, qpn: u32, wr: &WorkRequest, imm: Option<u32>) -> W
             byte_len,
             imm,
         };
-        state.cqs.get_mut(&cq).expect("QP's CQ exists").push_back((c, 0));
+        push_cq(state, cq, (c, 0));
     };
     if imm.is_none() {
         if wr.len > rr.len {
@@ -418,7 +438,6 @@ fn enter_error(state: &mut State, qpn: u32) {
         out.push((rr.wr_id, 0));
     }
     state.flushed += out.len() as u64;
-    let cq = state.cqs.get_mut(&cq).expect("QP's CQ exists");
     for (wr_id, retire) in out {
         let c = Completion {
             wr_id,
@@ -426,7 +445,20 @@ fn enter_error(state: &mut State, qpn: u32) {
             qp_num: qpn,
             ..Completion::default()
         };
-        cq.push_back((c, retire));
+        push_cq(state, cq, (c, retire));
+    }
+}
+
+/// Queues a completion on CQ `cq`; if the CQ is armed, disarms it and raises one event on its
+/// channel, as a device does (completions queued while unarmed raise none).
+fn push_cq(state: &mut State, cq: u32, entry: (Completion, u32)) {
+    state.cqs.get_mut(&cq).expect("QP's CQ exists").push_back(entry);
+    if state.armed.remove(&cq) {
+        if let Some(tx) = state.cq_channel.get(&cq) {
+            // A full socket buffer already makes the channel readable: nothing is lost.
+            let _ = (&*tx).write(&[1]);
+            state.events_raised += 1;
+        }
     }
 }
 
@@ -476,7 +508,7 @@ fn run(state: &mut State, qpn: u32, wr: &WorkRequest) {
             qp_num: qpn,
             ..Completion::default()
         };
-        state.cqs.get_mut(&cq).expect("QP's CQ exists").push_back((c, retire));
+        push_cq(state, cq, (c, retire));
     } else {
         q.unsignalled += 1;
     }
@@ -522,6 +554,7 @@ impl Verbs for RecordingVerbs {
     type Mr = Handle;
     type Cq = Handle;
     type Qp = Handle;
+    type Channel = FakeChannel;
 
     fn device_names(&self) -> Result<Vec<String>> {
         Ok(self.devices.iter().map(|d| d.name.clone()).collect())
@@ -631,14 +664,68 @@ impl Verbs for RecordingVerbs {
             .ok_or_else(|| Error::transport("rdma", "fake: dereg of an unknown MR"))
     }
 
-    fn create_cq(&self, _ctx: &Handle, depth: u32) -> Result<Handle> {
+    fn create_comp_channel(&self, _ctx: &Handle) -> Result<FakeChannel> {
+        let mut s = self.state.lock();
+        s.calls.push(Call::CreateCompChannel);
+        injected(&mut s, "create_comp_channel")?;
+        let (rx, tx) = std::os::unix::net::UnixStream::pair().map_err(|e| Error::io("fake: socketpair", e))?;
+        rx.set_nonblocking(true)
+            .map_err(|e| Error::io("fake: nonblocking", e))?;
+        tx.set_nonblocking(true)
+            .map_err(|e| Error::io("fake: nonblocking", e))?;
+        Ok(FakeChannel { rx, tx })
+    }
+
+    fn channel_fd(&self, channel: &FakeChannel) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        channel.rx.as_raw_fd()
+    }
+
+    fn destroy_comp_channel(&self, _channel: FakeChannel) -> Result<()> {
+        Ok(())
+    }
+
+    fn create_cq(&self, _ctx: &Handle, depth: u32, channel: Option<&FakeChannel>) -> Result<Handle> {
         let mut s = self.state.lock();
         s.calls.push(Call::CreateCq { depth });
         injected(&mut s, "create_cq")?;
         s.next_id += 1;
         let id = s.next_id;
         s.cqs.insert(id, VecDeque::new());
+        if let Some(ch) = channel {
+            let tx = ch.tx.try_clone().map_err(|e| Error::io("fake: dup", e))?;
+            s.cq_channel.insert(id, tx);
+        }
         Ok(Handle(id))
+    }
+
+    fn req_notify_cq(&self, cq: &Handle) -> Result<()> {
+        let mut s = self.state.lock();
+        if !s.cqs.contains_key(&cq.0) {
+            return Err(Error::transport("rdma", "fake: req_notify_cq on an unknown CQ"));
+        }
+        if !s.cq_channel.contains_key(&cq.0) {
+            return Err(Error::transport(
+                "rdma",
+                "fake: req_notify_cq on a CQ without a channel",
+            ));
+        }
+        s.armed.insert(cq.0);
+        Ok(())
+    }
+
+    fn take_cq_events(&self, channel: &FakeChannel) -> Result<u32> {
+        let mut taken = 0u32;
+        let mut buf = [0u8; 64];
+        loop {
+            match (&channel.rx).read(&mut buf) {
+                Ok(0) => return Ok(taken),
+                Ok(n) => taken += n as u32,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(taken),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io("fake: reading the channel", e)),
+            }
+        }
     }
 
     fn create_qp(&self, pd: &Handle, cq: &Handle, caps: QpCaps) -> Result<(Handle, u32)> {
@@ -775,7 +862,7 @@ impl Verbs for RecordingVerbs {
                     qp_num: qp.0,
                     ..Completion::default()
                 };
-                s.cqs.get_mut(&cq).expect("QP's CQ exists").push_back((c, 0));
+                push_cq(&mut s, cq, (c, 0));
             } else {
                 q.recvs.push_back(*rr);
             }
@@ -811,7 +898,10 @@ impl Verbs for RecordingVerbs {
     }
 
     fn destroy_cq(&self, cq: Handle) -> Result<()> {
-        self.state.lock().cqs.remove(&cq.0);
+        let mut s = self.state.lock();
+        s.cqs.remove(&cq.0);
+        s.cq_channel.remove(&cq.0);
+        s.armed.remove(&cq.0);
         Ok(())
     }
 
@@ -821,5 +911,50 @@ impl Verbs for RecordingVerbs {
 
     fn close_device(&self, _ctx: Handle) -> Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fake's channel behaves as a device's: one event per arming, raised by the next
+    /// completion only (those queued before arming raise none), none on an unarmed CQ.
+    #[test]
+    fn a_channel_fires_once_per_arming_on_the_next_completion() {
+        let verbs = RecordingVerbs::new(vec![FakeDevice::roce("mlx5_0", [10, 0, 0, 1])]);
+        let ctx = verbs.open_device("mlx5_0").unwrap();
+        let ch = verbs.create_comp_channel(&ctx).unwrap();
+        let cq = verbs.create_cq(&ctx, 16, Some(&ch)).unwrap();
+        let plain = verbs.create_cq(&ctx, 16, None).unwrap();
+        let push = |id: u32| push_cq(&mut verbs.state.lock(), id, (Completion::default(), 0));
+
+        push(cq.0);
+        assert_eq!(verbs.take_cq_events(&ch).unwrap(), 0, "unarmed: no event");
+        verbs.req_notify_cq(&cq).unwrap();
+        assert_eq!(
+            verbs.take_cq_events(&ch).unwrap(),
+            0,
+            "arming with a completion queued raises none"
+        );
+        push(cq.0);
+        push(cq.0);
+        assert_eq!(verbs.take_cq_events(&ch).unwrap(), 1, "one event per arming");
+        assert_eq!(verbs.take_cq_events(&ch).unwrap(), 0, "taken events are gone");
+        assert_eq!(verbs.events_raised(), 1);
+        let mut out = [Completion::default(); 8];
+        assert_eq!(
+            verbs.poll_cq(&cq, &mut out).unwrap(),
+            3,
+            "events do not consume completions"
+        );
+
+        assert!(
+            verbs.req_notify_cq(&plain).is_err(),
+            "a CQ without a channel cannot be armed"
+        );
+        verbs.destroy_cq(cq).unwrap();
+        verbs.destroy_cq(plain).unwrap();
+        verbs.destroy_comp_channel(ch).unwrap();
     }
 }

@@ -297,10 +297,11 @@ impl Linked for ibv_recv_wr {
 pub type PostSendFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
 pub type PostRecvFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 pub type PollCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int;
+pub type ReqNotifyCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
 
 /// `struct ibv_context_ops`: the provider's function table. `ibv_post_send`, `ibv_post_recv` and
 /// `ibv_poll_cq` are `static inline` in verbs.h and call through `post_send` / `post_recv` /
-/// `poll_cq` here; we do the same.
+/// `poll_cq` here, and `ibv_req_notify_cq` through `req_notify_cq`; we do the same.
 #[repr(C)]
 pub struct ibv_context_ops {
     pub _compat_query_device: *mut c_void,
@@ -315,7 +316,7 @@ pub struct ibv_context_ops {
     pub dealloc_mw: *mut c_void,
     pub _compat_create_cq: *mut c_void,
     pub poll_cq: Option<PollCqFn>,
-    pub req_notify_cq: *mut c_void,
+    pub req_notify_cq: Option<ReqNotifyCqFn>,
     pub _compat_cq_event: *mut c_void,
     pub _compat_resize_cq: *mut c_void,
     pub _compat_destroy_cq: *mut c_void,
@@ -356,6 +357,14 @@ pub struct ibv_qp {
     pub srq: *mut c_void,
     pub handle: u32,
     pub qp_num: u32,
+}
+
+/// `struct ibv_comp_channel` (the library allocates it; we read `fd`).
+#[repr(C)]
+pub struct ibv_comp_channel {
+    pub context: *mut ibv_context,
+    pub fd: c_int,
+    pub refcnt: c_int,
 }
 
 /// Prefix of `struct ibv_cq` (through `cqe`).
@@ -507,7 +516,13 @@ fn layout_table() -> Vec<(&'static str, usize)> {
             "ibv_context.ops.post_send",
             offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, post_send),
         ),
+        (
+            "ibv_context.ops.req_notify_cq",
+            offset_of!(ibv_context, ops) + offset_of!(ibv_context_ops, req_notify_cq),
+        ),
         off!(ibv_context, cmd_fd),
+        ("sizeof ibv_comp_channel", size_of::<ibv_comp_channel>()),
+        off!(ibv_comp_channel, fd),
         off!(ibv_qp, context),
         off!(ibv_qp, qp_num),
         off!(ibv_cq, context),

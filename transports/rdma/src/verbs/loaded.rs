@@ -102,7 +102,17 @@ struct Functions {
     dereg_mr: unsafe extern "C" fn(*mut ffi::ibv_mr) -> c_int,
     /// `ibv_reg_dmabuf_mr`: absent before rdma-core 34, so optional.
     reg_dmabuf_mr: Option<unsafe extern "C" fn(*mut c_void, u64, usize, u64, c_int, c_int) -> *mut ffi::ibv_mr>,
-    create_cq: unsafe extern "C" fn(*mut ffi::ibv_context, c_int, *mut c_void, *mut c_void, c_int) -> *mut ffi::ibv_cq,
+    create_cq: unsafe extern "C" fn(
+        *mut ffi::ibv_context,
+        c_int,
+        *mut c_void,
+        *mut ffi::ibv_comp_channel,
+        c_int,
+    ) -> *mut ffi::ibv_cq,
+    create_comp_channel: unsafe extern "C" fn(*mut ffi::ibv_context) -> *mut ffi::ibv_comp_channel,
+    destroy_comp_channel: unsafe extern "C" fn(*mut ffi::ibv_comp_channel) -> c_int,
+    get_cq_event: unsafe extern "C" fn(*mut ffi::ibv_comp_channel, *mut *mut ffi::ibv_cq, *mut *mut c_void) -> c_int,
+    ack_cq_events: unsafe extern "C" fn(*mut ffi::ibv_cq, std::ffi::c_uint),
     destroy_cq: unsafe extern "C" fn(*mut ffi::ibv_cq) -> c_int,
     create_qp: unsafe extern "C" fn(*mut c_void, *mut ffi::ibv_qp_init_attr) -> *mut ffi::ibv_qp,
     modify_qp: unsafe extern "C" fn(*mut ffi::ibv_qp, *mut ffi::ibv_qp_attr, c_int) -> c_int,
@@ -137,6 +147,9 @@ pub struct Cq(NonNull<ffi::ibv_cq>);
 /// A queue pair.
 #[derive(Debug)]
 pub struct Qp(NonNull<ffi::ibv_qp>);
+/// A completion channel.
+#[derive(Debug)]
+pub struct Channel(NonNull<ffi::ibv_comp_channel>);
 
 // SAFETY: libibverbs objects may be used from any thread; rdma-core documents every verb as
 // thread-safe (providers lock internally), and these handles are only raw pointers to them.
@@ -159,6 +172,10 @@ unsafe impl Sync for Cq {}
 unsafe impl Send for Qp {}
 // SAFETY: as above.
 unsafe impl Sync for Qp {}
+// SAFETY: as above.
+unsafe impl Send for Channel {}
+// SAFETY: as above.
+unsafe impl Sync for Channel {}
 
 fn verbs_error(call: &str, errno: i32) -> Error {
     Error::transport_caused("rdma", call, std::io::Error::from_raw_os_error(errno))
@@ -215,6 +232,10 @@ impl LoadedVerbs {
             // stays loaded in `_lib` for as long as the pointer is used.
             reg_dmabuf_mr: unsafe { lib.get(b"ibv_reg_dmabuf_mr\0") }.ok().map(|s| *s),
             create_cq: sym!("ibv_create_cq"),
+            create_comp_channel: sym!("ibv_create_comp_channel"),
+            destroy_comp_channel: sym!("ibv_destroy_comp_channel"),
+            get_cq_event: sym!("ibv_get_cq_event"),
+            ack_cq_events: sym!("ibv_ack_cq_events"),
             destroy_cq: sym!("ibv_destroy_cq"),
             create_qp: sym!("ibv_create_qp"),
             modify_qp: sym!("ibv_modify_qp"),
@@ -264,6 +285,7 @@ impl Verbs for LoadedVerbs {
     type Mr = Mr;
     type Cq = Cq;
     type Qp = Qp;
+    type Channel = Channel;
 
     fn device_names(&self) -> Result<Vec<String>> {
         self.with_device_list(|devs| Ok(devs.iter().map(|&d| self.device_name(d)).collect()))
@@ -390,11 +412,76 @@ impl Verbs for LoadedVerbs {
         check("ibv_dereg_mr", unsafe { (self.f.dereg_mr)(mr.0.as_ptr()) })
     }
 
-    fn create_cq(&self, ctx: &Context, depth: u32) -> Result<Cq> {
+    fn create_comp_channel(&self, ctx: &Context) -> Result<Channel> {
+        // SAFETY: `ctx` is open.
+        let ch = non_null("ibv_create_comp_channel", unsafe {
+            (self.f.create_comp_channel)(ctx.0.as_ptr())
+        })?;
+        // SAFETY: a created channel is valid until destroyed; `fd` is its descriptor, which we
+        // only switch to non-blocking (ibv_get_cq_event then answers EAGAIN instead of waiting).
+        let rc = unsafe {
+            let fd = (*ch.as_ptr()).fd;
+            libc::fcntl(fd, libc::F_SETFL, libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK)
+        };
+        if rc < 0 {
+            let errno = last_errno();
+            // SAFETY: no CQ uses the channel yet.
+            unsafe { (self.f.destroy_comp_channel)(ch.as_ptr()) };
+            return Err(verbs_error("fcntl(O_NONBLOCK) on the completion channel", errno));
+        }
+        Ok(Channel(ch))
+    }
+
+    fn channel_fd(&self, channel: &Channel) -> std::os::fd::RawFd {
+        // SAFETY: the channel is live while borrowed.
+        unsafe { (*channel.0.as_ptr()).fd }
+    }
+
+    fn destroy_comp_channel(&self, channel: Channel) -> Result<()> {
+        // SAFETY: `channel` is owned, and the CQs using it were destroyed first by their owner.
+        check("ibv_destroy_comp_channel", unsafe {
+            (self.f.destroy_comp_channel)(channel.0.as_ptr())
+        })
+    }
+
+    fn create_cq(&self, ctx: &Context, depth: u32, channel: Option<&Channel>) -> Result<Cq> {
         let depth = c_int::try_from(depth).map_err(|_| verbs_error("ibv_create_cq", libc::EINVAL))?;
-        // SAFETY: `ctx` is open; no completion channel, no user context, vector 0.
-        let cq = unsafe { (self.f.create_cq)(ctx.0.as_ptr(), depth, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
+        let channel = channel.map_or(std::ptr::null_mut(), |c| c.0.as_ptr());
+        // SAFETY: `ctx` is open and `channel` (if any) belongs to it and outlives the CQ; no user
+        // context, vector 0.
+        let cq = unsafe { (self.f.create_cq)(ctx.0.as_ptr(), depth, std::ptr::null_mut(), channel, 0) };
         Ok(Cq(non_null("ibv_create_cq", cq)?))
+    }
+
+    fn req_notify_cq(&self, cq: &Cq) -> Result<()> {
+        let cq_ptr = cq.0.as_ptr();
+        // SAFETY: `cq` is live, so its context and the provider's ops table are too.
+        let Some(arm) = (unsafe { (*(*cq_ptr).context).ops.req_notify_cq }) else {
+            return Err(verbs_error("ibv_req_notify_cq", libc::ENOSYS));
+        };
+        // SAFETY: `cq` is live; 0 = every completion, not only solicited ones.
+        check("ibv_req_notify_cq", unsafe { arm(cq_ptr, 0) })
+    }
+
+    fn take_cq_events(&self, channel: &Channel) -> Result<u32> {
+        let mut taken = 0;
+        loop {
+            let mut cq: *mut ffi::ibv_cq = std::ptr::null_mut();
+            let mut cq_context: *mut c_void = std::ptr::null_mut();
+            // SAFETY: the channel is live and non-blocking; both out-pointers are valid.
+            let rc = unsafe { (self.f.get_cq_event)(channel.0.as_ptr(), &mut cq, &mut cq_context) };
+            if rc != 0 {
+                let errno = last_errno();
+                return match errno {
+                    libc::EAGAIN | libc::EINTR => Ok(taken),
+                    _ => Err(verbs_error("ibv_get_cq_event", errno)),
+                };
+            }
+            // SAFETY: `cq` is the live CQ the event names; acknowledging at once keeps
+            // `ibv_destroy_cq`, which waits for every event to be acknowledged, from blocking.
+            unsafe { (self.f.ack_cq_events)(cq, 1) };
+            taken += 1;
+        }
     }
 
     fn create_qp(&self, pd: &Pd, cq: &Cq, caps: QpCaps) -> Result<(Qp, u32)> {

@@ -176,6 +176,9 @@ pub trait Verbs: Send + Sync + 'static {
     type Cq: Send + Sync;
     /// A queue pair.
     type Qp: Send + Sync;
+    /// A completion channel (`ibv_comp_channel`): a file descriptor that turns readable when a
+    /// CQ armed with [`Verbs::req_notify_cq`] receives a completion.
+    type Channel: Send + Sync;
 
     /// Names of the RDMA devices on this host. Empty when there are none (including when the
     /// kernel has no RDMA support, `ENOSYS`).
@@ -219,8 +222,21 @@ pub trait Verbs: Send + Sync + 'static {
     fn supports_dmabuf(&self) -> bool;
     /// Releases a registration.
     fn dereg_mr(&self, mr: Self::Mr) -> Result<()>;
-    /// Creates a completion queue of at least `depth` entries.
-    fn create_cq(&self, ctx: &Self::Context, depth: u32) -> Result<Self::Cq>;
+    /// Creates a completion channel on `ctx`, its descriptor non-blocking.
+    fn create_comp_channel(&self, ctx: &Self::Context) -> Result<Self::Channel>;
+    /// The channel's file descriptor, to wait on with `poll(2)`.
+    fn channel_fd(&self, channel: &Self::Channel) -> std::os::fd::RawFd;
+    /// Destroys a channel (after every CQ using it).
+    fn destroy_comp_channel(&self, channel: Self::Channel) -> Result<()>;
+    /// Creates a completion queue of at least `depth` entries, reporting to `channel` when armed.
+    fn create_cq(&self, ctx: &Self::Context, depth: u32, channel: Option<&Self::Channel>) -> Result<Self::Cq>;
+    /// Arms `cq`: the next completion it receives raises one event on its channel
+    /// (`ibv_req_notify_cq`, every completion, not only solicited ones). Completions already in
+    /// the CQ raise none, so a caller polls once more after arming before it waits.
+    fn req_notify_cq(&self, cq: &Self::Cq) -> Result<()>;
+    /// Takes every event pending on `channel` without blocking and acknowledges each
+    /// (`ibv_get_cq_event` + `ibv_ack_cq_events`); returns how many there were.
+    fn take_cq_events(&self, channel: &Self::Channel) -> Result<u32>;
     /// Creates an RC queue pair (in RESET) whose send and receive completions go to `cq`. Returns
     /// its number.
     fn create_qp(&self, pd: &Self::Pd, cq: &Self::Cq, caps: QpCaps) -> Result<(Self::Qp, u32)>;
