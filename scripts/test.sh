@@ -108,11 +108,16 @@ rdma_vm_skipped() {
 if [ "${TE_RDMA_VM:-1}" = 0 ]; then
   rdma_vm_skipped "TE_RDMA_VM=0 turned it off"
 else
-  # The conformance binary of the rdma crate, as the workspace build above made it (no rebuild).
-  RDMA_CONFORMANCE=$(cargo test --workspace --all-features --no-run --message-format=json 2>/dev/null |
-    grep '"manifest_path":"[^"]*/transports/rdma/Cargo.toml"' | grep '"name":"conformance"' |
-    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' || true)
-  [ -x "$RDMA_CONFORMANCE" ] || { echo "test.sh: no rdma conformance test binary found" >&2; exit 1; }
+  # Test binaries of the rdma crate, as the workspace build above made them (no rebuild).
+  rdma_test_bin() {
+    local bin
+    bin=$(cargo test --workspace --all-features --no-run --message-format=json 2>/dev/null |
+      grep '"manifest_path":"[^"]*/transports/rdma/Cargo.toml"' | grep "\"name\":\"$1\"" |
+      sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' || true)
+    [ -x "$bin" ] || { echo "test.sh: no rdma $1 test binary found" >&2; exit 1; }
+    echo "$bin"
+  }
+  RDMA_CONFORMANCE=$(rdma_test_bin conformance) && RDMA_TWO_PROCESS=$(rdma_test_bin two_process) || exit 1
   # The efa transport's conformance binary (against the system libfabric 1.17, which the guest
   # has too), for its run on libfabric's verbs provider over rxe1.
   EFA_CONFORMANCE=$(cargo test -p te-transport-efa --no-run --message-format=json 2>/dev/null |
@@ -125,6 +130,9 @@ else
       "TE_TEST_RDMA_DEVICE=rxe0 TE_REQUIRE=rdma rdma-conformance --nocapture" \
     --step "rdma conformance on rxe1 (soft-RoCE on dummy0, MTU 1024)" \
       "TE_TEST_RDMA_DEVICE=rxe1 TE_REQUIRE=rdma rdma-conformance --nocapture" \
+    --bin rdma-two-process="$RDMA_TWO_PROCESS" \
+    --step "rdma two engines in two processes on rxe0: a SIGSTOPped target, a deadline against a killed target and its restart, the GID rule" \
+      "TE_TEST_RDMA_DEVICE=rxe0 TE_REQUIRE=rdma rdma-two-process --nocapture --test-threads=1" \
     --step "two processes on rxe0: target MTU 4096, initiator capped at 1024 (te-bench --verify)" \
       "bash rdma-pair.sh rxe0 rxe0:1024" \
     --step "two processes on rxe1 (MTU 1024; te-bench --verify)" \
