@@ -171,14 +171,9 @@ _Static_assert(FI_EAVAIL == 259, "FI_EAVAIL differs from the value the Rust side
 #define TE_STEP_BIND_CQ 7
 #define TE_STEP_ENABLE 8
 
-/* libfabric 2.x drops FI_CONTEXT; accept whichever context modes the headers still define. */
-#if defined(FI_CONTEXT) && defined(FI_CONTEXT2)
+/* libfabric 2.x deprecates FI_CONTEXT (the 2.6 headers still define it, at the same bit as 1.17's);
+ * 1.x providers may ask for either, so both are accepted. */
 #define CONTEXT_MODES (FI_CONTEXT | FI_CONTEXT2)
-#elif defined(FI_CONTEXT2)
-#define CONTEXT_MODES (FI_CONTEXT2)
-#else
-#define CONTEXT_MODES (FI_CONTEXT)
-#endif
 
 static int to_fi_mr_mode(uint32_t te) {
     int m = 0;

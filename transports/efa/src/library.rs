@@ -75,12 +75,24 @@ pub fn libfabric() -> Result<&'static Libfabric> {
     }
 }
 
-/// One candidate's outcome, for the error text.
+/// One candidate that did not load, for the error text.
 struct Tried {
     what: String,
+    failed: Failed,
+}
+
+/// Why a candidate did not load.
+struct Failed {
     why: String,
     /// The file does not exist (as opposed to: exists and failed to load).
     absent: bool,
+}
+
+/// A candidate that loaded.
+struct Opened {
+    path: String,
+    version: (u32, u32),
+    abi: String,
 }
 
 fn load(from_env: Option<String>) -> std::result::Result<Libfabric, LoadError> {
@@ -108,21 +120,23 @@ fn load(from_env: Option<String>) -> std::result::Result<Libfabric, LoadError> {
         if candidate.contains('/') && !Path::new(&candidate).exists() {
             tried.push(Tried {
                 what,
-                why: "no such file".into(),
-                absent: true,
+                failed: Failed {
+                    why: "no such file".into(),
+                    absent: true,
+                },
             });
             continue;
         }
         match open(&candidate) {
-            Ok((path, version, abi)) => {
+            Ok(Opened { path, version, abi }) => {
                 if version < MIN_VERSION {
+                    let why = format!(
+                        "libfabric {}.{} at {path} is older than {}.{}, the oldest supported",
+                        version.0, version.1, MIN_VERSION.0, MIN_VERSION.1
+                    );
                     tried.push(Tried {
                         what,
-                        why: format!(
-                            "libfabric {}.{} at {path} is older than {}.{}, the oldest supported",
-                            version.0, version.1, MIN_VERSION.0, MIN_VERSION.1
-                        ),
-                        absent: false,
+                        failed: Failed { why, absent: false },
                     });
                     // Loaded and kept (libfabric is never unloaded), but unused: every call into
                     // the shim goes through `libfabric()`, which reports this error.
@@ -138,15 +152,15 @@ fn load(from_env: Option<String>) -> std::result::Result<Libfabric, LoadError> {
                     abi,
                 });
             }
-            Err((why, absent)) => tried.push(Tried { what, why, absent }),
+            Err(failed) => tried.push(Tried { what, failed }),
         }
     }
     let list = tried
         .iter()
-        .map(|t| format!("{}: {}", t.what, t.why))
+        .map(|t| format!("{}: {}", t.what, t.failed.why))
         .collect::<Vec<_>>()
         .join("; ");
-    let reason = if tried.iter().all(|t| t.absent) {
+    let reason = if tried.iter().all(|t| t.failed.absent) {
         format!("libfabric.so.1 not found (tried: {list}); install libfabric1 or the EFA installer, or set {VAR_LIBRARY} to its path")
     } else {
         format!("libfabric.so.1 did not load ({list})")
@@ -155,9 +169,12 @@ fn load(from_env: Option<String>) -> std::result::Result<Libfabric, LoadError> {
 }
 
 /// `te_fi_load` on one candidate: the resolved path, `fi_version()` and the symbol version of
-/// `fi_getinfo`; or dlopen's (or the shim's) reason, with whether it means the file is absent.
-fn open(candidate: &str) -> std::result::Result<(String, (u32, u32), String), (String, bool)> {
-    let c = CString::new(candidate).map_err(|_| ("contains a NUL byte".to_string(), false))?;
+/// `fi_getinfo`; or dlopen's (or the shim's) reason, and whether it means the file is absent.
+fn open(candidate: &str) -> std::result::Result<Opened, Failed> {
+    let c = CString::new(candidate).map_err(|_| Failed {
+        why: "contains a NUL byte".into(),
+        absent: false,
+    })?;
     let mut err = [0 as c_char; 512];
     // SAFETY: `c` is a NUL-terminated path and `err` a writable buffer of the length passed; the
     // shim writes a NUL-terminated message into it. Calls are serialised by LOADED's OnceLock.
@@ -168,7 +185,7 @@ fn open(candidate: &str) -> std::result::Result<(String, (u32, u32), String), (S
         // dlopen of a bare soname that nothing provides: "libfabric.so.1: cannot open shared object
         // file: No such file or directory" (a missing dependency names the dependency instead).
         let absent = rc == 1 && why.starts_with(&format!("{candidate}: ")) && why.contains("No such file");
-        return Err((why, absent));
+        return Err(Failed { why, absent });
     }
     // SAFETY: plain value-returning calls; after a successful te_fi_load the ABI name and the path
     // are static NUL-terminated strings (or null, handled by `static_str`).
@@ -180,7 +197,11 @@ fn open(candidate: &str) -> std::result::Result<(String, (u32, u32), String), (S
         )
     };
     let path = static_str(path).unwrap_or_else(|| candidate.to_string());
-    Ok((path, (v >> 16, v & 0xffff), static_str(abi).unwrap_or_default()))
+    Ok(Opened {
+        path,
+        version: (v >> 16, v & 0xffff),
+        abi: static_str(abi).unwrap_or_default(),
+    })
 }
 
 fn static_str(p: *const c_char) -> Option<String> {
@@ -217,6 +238,19 @@ mod tests {
         };
         assert!(reason.starts_with("libfabric.so.1 did not load ("), "{reason}");
         assert!(reason.contains(&path), "{reason}");
+    }
+
+    #[test]
+    fn the_header_version_is_the_one_compiled_against() {
+        // SAFETY: plain value-returning calls; both are valid before libfabric is loaded.
+        let (h, api) = unsafe { (ffi::te_fi_header_version(), ffi::te_fi_api_version()) };
+        assert_eq!((h >> 16, h & 0xffff), HEADER_VERSION);
+        // Only what the loaded library allows is ever asked for (0 while none is loaded).
+        let loaded = LOADED.get().and_then(|l| l.as_ref().ok()).map(|l| l.api_version);
+        assert!(
+            api == 0 || loaded == Some((api >> 16, api & 0xffff)),
+            "{api:#x} {loaded:?}"
+        );
     }
 
     #[test]
