@@ -11,11 +11,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Build-time: libfabric headers (efa transport's C shim), protoc (etcd-client).
-# Test-time: libfabric providers and fi_info, etcd, ip (network namespaces), taskset, verbs.h
-# and gcc (the rdma ABI layout check compiles a C probe against the system header).
+# Build-time: protoc (etcd-client); the efa transport needs no libfabric to build (its shim carries
+# libfabric's headers and opens the library at run time).
+# Test-time: libfabric1 (the library the efa tests load) and fi_info (libfabric-bin), etcd, ip
+# (network namespaces), taskset, verbs.h and gcc (the rdma ABI layout check compiles a C probe
+# against the system header; the efa refusal probe is compiled against the vendored headers and
+# linked to the loaded libfabric.so.1 itself, so libfabric-dev is not needed).
 # autoconf automake libtool make: building the vendored libfabric 2.6 (vendor/README.md).
-PACKAGES=(libfabric-dev libfabric-bin etcd-server protobuf-compiler libprotobuf-dev pkg-config iproute2 util-linux libibverbs-dev gcc
+PACKAGES=(libfabric1 libfabric-bin etcd-server protobuf-compiler libprotobuf-dev pkg-config iproute2 util-linux libibverbs-dev gcc
   autoconf automake libtool make)
 
 source scripts/lib/apt-missing.sh
@@ -40,8 +43,9 @@ echo "== the README's dependency snippet, built and run as an outside crate"
 bash scripts/readme-snippet.sh
 
 echo "== cargo test (all features)"
-# The system libfabric (Debian 12: 1.17); its refusal probe checks the loaded library is this one.
-SYSTEM_LIBFABRIC=$(pkg-config --modversion libfabric | cut -d. -f1,2)
+# The system libfabric (Debian 12: 1.17), found by the efa transport's default search; its tests
+# check the loaded library is this one.
+SYSTEM_LIBFABRIC=$(fi_info --version | sed -n 's/^libfabric: \([0-9]*\.[0-9]*\).*/\1/p')
 TE_EXPECT_LIBFABRIC=$SYSTEM_LIBFABRIC \
   cargo test --workspace --all-features --no-fail-fast
 
@@ -54,36 +58,59 @@ $BENCH transfer --transport tcp --block-bytes 64K --total-bytes 1M --batches 2 \
     --repeat 2 --latency-samples 10 --verify --baseline cma
 
 # libfabric 2.x, as EFA instances run it: the vendored 2.6 is built once into target/ (rebuilt only
-# when the tarball's hash changes), then the efa transport's tests are built against its headers
-# in their own target directory (the 1.17 build above stays valid) and must load its library
-# (rpath), and te-bench runs a byte-verified efa transfer on both versions. Each run checks the
-# library it loaded, with ldd and with fi_version().
+# when the tarball's hash changes). The efa transport links no libfabric and opens it at run time
+# (TE_FABRIC_LIBRARY, else /opt/amazon/efa/lib, then the system's), so the one build above runs
+# against both: its tests again with TE_FABRIC_LIBRARY naming 2.6, and te-bench runs a
+# byte-verified efa transfer on both versions. Each run checks the library it loaded, by path and
+# with fi_version(). Before that: the build uses only the crate's vendored headers and links no
+# libfabric, and te-bench says why the transport is off on a host without it.
 echo "== libfabric 2.6 (vendored): build once"
 LF2=$(bash scripts/libfabric2.sh)
 fail_library() { echo "test.sh: $1" >&2; exit 1; }
-echo "== efa transport tests against libfabric 2.6 ($LF2)"
-(
-  export LIBFABRIC_DIR="$LF2" CARGO_TARGET_DIR="$PWD/target/libfabric-2.6/cargo" TE_EXPECT_LIBFABRIC=2.6
-  # A test binary either loads 2.6 or, when nothing in it calls libfabric, no libfabric at all.
-  loads=$(cargo test -p te-transport-efa --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' |
-    while read -r exe; do
-      lib=$(ldd "$exe" | awk '/libfabric.so/ {print $3}')
-      [ -z "$lib" ] || [ "$(dirname "$lib")" = "$LF2/lib" ] || fail_library "$exe loads $lib, not $LF2/lib"
-      [ -z "$lib" ] || echo "$exe"
-    done)
-  [ -n "$loads" ] || fail_library "no efa test binary loads libfabric from $LF2/lib"
-  cargo test -p te-transport-efa --no-fail-fast
-)
-for lib in system "$LF2/lib"; do
-  if [ "$lib" = system ]; then want=$SYSTEM_LIBFABRIC; path=""
-  else want=2.6; path="$lib"; fi
-  loaded=$(LD_LIBRARY_PATH="$path" ldd "$BENCH" | awk '/libfabric.so/ {print $3}')
-  [ -z "$path" ] || [ "$(dirname "$loaded")" = "$path" ] || fail_library "te-bench loads $loaded, not $path"
-  runtime=$(LD_LIBRARY_PATH="$path" $BENCH info --json | sed -n 's/.*"runtime_version":"\([0-9.]*\)".*/\1/p')
-  [ "$runtime" = "$want" ] || fail_library "te-bench reports libfabric '$runtime' at run time, expected $want"
+echo "== efa builds without the host's libfabric: poisoned headers, pkg-config file and library"
+# The host's rdma/fabric.h (CPATH comes before /usr/include), libfabric.pc and libfabric.so are
+# replaced by ones that fail the build if used; a build of its own so nothing is reused.
+POISON=$PWD/target/efa-poisoned
+mkdir -p "$POISON/include/rdma" "$POISON/lib" "$POISON/pkgconfig"
+echo '#error "te-transport-efa read the host libfabric headers"' >"$POISON/include/rdma/fabric.h"
+echo 'INPUT(-lte_poison_the_efa_build_linked_libfabric)' >"$POISON/lib/libfabric.so"
+printf 'Name: libfabric\nDescription: poison\nVersion: 99.0\nCflags: -I%s/include\nLibs: -lte_poison_pkg_config_libfabric\n' \
+  "$POISON" >"$POISON/pkgconfig/libfabric.pc"
+CPATH="$POISON/include" C_INCLUDE_PATH="$POISON/include" LIBRARY_PATH="$POISON/lib" \
+  PKG_CONFIG_PATH="$POISON/pkgconfig" CARGO_TARGET_DIR="$POISON/cargo" \
+  cargo build -q -p te-transport-efa --bin te-efa-peer ||
+  fail_library "te-transport-efa does not build without the host's libfabric (above)"
+echo "== no libfabric in the binaries: readelf -d NEEDED and ldd"
+EFA_TEST=$(cargo test -p te-transport-efa --no-run --message-format=json 2>/dev/null |
+  grep '"name":"conformance"' | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' || true)
+[ -x "$EFA_TEST" ] || fail_library "no efa conformance test binary found"
+for exe in "$BENCH" "$EFA_TEST" "$POISON/cargo/debug/te-efa-peer"; do
+  needed=$(readelf -d "$exe" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')
+  echo "$exe: NEEDED $needed"
+  case " $needed" in *" libfabric"*) fail_library "$exe links libfabric (NEEDED: $needed)" ;; esac
+  ! ldd "$exe" | grep -q libfabric || fail_library "$exe loads libfabric at start: $(ldd "$exe" | grep libfabric)"
+done
+echo "== te-bench info on a host without libfabric (TE_FABRIC_LIBRARY names a missing file)"
+missing=/nonexistent/te-test/libfabric.so.1
+info=$(TE_FABRIC_LIBRARY=$missing $BENCH info)
+echo "$info"
+want="efa      not available: libfabric.so.1 not found (tried: $missing (from TE_FABRIC_LIBRARY): no such file)"
+grep -qF "transport      $want" <<<"$info" || fail_library "te-bench info does not say: $want"
+TE_FABRIC_LIBRARY=$missing $BENCH info --json | grep '"kind":"transport"' | grep '"name":"efa"' |
+  grep -q '"reason":"libfabric.so.1 not found' || fail_library "te-bench info --json gives efa no such reason"
+echo "== efa transport tests against libfabric 2.6 ($LF2), the same build, chosen at run time"
+TE_FABRIC_LIBRARY="$LF2/lib/libfabric.so.1" TE_EXPECT_LIBFABRIC=2.6 cargo test -p te-transport-efa --no-fail-fast
+for lib in system "$LF2/lib/libfabric.so.1"; do
+  if [ "$lib" = system ]; then want=$SYSTEM_LIBFABRIC; choose=(env -u TE_FABRIC_LIBRARY)
+  else want=2.6; choose=(env TE_FABRIC_LIBRARY="$lib"); fi
+  json=$("${choose[@]}" $BENCH info --json | grep '"kind":"libfabric"')
+  runtime=$(sed -n 's/.*"runtime_version":"\([0-9.]*\)".*/\1/p' <<<"$json")
+  loaded=$(sed -n 's/.*"path":"\([^"]*\)".*/\1/p' <<<"$json")
+  [ "$runtime" = "$want" ] || fail_library "te-bench reports libfabric '$runtime' at run time, expected $want ($json)"
+  [ "$lib" = system ] || [ "$(realpath "$loaded")" = "$(realpath "$lib")" ] || fail_library "te-bench loaded $loaded, not $lib"
   for provider in "tcp;ofi_rxm" shm; do
     echo "== te-bench smoke: byte-verified efa transfer, provider $provider, libfabric $runtime ($loaded)"
-    LD_LIBRARY_PATH="$path" $BENCH transfer --transport efa --provider "$provider" --block-bytes 64K \
+    "${choose[@]}" $BENCH transfer --transport efa --provider "$provider" --block-bytes 64K \
       --total-bytes 1M --batches 2 --repeat 2 --latency-samples 10 --verify
   done
 done

@@ -1,5 +1,6 @@
 //! `te-bench info`: what is compiled in and whether it runs here. With the efa feature also
-//! libfabric's versions (headers at build, library loaded now), the providers it finds, and what
+//! libfabric's versions (headers at build, library loaded now and from where, or why none loaded:
+//! "not available: libfabric.so.1 not found (tried: ...)"), the providers it finds, and what
 //! each provider's initiator sees when a request is refused (`RefusalReport`), and libfabric's
 //! registration-cache variables. Every transport lists the devices it skipped, with why.
 
@@ -69,23 +70,44 @@ pub fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
-/// libfabric's versions, the providers with RDM endpoints and RMA, and their refusal reports.
+/// libfabric: the headers the efa transport was compiled against, the library it loaded (path,
+/// version, the API version it asks for, the symbol version of fi_getinfo) or why none loaded, the
+/// providers with RDM endpoints and RMA, and their refusal reports.
 #[cfg(feature = "efa")]
 fn libfabric(json: bool) {
     use te_transport_efa::{available_providers, libfabric_versions, RefusalReport};
-    let ((hm, hn), (rm, rn)) = libfabric_versions();
+    let ((hm, hn), _) = libfabric_versions();
+    let loaded = te_transport_efa::libfabric();
     let providers = available_providers();
-    if json {
-        print_json(&serde_json::json!({
+    match (&loaded, json) {
+        (Ok(lib), true) => print_json(&serde_json::json!({
             "kind": "libfabric", "header_version": format!("{hm}.{hn}"),
-            "runtime_version": format!("{rm}.{rn}"), "providers": providers,
-        }));
-    } else {
-        println!(
-            "libfabric      headers {hm}.{hn}, loaded {rm}.{rn}; providers: {}",
+            "runtime_version": format!("{}.{}", lib.version.0, lib.version.1), "path": lib.path,
+            "requested": lib.requested, "from_env": lib.from_env,
+            "api_version": format!("{}.{}", lib.api_version.0, lib.api_version.1), "abi": lib.abi,
+            "providers": providers,
+        })),
+        (Err(e), true) => print_json(&serde_json::json!({
+            "kind": "libfabric", "header_version": format!("{hm}.{hn}"), "runtime_version": null,
+            "reason": not_available_reason(e), "providers": providers,
+        })),
+        (Ok(lib), false) => println!(
+            "libfabric      headers {hm}.{hn}, loaded {}.{} from {} (API {}.{}, fi_getinfo@{}); providers: {}",
+            lib.version.0,
+            lib.version.1,
+            lib.path,
+            lib.api_version.0,
+            lib.api_version.1,
+            lib.abi,
             providers.join(", ")
-        );
+        ),
+        (Err(e), false) => println!(
+            "libfabric      headers {hm}.{hn}, not available: {}",
+            not_available_reason(e)
+        ),
     }
+    let Ok(lib) = loaded else { return };
+    let (rm, rn) = lib.version;
     // libfabric's registration caches, as this process runs with them (te_transport_efa::mr_cache).
     for c in te_transport_efa::mr_cache::settings() {
         let by = if c.set_here {
@@ -122,5 +144,14 @@ fn libfabric(json: bool) {
             };
             println!("  {p:14} {mark}{report}");
         }
+    }
+}
+
+/// The reason of a `NotAvailable` error (the text after "not available: "), else the error.
+#[cfg(feature = "efa")]
+fn not_available_reason(e: &te_base::Error) -> String {
+    match e {
+        te_base::Error::NotAvailable { reason, .. } => reason.clone(),
+        other => other.to_string(),
     }
 }

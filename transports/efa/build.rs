@@ -1,77 +1,73 @@
-//! Compiles the C shim over libfabric's inline functions and links libfabric.
+//! Compiles the C shim over libfabric's inline functions against the libfabric 2.6 headers that
+//! travel with the crate (`libfabric/include`, see `libfabric/README.md`). Nothing links libfabric:
+//! the shim opens it at run time (`te_fi_load` in `csrc/fi_shim.c`), so building needs no
+//! libfabric-dev and the binary starts on a host without libfabric.so.1.
 //!
 //! We keep our own shim instead of the published `ofi-libfabric-sys` 0.2.0 because that crate's
-//! generated bindings target libfabric 2.x headers and fail to build against 1.17 (Debian 12's
-//! libfabric-dev; measured), while the EFA installer ships 2.x: compiling a few forwarding functions
-//! against whatever headers the host has works on both.
+//! generated bindings target libfabric 2.x headers, fail to build against 1.17 (Debian 12;
+//! measured) and link the library; a few forwarding functions compiled here work with 1.17 and 2.x.
+//!
+//! The host's libfabric headers are never looked at (no pkg-config, no /usr/include/rdma, no
+//! LIBFABRIC_DIR): after compiling, the compiler's dependency list is checked, and a libfabric
+//! header read from anywhere but the vendored directory fails the build.
 
-use std::path::PathBuf;
-
-const PACKAGE_HINT: &str = "install the libfabric development files (Debian/Ubuntu: `apt-get install libfabric-dev`; \
-     Amazon Linux with the EFA installer: /opt/amazon/efa, set PKG_CONFIG_PATH=/opt/amazon/efa/lib/pkgconfig)";
+use std::path::{Path, PathBuf};
 
 fn main() {
+    let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let include = manifest.join("libfabric").join("include");
     println!("cargo:rerun-if-changed=csrc/fi_shim.c");
-    println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
-    println!("cargo:rerun-if-env-changed=LIBFABRIC_DIR");
+    println!("cargo:rerun-if-changed=libfabric/include");
 
-    let mut include_dirs: Vec<PathBuf> = Vec::new();
-    let mut lib_dirs: Vec<PathBuf> = Vec::new();
-    if let Ok(dir) = std::env::var("LIBFABRIC_DIR") {
-        // An explicit prefix wins (the EFA installer puts libfabric under /opt/amazon/efa; the
-        // tests build the vendored 2.6 into target/). This package's own binaries and tests find
-        // that library at run time through an rpath; other binaries need LD_LIBRARY_PATH.
-        let dir = PathBuf::from(dir);
-        include_dirs.push(dir.join("include"));
-        for lib in ["lib", "lib64"].map(|l| dir.join(l)).into_iter().filter(|l| l.exists()) {
-            println!("cargo:rustc-link-search=native={}", lib.display());
-            println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
-            lib_dirs.push(lib);
-        }
-        println!("cargo:rustc-link-lib=fabric");
-    } else {
-        match pkg_config::Config::new().atleast_version("1.17").probe("libfabric") {
-            Ok(lib) => {
-                include_dirs.extend(lib.include_paths);
-                lib_dirs.extend(lib.link_paths);
-            }
-            Err(e) => {
-                // Debian's libfabric-dev ships a .pc file; fall back to the plain header location
-                // for distributions that do not.
-                let header = PathBuf::from("/usr/include/rdma/fabric.h");
-                if header.exists() {
-                    println!("cargo:rustc-link-lib=fabric");
-                } else {
-                    panic!(
-                        "te-transport-efa needs libfabric >= 1.17 headers and library, which were not found \
-                         (pkg-config: {e}); {PACKAGE_HINT}"
-                    );
-                }
-            }
-        }
-    }
-
-    let header_found = include_dirs
-        .iter()
-        .chain(std::iter::once(&PathBuf::from("/usr/include")))
-        .any(|d| d.join("rdma/fabric.h").exists());
-    if !header_found {
-        panic!("te-transport-efa: rdma/fabric.h not found in {include_dirs:?} or /usr/include; {PACKAGE_HINT}");
-    }
-
-    // Where the headers and library came from, for tests that compile C probes against the same
-    // libfabric (tests/refusal_probe.c).
-    let join = |dirs: &[PathBuf]| std::env::join_paths(dirs).map(|p| p.to_string_lossy().into_owned());
-    println!(
-        "cargo:rustc-env=TE_FI_INCLUDE_DIRS={}",
-        join(&include_dirs).unwrap_or_default()
-    );
-    println!("cargo:rustc-env=TE_FI_LIB_DIRS={}", join(&lib_dirs).unwrap_or_default());
-
+    let deps = out.join("fi_shim.d");
     cc::Build::new()
         .file("csrc/fi_shim.c")
-        .includes(&include_dirs)
+        .include(&include)
         .flag_if_supported("-std=gnu11")
+        // The headers the compiler read, for the check below.
+        .flag("-MD")
+        .flag("-MF")
+        .flag(deps.to_str().expect("OUT_DIR is UTF-8"))
         .warnings(true)
         .compile("te_fi_shim");
+    check_headers(&deps, &include);
+
+    // dlopen/dlvsym: in libc itself from glibc 2.34 on, in libdl before.
+    println!("cargo:rustc-link-lib=dl");
+    // For tests that compile C probes against the same headers (tests/refusal_probe.c).
+    println!("cargo:rustc-env=TE_FI_INCLUDE_DIRS={}", include.display());
+}
+
+/// Fails the build when the shim read a libfabric header (`rdma/fabric.h`, `rdma/fi_*.h`) from
+/// anywhere but `include`: the host's headers must play no part.
+fn check_headers(deps: &Path, include: &Path) {
+    let text = std::fs::read_to_string(deps)
+        .unwrap_or_else(|e| panic!("te-transport-efa: reading the compiler's dependency file {deps:?}: {e}"));
+    let vendored = include.canonicalize().unwrap_or_else(|_| include.to_path_buf());
+    let mut seen = 0;
+    // Make syntax: `target: dep dep \` lines; our paths have no spaces.
+    for dep in text.split_whitespace().filter(|w| *w != "\\" && !w.ends_with(':')) {
+        let path = Path::new(dep);
+        let is_libfabric = path.parent().and_then(|p| p.file_name()).is_some_and(|d| d == "rdma")
+            && path
+                .file_name()
+                .and_then(|f| f.to_str())
+                .is_some_and(|f| f == "fabric.h" || f.starts_with("fi_"));
+        if !is_libfabric {
+            continue;
+        }
+        let real = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+        if !real.starts_with(&vendored) {
+            panic!(
+                "te-transport-efa: csrc/fi_shim.c read the libfabric header {dep}, which is not one of the \
+                 vendored headers in {}; the build must use only those",
+                include.display()
+            );
+        }
+        seen += 1;
+    }
+    if seen == 0 {
+        panic!("te-transport-efa: the compiler's dependency file {deps:?} names no libfabric header");
+    }
 }

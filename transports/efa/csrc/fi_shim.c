@@ -3,12 +3,22 @@
  *
  * libfabric's data-path and object calls (fi_domain, fi_mr_regattr, fi_writemsg, fi_cq_read...) are
  * `static inline` functions in the public headers that jump through provider ops tables, so there is
- * no symbol in libfabric.so to link against. This file instantiates the few we use as real functions,
- * compiled against whatever headers the build machine has (1.17 on Debian 12, 2.x from the EFA
- * installer), and translates header constants into a small stable encoding so the Rust side never
- * depends on a header version. Policy (which provider, which rails, what to do on errors) lives in
+ * no symbol in libfabric.so to link against. This file instantiates the few we use as real functions
+ * and translates header constants into a small stable encoding so the Rust side never depends on a
+ * header version. Policy (which library, which provider, which rails, what to do on errors) lives in
  * Rust; this file only forwards.
+ *
+ * It is compiled against the libfabric 2.6 headers that travel with the crate (libfabric/include)
+ * and links no libfabric: the six functions libfabric does export (fi_getinfo, fi_freeinfo,
+ * fi_dupinfo, fi_fabric, fi_strerror, fi_version) are called through pointers that te_fi_load
+ * resolves with dlopen + dlvsym, so a binary starts on a host without libfabric and can run against
+ * 1.17 (Debian 12) or 2.x (the EFA installer). The loading is done here rather than with the
+ * `libloading` crate the other run-time-loaded libraries use (transports/rdma, plugins/cuda): these
+ * pointers are called from C, and libfabric's exports are versioned (FABRIC_1.x), which needs
+ * dlvsym, which libloading does not offer.
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,6 +33,119 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+
+/* The headers must be the vendored ones (build.rs also checks which files the compiler read). */
+#if FI_MAJOR_VERSION != 2 || FI_MINOR_VERSION != 6
+#error "fi_shim.c must be compiled against the libfabric 2.6 headers in transports/efa/libfabric/include"
+#endif
+
+/*
+ * libfabric's exported functions, resolved by te_fi_load. Everything else goes through the ops
+ * tables of the objects these return.
+ *
+ * Versions: libfabric keeps every older layout of fi_info (and its attr structs) behind versioned
+ * symbols and only ever appends fields. 1.17 exports fi_getinfo/fi_freeinfo/fi_dupinfo at
+ * FABRIC_1.0-1.3 (default 1.3); 2.6 adds 1.7, 1.8 and 1.9 (default 1.9, the layout of these
+ * headers). We take the newest of ABI_VERSIONS the library has, so its fi_info objects are its own
+ * full ones (a 1.3 fi_dupinfo on 2.6 would drop the fields appended since), and touch only fields
+ * that exist in the 1.3 layout (all of ours date from 1.0). fi_fabric is at FABRIC_1.1 in both,
+ * fi_strerror and fi_version at FABRIC_1.0. fi_freeinfo and fi_dupinfo come from the same version
+ * as fi_getinfo, so the library frees and copies only structures it made itself.
+ *
+ * The API version passed to fi_getinfo is the older of these headers' (2.6) and the library's
+ * fi_version(): 1.17 refuses a newer one (-FI_ENOSYS), and providers read the fields of the
+ * structures we pass (fi_mr_attr, fi_cq_attr...) only as far as the requested version defines them,
+ * so our larger 2.6 structures are read as the older ones they extend.
+ */
+static const char *const ABI_VERSIONS[] = {"FABRIC_1.9", "FABRIC_1.8", "FABRIC_1.7", "FABRIC_1.3"};
+
+static struct {
+    int (*getinfo)(uint32_t version, const char *node, const char *service, uint64_t flags,
+                   const struct fi_info *hints, struct fi_info **info);
+    void (*freeinfo)(struct fi_info *info);
+    struct fi_info *(*dupinfo)(const struct fi_info *info);
+    int (*fabric)(struct fi_fabric_attr *attr, struct fid_fabric **fabric, void *context);
+    const char *(*strerror)(int errnum);
+    uint32_t (*version)(void);
+    uint32_t runtime_version; /* the loaded library's fi_version() */
+    uint32_t api_version;     /* what fi_getinfo is asked for */
+    const char *abi;          /* the symbol version of getinfo/freeinfo/dupinfo */
+} lib;
+
+/* From here on the exported names mean the resolved pointers (fi_allocinfo is an inline
+ * fi_dupinfo(NULL) in the headers: it would reference the symbol, so it is redefined too). */
+#define fi_getinfo lib.getinfo
+#define fi_freeinfo lib.freeinfo
+#define fi_dupinfo lib.dupinfo
+#define fi_fabric lib.fabric
+#define fi_strerror lib.strerror
+#define fi_allocinfo() lib.dupinfo(NULL)
+
+/*
+ * Opens the libfabric at `path` (a path, or a bare soname for the loader's own search) and resolves
+ * the functions above. Returns 0; or 1 when dlopen fails, 2 when a function is missing at every
+ * version we accept (the library is closed again), with the reason in `err`. RTLD_LOCAL: libfabric's
+ * symbols stay out of the global namespace, so another copy in the process (NCCL's aws-ofi plugin
+ * brings its own) does not bind to ours or ours to it. Called once, before any other function here
+ * (the Rust side serialises it); the library is never closed once loaded.
+ */
+int te_fi_load(const char *path, char *err, size_t err_len) {
+    dlerror();
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(err, err_len, "%s", e ? e : "dlopen failed");
+        return 1;
+    }
+    const char *abi = NULL;
+    void *getinfo = NULL, *freeinfo = NULL, *dupinfo = NULL;
+    for (size_t i = 0; i < sizeof(ABI_VERSIONS) / sizeof(ABI_VERSIONS[0]) && !abi; i++) {
+        getinfo = dlvsym(h, "fi_getinfo", ABI_VERSIONS[i]);
+        freeinfo = dlvsym(h, "fi_freeinfo", ABI_VERSIONS[i]);
+        dupinfo = dlvsym(h, "fi_dupinfo", ABI_VERSIONS[i]);
+        if (getinfo && freeinfo && dupinfo) abi = ABI_VERSIONS[i];
+    }
+    void *fabric = dlvsym(h, "fi_fabric", "FABRIC_1.1");
+    void *strerror_fn = dlvsym(h, "fi_strerror", "FABRIC_1.0");
+    void *version = dlvsym(h, "fi_version", "FABRIC_1.0");
+    const char *missing = !abi           ? "fi_getinfo, fi_freeinfo and fi_dupinfo at FABRIC_1.3 or newer"
+                          : !fabric      ? "fi_fabric@FABRIC_1.1"
+                          : !strerror_fn ? "fi_strerror@FABRIC_1.0"
+                          : !version     ? "fi_version@FABRIC_1.0"
+                                         : NULL;
+    if (missing) {
+        snprintf(err, err_len, "%s has no %s", path, missing);
+        dlclose(h);
+        return 2;
+    }
+    /* POSIX: a void * from dlsym may be converted to a function pointer this way. */
+    *(void **)&lib.getinfo = getinfo;
+    *(void **)&lib.freeinfo = freeinfo;
+    *(void **)&lib.dupinfo = dupinfo;
+    *(void **)&lib.fabric = fabric;
+    *(void **)&lib.strerror = strerror_fn;
+    *(void **)&lib.version = version;
+    lib.abi = abi;
+    lib.runtime_version = lib.version();
+    uint32_t headers = FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION);
+    lib.api_version = lib.runtime_version < headers ? lib.runtime_version : headers;
+    return 0;
+}
+
+/* The file the loader opened for te_fi_load (a soname resolves to a path); NULL before. */
+const char *te_fi_loaded_path(void) {
+    Dl_info info;
+    if (!lib.version || !dladdr(*(void **)&lib.version, &info)) return NULL;
+    return info.dli_fname;
+}
+
+/* 0 until te_fi_load succeeded. */
+uint32_t te_fi_runtime_version(void) { return lib.runtime_version; }
+uint32_t te_fi_api_version(void) { return lib.api_version; }
+const char *te_fi_abi_version(void) { return lib.abi; }
+uint32_t te_fi_header_version(void) { return FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION); }
+/* NULL before te_fi_load succeeded. */
+const char *te_fi_strerror(int err) { return lib.strerror ? fi_strerror(err) : NULL; }
 
 _Static_assert(FI_EAGAIN == 11, "FI_EAGAIN differs from the value the Rust side expects");
 _Static_assert(FI_ENOSYS == 38 && FI_ENOPROTOOPT == 92 && FI_ENOKEY == 266, "errno values differ from the Rust side's");
@@ -48,19 +171,9 @@ _Static_assert(FI_EAVAIL == 259, "FI_EAVAIL differs from the value the Rust side
 #define TE_STEP_BIND_CQ 7
 #define TE_STEP_ENABLE 8
 
-/* FI_OPT_SHARED_MEMORY_PERMITTED exists from libfabric 1.18 on (an enum value, not a macro). */
-#if FI_MAJOR_VERSION > 1 || (FI_MAJOR_VERSION == 1 && FI_MINOR_VERSION >= 18)
-#define TE_HAVE_SHM_PERMITTED 1
-#endif
-
-/* libfabric 2.x drops FI_CONTEXT; accept whichever context modes the headers still define. */
-#if defined(FI_CONTEXT) && defined(FI_CONTEXT2)
+/* libfabric 2.x deprecates FI_CONTEXT (the 2.6 headers still define it, at the same bit as 1.17's);
+ * 1.x providers may ask for either, so both are accepted. */
 #define CONTEXT_MODES (FI_CONTEXT | FI_CONTEXT2)
-#elif defined(FI_CONTEXT2)
-#define CONTEXT_MODES (FI_CONTEXT2)
-#else
-#define CONTEXT_MODES (FI_CONTEXT)
-#endif
 
 static int to_fi_mr_mode(uint32_t te) {
     int m = 0;
@@ -84,16 +197,13 @@ static uint32_t from_fi_mr_mode(int m) {
     return te;
 }
 
-uint32_t te_fi_runtime_version(void) { return fi_version(); }
-uint32_t te_fi_header_version(void) { return FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION); }
-const char *te_fi_strerror(int err) { return fi_strerror(err); }
-
 /*
  * fi_getinfo for RDM endpoints with RMA. `prov` may be NULL (any provider). `mr_mode` is in our
  * encoding and lists every mode bit we can follow; the provider answers with the ones it needs.
  * `delivery_complete` asks for providers that honour FI_DELIVERY_COMPLETE on transmits.
  */
 int te_fi_getinfo(const char *prov, uint32_t mr_mode, int delivery_complete, int hmem, struct fi_info **out) {
+    if (!lib.getinfo) return -FI_ENOSYS; /* not loaded */
     struct fi_info *hints = fi_allocinfo();
     if (!hints) return -FI_ENOMEM;
     /* FI_MSG: notifications and their answers travel as messages on the same endpoint. */
@@ -115,7 +225,7 @@ int te_fi_getinfo(const char *prov, uint32_t mr_mode, int delivery_complete, int
             return -FI_ENOMEM;
         }
     }
-    int rc = fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), NULL, NULL, 0, hints, out);
+    int rc = fi_getinfo(lib.api_version, NULL, NULL, 0, hints, out);
     fi_freeinfo(hints);
     return rc;
 }
@@ -191,13 +301,14 @@ static int open_ep(struct te_fi_rail *r, struct fi_info *info, int deny_shm, int
     if ((rc = fi_ep_bind(r->ep, &r->cq->fid, FI_TRANSMIT | FI_RECV))) return rc;
     *shm_opt = 0;
     if (deny_shm) {
-#ifdef TE_HAVE_SHM_PERMITTED
-        bool permitted = false;
-        *shm_opt = fi_setopt(&r->ep->fid, FI_OPT_ENDPOINT, FI_OPT_SHARED_MEMORY_PERMITTED, &permitted,
-                             sizeof(permitted));
-#else
-        *shm_opt = -FI_ENOSYS;
-#endif
+        /* FI_OPT_SHARED_MEMORY_PERMITTED exists from libfabric 1.18 on. */
+        if (lib.runtime_version >= FI_VERSION(1, 18)) {
+            bool permitted = false;
+            *shm_opt = fi_setopt(&r->ep->fid, FI_OPT_ENDPOINT, FI_OPT_SHARED_MEMORY_PERMITTED, &permitted,
+                                 sizeof(permitted));
+        } else {
+            *shm_opt = -FI_ENOSYS;
+        }
     }
     *step = TE_STEP_ENABLE;
     return fi_enable(r->ep);
@@ -206,7 +317,7 @@ static int open_ep(struct te_fi_rail *r, struct fi_info *info, int deny_shm, int
 /* Opens fabric, domain, AV, CQ and endpoint for `info`. On failure returns the negative fi error,
  * stores the failed step in *step and closes what was opened. With `deny_shm`, the endpoint gets
  * FI_OPT_SHARED_MEMORY_PERMITTED = false before it is enabled; *shm_opt stores what fi_setopt said
- * (0, -FI_ENOPROTOOPT from providers without the option, -FI_ENOSYS when these headers predate it),
+ * (0, -FI_ENOPROTOOPT from providers without the option, -FI_ENOSYS when the library predates it),
  * and the caller decides whether that is fatal. */
 int te_fi_rail_open(struct fi_info *info, size_t cq_size, int deny_shm, struct te_fi_rail *r, int *step,
                     int *shm_opt) {

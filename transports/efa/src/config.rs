@@ -18,6 +18,7 @@ pub const ENV_VARS: &[&str] = &[
     VAR_STRIPE,
     VAR_IDLE,
     VAR_SHM,
+    VAR_LIBRARY,
 ];
 
 /// Provider to use (`efa`, `tcp;ofi_rxm`, `tcp`, `shm`, `sockets`). Default: `efa`.
@@ -39,10 +40,16 @@ pub const VAR_IDLE: &str = "TE_FABRIC_IDLE";
 /// Whether intra-node traffic may go through shared memory: `allow` (default) or `deny`. With
 /// `deny` every endpoint gets `FI_OPT_SHARED_MEMORY_PERMITTED = false` before it is enabled, so
 /// the efa provider keeps peers on the same node on the NIC instead of handing them to its shm
-/// peer provider (libfabric >= 1.18 headers; the environment variable
+/// peer provider (a loaded libfabric >= 1.18; the environment variable
 /// `FI_EFA_ENABLE_SHM_TRANSFER=0` does the same for the whole process on any version). The `shm`
 /// provider itself cannot be combined with `deny`.
 pub const VAR_SHM: &str = "TE_FABRIC_SHM";
+
+/// The libfabric to load: a path to `libfabric.so.1` (or any name `dlopen` accepts), tried alone.
+/// Unset: [`crate::library::DEFAULT_SEARCH`] in order (`/opt/amazon/efa/lib`, `lib64`, then the
+/// dynamic loader's search for `libfabric.so.1`). Read from the process environment when libfabric
+/// is first needed; one library serves the whole process.
+pub const VAR_LIBRARY: &str = "TE_FABRIC_LIBRARY";
 
 /// Parsed configuration.
 #[derive(Debug, Clone)]

@@ -45,6 +45,8 @@ impl InfoList {
         // Every libfabric call that initialises the library comes after a query: the cache
         // settings must be in the environment before libfabric reads its parameters.
         crate::mr_cache::settings();
+        // Opens libfabric on the first call; NotAvailable ("libfabric.so.1 not found") without it.
+        crate::library::libfabric()?;
         let prov = provider
             .map(CString::new)
             .transpose()
@@ -646,11 +648,14 @@ impl Drop for MemoryRegion {
     }
 }
 
-/// Versions of libfabric: the headers we were built against and the library loaded now.
-pub fn libfabric_versions() -> ((u32, u32), (u32, u32)) {
-    // SAFETY: plain value-returning calls.
-    let (h, r) = unsafe { (ffi::te_fi_header_version(), ffi::te_fi_runtime_version()) };
-    ((h >> 16, h & 0xffff), (r >> 16, r & 0xffff))
+/// Versions of libfabric: the headers the shim was compiled against (the vendored 2.6) and the
+/// library loaded now, `None` when none could be (then [`crate::libfabric`] says why). Loads it
+/// on the first call.
+pub fn libfabric_versions() -> ((u32, u32), Option<(u32, u32)>) {
+    (
+        crate::library::HEADER_VERSION,
+        crate::library::libfabric().ok().map(|l| l.version),
+    )
 }
 
 /// The core provider of a provider name: `tcp` for `tcp;ofi_rxm`, `efa` for `efa`.

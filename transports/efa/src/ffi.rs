@@ -1,6 +1,8 @@
 //! Hand-written bindings to the C shim in `csrc/fi_shim.c` (see `build.rs` for why we keep our own).
 //!
-//! Everything here is raw; the safe wrappers live in the crate's `fabric` module. Constants use the shim's own
+//! Everything here is raw; the safe wrappers live in the crate's `fabric` module. Every function but
+//! `te_fi_load` and the version/path getters needs libfabric loaded first (`crate::library`; the
+//! safe wrappers ensure it). Constants use the shim's own
 //! stable encoding, not libfabric's header values, so these declarations hold for 1.x and 2.x.
 
 use std::ffi::{c_char, c_int, c_void};
@@ -11,7 +13,7 @@ pub const FI_EAGAIN: isize = 11;
 pub const FI_EAVAIL: isize = 259;
 /// `-FI_ENODATA`: fi_getinfo found nothing matching.
 pub const FI_ENODATA: c_int = 61;
-/// `-FI_ENOSYS`: not implemented (here: headers older than the option).
+/// `-FI_ENOSYS`: not implemented (here: a loaded libfabric older than the option).
 pub const FI_ENOSYS: c_int = 38;
 /// `-FI_ENOPROTOOPT`: the provider does not know the option.
 pub const FI_ENOPROTOOPT: c_int = 92;
@@ -95,6 +97,13 @@ impl RawRail {
 }
 
 extern "C" {
+    /// Opens libfabric at `path` and resolves its exported functions (see `csrc/fi_shim.c`): 0, or
+    /// 1 (dlopen failed) / 2 (a function is missing) with the reason in `err`. Only through
+    /// `crate::library`, which calls it once per process.
+    pub fn te_fi_load(path: *const c_char, err: *mut c_char, err_len: usize) -> c_int;
+    pub fn te_fi_loaded_path() -> *const c_char;
+    pub fn te_fi_abi_version() -> *const c_char;
+    pub fn te_fi_api_version() -> u32;
     pub fn te_fi_runtime_version() -> u32;
     pub fn te_fi_header_version() -> u32;
     pub fn te_fi_strerror(err: c_int) -> *const c_char;
@@ -213,7 +222,8 @@ pub fn native_error(rc: i64) -> te_base::NativeError {
 /// libfabric's text for a (positive or negative) fi error code.
 pub fn strerror(err: i64) -> String {
     let code = err.unsigned_abs().min(i32::MAX as u64) as c_int;
-    // SAFETY: fi_strerror returns a pointer to a static NUL-terminated string for any code.
+    // SAFETY: fi_strerror returns a pointer to a static NUL-terminated string for any code; the
+    // shim returns null instead while libfabric is not loaded.
     let p = unsafe { te_fi_strerror(code) };
     if p.is_null() {
         return format!("fi error {code}");

@@ -4,6 +4,9 @@
 //! Shape:
 //! - [`ffi`] binds a small C shim (`csrc/fi_shim.c`) over libfabric's inline functions; `fabric`
 //!   wraps it safely (provider discovery, rails, memory regions).
+//! - Nothing links libfabric: [`library`] opens `libfabric.so.1` at run time (`TE_FABRIC_LIBRARY`,
+//!   else `/opt/amazon/efa/lib` first, then the system's), so one binary runs on hosts with
+//!   libfabric 1.17, 2.x or none ("not available: libfabric.so.1 not found").
 //! - One rail per NIC (provider domain): fabric, domain, RDM endpoint, address vector and
 //!   completion queue, driven by one owner thread (`worker`) that posts and polls, so a full
 //!   transmit queue can never deadlock against its own completions.
@@ -19,7 +22,7 @@
 //!
 //! Configuration: `TE_FABRIC_PROVIDER` (default `efa`), `TE_FABRIC_DOMAINS`, `TE_FABRIC_MAX_RAILS`,
 //! `TE_FABRIC_TIMEOUT_MS`, `TE_FABRIC_MAX_FRAGMENT_BYTES`, `TE_FABRIC_STRIPE_BYTES`,
-//! `TE_FABRIC_IDLE`, `TE_FABRIC_SHM` (see [`config`]).
+//! `TE_FABRIC_IDLE`, `TE_FABRIC_SHM`, `TE_FABRIC_LIBRARY` (see [`config`]).
 //!
 //! ```no_run
 //! # async fn demo() -> te_base::Result<()> {
@@ -47,6 +50,7 @@ mod fabric;
 pub mod ffi;
 mod idle;
 mod inner;
+pub mod library;
 mod link;
 mod mailbox;
 pub mod mr_cache;
@@ -61,12 +65,14 @@ pub mod wire;
 mod worker;
 
 pub use fabric::libfabric_versions;
+pub use library::{libfabric, Libfabric};
 pub use refusal::RefusalReport;
 pub use transport::FabricTransport;
 
 /// Installs the `efa` transport: opens one rail per NIC of the provider named by
-/// `TE_FABRIC_PROVIDER` (default `efa`). [`te_base::Error::NotAvailable`] when the provider is not
-/// present here; the message lists the providers that are.
+/// `TE_FABRIC_PROVIDER` (default `efa`). [`te_base::Error::NotAvailable`] when libfabric is not
+/// installed ("libfabric.so.1 not found (tried: ...)", see [`library`]) or the provider is not
+/// present here; the message then lists the providers that are.
 pub async fn install(ctx: &InstallContext) -> Result<Arc<dyn Transport>> {
     Ok(Arc::new(transport::install_from(ctx)?))
 }

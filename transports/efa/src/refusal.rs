@@ -39,9 +39,11 @@ impl RefusalReport {
         }
     }
 
-    /// The report of `provider` on the libfabric loaded in this process.
+    /// The report of `provider` on the libfabric loaded in this process (`Unmeasured` when none is).
     pub fn of_loaded(provider: &str) -> RefusalReport {
-        RefusalReport::of(provider, crate::libfabric_versions().1)
+        crate::libfabric_versions()
+            .1
+            .map_or(RefusalReport::Unmeasured, |v| RefusalReport::of(provider, v))
     }
 
     /// True when the initiator learns that the request was refused (error, or the stall timeout).

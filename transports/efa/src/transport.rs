@@ -220,7 +220,7 @@ impl FabricTransport {
             }
         };
         let (provider, candidates, mut skipped) = select_rails(&list, &config)?;
-        let (_, (major, minor)) = crate::libfabric_versions();
+        let (major, minor) = crate::libfabric()?.version;
         let refusal = crate::RefusalReport::of(&provider, (major, minor));
         if refusal == crate::RefusalReport::SilentSuccess {
             tracing::warn!(%provider, libfabric = %format!("{major}.{minor}"), "efa: {refusal}");

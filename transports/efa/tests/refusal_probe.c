@@ -13,7 +13,8 @@
  * `av_dup` runs in a child process: insert one address twice, remove it twice, insert it again,
  * reporting how the child ended (libfabric 2.6 shm divides by a peer count driven to 0).
  *
- * Build: gcc -O1 -o refusal_probe refusal_probe.c -I<prefix>/include -L<prefix>/lib -lfabric
+ * Build: gcc -O1 -o refusal_probe refusal_probe.c -I../libfabric/include <path>/libfabric.so.1 (the
+ *        crate's vendored 2.6 headers; any libfabric >= 1.17, as tests/refusal_probe.rs does)
  * Run:   ./refusal_probe shm      (or "tcp;ofi_rxm")
  */
 #define _GNU_SOURCE
@@ -214,7 +215,10 @@ int main(int argc, char **argv) {
     hints->domain_attr->threading = FI_THREAD_SAFE;
     hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
     hints->fabric_attr->prov_name = strdup(prov);
-    CHECK(fi_getinfo(FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), NULL, NULL, 0, hints, &info));
+    /* The older of the headers' version and the library's: 1.17 refuses a newer one (as in the shim). */
+    uint32_t api = FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION);
+    if (fi_version() < api) api = fi_version();
+    CHECK(fi_getinfo(api, NULL, NULL, 0, hints, &info));
     int mode = info->domain_attr->mr_mode;
     virt_addr = !!(mode & FI_MR_VIRT_ADDR);
     local_desc = !!(mode & FI_MR_LOCAL);
