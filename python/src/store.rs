@@ -54,52 +54,52 @@ pub struct PyServer {
 }
 
 /// Store options as keyword arguments, the Rust builder's setters by name.
-#[derive(FromPyObject, Default)]
+#[derive(Default)]
 pub struct StoreOptions {
-    #[pyo3(item)]
     segment_name: Option<String>,
-    #[pyo3(item)]
     dram_capacity: Option<u64>,
-    #[pyo3(item)]
     dram_page_bytes: Option<u64>,
-    #[pyo3(item)]
     high_watermark: Option<f64>,
-    #[pyo3(item)]
     low_watermark: Option<f64>,
-    #[pyo3(item)]
     eviction: Option<String>,
-    #[pyo3(item)]
     ssd_dirs: Option<Vec<PathBuf>>,
-    #[pyo3(item)]
     ssd_capacity: Option<u64>,
-    #[pyo3(item)]
     compact_below: Option<f64>,
-    #[pyo3(item)]
     ssd_segment_bytes: Option<u64>,
-    #[pyo3(item)]
     ssd_direct: Option<String>,
-    #[pyo3(item)]
     ssd_io: Option<String>,
-    #[pyo3(item)]
     staging_bytes: Option<u64>,
-    #[pyo3(item)]
     staging_slots: Option<usize>,
-    #[pyo3(item)]
     write_through: Option<bool>,
-    #[pyo3(item)]
     promote_on_read: Option<bool>,
-    #[pyo3(item)]
     ranged_call_debug: Option<bool>,
-    #[pyo3(item)]
     connect: Option<PathBuf>,
-    #[pyo3(item)]
     local: Option<bool>,
-    #[pyo3(item)]
     key_handle_slots: Option<usize>,
-    #[pyo3(item)]
     cluster: Option<String>,
-    #[pyo3(item)]
     cluster_listen: Option<String>,
+}
+
+impl StoreOptions {
+    /// Reads the keyword arguments; an unknown name raises.
+    fn from_kwargs(o: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let Some(o) = o else { return Ok(StoreOptions::default()) };
+        const KNOWN: &[&str] = &["segment_name", "dram_capacity", "dram_page_bytes", "high_watermark", "low_watermark", "eviction", "ssd_dirs", "ssd_capacity", "compact_below", "ssd_segment_bytes", "ssd_direct", "ssd_io", "staging_bytes", "staging_slots", "write_through", "promote_on_read", "ranged_call_debug", "connect", "local", "key_handle_slots", "cluster", "cluster_listen"];
+        for k in o.keys() {
+            let k: String = k.extract()?;
+            if !KNOWN.contains(&k.as_str()) {
+                return Err(invalid("InvalidArgument", format!("Store: unknown option {k:?} (known: {})", KNOWN.join(", "))));
+            }
+        }
+        let mut out = StoreOptions::default();
+        macro_rules! read {
+            ($($f:ident),*) => { $(if let Some(v) = o.get_item(stringify!($f))?.filter(|v| !v.is_none()) {
+                out.$f = Some(v.extract().map_err(|e: PyErr| invalid("InvalidArgument", format!("{}: {e}", stringify!($f))))?);
+            })* };
+        }
+        read!(segment_name, dram_capacity, dram_page_bytes, high_watermark, low_watermark, eviction, ssd_dirs, ssd_capacity, compact_below, ssd_segment_bytes, ssd_direct, ssd_io, staging_bytes, staging_slots, write_through, promote_on_read, ranged_call_debug, connect, local, key_handle_slots, cluster, cluster_listen);
+        Ok(out)
+    }
 }
 
 fn parsed<T: std::str::FromStr>(what: &str, v: &str) -> PyResult<T>
@@ -280,24 +280,7 @@ impl PyStore {
     #[pyo3(signature = (*, env=None, **options))]
     fn new(py: Python<'_>, env: Option<&Bound<'_, PyDict>>, options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         release_pending(py);
-        let opts: StoreOptions = match options {
-            Some(o) => {
-                const KNOWN: &[&str] = &[
-                    "segment_name", "dram_capacity", "dram_page_bytes", "high_watermark", "low_watermark",
-                    "eviction", "ssd_dirs", "ssd_capacity", "compact_below", "ssd_segment_bytes", "ssd_direct",
-                    "ssd_io", "staging_bytes", "staging_slots", "write_through", "promote_on_read",
-                    "ranged_call_debug", "connect", "local", "key_handle_slots", "cluster", "cluster_listen",
-                ];
-                for k in o.keys() {
-                    let k: String = k.extract()?;
-                    if !KNOWN.contains(&k.as_str()) {
-                        return Err(invalid("InvalidArgument", format!("Store: unknown option {k:?}")));
-                    }
-                }
-                o.extract()?
-            }
-            None => StoreOptions::default(),
-        };
+        let opts = StoreOptions::from_kwargs(options)?;
         let b = builder(opts, env_map(env)?)?;
         let store = py.detach(|| block_on(b.open())).py()?;
         Ok(PyStore { store })
@@ -645,10 +628,7 @@ impl PyServer {
         key_handle_capacity: Option<usize>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let opts: StoreOptions = match options {
-            Some(o) => o.extract()?,
-            None => StoreOptions::default(),
-        };
+        let opts = StoreOptions::from_kwargs(options)?;
         let env = env_map(env)?;
         let server_env: Arc<dyn Env> = env.clone().unwrap_or_else(|| Arc::new(te_base::config::ProcessEnv));
         let b = builder(opts, env)?.local();
