@@ -36,9 +36,12 @@ impl U64s {
     /// Reads argument `what` (named in errors) from `obj`.
     pub fn extract(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<U64s> {
         if let Ok(i) = obj.cast::<PyInt>() {
-            let v: u64 = i
-                .extract()
-                .map_err(|_| invalid("InvalidArgument", format!("{what}: {i} is not a 64-bit unsigned integer")))?;
+            let v: u64 = i.extract().map_err(|_| {
+                invalid(
+                    "InvalidArgument",
+                    format!("{what}: {i} is not a 64-bit unsigned integer"),
+                )
+            })?;
             return Ok(U64s::Scalar(v));
         }
         // SAFETY: `obj` is live and the GIL is held.
@@ -91,8 +94,11 @@ impl U64s {
                 format!("{what}: the array is not contiguous (stride {stride} bytes); pass np.ascontiguousarray(...)"),
             ));
         }
-        if (ptr as usize) % std::mem::align_of::<u64>() != 0 {
-            return Err(invalid("InvalidArgument", format!("{what}: the array is not 8-byte aligned")));
+        if !(ptr as usize).is_multiple_of(std::mem::align_of::<u64>()) {
+            return Err(invalid(
+                "InvalidArgument",
+                format!("{what}: the array is not 8-byte aligned"),
+            ));
         }
         out.len = n as usize;
         Ok(U64s::Array(out))

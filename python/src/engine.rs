@@ -112,10 +112,12 @@ fn segment_id(segment: &Bound<'_, PyAny>) -> PyResult<SegmentId> {
     if let Ok(s) = segment.cast::<PySegment>() {
         return Ok(s.get().handle.id());
     }
-    segment
-        .extract::<u32>()
-        .map(SegmentId)
-        .map_err(|_| invalid("InvalidArgument", "segment: expected a Segment from open_segment() or its id"))
+    segment.extract::<u32>().map(SegmentId).map_err(|_| {
+        invalid(
+            "InvalidArgument",
+            "segment: expected a Segment from open_segment() or its id",
+        )
+    })
 }
 
 /// Builds the requests of a batched call: no Python object per request.
@@ -130,7 +132,11 @@ pub(crate) fn requests(
     let remote = U64s::extract(remote, "remote_addrs")?;
     let lens = U64s::extract(lengths, "lengths")?;
     let n = common_len(&[(&local, "local_addrs"), (&remote, "remote_addrs"), (&lens, "lengths")])?;
-    let make = if write { TransferRequest::write } else { TransferRequest::read };
+    let make = if write {
+        TransferRequest::write
+    } else {
+        TransferRequest::read
+    };
     let mut out = Vec::with_capacity(n);
     match (local.as_slice(), remote.as_slice(), lens.as_slice()) {
         (Some(l), Some(r), Some(s)) => {
@@ -316,7 +322,9 @@ impl PyEngine {
     fn open_segment(&self, py: Python<'_>, name: String) -> PyResult<PySegment> {
         release_pending(py);
         let engine = self.engine.clone();
-        let handle = py.detach(move || block_on(async move { engine.open_segment(&name).await })).py()?;
+        let handle = py
+            .detach(move || block_on(async move { engine.open_segment(&name).await }))
+            .py()?;
         Ok(PySegment { handle })
     }
 
@@ -333,7 +341,8 @@ impl PyEngine {
     fn close_segment(&self, py: Python<'_>, segment: &Bound<'_, PyAny>) -> PyResult<()> {
         let id = segment_id(segment)?;
         let engine = self.engine.clone();
-        py.detach(move || block_on(async move { engine.close_segment(id).await })).py()
+        py.detach(move || block_on(async move { engine.close_segment(id).await }))
+            .py()
     }
 
     /// Submits writes of `lengths` bytes from local addresses to the segment's remote
@@ -352,7 +361,17 @@ impl PyEngine {
         background: bool,
         notify: Option<Vec<u8>>,
     ) -> PyResult<PyBatch> {
-        self.submit(py, true, segment, local_addrs, remote_addrs, lengths, deadline, background, notify)
+        self.submit(
+            py,
+            true,
+            segment,
+            local_addrs,
+            remote_addrs,
+            lengths,
+            deadline,
+            background,
+            notify,
+        )
     }
 
     /// Submits reads (remote to local); as `submit_write`.
@@ -369,7 +388,17 @@ impl PyEngine {
         background: bool,
         notify: Option<Vec<u8>>,
     ) -> PyResult<PyBatch> {
-        self.submit(py, false, segment, local_addrs, remote_addrs, lengths, deadline, background, notify)
+        self.submit(
+            py,
+            false,
+            segment,
+            local_addrs,
+            remote_addrs,
+            lengths,
+            deadline,
+            background,
+            notify,
+        )
     }
 
     /// `submit_write(...).wait()`: blocks with the GIL released.
@@ -385,8 +414,18 @@ impl PyEngine {
         deadline: Option<f64>,
         notify: Option<Vec<u8>>,
     ) -> PyResult<PyBatchReport> {
-        self.submit(py, true, segment, local_addrs, remote_addrs, lengths, deadline, false, notify)?
-            .wait(py, None)
+        self.submit(
+            py,
+            true,
+            segment,
+            local_addrs,
+            remote_addrs,
+            lengths,
+            deadline,
+            false,
+            notify,
+        )?
+        .wait(py, None)
     }
 
     /// `submit_read(...).wait()`: blocks with the GIL released.
@@ -402,8 +441,18 @@ impl PyEngine {
         deadline: Option<f64>,
         notify: Option<Vec<u8>>,
     ) -> PyResult<PyBatchReport> {
-        self.submit(py, false, segment, local_addrs, remote_addrs, lengths, deadline, false, notify)?
-            .wait(py, None)
+        self.submit(
+            py,
+            false,
+            segment,
+            local_addrs,
+            remote_addrs,
+            lengths,
+            deadline,
+            false,
+            notify,
+        )?
+        .wait(py, None)
     }
 
     /// Sends `payload` to `segment` on its own; returns once the target queued it.
@@ -585,7 +634,12 @@ async fn wait_async(data: Batch, notification: Option<Batch>) -> PyResult<PyBatc
     let r = data.wait().await.py()?;
     if let Some(n) = notification {
         if let Err(e) = n.wait().await {
-            let first = e.failures.into_iter().next().map(|(_, e)| e).unwrap_or(te_base::Error::Cancelled);
+            let first = e
+                .failures
+                .into_iter()
+                .next()
+                .map(|(_, e)| e)
+                .unwrap_or(te_base::Error::Cancelled);
             return Err(first).py();
         }
     }
@@ -606,13 +660,12 @@ impl PyBatch {
         if let Some(n) = &self.notification {
             if let Err(e) = wait_batch(py, n, timeout) {
                 // The data arrived; the notification was refused (or its wait timed out).
-                return Err(match e.value(py).getattr("failures").ok().and_then(|f| f.get_item(0).ok()) {
-                    Some(first) => first
-                        .get_item(1)
-                        .map(PyErr::from_value)
-                        .unwrap_or(e),
-                    None => e,
-                });
+                return Err(
+                    match e.value(py).getattr("failures").ok().and_then(|f| f.get_item(0).ok()) {
+                        Some(first) => first.get_item(1).map(PyErr::from_value).unwrap_or(e),
+                        None => e,
+                    },
+                );
             }
         }
         Ok(Self::report(py, r))
@@ -809,7 +862,11 @@ impl PySegmentEvent {
 #[pymethods]
 impl PyNotification {
     fn __repr__(&self, py: Python<'_>) -> String {
-        format!("Notification(sender={:?}, payload={} bytes)", self.sender, self.payload.bind(py).as_bytes().len())
+        format!(
+            "Notification(sender={:?}, payload={} bytes)",
+            self.sender,
+            self.payload.bind(py).as_bytes().len()
+        )
     }
 }
 

@@ -68,14 +68,28 @@ pub fn engine_error(py: Python<'_>, e: &Error) -> PyErr {
         Error::OutOfBounds { segment, addr, len } => (
             "OutOfBoundsError",
             "out_of_bounds",
-            vec![("segment", text(py, segment)), ("addr", int(py, *addr)), ("length", int(py, *len))],
+            vec![
+                ("segment", text(py, segment)),
+                ("addr", int(py, *addr)),
+                ("length", int(py, *len)),
+            ],
         ),
         Error::LengthOverflow { .. } => ("LengthOverflowError", "length_overflow", vec![]),
-        Error::ZeroLength { index } => ("ZeroLengthError", "zero_length", vec![("index", int(py, *index as u64))]),
+        Error::ZeroLength { index } => (
+            "ZeroLengthError",
+            "zero_length",
+            vec![("index", int(py, *index as u64))],
+        ),
         Error::NullAddress => ("NullAddressError", "null_address", vec![]),
-        Error::UnknownSegment(name) => ("UnknownSegmentError", "unknown_segment", vec![("segment", text(py, name))]),
+        Error::UnknownSegment(name) => (
+            "UnknownSegmentError",
+            "unknown_segment",
+            vec![("segment", text(py, name))],
+        ),
         Error::WrongMemoryKind { .. } => ("WrongMemoryKindError", "wrong_memory_kind", vec![]),
-        Error::NoTransport { segment, .. } => ("NoTransportError", "no_transport", vec![("segment", text(py, segment))]),
+        Error::NoTransport { segment, .. } => {
+            ("NoTransportError", "no_transport", vec![("segment", text(py, segment))])
+        }
         Error::InFlight { in_flight, .. } => ("InFlightError", "in_flight", vec![("in_flight", int(py, *in_flight))]),
         Error::Config { var, value, .. } => (
             "ConfigError",
@@ -88,11 +102,19 @@ pub fn engine_error(py: Python<'_>, e: &Error) -> PyErr {
             "no_device_opened",
             vec![("what", text(py, transport))],
         ),
-        Error::Unauthenticated { peer, .. } => ("UnauthenticatedError", "unauthenticated", vec![("peer", text(py, peer))]),
+        Error::Unauthenticated { peer, .. } => (
+            "UnauthenticatedError",
+            "unauthenticated",
+            vec![("peer", text(py, peer))],
+        ),
         Error::PeerGone { peer, .. } => ("PeerGoneError", "peer_gone", vec![("peer", text(py, peer))]),
         Error::PeerRestarted { peer, .. } => ("PeerRestartedError", "peer_restarted", vec![("peer", text(py, peer))]),
         Error::Timeout { after_ms, .. } => ("TimeoutError", "timeout", vec![("after_ms", int(py, *after_ms))]),
-        Error::SegmentClosed(name) => ("SegmentClosedError", "segment_closed", vec![("segment", text(py, name))]),
+        Error::SegmentClosed(name) => (
+            "SegmentClosedError",
+            "segment_closed",
+            vec![("segment", text(py, name))],
+        ),
         Error::Cancelled => ("CancelledError", "cancelled", vec![]),
         Error::InvalidDescriptor(_) => ("InvalidDescriptorError", "invalid_descriptor", vec![]),
         Error::Refused { peer, .. } => ("RefusedError", "refused", vec![("peer", text(py, peer))]),
@@ -103,7 +125,16 @@ pub fn engine_error(py: Python<'_>, e: &Error) -> PyErr {
         Error::Io { source, .. } => (
             "IoError",
             "io",
-            vec![("errno", source.raw_os_error().unwrap_or(0).into_pyobject(py).expect("int").into_any().unbind())],
+            vec![(
+                "errno",
+                source
+                    .raw_os_error()
+                    .unwrap_or(0)
+                    .into_pyobject(py)
+                    .expect("int")
+                    .into_any()
+                    .unbind(),
+            )],
         ),
         Error::Closed(_) => ("ClosedError", "closed", vec![]),
         Error::NotificationQueueFull { peer } => (

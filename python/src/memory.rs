@@ -98,7 +98,9 @@ pub fn release_pending(_py: Python<'_>) {
 
 /// Parses `device` ("host", "cuda:0", "rocm:1", ...) into a location.
 pub fn parse_location(device: &str) -> PyResult<MemoryLocation> {
-    device.parse::<MemoryLocation>().map_err(|e| invalid("InvalidArgument", e))
+    device
+        .parse::<MemoryLocation>()
+        .map_err(|e| invalid("InvalidArgument", e))
 }
 
 /// Takes memory from `obj`: the buffer protocol first, then `__dlpack__`, then
@@ -215,9 +217,8 @@ fn from_dlpack(obj: &Bound<'_, PyAny>, device: Option<MemoryLocation>) -> PyResu
     // exception set) on mismatch.
     let ptr = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), name.as_ptr()) } as *const DlManagedTensor;
     if ptr.is_null() {
-        return Err(PyErr::take(obj.py()).unwrap_or_else(|| {
-            invalid("InvalidArgument", "__dlpack__ did not return a 'dltensor' capsule")
-        }));
+        return Err(PyErr::take(obj.py())
+            .unwrap_or_else(|| invalid("InvalidArgument", "__dlpack__ did not return a 'dltensor' capsule")));
     }
     // SAFETY: a live "dltensor" capsule holds a valid DLManagedTensor until the capsule is
     // destroyed; we keep the capsule (the owner below) and read the tensor only here.
@@ -226,8 +227,12 @@ fn from_dlpack(obj: &Bound<'_, PyAny>, device: Option<MemoryLocation>) -> PyResu
         return Err(invalid("InvalidArgument", "__dlpack__ gave a tensor without a shape"));
     }
     let ndim = t.ndim as usize;
-    // SAFETY: shape (and strides when non-null) point to `ndim` int64 values (dlpack.h).
-    let shape: &[i64] = if ndim == 0 { &[] } else { unsafe { std::slice::from_raw_parts(t.shape, ndim) } };
+    let shape: &[i64] = if ndim == 0 {
+        &[]
+    } else {
+        // SAFETY: a non-null shape points to `ndim` int64 values (dlpack.h), alive with the capsule.
+        unsafe { std::slice::from_raw_parts(t.shape, ndim) }
+    };
     let elem_bits = u64::from(t.dtype.bits) * u64::from(t.dtype.lanes);
     if elem_bits == 0 || elem_bits % 8 != 0 {
         return Err(invalid(

@@ -52,7 +52,10 @@ pub fn wait_batch(py: Python<'_>, batch: &Batch, timeout: Option<f64>) -> PyResu
                 _ => {
                     return Err(invalid(
                         "WaitTimeoutError",
-                        format!("the batch was still running after {:.3} s (it keeps running)", l.as_secs_f64()),
+                        format!(
+                            "the batch was still running after {:.3} s (it keeps running)",
+                            l.as_secs_f64()
+                        ),
                     ))
                 }
             },

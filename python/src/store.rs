@@ -84,11 +84,37 @@ impl StoreOptions {
     /// Reads the keyword arguments; an unknown name raises.
     fn from_kwargs(o: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let Some(o) = o else { return Ok(StoreOptions::default()) };
-        const KNOWN: &[&str] = &["segment_name", "dram_capacity", "dram_page_bytes", "high_watermark", "low_watermark", "eviction", "ssd_dirs", "ssd_capacity", "compact_below", "ssd_segment_bytes", "ssd_direct", "ssd_io", "staging_bytes", "staging_slots", "write_through", "promote_on_read", "ranged_call_debug", "connect", "local", "key_handle_slots", "cluster", "cluster_listen"];
+        const KNOWN: &[&str] = &[
+            "segment_name",
+            "dram_capacity",
+            "dram_page_bytes",
+            "high_watermark",
+            "low_watermark",
+            "eviction",
+            "ssd_dirs",
+            "ssd_capacity",
+            "compact_below",
+            "ssd_segment_bytes",
+            "ssd_direct",
+            "ssd_io",
+            "staging_bytes",
+            "staging_slots",
+            "write_through",
+            "promote_on_read",
+            "ranged_call_debug",
+            "connect",
+            "local",
+            "key_handle_slots",
+            "cluster",
+            "cluster_listen",
+        ];
         for k in o.keys() {
             let k: String = k.extract()?;
             if !KNOWN.contains(&k.as_str()) {
-                return Err(invalid("InvalidArgument", format!("Store: unknown option {k:?} (known: {})", KNOWN.join(", "))));
+                return Err(invalid(
+                    "InvalidArgument",
+                    format!("Store: unknown option {k:?} (known: {})", KNOWN.join(", ")),
+                ));
             }
         }
         let mut out = StoreOptions::default();
@@ -97,7 +123,30 @@ impl StoreOptions {
                 out.$f = Some(v.extract().map_err(|e: PyErr| invalid("InvalidArgument", format!("{}: {e}", stringify!($f))))?);
             })* };
         }
-        read!(segment_name, dram_capacity, dram_page_bytes, high_watermark, low_watermark, eviction, ssd_dirs, ssd_capacity, compact_below, ssd_segment_bytes, ssd_direct, ssd_io, staging_bytes, staging_slots, write_through, promote_on_read, ranged_call_debug, connect, local, key_handle_slots, cluster, cluster_listen);
+        read!(
+            segment_name,
+            dram_capacity,
+            dram_page_bytes,
+            high_watermark,
+            low_watermark,
+            eviction,
+            ssd_dirs,
+            ssd_capacity,
+            compact_below,
+            ssd_segment_bytes,
+            ssd_direct,
+            ssd_io,
+            staging_bytes,
+            staging_slots,
+            write_through,
+            promote_on_read,
+            ranged_call_debug,
+            connect,
+            local,
+            key_handle_slots,
+            cluster,
+            cluster_listen
+        );
         Ok(out)
     }
 }
@@ -165,7 +214,7 @@ fn builder(o: StoreOptions, env: Option<Arc<dyn Env>>) -> PyResult<umbp::StoreBu
             return Err(invalid(
                 "NotAvailableError",
                 "distributed mode: this build of te has no cluster support (cargo feature distributed)",
-            ))
+            ));
         }
         None => {}
     }
@@ -190,21 +239,42 @@ macro_rules! dict {
 }
 
 fn core_stats<'py>(py: Python<'py>, s: &umbp::CoreStats) -> PyResult<Bound<'py, PyDict>> {
-    Ok(dict!(py, s, [
-        dram_objects, dram_used_bytes, dram_capacity_bytes, dram_read_bytes, ssd_objects, ssd_read_bytes,
-        ssd_written_bytes, ssd_delivered_bytes, demoted, dropped, demotion_failed, promoted, puts_ok,
-        puts_failed, ssd_torn_dropped, ssd_corrupt_records, ssd_file_bytes, ssd_capacity_bytes,
-        ssd_segments_compacted, ssd_compaction_written_bytes, ssd_compaction_freed_bytes, ssd_io_engine,
-        ssd_direct_io, local_hits, misses, resolve_reused,
-    ]))
+    Ok(dict!(
+        py,
+        s,
+        [
+            dram_objects,
+            dram_used_bytes,
+            dram_capacity_bytes,
+            dram_read_bytes,
+            ssd_objects,
+            ssd_read_bytes,
+            ssd_written_bytes,
+            ssd_delivered_bytes,
+            demoted,
+            dropped,
+            demotion_failed,
+            promoted,
+            puts_ok,
+            puts_failed,
+            ssd_torn_dropped,
+            ssd_corrupt_records,
+            ssd_file_bytes,
+            ssd_capacity_bytes,
+            ssd_segments_compacted,
+            ssd_compaction_written_bytes,
+            ssd_compaction_freed_bytes,
+            ssd_io_engine,
+            ssd_direct_io,
+            local_hits,
+            misses,
+            resolve_reused,
+        ]
+    ))
 }
 
 /// Per-key results as Python values: bytes delivered (int), or the key's exception (not raised).
-fn results<T>(
-    py: Python<'_>,
-    rs: Vec<umbp::Result<T>>,
-    ok: impl Fn(T) -> Py<PyAny>,
-) -> PyResult<Py<PyList>> {
+fn results<T>(py: Python<'_>, rs: Vec<umbp::Result<T>>, ok: impl Fn(T) -> Py<PyAny>) -> PyResult<Py<PyList>> {
     let out = PyList::empty(py);
     for r in rs {
         match r {
@@ -257,15 +327,15 @@ fn ranges_of(
     let off = U64s::extract(offsets, "offsets")?;
     let len = U64s::extract(lengths, "lengths")?;
     let addr = U64s::extract(addrs, "addrs")?;
-    let n = common_len(&[(&ki, "key_index"), (&off, "offsets"), (&len, "lengths"), (&addr, "addrs")])?;
+    let n = common_len(&[
+        (&ki, "key_index"),
+        (&off, "offsets"),
+        (&len, "lengths"),
+        (&addr, "addrs"),
+    ])?;
     let mut ranges = Vec::with_capacity(n);
     match (off.as_slice(), len.as_slice(), addr.as_slice()) {
-        (Some(o), Some(l), Some(a)) => ranges.extend(
-            o.iter()
-                .zip(l)
-                .zip(a)
-                .map(|((&o, &l), &a)| Range::new(o, l, a)),
-        ),
+        (Some(o), Some(l), Some(a)) => ranges.extend(o.iter().zip(l).zip(a).map(|((&o, &l), &a)| Range::new(o, l, a))),
         _ => ranges.extend((0..n).map(|i| Range::new(off.get(i), len.get(i), addr.get(i)))),
     }
     Ok((ki, ranges))
@@ -370,7 +440,8 @@ impl PyStore {
         let (addr, len) = (a.addr, a.len);
         let store = self.store.clone();
         // SAFETY: the owner kept in the handle holds the memory alive until it is deregistered.
-        py.detach(|| block_on(unsafe { store.register_buffer(addr, len) })).py()?;
+        py.detach(|| block_on(unsafe { store.register_buffer(addr, len) }))
+            .py()?;
         Ok(PyStoreBuffer {
             store: self.store.clone(),
             owner: Mutex::new(Some(a.owner)),
@@ -452,7 +523,10 @@ impl PyStore {
         }
         if let Some(d) = &depths {
             if d.len() != keys.len() {
-                return Err(invalid("ShapeError", format!("depths has {} values for {} keys", d.len(), keys.len())));
+                return Err(invalid(
+                    "ShapeError",
+                    format!("depths has {} values for {} keys", d.len(), keys.len()),
+                ));
             }
         }
         let runs = runs(&ki, ranges.len(), keys.len())?;
@@ -480,11 +554,23 @@ impl PyStore {
         match &s.standalone {
             Some(sa) => d.set_item(
                 "standalone",
-                dict!(py, sa, [
-                    key_handle_hits, key_handle_misses, key_handle_mints, key_handle_remints,
-                    server_key_handle_hits, server_key_handle_misses, server_key_handle_mints,
-                    server_key_handle_held, server_key_handle_bytes, server_sessions, server_mapped_buffers,
-                ]),
+                dict!(
+                    py,
+                    sa,
+                    [
+                        key_handle_hits,
+                        key_handle_misses,
+                        key_handle_mints,
+                        key_handle_remints,
+                        server_key_handle_hits,
+                        server_key_handle_misses,
+                        server_key_handle_mints,
+                        server_key_handle_held,
+                        server_key_handle_bytes,
+                        server_sessions,
+                        server_mapped_buffers,
+                    ]
+                ),
             )?,
             None => d.set_item("standalone", py.None())?,
         }
@@ -492,7 +578,18 @@ impl PyStore {
         match &s.cluster {
             Some(c) => d.set_item(
                 "cluster",
-                dict!(py, c, [remote_hits, remote_bytes, remote_requests, remote_control_bytes, remote_stale, remote_errors]),
+                dict!(
+                    py,
+                    c,
+                    [
+                        remote_hits,
+                        remote_bytes,
+                        remote_requests,
+                        remote_control_bytes,
+                        remote_stale,
+                        remote_errors
+                    ]
+                ),
             )?,
             None => d.set_item("cluster", py.None())?,
         }
@@ -575,7 +672,11 @@ impl PyKvBuffer {
 
     /// Exposes the mapping as a writable buffer; the exporter (this object) stays alive while a
     /// view exists.
-    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer, flags: std::os::raw::c_int) -> PyResult<()> {
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: std::os::raw::c_int,
+    ) -> PyResult<()> {
         let me = slf.get();
         if me.buf.lock().is_none() {
             return Err(invalid("ClosedError", "the KV buffer was freed"));
@@ -583,7 +684,14 @@ impl PyKvBuffer {
         // SAFETY: `view` is the caller's Py_buffer to fill; the memory is `len` mapped bytes that
         // live while the buffer is not freed, and freeing is refused while an export exists.
         let rc = unsafe {
-            ffi::PyBuffer_FillInfo(view, slf.as_ptr(), me.addr as *mut std::os::raw::c_void, me.len as ffi::Py_ssize_t, 0, flags)
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                me.addr as *mut std::os::raw::c_void,
+                me.len as ffi::Py_ssize_t,
+                0,
+                flags,
+            )
         };
         if rc != 0 {
             return Err(PyErr::fetch(slf.py()));
@@ -610,7 +718,8 @@ impl PyStore {
         }
         let Some(kv) = b.buf.lock().take() else { return Ok(()) };
         let store = self.store.clone();
-        py.detach(move || block_on(async move { store.free_buffer(kv).await })).py()
+        py.detach(move || block_on(async move { store.free_buffer(kv).await }))
+            .py()
     }
 }
 
@@ -677,7 +786,9 @@ impl PyServer {
         if let Some(tx) = self.stop.lock().take() {
             let _ = tx.send(());
         }
-        let Some(done) = self.done.lock().take() else { return Ok(()) };
+        let Some(done) = self.done.lock().take() else {
+            return Ok(());
+        };
         match py.detach(|| block_on(done)) {
             Ok(r) => r.py(),
             Err(e) => Err(invalid("ServerError", e.to_string())),

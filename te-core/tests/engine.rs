@@ -596,7 +596,13 @@ async fn a_raw_registration_keeps_its_owner_until_the_region_is_released() {
     // SAFETY: `mem` outlives the registration (it is dropped at the end of the test, after the
     // owner was released).
     let reg = unsafe {
-        e.register_raw_owned(addr, 1 << 16, MemoryLocation::HOST, RegisterOptions::default(), Box::new(owner.clone()))
+        e.register_raw_owned(
+            addr,
+            1 << 16,
+            MemoryLocation::HOST,
+            RegisterOptions::default(),
+            Box::new(owner.clone()),
+        )
     }
     .await
     .unwrap();
@@ -616,7 +622,13 @@ async fn a_raw_registration_keeps_its_owner_until_the_region_is_released() {
     let refused = Arc::new(());
     // SAFETY: nothing is registered (zero length is refused).
     let r = unsafe {
-        e.register_raw_owned(addr, 0, MemoryLocation::HOST, RegisterOptions::default(), Box::new(refused.clone()))
+        e.register_raw_owned(
+            addr,
+            0,
+            MemoryLocation::HOST,
+            RegisterOptions::default(),
+            Box::new(refused.clone()),
+        )
     }
     .await;
     assert!(matches!(r, Err(Error::ZeroLength { .. })));
