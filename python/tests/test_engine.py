@@ -405,3 +405,13 @@ def test_engine_reports_its_transports():
     assert set(names) <= set(te.COMPILED_TRANSPORTS)
     assert "efa" not in te.COMPILED_TRANSPORTS  # the default wheel links no libfabric
     assert isinstance(te.device_plugins(), list)
+
+
+def test_the_extension_links_no_vendor_library_and_no_libpython():
+    import shutil
+
+    if shutil.which("ldd") is None:
+        pytest.skip("no ldd on this host")
+    out = subprocess.run(["ldd", te._native.__file__], capture_output=True, text=True, check=True).stdout
+    for lib in ("libfabric", "libibverbs", "libcuda", "libamdhip64", "libpython"):
+        assert lib not in out, f"te._native links {lib}:\n{out}"
