@@ -130,8 +130,9 @@ def test_collecting_a_registration_while_a_batch_is_in_flight_keeps_the_memory()
     in_flight = not batch.done()
     del rs, src
     gc.collect()
-    # The array lives on while the engine holds the region, whatever Python collected.
-    assert alive() is not None
+    # The array lives on while the engine holds the region, whatever Python collected (the
+    # 64 MiB TCP transfer takes tens of ms; `done` covers a machine fast enough to finish it).
+    assert alive() is not None or batch.done()
     batch.wait()
     assert np.array_equal(dst, expect)
     # Once the engine released the region, the array goes too.
@@ -141,7 +142,7 @@ def test_collecting_a_registration_while_a_batch_is_in_flight_keeps_the_memory()
         a.transports()  # any call into the package releases queued buffer views
         gc.collect()
         time.sleep(0.01)
-    assert in_flight or True  # the check above holds either way; in_flight only says how hard it was
+    assert in_flight, "the transfer finished before the collection: nothing was tested"
 
 
 def test_closing_a_registration_in_flight_defers_the_release():
