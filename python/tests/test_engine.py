@@ -344,6 +344,32 @@ def test_asyncio_tasks_interleave_with_awaited_batches():
         assert np.array_equal(s, d)
 
 
+def test_a_deadline_fails_the_unfinished_requests_with_timeout():
+    a, b = tcp_pair()
+    n = 128 * MiB
+    src, dst = np.ones(n, dtype=np.uint8), np.zeros(n, dtype=np.uint8)
+    rs, rd = a.register(src), b.register(dst)
+    seg = a.open_segment(b.segment_name)
+    # 128 MiB over TCP loopback takes tens of ms; the deadline is 1 ms.
+    with pytest.raises(te.BatchFailedError) as err:
+        a.write(seg, rs.addr, rd.addr, n, deadline=0.001)
+    index, cause = err.value.failures[0]
+    assert index == 0 and isinstance(cause, te.TimeoutError) and isinstance(cause, TimeoutError)
+    assert "timed out" in str(cause)
+    # The timed-out connection was dropped: the next request reports the peer gone (not a hang),
+    # and the segment works again once re-made (in the background, or by opening it again).
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            assert a.write(seg, rs.addr, rd.addr, 4096).bytes == 4096
+            break
+        except te.BatchFailedError as e:
+            assert isinstance(e.failures[0][1], te.PeerGoneError), e
+            assert time.monotonic() < deadline, "the segment never reconnected after the timeout"
+            seg = a.open_segment(b.segment_name)
+            time.sleep(0.05)
+
+
 def test_failed_batches_raise_batch_failed_with_each_request():
     a, b = tcp_pair()
     src, dst = np.zeros(MiB, dtype=np.uint8), np.zeros(MiB, dtype=np.uint8)
@@ -387,11 +413,16 @@ def test_notifications_blocking_and_async():
     assert asyncio.run(main()) == [b"m0", b"m1", b"m2"]
 
 
-def test_segment_events_report_closing():
+def test_segment_events_report_changes_and_closing():
     a = te.TransferEngine(unique("ea"))
     b = te.TransferEngine(unique("eb"))
     seg = a.open_segment(b.segment_name)
     events = seg.events()
+    mem = np.zeros(8192, dtype=np.uint8)
+    reg = b.register(mem)
+    ev = events.next(timeout=5)
+    assert ev is not None and ev.kind == "changed"
+    assert (reg.addr, reg.length, "host") in ev.buffers
     a.close_segment(seg)
     ev = events.next(timeout=5)
     assert ev is not None and ev.kind == "closed"

@@ -115,6 +115,27 @@ def test_bad_options_raise():
             s.register(b"read-only")
 
 
+def test_a_collected_store_buffer_is_deregistered():
+    import gc
+
+    with umbp.Store(dram_capacity=16 << 20, ssd_dirs=[]) as store:
+        buf = zeros(8192)
+        handle = store.register(buf)
+        with pytest.raises(te.AlreadyRegisteredError):
+            store.register(buf)
+        del handle
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while True:  # deregistered on the runtime: the memory can be registered again
+            try:
+                again = store.register(buf)
+                break
+            except te.AlreadyRegisteredError:
+                assert time.monotonic() < deadline, "the collected buffer stayed registered"
+                time.sleep(0.01)
+        again.close()
+
+
 SERVER = r"""
 import sys
 from te import umbp
