@@ -2,7 +2,8 @@
 # Runs every test of the workspace. Installs the Debian packages the build and the tests need
 # when they are missing (as root, or through sudo), then: rustfmt check, clippy and rustdoc with
 # -D warnings on every target and feature, the whole test suite, byte-verified smoke runs of te-bench, and
-# the efa transport's tests and an efa transfer against the vendored libfabric 2.6 as well.
+# the efa transport's tests and an efa transfer against the vendored libfabric 2.6 as well, and
+# the Python package's pytest suite (scripts/python-tests.sh: venv under target/, PyPI packages).
 #
 # Tests that need something this host lacks (GPU, RDMA NIC) skip with a message. Set
 # TE_REQUIRE=libfabric,etcd,netns (CI does) to turn skips of those into failures. Last, the rdma
@@ -18,8 +19,9 @@ cd "$(dirname "$0")/.."
 # against the system header; the efa refusal probe is compiled against the vendored headers and
 # linked to the loaded libfabric.so.1 itself, so libfabric-dev is not needed).
 # autoconf automake libtool make: building the vendored libfabric 2.6 (vendor/README.md).
+# python3-venv: the Python package's virtual environment (scripts/python-tests.sh).
 PACKAGES=(libfabric1 libfabric-bin etcd-server protobuf-compiler libprotobuf-dev pkg-config iproute2 util-linux libibverbs-dev gcc
-  autoconf automake libtool make)
+  autoconf automake libtool make python3-venv)
 
 source scripts/lib/apt-missing.sh
 install_missing test.sh "${PACKAGES[@]}"
@@ -38,7 +40,7 @@ echo "== cargo doc (all features, -D warnings: broken intra-doc links fail)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps -q
 
 echo "== cargo package (every publishable crate; --no-verify: they depend on each other by path)"
-cargo package --workspace --exclude te-bench --exclude te-tests --exclude te-testkit --no-verify --allow-dirty -q
+cargo package --workspace --exclude te-bench --exclude te-tests --exclude te-testkit --exclude te-python --no-verify --allow-dirty -q
 echo "== the README's dependency snippet, built and run as an outside crate"
 bash scripts/readme-snippet.sh
 
@@ -117,6 +119,12 @@ done
 
 echo "== examples: every cargo run --example program, two-process ones included"
 bash scripts/run-examples.sh
+
+# The Python package: venv under target/, extension built once (dev profile, the wheel's
+# features), pytest suite (two engines in one process and in two, registration lifetime, bad
+# input, GIL and asyncio, the store's three modes, the README's Python examples, a bench smoke).
+echo "== python package (scripts/python-tests.sh)"
+bash scripts/python-tests.sh
 
 # The rdma transport on a real verbs stack: soft-RoCE (rdma_rxe) in a QEMU VM booting Debian's own
 # kernel (scripts/rdma-vm.sh; this host's kernel has no RDMA). The conformance suite's binary built

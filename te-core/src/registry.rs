@@ -17,8 +17,27 @@ pub(crate) struct Region {
     pub in_flight: AtomicU64,
     /// Dropped by its owner while in flight: removed when the last batch finishes.
     pub dying: AtomicBool,
-    /// Engine-allocated memory, freed when the last reference goes.
-    pub _owned: Option<HostBuffer>,
+    /// What owns the memory (engine-allocated host memory, or a foreign owner handed to
+    /// [`crate::TransferEngine::register_raw_owned`]), dropped when the last reference goes:
+    /// after the transports released the region.
+    pub _owned: Option<Owner>,
+}
+
+/// The owner of a region's memory, kept alive with the region.
+pub(crate) enum Owner {
+    /// Memory the engine allocated.
+    Host(#[allow(dead_code)] HostBuffer),
+    /// Whatever a caller of `register_raw_owned` handed over (a Python buffer export...).
+    Foreign(#[allow(dead_code)] Box<dyn std::any::Any + Send + Sync>),
+}
+
+impl std::fmt::Debug for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Owner::Host(b) => f.debug_tuple("Host").field(b).finish(),
+            Owner::Foreign(_) => f.write_str("Foreign"),
+        }
+    }
 }
 
 /// Regions sorted by base address.

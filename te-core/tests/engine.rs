@@ -584,3 +584,54 @@ async fn a_deadline_aborts_through_the_transport_which_settles_the_requests() {
     assert_eq!(e.failures.len(), 2);
     assert!(e.failures.iter().all(|(_, e)| e.is_timeout()));
 }
+
+/// `register_raw_owned`: the owner outlives the handle while a batch holds the region, and goes
+/// once the engine released it; a refused registration drops it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_registration_keeps_its_owner_until_the_region_is_released() {
+    let e = engine("owned-raw").await;
+    let mut mem = vec![0u8; 1 << 16];
+    let owner = Arc::new(());
+    let addr = mem.as_mut_ptr() as u64;
+    // SAFETY: `mem` outlives the registration (it is dropped at the end of the test, after the
+    // owner was released).
+    let reg = unsafe {
+        e.register_raw_owned(
+            addr,
+            1 << 16,
+            MemoryLocation::HOST,
+            RegisterOptions::default(),
+            Box::new(owner.clone()),
+        )
+    }
+    .await
+    .unwrap();
+    assert_eq!(Arc::strong_count(&owner), 2);
+    let src = e.allocate(1 << 16, opts()).await.unwrap();
+    let seg = e.open_segment("owned-raw").await.unwrap();
+    drop(reg);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while Arc::strong_count(&owner) > 1 {
+        assert!(std::time::Instant::now() < deadline, "the owner was never released");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // Released: the memory is no longer a target.
+    let gone = e.submit(&[TransferRequest::write(src.addr(), seg.id(), addr, 64)]);
+    assert!(gone.is_err() || gone.unwrap().wait().await.is_err());
+    // Refused (zero length): the owner is dropped at once.
+    let refused = Arc::new(());
+    // SAFETY: nothing is registered (zero length is refused).
+    let r = unsafe {
+        e.register_raw_owned(
+            addr,
+            0,
+            MemoryLocation::HOST,
+            RegisterOptions::default(),
+            Box::new(refused.clone()),
+        )
+    }
+    .await;
+    assert!(matches!(r, Err(Error::ZeroLength { .. })));
+    assert_eq!(Arc::strong_count(&refused), 1);
+    drop(mem);
+}

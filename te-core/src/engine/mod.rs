@@ -227,7 +227,7 @@ impl TransferEngine {
                     len: b.len() as u64,
                     location: MemoryLocation::Host { numa: b.numa_node() },
                 },
-                owned: Some(b),
+                owned: Some(crate::registry::Owner::Host(b)),
             })
             .collect();
         self.inner.register(items, reg).await
@@ -248,6 +248,32 @@ impl TransferEngine {
     ) -> Result<Registration> {
         // SAFETY: forwarded contract: the caller guarantees the memory outlives the registration.
         let mut v = unsafe { self.register_raw_batch(&[RawRegion { addr, len, location }], reg) }.await?;
+        Ok(v.remove(0))
+    }
+
+    /// Like [`TransferEngine::register_raw`], handing the engine `owner`, whatever keeps the
+    /// memory alive (a language runtime's buffer export, a mapping). The engine drops `owner`
+    /// only after the region is released: the handle dropped or deregistered, every batch on it
+    /// completed and every transport let go of it (so a peer can no longer reach the memory). If
+    /// the engine's runtime shuts down during the release, `owner` is leaked rather than dropped
+    /// while a transport might still touch the memory. A refused registration drops it at once.
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` must be memory of `location` that stays valid for as long as `owner`
+    /// is alive; transfers will read and write it concurrently with the caller.
+    pub async unsafe fn register_raw_owned(
+        &self,
+        addr: u64,
+        len: u64,
+        location: MemoryLocation,
+        reg: RegisterOptions,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Registration> {
+        let item = PendingRegion {
+            region: RawRegion { addr, len, location },
+            owned: Some(crate::registry::Owner::Foreign(owner)),
+        };
+        let mut v = self.inner.register(vec![item], reg).await?;
         Ok(v.remove(0))
     }
 

@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use te_base::device::PluginAvailability;
-use te_base::{Error, HostBuffer, MemoryKind, MemoryLocation, RegionId, RegionInfo, Result};
+use te_base::{Error, MemoryKind, MemoryLocation, RegionId, RegionInfo, Result};
 
 use super::handle::{RegisterOptions, Registration};
 use super::EngineInner;
-use crate::registry::Region;
+use crate::registry::{Owner, Region};
 
 /// One raw region for [`TransferEngine::register_raw_batch`](crate::TransferEngine::register_raw_batch).
 #[derive(Debug, Clone, Copy)]
@@ -24,10 +24,10 @@ pub struct RawRegion {
 }
 
 /// One region on its way into [`EngineInner::register`]: a caller's raw region, with the host
-/// buffer that owns its memory when the engine allocated it.
+/// owner of its memory when there is one (the engine's host buffer, a caller's owner).
 pub(crate) struct PendingRegion {
     pub region: RawRegion,
-    pub owned: Option<HostBuffer>,
+    pub owned: Option<Owner>,
 }
 
 /// A region's keys: one per transport it is registered on.

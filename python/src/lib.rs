@@ -1,0 +1,29 @@
+//! The `te` Python package's native module (`te._native`): PyO3 bindings of te-core's
+//! `TransferEngine` and of the UMBP `Store`. The pure-Python part of the package (`python/te/`)
+//! re-exports these classes, defines the exception hierarchy and holds the benchmark.
+//!
+//! Linking: nothing but libc. The rdma transport and the CUDA/HIP plugins load their vendor
+//! libraries at run time; the efa transport (which links libfabric at build time) is a cargo
+//! feature left out of the default wheel.
+
+mod arrays;
+mod bench;
+mod engine;
+mod errors;
+mod memory;
+mod runtime;
+mod store;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    pyo3_async_runtimes::tokio::init_with_runtime(runtime::runtime())
+        .map_err(|()| pyo3::exceptions::PyRuntimeError::new_err("the async runtime was already initialised"))?;
+    engine::add(m)?;
+    store::add(m)?;
+    bench::add(m)?;
+    m.add("COMPILED_TRANSPORTS", te_core::COMPILED_TRANSPORTS.to_vec())?;
+    m.add("DISTRIBUTED", cfg!(feature = "distributed"))?;
+    Ok(())
+}

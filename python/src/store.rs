@@ -1,0 +1,828 @@
+//! `te.umbp.Store`: the UMBP store in its three modes, configured as the Rust builder is, with
+//! ranged calls taking numpy arrays; and `Server`, a standalone `umbp-server` in this process.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use te_base::config::{Env, MapEnv};
+use umbp::{Range, RangedGet, RangedPut, Store, StoreError};
+
+use crate::arrays::{common_len, U64s};
+use crate::errors::{invalid, store_error, IntoPyResult};
+use crate::memory::{acquire, release_pending, Owner};
+use crate::runtime::block_on;
+
+/// A UMBP store (local, standalone or distributed, chosen by its configuration).
+#[pyclass(module = "te._native", name = "Store", frozen, subclass)]
+pub struct PyStore {
+    pub(crate) store: Store,
+}
+
+/// Caller memory registered with a store; `close()` (or collection) deregisters it.
+#[pyclass(module = "te._native", name = "StoreBuffer", frozen)]
+pub struct PyStoreBuffer {
+    store: Store,
+    owner: Mutex<Option<Owner>>,
+    #[pyo3(get)]
+    addr: u64,
+    #[pyo3(get)]
+    length: u64,
+}
+
+/// A KV buffer from `Store.alloc_buffer`: a sealed memfd mapped shared (in standalone mode the
+/// only memory the server can map). Exposes the buffer protocol: `np.frombuffer(buf, ...)`.
+#[pyclass(module = "te._native", name = "KvBuffer", frozen)]
+pub struct PyKvBuffer {
+    buf: Mutex<Option<umbp::KvBuffer>>,
+    addr: u64,
+    len: usize,
+    exports: AtomicUsize,
+}
+
+/// A standalone server (what `umbp-server` runs) inside this process, until `stop()`.
+#[pyclass(module = "te._native", name = "Server", frozen)]
+pub struct PyServer {
+    stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    done: Mutex<Option<tokio::task::JoinHandle<umbp::Result<()>>>>,
+    #[pyo3(get)]
+    socket: PathBuf,
+}
+
+/// Store options as keyword arguments, the Rust builder's setters by name.
+#[derive(Default)]
+pub struct StoreOptions {
+    segment_name: Option<String>,
+    dram_capacity: Option<u64>,
+    dram_page_bytes: Option<u64>,
+    high_watermark: Option<f64>,
+    low_watermark: Option<f64>,
+    eviction: Option<String>,
+    ssd_dirs: Option<Vec<PathBuf>>,
+    ssd_capacity: Option<u64>,
+    compact_below: Option<f64>,
+    ssd_segment_bytes: Option<u64>,
+    ssd_direct: Option<String>,
+    ssd_io: Option<String>,
+    staging_bytes: Option<u64>,
+    staging_slots: Option<usize>,
+    write_through: Option<bool>,
+    promote_on_read: Option<bool>,
+    ranged_call_debug: Option<bool>,
+    connect: Option<PathBuf>,
+    local: Option<bool>,
+    key_handle_slots: Option<usize>,
+    cluster: Option<String>,
+    cluster_listen: Option<String>,
+}
+
+impl StoreOptions {
+    /// Reads the keyword arguments; an unknown name raises.
+    fn from_kwargs(o: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let Some(o) = o else { return Ok(StoreOptions::default()) };
+        const KNOWN: &[&str] = &[
+            "segment_name",
+            "dram_capacity",
+            "dram_page_bytes",
+            "high_watermark",
+            "low_watermark",
+            "eviction",
+            "ssd_dirs",
+            "ssd_capacity",
+            "compact_below",
+            "ssd_segment_bytes",
+            "ssd_direct",
+            "ssd_io",
+            "staging_bytes",
+            "staging_slots",
+            "write_through",
+            "promote_on_read",
+            "ranged_call_debug",
+            "connect",
+            "local",
+            "key_handle_slots",
+            "cluster",
+            "cluster_listen",
+        ];
+        for k in o.keys() {
+            let k: String = k.extract()?;
+            if !KNOWN.contains(&k.as_str()) {
+                return Err(invalid(
+                    "InvalidArgument",
+                    format!("Store: unknown option {k:?} (known: {})", KNOWN.join(", ")),
+                ));
+            }
+        }
+        let mut out = StoreOptions::default();
+        macro_rules! read {
+            ($($f:ident),*) => { $(if let Some(v) = o.get_item(stringify!($f))?.filter(|v| !v.is_none()) {
+                out.$f = Some(v.extract().map_err(|e: PyErr| invalid("InvalidArgument", format!("{}: {e}", stringify!($f))))?);
+            })* };
+        }
+        read!(
+            segment_name,
+            dram_capacity,
+            dram_page_bytes,
+            high_watermark,
+            low_watermark,
+            eviction,
+            ssd_dirs,
+            ssd_capacity,
+            compact_below,
+            ssd_segment_bytes,
+            ssd_direct,
+            ssd_io,
+            staging_bytes,
+            staging_slots,
+            write_through,
+            promote_on_read,
+            ranged_call_debug,
+            connect,
+            local,
+            key_handle_slots,
+            cluster,
+            cluster_listen
+        );
+        Ok(out)
+    }
+}
+
+fn parsed<T: std::str::FromStr>(what: &str, v: &str) -> PyResult<T>
+where
+    T::Err: std::fmt::Display,
+{
+    v.parse::<T>()
+        .map_err(|e| invalid("InvalidArgument", format!("{what}={v:?}: {e}")))
+}
+
+fn builder(o: StoreOptions, env: Option<Arc<dyn Env>>) -> PyResult<umbp::StoreBuilder> {
+    let mut b = Store::builder();
+    if let Some(e) = env {
+        b = b.env(e);
+    }
+    macro_rules! set {
+        ($($f:ident),*) => { $(if let Some(v) = o.$f { b = b.$f(v); })* };
+    }
+    set!(
+        segment_name,
+        dram_capacity,
+        dram_page_bytes,
+        high_watermark,
+        low_watermark,
+        ssd_dirs,
+        ssd_capacity,
+        compact_below,
+        ssd_segment_bytes,
+        staging_bytes,
+        staging_slots,
+        write_through,
+        promote_on_read,
+        ranged_call_debug,
+        key_handle_slots
+    );
+    if let Some(e) = o.eviction {
+        b = b.eviction(parsed("eviction", &e)?);
+    }
+    if let Some(d) = o.ssd_direct {
+        b = b.ssd_direct(parsed("ssd_direct", &d)?);
+    }
+    if let Some(d) = o.ssd_io {
+        b = b.ssd_io(parsed("ssd_io", &d)?);
+    }
+    if let Some(s) = o.connect {
+        b = b.connect(s);
+    }
+    if o.local == Some(true) {
+        b = b.local();
+    }
+    match o.cluster {
+        #[cfg(feature = "distributed")]
+        Some(url) => {
+            let mut c = umbp::ClusterConfig::parse(&url).py()?;
+            if let Some(l) = o.cluster_listen {
+                c.listen = parsed("cluster_listen", &l)?;
+            }
+            b = b.cluster(c);
+        }
+        #[cfg(not(feature = "distributed"))]
+        Some(_) => {
+            let _ = o.cluster_listen;
+            return Err(invalid(
+                "NotAvailableError",
+                "distributed mode: this build of te has no cluster support (cargo feature distributed)",
+            ));
+        }
+        None => {}
+    }
+    Ok(b)
+}
+
+fn env_map(env: Option<&Bound<'_, PyDict>>) -> PyResult<Option<Arc<dyn Env>>> {
+    let Some(env) = env else { return Ok(None) };
+    let mut map = std::collections::HashMap::new();
+    for (k, v) in env.iter() {
+        map.insert(k.extract::<String>()?, v.str()?.to_string());
+    }
+    Ok(Some(Arc::new(MapEnv(map))))
+}
+
+macro_rules! dict {
+    ($py:expr, $s:expr, [$($f:ident),* $(,)?]) => {{
+        let d = PyDict::new($py);
+        $(d.set_item(stringify!($f), &$s.$f)?;)*
+        d
+    }};
+}
+
+fn core_stats<'py>(py: Python<'py>, s: &umbp::CoreStats) -> PyResult<Bound<'py, PyDict>> {
+    Ok(dict!(
+        py,
+        s,
+        [
+            dram_objects,
+            dram_used_bytes,
+            dram_capacity_bytes,
+            dram_read_bytes,
+            ssd_objects,
+            ssd_read_bytes,
+            ssd_written_bytes,
+            ssd_delivered_bytes,
+            demoted,
+            dropped,
+            demotion_failed,
+            promoted,
+            puts_ok,
+            puts_failed,
+            ssd_torn_dropped,
+            ssd_corrupt_records,
+            ssd_file_bytes,
+            ssd_capacity_bytes,
+            ssd_segments_compacted,
+            ssd_compaction_written_bytes,
+            ssd_compaction_freed_bytes,
+            ssd_io_engine,
+            ssd_direct_io,
+            local_hits,
+            misses,
+            resolve_reused,
+        ]
+    ))
+}
+
+/// Per-key results as Python values: bytes delivered (int), or the key's exception (not raised).
+fn results<T>(py: Python<'_>, rs: Vec<umbp::Result<T>>, ok: impl Fn(T) -> Py<PyAny>) -> PyResult<Py<PyList>> {
+    let out = PyList::empty(py);
+    for r in rs {
+        match r {
+            Ok(v) => out.append(ok(v))?,
+            Err(e) => out.append(store_error(py, &e).into_value(py))?,
+        }
+    }
+    Ok(out.unbind())
+}
+
+/// Groups ranges given as parallel arrays by key index: the ranges of one key must be
+/// consecutive in the arrays (a connector's natural order); returns `(key index, start, end)`.
+fn runs(key_index: &U64s, n: usize, keys: usize) -> PyResult<Vec<(usize, usize, usize)>> {
+    let mut out: Vec<(usize, usize, usize)> = Vec::new();
+    let mut seen = vec![false; keys];
+    for i in 0..n {
+        let k = key_index.get(i);
+        if k >= keys as u64 {
+            return Err(invalid(
+                "InvalidArgument",
+                format!("key_index[{i}] = {k} but only {keys} key(s) were given"),
+            ));
+        }
+        let k = k as usize;
+        match out.last_mut() {
+            Some(run) if run.0 == k => run.2 = i + 1,
+            _ => {
+                if seen[k] {
+                    return Err(invalid(
+                        "ShapeError",
+                        format!("key_index: the ranges of key {k} are not consecutive (range {i}); group them by key"),
+                    ));
+                }
+                seen[k] = true;
+                out.push((k, i, i + 1));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Reads the four range arrays into `Range`s (no Python object per range).
+fn ranges_of(
+    key_index: &Bound<'_, PyAny>,
+    offsets: &Bound<'_, PyAny>,
+    lengths: &Bound<'_, PyAny>,
+    addrs: &Bound<'_, PyAny>,
+) -> PyResult<(U64s, Vec<Range>)> {
+    let ki = U64s::extract(key_index, "key_index")?;
+    let off = U64s::extract(offsets, "offsets")?;
+    let len = U64s::extract(lengths, "lengths")?;
+    let addr = U64s::extract(addrs, "addrs")?;
+    let n = common_len(&[
+        (&ki, "key_index"),
+        (&off, "offsets"),
+        (&len, "lengths"),
+        (&addr, "addrs"),
+    ])?;
+    let mut ranges = Vec::with_capacity(n);
+    match (off.as_slice(), len.as_slice(), addr.as_slice()) {
+        (Some(o), Some(l), Some(a)) => ranges.extend(o.iter().zip(l).zip(a).map(|((&o, &l), &a)| Range::new(o, l, a))),
+        _ => ranges.extend((0..n).map(|i| Range::new(off.get(i), len.get(i), addr.get(i)))),
+    }
+    Ok((ki, ranges))
+}
+
+#[pymethods]
+impl PyStore {
+    /// Opens a store: keyword arguments are the Rust `StoreBuilder`'s setters (unset ones come
+    /// from the `UMBP_*` variables, of `env` when given); `connect=socket` is standalone mode,
+    /// `cluster="etcd://host:port[/prefix]"` distributed mode, neither local mode.
+    #[new]
+    #[pyo3(signature = (*, env=None, **options))]
+    fn new(py: Python<'_>, env: Option<&Bound<'_, PyDict>>, options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        release_pending(py);
+        let opts = StoreOptions::from_kwargs(options)?;
+        let b = builder(opts, env_map(env)?)?;
+        let store = py.detach(|| block_on(b.open())).py()?;
+        Ok(PyStore { store })
+    }
+
+    /// The mode: "local", "standalone" or "distributed".
+    #[getter]
+    fn mode(&self) -> &'static str {
+        self.store.config().mode.name()
+    }
+
+    /// The resolved configuration, shaped as Rust's `StoreConfig`: `segment_name`, `core`
+    /// (CoreConfig's fields), `mode` and the mode's settings (`standalone`, `cluster`).
+    #[getter]
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.store.config();
+        let d = PyDict::new(py);
+        d.set_item("segment_name", &c.segment_name)?;
+        let core = PyDict::new(py);
+        let k = &c.core;
+        core.set_item("dram_capacity", k.dram_capacity)?;
+        core.set_item("dram_page_bytes", k.dram_page_bytes)?;
+        core.set_item("dram_high_watermark", k.dram_high_watermark)?;
+        core.set_item("dram_low_watermark", k.dram_low_watermark)?;
+        core.set_item("eviction", format!("{:?}", k.eviction))?;
+        core.set_item("ssd", k.ssd.as_ref().map(|s| format!("{s:?}")))?;
+        core.set_item("ssd_staging_bytes", k.ssd_staging_bytes)?;
+        core.set_item("ssd_staging_slots", k.ssd_staging_slots)?;
+        core.set_item("write_through", k.write_through)?;
+        core.set_item("promote_on_read", k.promote_on_read)?;
+        core.set_item("ranged_call_debug", k.ranged_call_debug)?;
+        d.set_item("core", core)?;
+        d.set_item("mode", c.mode.name())?;
+        match &c.mode {
+            umbp::ModeConfig::Standalone(s) => {
+                let sd = PyDict::new(py);
+                sd.set_item("socket", &s.socket)?;
+                sd.set_item("timeout", s.timeout.as_secs_f64())?;
+                sd.set_item("spin", s.spin.as_secs_f64())?;
+                sd.set_item("key_handle_slots", s.key_handle_slots)?;
+                sd.set_item("key_handle_debug", s.key_handle_debug)?;
+                sd.set_item("auth", s.auth.is_some())?;
+                d.set_item("standalone", sd)?;
+            }
+            #[cfg(feature = "distributed")]
+            umbp::ModeConfig::Cluster(cc) => {
+                let cd = PyDict::new(py);
+                cd.set_item("endpoints", &cc.endpoints)?;
+                cd.set_item("prefix", &cc.prefix)?;
+                cd.set_item("listen", cc.listen.to_string())?;
+                cd.set_item("lease_ttl_s", cc.lease_ttl_s)?;
+                cd.set_item("timeout", cc.timeout.as_secs_f64())?;
+                d.set_item("cluster", cd)?;
+            }
+            _ => {}
+        }
+        Ok(d)
+    }
+
+    /// Allocates a KV buffer (a sealed memfd; in standalone mode the only memory the server can
+    /// map). View it with `np.frombuffer(buf, dtype)` and register that view.
+    fn alloc_buffer(&self, len: usize) -> PyResult<PyKvBuffer> {
+        let buf = self.store.alloc_buffer(len).py()?;
+        Ok(PyKvBuffer {
+            addr: buf.addr(),
+            len: buf.len(),
+            buf: Mutex::new(Some(buf)),
+            exports: AtomicUsize::new(0),
+        })
+    }
+
+    /// Releases a KV buffer from `alloc_buffer` (deregistering it); refused while a view of it
+    /// exists (`te.InFlightError`).
+    fn free_buffer(&self, py: Python<'_>, buf: &Bound<'_, PyKvBuffer>) -> PyResult<()> {
+        self.free_kv(py, buf)
+    }
+
+    /// Registers caller memory (a writable buffer-protocol object, `__dlpack__` host tensor...)
+    /// so ranged calls can read into and write from it. The returned handle keeps the memory
+    /// alive; `close()` (or its collection) deregisters it.
+    fn register(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<PyStoreBuffer> {
+        release_pending(py);
+        let a = acquire(obj, None)?;
+        if !a.location.is_host() {
+            return Err(invalid("WrongMemoryKindError", "the store registers host memory only"));
+        }
+        let (addr, len) = (a.addr, a.len);
+        let store = self.store.clone();
+        // SAFETY: the owner kept in the handle holds the memory alive until it is deregistered.
+        py.detach(|| block_on(unsafe { store.register_buffer(addr, len) }))
+            .py()?;
+        Ok(PyStoreBuffer {
+            store: self.store.clone(),
+            owner: Mutex::new(Some(a.owner)),
+            addr,
+            length: len,
+        })
+    }
+
+    /// True if `key` is in any tier.
+    fn exists(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
+        py.detach(|| self.store.exists(key)).py()
+    }
+
+    /// How many of `keys`, from the first, are stored (stops at the first miss).
+    fn batch_exists_consecutive(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<usize> {
+        py.detach(|| self.store.batch_exists_consecutive(&keys)).py()
+    }
+
+    /// Removes `key` from every tier; False if it was in none.
+    fn remove(&self, py: Python<'_>, key: &str) -> PyResult<bool> {
+        py.detach(|| self.store.remove(key)).py()
+    }
+
+    /// Reads ranges of the objects `keys` into registered memory. Range `i` is `lengths[i]`
+    /// bytes at object offset `offsets[i]` of `keys[key_index[i]]`, landing at `addrs[i]`; the
+    /// ranges of a key are consecutive. Each argument is a 1-D uint64 array or one int for every
+    /// range. Shape errors raise before any byte moves; per key, the result list holds the bytes
+    /// delivered or that key's exception (e.g. `te.NotFoundError`), not raised. GIL released.
+    fn batch_get_ranges(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        key_index: &Bound<'_, PyAny>,
+        offsets: &Bound<'_, PyAny>,
+        lengths: &Bound<'_, PyAny>,
+        addrs: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyList>> {
+        release_pending(py);
+        let (ki, ranges) = ranges_of(key_index, offsets, lengths, addrs)?;
+        let runs = runs(&ki, ranges.len(), keys.len())?;
+        drop(ki);
+        let items: Vec<RangedGet<'_>> = runs
+            .iter()
+            .map(|&(k, s, e)| RangedGet {
+                key: &keys[k],
+                ranges: &ranges[s..e],
+            })
+            .collect();
+        let got = py.detach(|| self.store.batch_get_ranges(&items)).py()?;
+        results(py, got, |n| n.into_pyobject(py).expect("int").into_any().unbind())
+    }
+
+    /// Writes objects from registered memory: object `keys[k]` has `object_lens[k]` bytes (and
+    /// prefix depth `depths[k]`, default 0), tiled exactly by its ranges (as in
+    /// `batch_get_ranges`). Per key: None once stored, or that key's exception (not raised).
+    #[pyo3(signature = (keys, object_lens, key_index, offsets, lengths, addrs, depths=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn batch_put_ranges(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        object_lens: &Bound<'_, PyAny>,
+        key_index: &Bound<'_, PyAny>,
+        offsets: &Bound<'_, PyAny>,
+        lengths: &Bound<'_, PyAny>,
+        addrs: &Bound<'_, PyAny>,
+        depths: Option<Vec<u32>>,
+    ) -> PyResult<Py<PyList>> {
+        release_pending(py);
+        let (ki, ranges) = ranges_of(key_index, offsets, lengths, addrs)?;
+        let object_lens = U64s::extract(object_lens, "object_lens")?;
+        if let Some(c) = object_lens.count() {
+            if c != keys.len() {
+                return Err(invalid(
+                    "ShapeError",
+                    format!("object_lens has {c} values for {} keys", keys.len()),
+                ));
+            }
+        }
+        if let Some(d) = &depths {
+            if d.len() != keys.len() {
+                return Err(invalid(
+                    "ShapeError",
+                    format!("depths has {} values for {} keys", d.len(), keys.len()),
+                ));
+            }
+        }
+        let runs = runs(&ki, ranges.len(), keys.len())?;
+        let items: Vec<RangedPut<'_>> = runs
+            .iter()
+            .map(|&(k, s, e)| RangedPut {
+                key: &keys[k],
+                object_len: object_lens.get(k),
+                ranges: &ranges[s..e],
+                depth: depths.as_ref().map_or(0, |d| d[k]),
+            })
+            .collect();
+        drop(ki);
+        drop(object_lens);
+        let put = py.detach(|| self.store.batch_put_ranges(&items)).py()?;
+        results(py, put, |()| py.None())
+    }
+
+    /// Counters since open: `{"core": {...}, "standalone": {...} | None, "cluster": {...} | None}`
+    /// (Rust's `StoreStats`); `te.umbp.Store.stats()` wraps it in attribute objects.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = py.detach(|| self.store.stats()).py()?;
+        let d = PyDict::new(py);
+        d.set_item("core", core_stats(py, &s.core)?)?;
+        match &s.standalone {
+            Some(sa) => d.set_item(
+                "standalone",
+                dict!(
+                    py,
+                    sa,
+                    [
+                        key_handle_hits,
+                        key_handle_misses,
+                        key_handle_mints,
+                        key_handle_remints,
+                        server_key_handle_hits,
+                        server_key_handle_misses,
+                        server_key_handle_mints,
+                        server_key_handle_held,
+                        server_key_handle_bytes,
+                        server_sessions,
+                        server_mapped_buffers,
+                    ]
+                ),
+            )?,
+            None => d.set_item("standalone", py.None())?,
+        }
+        #[cfg(feature = "distributed")]
+        match &s.cluster {
+            Some(c) => d.set_item(
+                "cluster",
+                dict!(
+                    py,
+                    c,
+                    [
+                        remote_hits,
+                        remote_bytes,
+                        remote_requests,
+                        remote_control_bytes,
+                        remote_stale,
+                        remote_errors
+                    ]
+                ),
+            )?,
+            None => d.set_item("cluster", py.None())?,
+        }
+        #[cfg(not(feature = "distributed"))]
+        d.set_item("cluster", py.None())?;
+        Ok(d)
+    }
+
+    /// Makes every acknowledged put durable (SSD tier).
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.store.flush()).py()
+    }
+
+    /// Flushes, releases registrations and shuts the store's engine down.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let store = self.store.clone();
+        py.detach(move || block_on(async move { store.close().await })).py()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(&self, py: Python<'_>, _a: Py<PyAny>, _b: Py<PyAny>, _c: Py<PyAny>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+}
+
+impl Drop for PyStoreBuffer {
+    /// Collected without `close()`: deregister on the runtime, dropping the memory's owner only
+    /// after that.
+    fn drop(&mut self) {
+        if let Some(owner) = self.owner.lock().take() {
+            let store = self.store.clone();
+            let addr = self.addr;
+            crate::runtime::runtime().spawn(async move {
+                let _ = store.deregister_buffer(addr).await;
+                drop(owner);
+            });
+        }
+    }
+}
+
+#[pymethods]
+impl PyStoreBuffer {
+    /// Deregisters; closing twice does nothing.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(owner) = self.owner.lock().take() else {
+            return Ok(());
+        };
+        let store = self.store.clone();
+        let addr = self.addr;
+        let out = py.detach(move || block_on(async move { store.deregister_buffer(addr).await }));
+        drop(owner);
+        release_pending(py);
+        out.py().map(|_| ())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(&self, py: Python<'_>, _a: Py<PyAny>, _b: Py<PyAny>, _c: Py<PyAny>) -> PyResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+}
+
+#[pymethods]
+impl PyKvBuffer {
+    #[getter]
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    /// Exposes the mapping as a writable buffer; the exporter (this object) stays alive while a
+    /// view exists.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: std::os::raw::c_int,
+    ) -> PyResult<()> {
+        let me = slf.get();
+        if me.buf.lock().is_none() {
+            return Err(invalid("ClosedError", "the KV buffer was freed"));
+        }
+        // SAFETY: `view` is the caller's Py_buffer to fill; the memory is `len` mapped bytes that
+        // live while the buffer is not freed, and freeing is refused while an export exists.
+        let rc = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                me.addr as *mut std::os::raw::c_void,
+                me.len as ffi::Py_ssize_t,
+                0,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        me.exports.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(slf: Bound<'_, Self>, _view: *mut ffi::Py_buffer) {
+        slf.get().exports.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl PyStore {
+    /// Releases a KV buffer from `alloc_buffer` (deregistering it); refused while a view of it
+    /// exists.
+    fn free_kv(&self, py: Python<'_>, buf: &Bound<'_, PyKvBuffer>) -> PyResult<()> {
+        let b = buf.get();
+        if b.exports.load(Ordering::Acquire) > 0 {
+            return Err(invalid(
+                "InFlightError",
+                "the KV buffer still has views (numpy arrays over it); delete them first",
+            ));
+        }
+        let Some(kv) = b.buf.lock().take() else { return Ok(()) };
+        let store = self.store.clone();
+        py.detach(move || block_on(async move { store.free_buffer(kv).await }))
+            .py()
+    }
+}
+
+#[pymethods]
+impl PyServer {
+    /// Starts a standalone server on `socket` owning a local store configured as `Store(...)`
+    /// (plus `allow_gid`, `key_handle_capacity`); serves until `stop()`.
+    #[new]
+    #[pyo3(signature = (socket, *, env=None, allow_gid=None, key_handle_capacity=None, **options))]
+    fn new(
+        py: Python<'_>,
+        socket: PathBuf,
+        env: Option<&Bound<'_, PyDict>>,
+        allow_gid: Option<u32>,
+        key_handle_capacity: Option<usize>,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        let opts = StoreOptions::from_kwargs(options)?;
+        let env = env_map(env)?;
+        let server_env: Arc<dyn Env> = env.clone().unwrap_or_else(|| Arc::new(te_base::config::ProcessEnv));
+        let b = builder(opts, env)?.local();
+        let mut sopts = umbp::standalone::server::ServerOptions::from_env(&*server_env, Some(socket.clone())).py()?;
+        if allow_gid.is_some() {
+            sopts.allow_gid = allow_gid;
+        }
+        if let Some(c) = key_handle_capacity {
+            sopts.key_handle_capacity = c;
+        }
+        let store = py.detach(|| block_on(b.open())).py()?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let done = crate::runtime::runtime().spawn(async move {
+            let out = umbp::standalone::server::serve(store.clone(), sopts, async move {
+                let _ = rx.await;
+            })
+            .await;
+            let _ = store.close().await;
+            out
+        });
+        // Listening once the socket accepts.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            if done.is_finished() {
+                let out = py.detach(|| block_on(done));
+                return match out {
+                    Ok(Ok(())) => Err(invalid("ServerError", "the server stopped at once")),
+                    Ok(Err(e)) => Err(e).py(),
+                    Err(e) => Err(invalid("ServerError", e.to_string())),
+                };
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(invalid("ServerError", "the server did not start listening within 20 s"));
+            }
+            py.detach(|| std::thread::sleep(std::time::Duration::from_millis(5)));
+        }
+        Ok(PyServer {
+            stop: Mutex::new(Some(tx)),
+            done: Mutex::new(Some(done)),
+            socket,
+        })
+    }
+
+    /// Stops accepting, flushes, unlinks the socket and waits for the server to end.
+    fn stop(&self, py: Python<'_>) -> PyResult<()> {
+        if let Some(tx) = self.stop.lock().take() {
+            let _ = tx.send(());
+        }
+        let Some(done) = self.done.lock().take() else {
+            return Ok(());
+        };
+        match py.detach(|| block_on(done)) {
+            Ok(r) => r.py(),
+            Err(e) => Err(invalid("ServerError", e.to_string())),
+        }
+    }
+
+    /// Blocks (GIL released, Ctrl-C interrupts) until the server ends.
+    fn serve_forever(&self, py: Python<'_>) -> PyResult<()> {
+        loop {
+            let finished = self.done.lock().as_ref().is_none_or(|d| d.is_finished());
+            if finished {
+                return self.stop(py);
+            }
+            py.detach(|| std::thread::sleep(std::time::Duration::from_millis(50)));
+            py.check_signals()?;
+        }
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(&self, py: Python<'_>, _a: Py<PyAny>, _b: Py<PyAny>, _c: Py<PyAny>) -> PyResult<bool> {
+        self.stop(py)?;
+        Ok(false)
+    }
+}
+
+/// Registers the store classes in the module.
+pub fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyStore>()?;
+    m.add_class::<PyStoreBuffer>()?;
+    m.add_class::<PyKvBuffer>()?;
+    m.add_class::<PyServer>()?;
+    let _ = StoreError::Closed;
+    Ok(())
+}

@@ -1,0 +1,449 @@
+"""The engine bindings: byte-verified transfers (one process and two), registration lifetime,
+bad input, the GIL during waits, asyncio, notifications, segment events."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import gc
+import os
+import subprocess
+import sys
+import threading
+import time
+import weakref
+
+import numpy as np
+import pytest
+
+import te
+from conftest import free_port, unique
+
+MiB = 1 << 20
+
+
+def pattern(n: int, seed: int) -> np.ndarray:
+    """A position-dependent byte pattern."""
+    i = np.arange(n, dtype=np.uint64)
+    return ((i * 2654435761 + seed) >> np.uint64(7)).astype(np.uint8)
+
+
+def tcp_pair():
+    """Two engines in this process that reach each other over TCP only (a transfer that takes a
+    while, unlike a local copy)."""
+    a = te.TransferEngine(unique("tcp-a"), transports=["tcp"])
+    b = te.TransferEngine(unique("tcp-b"), transports=["tcp"])
+    return a, b
+
+
+def test_two_engines_move_a_numpy_array_byte_for_byte():
+    a = te.TransferEngine(unique("a"))
+    b = te.TransferEngine(unique("b"))
+    src = pattern(4 * MiB, 1)
+    back = np.zeros(4 * MiB, dtype=np.uint8)
+    dst = np.zeros(4 * MiB, dtype=np.uint8)
+    rs, rback, rd = a.register(src), a.register(back), b.register(dst)
+    seg = a.open_segment(b.segment_name)
+    assert seg.name == b.segment_name
+    assert (rd.addr, rd.length, "host") in seg.buffers
+    # 1,024 writes of 4 KiB from arrays; the lengths as one int for every request.
+    offs = np.arange(1024, dtype=np.uint64) * 4096
+    report = a.write(seg, rs.addr + offs, rd.addr + offs, 4096)
+    assert (report.requests, report.bytes) == (1024, 4 * MiB)
+    assert np.array_equal(src, dst)
+    # Reads back, scattered in reverse order, lengths as an array.
+    rev = offs[::-1].copy()
+    batch = a.submit_read(seg, rback.addr + rev, rd.addr + offs, np.full(1024, 4096, dtype=np.uint64))
+    assert len(batch) == 1024
+    assert batch.wait().bytes == 4 * MiB
+    assert batch.done()
+    assert batch.progress()["done"] == 1024
+    expect = src.reshape(1024, 4096)[::-1].reshape(-1)
+    assert np.array_equal(back, expect)
+    # int64 address arrays (numpy's default integer) are taken too.
+    dst[:] = 0
+    a.write(seg, (rs.addr + offs).astype(np.int64), (rd.addr + offs).astype(np.int64), 4096)
+    assert np.array_equal(src, dst)
+    for r in (rs, rback, rd):
+        assert r.close() is True
+        assert r.close() is True  # twice: nothing
+
+
+CHILD = r"""
+import sys, numpy as np, te
+port = int(sys.argv[1])
+env = {"TE_METADATA": "p2p", "TE_P2P_LISTEN": f"127.0.0.1:{port}", "TE_TRANSPORTS": "tcp",
+       "TE_TCP_LISTEN": "127.0.0.1:0", "TE_TCP_ADVERTISE": "127.0.0.1"}
+e = te.TransferEngine("child", env=env)
+i = np.arange(1 << 20, dtype=np.uint64)
+src = ((i * 2654435761 + 5) >> np.uint64(7)).astype(np.uint8)
+dst = np.zeros(1 << 20, dtype=np.uint8)
+rs, rd = e.register(src), e.register(dst)
+print("READY", rs.addr, rd.addr, flush=True)
+sys.stdin.readline()
+expect = ((i * 2654435761 + 9) >> np.uint64(7)).astype(np.uint8)
+print("MISMATCHED", int((dst != expect).sum()), flush=True)
+note = e.recv_notification(timeout=10)
+print("NOTE", note.sender if note else None, note.payload.decode() if note else None, flush=True)
+"""
+
+
+def test_two_processes_read_and_write_each_others_arrays():
+    port = free_port()
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(port)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        line = child.stdout.readline().split()
+        assert line and line[0] == "READY", line
+        remote_src, remote_dst = int(line[1]), int(line[2])
+        env = {"TE_METADATA": "p2p", "TE_P2P_LISTEN": "127.0.0.1:0", "TE_TRANSPORTS": "tcp",
+               "TE_TCP_LISTEN": "127.0.0.1:0", "TE_TCP_ADVERTISE": "127.0.0.1"}
+        e = te.TransferEngine(unique("parent"), env=env)
+        seg = e.open_segment(f"child@127.0.0.1:{port}")
+        got = np.zeros(MiB, dtype=np.uint8)
+        mine = pattern(MiB, 9)
+        rg, rm = e.register(got), e.register(mine)
+        offs = np.arange(256, dtype=np.uint64) * 4096
+        e.read(seg, rg.addr + offs, remote_src + offs, 4096)
+        assert int((got != pattern(MiB, 5)).sum()) == 0
+        e.write(seg, rm.addr, remote_dst, MiB, notify=b"written")
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().split() == ["MISMATCHED", "0"]
+        assert child.stdout.readline().split() == ["NOTE", e.segment_name, "written"]
+        assert child.wait(timeout=30) == 0
+    finally:
+        child.kill()
+
+
+def test_collecting_a_registration_while_a_batch_is_in_flight_keeps_the_memory():
+    a, b = tcp_pair()
+    n = 64 * MiB
+    src = pattern(n, 3)
+    expect = src.copy()
+    dst = np.zeros(n, dtype=np.uint8)
+    rd = b.register(dst)
+    seg = a.open_segment(b.segment_name)
+    rs = a.register(src)
+    alive = weakref.ref(src)
+    batch = a.submit_write(seg, rs.addr, rd.addr, n)
+    in_flight = not batch.done()
+    del rs, src
+    gc.collect()
+    # The array lives on while the engine holds the region, whatever Python collected (the
+    # 64 MiB TCP transfer takes tens of ms; `done` covers a machine fast enough to finish it).
+    assert alive() is not None or batch.done()
+    batch.wait()
+    assert np.array_equal(dst, expect)
+    # Once the engine released the region, the array goes too.
+    deadline = time.monotonic() + 10
+    while alive() is not None:
+        assert time.monotonic() < deadline, "the array was never released"
+        a.transports()  # any call into the package releases queued buffer views
+        gc.collect()
+        time.sleep(0.01)
+    assert in_flight, "the transfer finished before the collection: nothing was tested"
+
+
+def test_closing_a_registration_in_flight_defers_the_release():
+    a, b = tcp_pair()
+    n = 64 * MiB
+    src, dst = pattern(n, 4), np.zeros(n, dtype=np.uint8)
+    rs, rd = a.register(src), b.register(dst)
+    seg = a.open_segment(b.segment_name)
+    batch = a.submit_write(seg, rs.addr, rd.addr, n)
+    closed_now = rs.close()
+    assert not rs.open
+    batch.wait()
+    assert np.array_equal(src, dst)
+    if not closed_now:
+        # Deferred: the region refuses new transfers at once.
+        with pytest.raises(te.UnregisteredError):
+            a.write(seg, rs.addr, rd.addr, 4096)
+
+
+def test_bad_input_raises_clear_exceptions():
+    e = te.TransferEngine(unique("bad"))
+    arr = np.zeros(MiB, dtype=np.uint8)
+    reg = e.register(arr)
+    seg = e.open_segment(e.segment_name)
+    # Read-only memory.
+    ro = np.zeros(4096, dtype=np.uint8)
+    ro.flags.writeable = False
+    with pytest.raises(te.ReadOnlyBufferError, match="read-only"):
+        e.register(ro)
+    with pytest.raises(te.ReadOnlyBufferError):
+        e.register(b"immutable bytes")
+    # Non-contiguous memory and address arrays.
+    with pytest.raises(te.NotContiguousError):
+        e.register(np.zeros((64, 64), dtype=np.uint8)[:, ::2])
+    addrs = np.arange(8, dtype=np.uint64) * 4096 + reg.addr
+    with pytest.raises(te.NotContiguousError):
+        e.write(seg, addrs[::2], addrs[::2], 16)
+    # Wrong dtypes, dimensions and lengths.
+    with pytest.raises(te.DtypeError, match="8-byte integers"):
+        e.write(seg, addrs.astype(np.float64), addrs, 16)
+    with pytest.raises(te.DtypeError):
+        e.write(seg, addrs.astype(np.uint32), addrs, 16)
+    with pytest.raises(te.DtypeError):
+        e.write(seg, [reg.addr], addrs[:1], 16)
+    with pytest.raises(te.ShapeError, match="1-D"):
+        e.write(seg, addrs.reshape(2, 4), addrs.reshape(2, 4), 16)
+    with pytest.raises(te.ShapeError, match="one length"):
+        e.write(seg, addrs, addrs[:4], 16)
+    with pytest.raises(te.InvalidArgument, match="64-bit"):
+        e.write(seg, -1, reg.addr, 16)
+    # The engine's own validation, with the Rust message and fields.
+    with pytest.raises(te.ZeroLengthError):
+        e.write(seg, reg.addr, reg.addr + 4096, 0)
+    with pytest.raises(te.OutOfBoundsError, match="outside every buffer exported") as oob:
+        e.write(seg, reg.addr, reg.addr + MiB - 8, 16)
+    assert oob.value.kind == "out_of_bounds" and oob.value.segment == e.segment_name
+    with pytest.raises(te.UnregisteredError, match="not registered"):
+        e.write(seg, 0x1000, reg.addr, 16)
+    with pytest.raises(te.UnknownSegmentError):
+        e.open_segment(unique("nobody"))
+    with pytest.raises(te.InvalidArgument, match="deadline"):
+        e.write(seg, reg.addr, reg.addr + 4096, 16, deadline=-1.0)
+    with pytest.raises(te.AlreadyRegisteredError):
+        e.register(arr)
+    with pytest.raises(TypeError):
+        e.register(object())
+    with pytest.raises(te.InvalidArgument, match="unknown memory location"):
+        e.register_ptr(reg.addr, 16, "gpu")
+    # A closed handle.
+    assert reg.close()
+    with pytest.raises(te.ClosedError):
+        reg.address(0)
+    with pytest.raises(te.UnregisteredError):
+        e.write(seg, reg.addr, reg.addr, 16)
+    e.shutdown()
+    with pytest.raises(te.ClosedError):
+        e.write(seg, 0x1000, 0x1000, 16)
+
+
+def test_a_malformed_variable_raises_at_construction_naming_it():
+    with pytest.raises(te.ConfigError, match="TE_TRANSFER_TIMEOUT_MS") as err:
+        te.TransferEngine(unique("cfg"), env={"TE_TRANSFER_TIMEOUT_MS": "soon"})
+    assert err.value.var == "TE_TRANSFER_TIMEOUT_MS"
+    with pytest.raises(te.ConfigError, match="TE_TRANSPORTS"):
+        te.TransferEngine(unique("cfg"), transports=["carrier-pigeon"])
+
+
+def test_dlpack_objects_and_raw_pointers_register_without_copying():
+    class OnlyDlpack:
+        """A producer seen only through __dlpack__ (as a torch CPU tensor would be)."""
+
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, stream=None):
+            return self.a.__dlpack__()
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    e = te.TransferEngine(unique("dl"))
+    src = pattern(MiB, 7).view(np.float32)  # any dtype: registration is by bytes
+    dst = np.zeros(MiB, dtype=np.uint8)
+    rs = e.register(OnlyDlpack(src))
+    assert (rs.addr, rs.length, rs.location) == (src.ctypes.data, MiB, "host")
+    raw = ctypes.create_string_buffer(MiB)
+    rp = e.register_ptr(ctypes.addressof(raw), MiB)
+    rd = e.register(dst)
+    seg = e.open_segment(e.segment_name)
+    e.write(seg, rs.addr, rp.addr, MiB)
+    e.write(seg, rp.addr, rd.addr, MiB)
+    assert np.array_equal(dst, src.view(np.uint8))
+    # Read-only arrays are refused by numpy's own DLPack export.
+    ro = np.zeros(16, dtype=np.uint8)
+    ro.flags.writeable = False
+    with pytest.raises((te.ReadOnlyBufferError, BufferError)):
+        e.register(OnlyDlpack(ro))
+    rp.close()
+
+
+def test_cuda_array_interface_objects_are_read_without_importing_a_framework():
+    class FakeDeviceArray:
+        def __init__(self, ptr, n, readonly=False):
+            self.__cuda_array_interface__ = {"data": (ptr, readonly), "shape": (n,), "typestr": "|u1",
+                                             "strides": None, "version": 3}
+
+    e = te.TransferEngine(unique("cai"))
+    host = np.zeros(4096, dtype=np.uint8)
+    with pytest.raises(te.ReadOnlyBufferError):
+        e.register(FakeDeviceArray(host.ctypes.data, 4096, readonly=True))
+    with pytest.raises(te.InvalidArgument, match="does not name the device"):
+        e.register(FakeDeviceArray(host.ctypes.data, 4096))
+    # Declared CUDA memory is checked by the CUDA plugin: here it is host memory, or no driver.
+    with pytest.raises((te.NotAvailableError, te.WrongMemoryKindError)):
+        e.register(FakeDeviceArray(host.ctypes.data, 4096), device="cuda:0")
+
+
+def test_wait_releases_the_gil():
+    a, b = tcp_pair()
+    n = 128 * MiB
+    src, dst = pattern(n, 11), np.zeros(n, dtype=np.uint8)
+    rs, rd = a.register(src), b.register(dst)
+    seg = a.open_segment(b.segment_name)
+    ticks = 0
+    stop = threading.Event()
+
+    def ticker():
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=ticker)
+    t.start()
+    time.sleep(0.01)
+    batch = a.submit_write(seg, rs.addr, rd.addr, n)
+    before = ticks
+    batch.wait()
+    during = ticks - before
+    stop.set()
+    t.join()
+    assert np.array_equal(src, dst)
+    # A 128 MiB TCP transfer takes tens of ms here: a GIL held in wait() would give 0 ticks.
+    assert during > 3, f"the other thread made {during} steps while wait() ran"
+
+
+def test_asyncio_tasks_interleave_with_awaited_batches():
+    a, b = tcp_pair()
+    n = 32 * MiB
+    srcs = [pattern(n, s) for s in (21, 22)]
+    dsts = [np.zeros(n, dtype=np.uint8) for _ in srcs]
+    regs = [(a.register(s), b.register(d)) for s, d in zip(srcs, dsts)]
+
+    async def main():
+        seg = await a.open_segment_async(b.segment_name)
+        ticks = 0
+        done = asyncio.Event()
+
+        async def ticker():
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await asyncio.sleep(0)
+
+        async def move(rs, rd):
+            report = await a.submit_write(seg, rs.addr, rd.addr, n)
+            return report.bytes
+
+        tick = asyncio.create_task(ticker())
+        got = await asyncio.gather(*(move(rs, rd) for rs, rd in regs))
+        done.set()
+        await tick
+        return got, ticks
+
+    got, ticks = asyncio.run(main())
+    assert got == [n, n]
+    assert ticks > 10, "the event loop was blocked while the batches ran"
+    for s, d in zip(srcs, dsts):
+        assert np.array_equal(s, d)
+
+
+def test_a_deadline_fails_the_unfinished_requests_with_timeout():
+    a, b = tcp_pair()
+    n = 128 * MiB
+    src, dst = np.ones(n, dtype=np.uint8), np.zeros(n, dtype=np.uint8)
+    rs, rd = a.register(src), b.register(dst)
+    seg = a.open_segment(b.segment_name)
+    # 128 MiB over TCP loopback takes tens of ms; the deadline is 1 ms.
+    with pytest.raises(te.BatchFailedError) as err:
+        a.write(seg, rs.addr, rd.addr, n, deadline=0.001)
+    index, cause = err.value.failures[0]
+    assert index == 0 and isinstance(cause, te.TimeoutError) and isinstance(cause, TimeoutError)
+    assert "timed out" in str(cause)
+    # The timed-out connection was dropped: the next request reports the peer gone (not a hang),
+    # and the segment works again once re-made (in the background, or by opening it again).
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            assert a.write(seg, rs.addr, rd.addr, 4096).bytes == 4096
+            break
+        except te.BatchFailedError as e:
+            assert isinstance(e.failures[0][1], te.PeerGoneError), e
+            assert time.monotonic() < deadline, "the segment never reconnected after the timeout"
+            seg = a.open_segment(b.segment_name)
+            time.sleep(0.05)
+
+
+def test_failed_batches_raise_batch_failed_with_each_request():
+    a, b = tcp_pair()
+    src, dst = np.zeros(MiB, dtype=np.uint8), np.zeros(MiB, dtype=np.uint8)
+    rs, rd = a.register(src), b.register(dst)
+    seg = a.open_segment(b.segment_name)
+    b.shutdown()  # the peer goes away
+    with pytest.raises(te.TeError) as err:
+        a.write(seg, rs.addr, rd.addr, 4096)
+    e = err.value
+    if isinstance(e, te.BatchFailedError):
+        assert e.failed == 1 and e.failures[0][0] == 0
+        assert isinstance(e.failures[0][1], te.TeError)
+    else:
+        assert isinstance(e, (te.PeerGoneError, te.TransportError, te.NoTransportError)), e
+
+
+def test_notifications_blocking_and_async():
+    a = te.TransferEngine(unique("na"))
+    b = te.TransferEngine(unique("nb"))
+    src, dst = pattern(8192, 2), np.zeros(8192, dtype=np.uint8)
+    rs, rd = a.register(src), b.register(dst)
+    seg = a.open_segment(b.segment_name)
+    a.write(seg, rs.addr, rd.addr, 8192, notify=b"layer-0")
+    n = b.recv_notification(timeout=5)
+    assert (n.sender, n.payload) == (a.segment_name, b"layer-0")
+    assert np.array_equal(src, dst)  # the message comes only after the bytes
+    assert b.recv_notification(timeout=0.05) is None
+    a.notify(seg, b"bare")
+    assert b.notifications().try_recv().payload == b"bare"
+
+    async def main():
+        for i in range(3):
+            await a.notify_async(seg, f"m{i}".encode())
+        got = []
+        async for note in b.notifications():
+            got.append(note.payload)
+            if len(got) == 3:
+                break
+        return got
+
+    assert asyncio.run(main()) == [b"m0", b"m1", b"m2"]
+
+
+def test_segment_events_report_changes_and_closing():
+    a = te.TransferEngine(unique("ea"))
+    b = te.TransferEngine(unique("eb"))
+    seg = a.open_segment(b.segment_name)
+    events = seg.events()
+    mem = np.zeros(8192, dtype=np.uint8)
+    reg = b.register(mem)
+    ev = events.next(timeout=5)
+    assert ev is not None and ev.kind == "changed"
+    assert (reg.addr, reg.length, "host") in ev.buffers
+    a.close_segment(seg)
+    ev = events.next(timeout=5)
+    assert ev is not None and ev.kind == "closed"
+    with pytest.raises(te.TeError):
+        a.write(seg, 0x1000, 0x1000, 16)
+
+
+def test_engine_reports_its_transports():
+    e = te.TransferEngine(unique("info"))
+    names = [n for n, _ in e.transports()]
+    assert "local" in names and "tcp" in names
+    assert set(names) <= set(te.COMPILED_TRANSPORTS)
+    assert "efa" not in te.COMPILED_TRANSPORTS  # the default wheel links no libfabric
+    assert isinstance(te.device_plugins(), list)
+
+
+def test_the_extension_links_no_vendor_library_and_no_libpython():
+    import shutil
+
+    if shutil.which("ldd") is None:
+        pytest.skip("no ldd on this host")
+    out = subprocess.run(["ldd", te._native.__file__], capture_output=True, text=True, check=True).stdout
+    for lib in ("libfabric", "libibverbs", "libcuda", "libamdhip64", "libpython"):
+        assert lib not in out, f"te._native links {lib}:\n{out}"

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The `te` Python package (python/): a virtual environment under target/py-venv (maturin, numpy
+# and pytest from PyPI, installed only when missing), the extension built once into it with
+# `maturin develop` (dev profile; the wheel's default features: no efa, so no libfabric is
+# linked), then the pytest suite under python/tests, which also runs the README's Python examples
+# and a byte-verified smoke run of the benchmark. The suite starts its own etcd (TE_ETCD_BIN) and
+# umbp servers; TE_REQUIRE=etcd turns the distributed test's skip into a failure.
+#
+# `--release` builds the release profile instead (for `python -m te.bench`); extra arguments go
+# to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+profile=()
+if [ "${1:-}" = --release ]; then
+  profile=(--release)
+  shift
+fi
+venv=target/py-venv
+python=${PYTHON:-python3}
+if [ ! -x "$venv/bin/python" ]; then
+  echo "== python: creating $venv"
+  "$python" -m venv "$venv"
+fi
+missing=()
+for pkg in maturin numpy pytest; do
+  "$venv/bin/python" -m pip show -q "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== python: installing ${missing[*]} into $venv"
+  "$venv/bin/python" -m pip install -q "${missing[@]}"
+fi
+echo "== python: maturin develop ${profile[*]:-(dev profile)}"
+VIRTUAL_ENV="$PWD/$venv" PATH="$PWD/$venv/bin:$PATH" \
+  maturin develop -q -m python/Cargo.toml "${profile[@]}"
+echo "== python: pytest python/tests"
+"$venv/bin/python" -m pytest -q -ra python/tests "$@"
