@@ -3,8 +3,8 @@
 //! re-exports these classes, defines the exception hierarchy and holds the benchmark.
 //!
 //! Linking: nothing but libc. The rdma transport and the CUDA/HIP plugins load their vendor
-//! libraries at run time; the efa transport (which links libfabric at build time) is a cargo
-//! feature left out of the default wheel.
+//! libraries at run time. The efa transport (which now loads libfabric at run time too) is a
+//! cargo feature left out of the default wheel until a wheel with it has been tested.
 
 mod arrays;
 mod bench;

@@ -7,46 +7,27 @@
 //! Other `TE_RDMA_*` variables of the environment apply to both transports; the handshake
 //! listener defaults to 127.0.0.1 here.
 
-use std::sync::Arc;
+mod common;
 
-use te_base::config::MapEnv;
 use te_base::conformance::{run_all, ConformanceOptions, ConformancePair};
-use te_base::test_support::required;
-use te_base::InstallContext;
+use te_base::notify::NotifyLimits;
 
-fn context(device: &str, segment: &str) -> InstallContext {
-    let mut vars: std::collections::HashMap<String, String> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("TE_RDMA_") || k.starts_with("MC_"))
-        .collect();
-    vars.insert("TE_RDMA_DEVICES".into(), device.into());
-    vars.entry("TE_RDMA_HANDSHAKE_ADDR".into())
-        .or_insert_with(|| "127.0.0.1:0".into());
-    InstallContext {
-        auth: None,
-        env: Arc::new(MapEnv(vars)),
-        segment_name: segment.into(),
-        devices: Vec::new(),
-        // Small, so the conformance suite can fill it.
-        notifications: te_base::NotifyInbox::new(te_base::notify::NotifyLimits {
+/// Small notification limits, so the conformance suite can fill the inbox.
+fn context(device: &str, segment: &str) -> te_base::InstallContext {
+    common::context(
+        device,
+        segment,
+        &[],
+        NotifyLimits {
             queue_depth: 64,
             max_bytes: 4096,
-        }),
-    }
+        },
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn conformance_on_a_real_device() {
-    let device = match std::env::var("TE_TEST_RDMA_DEVICE") {
-        Ok(d) if !d.is_empty() => d,
-        _ => {
-            assert!(
-                !required("rdma"),
-                "TE_REQUIRE names rdma but TE_TEST_RDMA_DEVICE does not name a device"
-            );
-            eprintln!("skipped: no RDMA device named (set TE_TEST_RDMA_DEVICE=mlx5_0 on a RoCE or InfiniBand host)");
-            return;
-        }
-    };
+    let Some(device) = common::device() else { return };
     let initiator = te_transport_rdma::install(&context(&device, "conformance-initiator"))
         .await
         .unwrap_or_else(|e| panic!("install on {device}: {e}"));

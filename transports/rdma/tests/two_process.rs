@@ -13,6 +13,8 @@
 //! - the documented GID rule picks the entry sysfs says it should, and `TE_RDMA_GID_INDEX`
 //!   forces another.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -20,8 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use te_base::config::MapEnv;
-use te_base::test_support::required;
-use te_base::InstallContext;
+use te_base::notify::NotifyLimits;
 use te_core::metadata::p2p::{P2pConfig, P2pStore};
 use te_core::{
     HostBufferOptions, Registration, SegmentEvent, SegmentHandle, SubmitOptions, TransferEngine, TransferRequest,
@@ -33,20 +34,6 @@ const PIECE: u64 = 64 << 10;
 /// These tests time bounded behaviour with child processes on an emulated machine: they take
 /// turns.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn device() -> Option<String> {
-    match std::env::var("TE_TEST_RDMA_DEVICE") {
-        Ok(d) if !d.is_empty() => Some(d),
-        _ => {
-            assert!(
-                !required("rdma"),
-                "TE_REQUIRE names rdma but TE_TEST_RDMA_DEVICE does not name a device"
-            );
-            eprintln!("skipped: no RDMA device named (set TE_TEST_RDMA_DEVICE=mlx5_0 on a RoCE or InfiniBand host)");
-            None
-        }
-    }
-}
 
 /// Prints a step of a test with the time since the process started, so a guest log shows where a
 /// run spent its time (or stopped).
@@ -75,23 +62,8 @@ fn mismatched(r: &Registration, seed: u8) -> usize {
         .count()
 }
 
-fn context(device: &str, segment: &str, extra: &[(&str, &str)]) -> InstallContext {
-    let mut vars: std::collections::HashMap<String, String> = std::env::vars()
-        .filter(|(k, _)| k.starts_with("TE_RDMA_") || k.starts_with("MC_"))
-        .collect();
-    vars.insert("TE_RDMA_DEVICES".into(), device.into());
-    vars.entry("TE_RDMA_HANDSHAKE_ADDR".into())
-        .or_insert_with(|| "127.0.0.1:0".into());
-    for (k, v) in extra {
-        vars.insert(k.to_string(), v.to_string());
-    }
-    InstallContext {
-        auth: None,
-        env: Arc::new(MapEnv(vars)),
-        segment_name: segment.into(),
-        devices: Vec::new(),
-        notifications: te_base::NotifyInbox::new(te_base::notify::NotifyLimits::default()),
-    }
+fn context(device: &str, segment: &str, extra: &[(&str, &str)]) -> te_base::InstallContext {
+    common::context(device, segment, extra, NotifyLimits::default())
 }
 
 /// An engine whose only transport is rdma on `device`, with peer-to-peer metadata on `listen`.
@@ -263,7 +235,7 @@ fn runtime() -> tokio::runtime::Runtime {
 
 #[test]
 fn writes_and_reads_land_in_a_stopped_process() {
-    let Some(dev) = device() else { return };
+    let Some(dev) = common::device() else { return };
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
         step("starting the target");
@@ -306,7 +278,7 @@ fn writes_and_reads_land_in_a_stopped_process() {
 /// at the same metadata address is then found (a restart event) and served.
 #[test]
 fn a_deadline_ends_a_batch_to_a_killed_target_and_its_restarted_instance_is_served() {
-    let Some(dev) = device() else { return };
+    let Some(dev) = common::device() else { return };
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     runtime().block_on(async {
         step("starting the target");
@@ -411,7 +383,7 @@ fn gid_sent_from(endpoint: &serde_json::Value) -> String {
 
 #[test]
 fn the_gid_rule_picks_the_first_ipv4_mapped_roce_v2_entry_and_the_variable_overrides_it() {
-    let Some(dev) = device() else { return };
+    let Some(dev) = common::device() else { return };
     let link_layer =
         std::fs::read_to_string(format!("/sys/class/infiniband/{dev}/ports/1/link_layer")).unwrap_or_default();
     if link_layer.trim() != "Ethernet" {

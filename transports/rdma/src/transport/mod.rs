@@ -89,9 +89,6 @@ pub(crate) struct Shared<V: Verbs> {
     /// to `wake` (see [`progress::Sleeper`]).
     pub(crate) sleeping: AtomicBool,
     wake: std::os::unix::net::UnixStream,
-    /// Times the progress thread slept on the channels, and woke because a channel fired.
-    pub(crate) sleeps: AtomicU64,
-    pub(crate) channel_wakes: AtomicU64,
     runtime: tokio::runtime::Handle,
     pool: &'static RegistrationPool,
 }
@@ -269,8 +266,6 @@ impl<V: Verbs> RdmaTransport<V> {
             progress_thread: Mutex::new(None),
             sleeping: AtomicBool::new(false),
             wake,
-            sleeps: AtomicU64::new(0),
-            channel_wakes: AtomicU64::new(0),
             runtime: tokio::runtime::Handle::current(),
             pool: RegistrationPool::global()?,
             config,

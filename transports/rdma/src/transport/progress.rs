@@ -34,6 +34,8 @@ pub(crate) struct Sleeper {
     /// polls as in [`PollMode::Busy`].
     channels: Option<Vec<OwnedFd>>,
     wake: UnixStream,
+    /// What `poll(2)` waits on, built once: the wake socket, then every channel.
+    fds: Vec<libc::pollfd>,
 }
 
 impl Sleeper {
@@ -53,33 +55,34 @@ impl Sleeper {
                 _ => channels = None,
             }
         }
-        Ok(Sleeper { mode, channels, wake })
-    }
-
-    /// Sleeps until a channel or the wake socket is readable, or `timeout`. True when a channel
-    /// fired.
-    fn sleep(&self, timeout: Duration) -> bool {
-        let channels = self.channels.as_deref().unwrap_or_default();
-        let mut fds: Vec<libc::pollfd> = std::iter::once(self.wake.as_raw_fd())
-            .chain(channels.iter().map(AsRawFd::as_raw_fd))
+        let fds = std::iter::once(wake.as_raw_fd())
+            .chain(channels.iter().flatten().map(AsRawFd::as_raw_fd))
             .map(|fd| libc::pollfd {
                 fd,
                 events: libc::POLLIN,
                 revents: 0,
             })
             .collect();
+        Ok(Sleeper {
+            mode,
+            channels,
+            wake,
+            fds,
+        })
+    }
+
+    /// Sleeps until a channel or the wake socket is readable, or `timeout`.
+    fn sleep(&mut self, timeout: Duration) {
         let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
-        // SAFETY: `fds` is a valid array of `fds.len()` pollfd entries for the call's duration.
+        let fds = &mut self.fds;
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd entries for the call's duration,
+        // its descriptors owned by this sleeper.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-        if n <= 0 {
-            // Timeout, or EINTR: the caller looks at everything again either way.
-            return false;
-        }
-        if fds[0].revents != 0 {
+        // On a timeout or EINTR the caller looks at everything again either way.
+        if n > 0 && fds[0].revents != 0 {
             let mut sink = [0u8; 64];
             while matches!((&self.wake).read(&mut sink), Ok(n) if n > 0) {}
         }
-        fds[1..].iter().any(|f| f.revents != 0)
     }
 }
 
@@ -95,7 +98,7 @@ pub(crate) fn spawn<V: Verbs>(shared: Weak<Shared<V>>, sleeper: Sleeper) -> Resu
     Ok(handle.thread().clone())
 }
 
-fn run<V: Verbs>(weak: Weak<Shared<V>>, sleeper: Sleeper) {
+fn run<V: Verbs>(weak: Weak<Shared<V>>, mut sleeper: Sleeper) {
     let mut wcs = vec![Completion::default(); POLL_BATCH];
     let mut targets: Vec<Option<(Arc<PeerInner<V>>, usize)>> = Vec::with_capacity(POLL_BATCH);
     let mut last_completion = Instant::now();
@@ -210,16 +213,12 @@ fn run<V: Verbs>(weak: Weak<Shared<V>>, sleeper: Sleeper) {
             }
             continue;
         }
-        shared.sleeps.fetch_add(1, Ordering::Relaxed);
         let timeout = Duration::from_millis(if waiting { 1 } else { 100 });
         drop(shared);
-        let fired = sleeper.sleep(timeout);
+        sleeper.sleep(timeout);
         let Some(shared) = weak.upgrade() else { return };
         shared.sleeping.store(false, Ordering::SeqCst);
         armed = false;
-        if fired {
-            shared.channel_wakes.fetch_add(1, Ordering::Relaxed);
-        }
         // Every event is acknowledged (a CQ with unacknowledged events cannot be destroyed), and
         // the channels must be drained to stop being readable. Each CQ is re-armed before the
         // next sleep.
