@@ -258,7 +258,8 @@ impl Directory {
     }
 
     /// Writes `keys` as owned by this peer, in transactions of at most [`MAX_TXN_OPS`]. On
-    /// failure the directory is marked for a full re-publication when etcd answers again.
+    /// failure the directory is marked for a full re-publication, which the keep-alive loop does
+    /// within a lease period (at once when etcd answers again after an outage).
     pub(crate) async fn publish(&self, keys: &[String]) {
         if let Err(e) = self.write_keys(keys).await {
             self.dirty.store(true, Ordering::Release);
@@ -393,7 +394,9 @@ async fn keep_alive_loop(d: Arc<Directory>) {
                 d.timed("keeping the lease", keeper.keep_alive()).await?;
                 match d.timed("keeping the lease", stream.message()).await? {
                     Some(r) if r.ttl() > 0 => {
-                        if !recovered {
+                        // Also a publication that failed or timed out while etcd kept answering
+                        // (the dirty flag): written again in this round, not at the next outage.
+                        if !recovered || d.dirty.load(Ordering::Acquire) {
                             d.recover(false).await?;
                             recovered = true;
                         } else {

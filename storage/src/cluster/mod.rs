@@ -222,7 +222,10 @@ impl Cluster {
         let dir = self.dir.clone();
         let limit = self.cfg.timeout + Duration::from_millis(100);
         if self.run(async move { dir.publish(&keys).await }, limit).is_none() {
-            tracing::warn!("umbp cluster: publishing keys timed out; retried when etcd is back");
+            self.dir.mark_dirty();
+            tracing::warn!(
+                "umbp cluster: publishing keys timed out; every local key is written again within a lease period"
+            );
         }
     }
 
