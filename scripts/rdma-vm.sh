@@ -245,13 +245,22 @@ boot() {
   : >"$CONSOLE"
   rm -f "$SHARE/out"/*
   # In a subshell, so that a QEMU killed by a signal is reported in qemu.log, not on our stderr.
+  # The subshell passes a TERM on to timeout (which stops QEMU): killing only the subshell would
+  # leave a hung KVM guest spinning a core, and holding the lock, until RDMA_VM_TIMEOUT.
   (timeout --kill-after=10 "$TIMEOUT" qemu-system-x86_64 -nodefaults -no-user-config -nic none \
     -machine q35 "${accel_args[@]}" -smp "$SMP" -m "$MEM" -display none -no-reboot \
     -kernel "$IMAGE/vmlinuz" -initrd "$IMAGE/initrd.img" \
     -append "root=/dev/vda rw console=ttyS0 panic=-1 loglevel=4 init=/usr/local/sbin/rdma-vm-init" \
     -drive "file=$IMAGE/rootfs.ext4,format=raw,if=virtio,snapshot=on" \
     -virtfs "local,path=$SHARE,mount_tag=share,security_model=none,id=share" \
-    -serial "file:$CONSOLE"; exit $?) >"$VM_DIR/qemu.log" 2>&1 &
+    -serial "file:$CONSOLE" &
+    q=$!
+    trap 'kill "$q" 2>/dev/null' TERM
+    wait "$q"
+    st=$?
+    # A TERM interrupts that wait (status 143) while timeout is still stopping QEMU: wait again.
+    if kill -0 "$q" 2>/dev/null; then wait "$q"; st=$?; fi
+    exit $st) >"$VM_DIR/qemu.log" 2>&1 &
   QEMU_PID=$!
 }
 stop() {
