@@ -129,7 +129,10 @@ bash scripts/python-tests.sh
 # The rdma transport on a real verbs stack: soft-RoCE (rdma_rxe) in a QEMU VM booting Debian's own
 # kernel (scripts/rdma-vm.sh; this host's kernel has no RDMA). The conformance suite's binary built
 # above runs in the guest on rxe0 (on lo, active MTU 4096) and on rxe1 (on a dummy interface, MTU
-# 1024), then te-bench's byte-verified transfer between two processes (scripts/rdma-pair.sh). Skips when the VM cannot run here (no qemu or image: e.g. no Debian mirror, not root);
+# 1024), then te-bench's byte-verified transfer between two processes (scripts/rdma-pair.sh), then
+# the efa transport on libfabric's verbs;ofi_rxm: its conformance suite on rxe1, and with every
+# domain offered (rxe0 does not open and is skipped) te-bench info and a two-process transfer.
+# Skips when the VM cannot run here (no qemu or image: e.g. no Debian mirror, not root);
 # TE_REQUIRE=rdma-vm turns that skip into a failure.
 echo "== rdma on soft-RoCE in a VM (scripts/rdma-vm.sh)"
 requires() { [[ ",$(echo "${TE_REQUIRE:-}" | tr -d ' ')," == *",$1,"* ]]; }
@@ -177,7 +180,11 @@ else
       "bash rdma-bench.sh rxe0" \
     --bin efa-conformance="$EFA_CONFORMANCE" \
     --step "efa conformance on libfabric verbs;ofi_rxm over rxe1 (deregistered memory refused, bytes checked)" \
-      "TE_FABRIC_PROVIDER='verbs;ofi_rxm' TE_FABRIC_DOMAINS=rxe1 FI_UNIVERSE_SIZE=16 TE_REQUIRE=libfabric efa-conformance conformance_env_provider --nocapture --test-threads=1" || rc=$?
+      "TE_FABRIC_PROVIDER='verbs;ofi_rxm' TE_FABRIC_DOMAINS=rxe1 FI_UNIVERSE_SIZE=16 TE_REQUIRE=libfabric efa-conformance conformance_env_provider --nocapture --test-threads=1" \
+    --step "efa on verbs;ofi_rxm with every domain: a domain that cannot open (rxe0) is skipped and named, the transport serves on the rest" \
+      "FI_UNIVERSE_SIZE=16 TE_FABRIC_PROVIDER='verbs;ofi_rxm' te-bench info | tee /tmp/info.txt && grep -q '^transport *efa *usable' /tmp/info.txt" \
+    --step "efa on verbs;ofi_rxm, two processes, every domain: writes then reads of 16 MiB in 1 MiB blocks (te-bench --verify)" \
+      "for op in write read; do FI_UNIVERSE_SIZE=16 te-bench transfer --transport efa --provider 'verbs;ofi_rxm' --op \$op --block-bytes 1M --total-bytes 16M --repeat 2 --latency-samples 20 --verify || exit 1; done" || rc=$?
   case $rc in
     0) ;;
     77) rdma_vm_skipped "the VM cannot run here (reason above)" ;;
