@@ -1,5 +1,10 @@
 //! The registration table: every region registered with the engine, sorted by base address and
 //! searched by binary search. A whole batch resolves under one shared lock.
+//!
+//! A region is registered on the transports once and may be shared by several handles: its own
+//! and those of sub-ranges registered while it lives (the registration cache, [`Registry::share`]).
+//! The table holds only the covering regions, so views add nothing to a lookup, a descriptor or
+//! a batch's pins; the region leaves the table when its last handle goes ([`Registry::release_handle`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,6 +22,11 @@ pub(crate) struct Region {
     pub in_flight: AtomicU64,
     /// Dropped by its owner while in flight: removed when the last batch finishes.
     pub dying: AtomicBool,
+    /// Live handles sharing this registration: the one it was registered with and every view
+    /// of a sub-range the cache handed out. Lowered only under the table's write lock, and raised
+    /// only under its read lock while non-zero, so a region whose count reached zero is never
+    /// handed out again.
+    pub handles: AtomicU64,
     /// What owns the memory (engine-allocated host memory, or a foreign owner handed to
     /// [`crate::TransferEngine::register_raw_owned`]), dropped when the last reference goes:
     /// after the transports released the region.
@@ -64,7 +74,85 @@ impl Drop for Pins {
     }
 }
 
+/// What releasing one handle of a region did.
+#[derive(Debug)]
+pub(crate) enum Released {
+    /// Other handles still share the region: nothing changes for the transports.
+    Shared,
+    /// That was the last handle and no batch uses the region: it left the table and must be
+    /// deregistered from the transports.
+    Removed(Arc<Region>),
+    /// That was the last handle but batches use the region: it stops accepting new batches and
+    /// is reaped when the last one completes.
+    Dying,
+    /// The region had already left the table (a rolled-back registration).
+    Gone,
+}
+
 impl Registry {
+    /// The live region that contains `[addr, addr + len)`, with one more handle counted on it, if
+    /// `check` accepts it; `Ok(None)` if no registered region overlaps the range. A range that
+    /// overlaps a region without lying inside it, or lies inside one that is on its way out, is
+    /// [`Error::AlreadyRegistered`] naming that region. One binary search under the read lock.
+    pub fn share(
+        &self,
+        addr: u64,
+        len: u64,
+        check: impl FnOnce(&RegionInfo) -> Result<()>,
+    ) -> Result<Option<Arc<Region>>> {
+        let regions = self.regions.read();
+        let end = addr + len;
+        let idx = regions.partition_point(|r| r.info.base < end);
+        let Some(r) = idx.checked_sub(1).map(|i| &regions[i]).filter(|r| r.info.end() > addr) else {
+            return Ok(None);
+        };
+        let inside = r.info.base <= addr && end <= r.info.end();
+        // A region with no handle left is being released (its removal may wait for batches).
+        if !inside || r.dying.load(Ordering::Acquire) || r.handles.load(Ordering::Acquire) == 0 {
+            return Err(Error::AlreadyRegistered {
+                addr,
+                len,
+                region_base: r.info.base,
+                region_len: r.info.len,
+            });
+        }
+        check(&r.info)?;
+        r.handles.fetch_add(1, Ordering::AcqRel);
+        Ok(Some(r.clone()))
+    }
+
+    /// Releases one handle of `region`. The last one removes the region from the table if no
+    /// batch uses it; otherwise, with `refuse_in_flight`, it is refused with
+    /// [`Error::InFlight`] (the handle stays counted), and without, the region is marked dying.
+    pub fn release_handle(&self, region: &Arc<Region>, refuse_in_flight: bool) -> Result<Released> {
+        let mut regions = self.regions.write();
+        let handles = region.handles.load(Ordering::Acquire);
+        if handles > 1 {
+            region.handles.store(handles - 1, Ordering::Release);
+            return Ok(Released::Shared);
+        }
+        let idx = regions.partition_point(|r| r.info.base < region.info.base);
+        let Some(r) = regions.get(idx).filter(|r| r.info.id == region.info.id) else {
+            region.handles.store(0, Ordering::Release);
+            return Ok(Released::Gone);
+        };
+        let in_flight = r.in_flight.load(Ordering::Acquire);
+        if in_flight > 0 {
+            if refuse_in_flight {
+                return Err(Error::InFlight {
+                    base: r.info.base,
+                    len: r.info.len,
+                    in_flight,
+                });
+            }
+            region.handles.store(0, Ordering::Release);
+            r.dying.store(true, Ordering::Release);
+            return Ok(Released::Dying);
+        }
+        region.handles.store(0, Ordering::Release);
+        Ok(Released::Removed(regions.remove(idx)))
+    }
+
     /// Finds an overlap of `[addr, addr + len)` with any registered region.
     pub fn overlap(&self, addr: u64, len: u64) -> Option<RegionInfo> {
         let regions = self.regions.read();

@@ -28,8 +28,10 @@ pub(crate) use deadline::default_deadline as check_transfer_timeout;
 pub use deadline::TRANSFER_TIMEOUT_VAR;
 pub use handle::{RegisterOptions, Registration};
 pub use notify::{Notifications, NotifiedBatch};
+pub(crate) use registration::registration_cache;
 use registration::PendingRegion;
 pub use registration::RawRegion;
+pub use registration::REGISTRATION_CACHE_VAR;
 pub use submit::SubmitOptions;
 
 /// A transport compiled into this build and whether it runs here.
@@ -66,6 +68,8 @@ pub(crate) struct EngineInner {
     closed: AtomicBool,
     /// `TE_TRANSFER_TIMEOUT_MS`: the deadline of batches submitted without one.
     default_deadline: Option<std::time::Duration>,
+    /// `TE_REGISTRATION_CACHE`: whether ranges inside a registered region may share it.
+    registration_cache: bool,
     /// Watchers and event channels of the open segments.
     live: segments::LiveSegments,
     _env: Arc<dyn Env>,
@@ -147,6 +151,7 @@ impl TransferEngine {
             metrics_endpoint: std::sync::OnceLock::new(),
             closed: AtomicBool::new(false),
             default_deadline: deadline::default_deadline(env.as_ref())?,
+            registration_cache: registration_cache(env.as_ref())?,
             live: segments::LiveSegments::default(),
             _env: env,
             inbox,
