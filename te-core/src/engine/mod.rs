@@ -240,10 +240,20 @@ impl TransferEngine {
 
     /// Registers memory the engine does not own (framework tensors, foreign allocations).
     ///
+    /// A range inside a region already registered with this engine (a tensor that is a view of
+    /// a registered pool) is served by the registration cache: the handle shares the covering
+    /// registration, costs no transport registration and no descriptor update, and keeps the
+    /// covering registration alive until it goes ([`Registration`], [`RegisterOptions::reuse_covering`]).
+    /// Its options must match the covering region's ([`Error::RegistrationMismatch`]); a range
+    /// that overlaps a registered region without lying inside it is [`Error::AlreadyRegistered`].
+    ///
     /// # Safety
     /// `[addr, addr + len)` must be memory of `location` that stays valid (mapped, not freed) until
     /// the returned registration is deregistered or dropped and every transfer on it completed;
-    /// transfers will read and write it concurrently with the caller.
+    /// transfers will read and write it concurrently with the caller. If ranges inside it are
+    /// registered while it lives, they share this registration, which stays (and the whole range
+    /// stays reachable, by peers too if exported) until the last of those handles is released as
+    /// well: the memory must stay valid until then.
     pub async unsafe fn register_raw(
         &self,
         addr: u64,
