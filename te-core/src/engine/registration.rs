@@ -129,7 +129,8 @@ impl EngineInner {
                         exported: reg.export,
                     };
                     compatible(&info, &region, reg)?;
-                    inner_views.push((i, t));
+                    // The covering item by its position in `top` (the last one).
+                    inner_views.push((i, top.len() - 1));
                     continue;
                 }
             }
@@ -160,9 +161,12 @@ impl EngineInner {
         } else {
             self.register_on_transports(&infos).await?
         };
+        let mut views_of = vec![0u64; top.len()];
+        for &(_, k) in &inner_views {
+            views_of[k] += 1;
+        }
         let mut regions: Vec<Arc<Region>> = Vec::with_capacity(top.len());
-        for ((&i, info), keys) in top.iter().zip(infos).zip(keys) {
-            let views = inner_views.iter().filter(|(_, t)| *t == i).count() as u64;
+        for (((&i, info), keys), views) in top.iter().zip(infos).zip(keys).zip(views_of) {
             let owned = items[i].take().and_then(|p| p.owned);
             regions.push(Arc::new(Region {
                 info,
@@ -190,14 +194,11 @@ impl EngineInner {
         for (&i, region) in top.iter().zip(&regions) {
             out[i] = Some(Registration::whole(region.clone(), weak.clone()));
         }
-        for &(i, t) in &inner_views {
-            let k = top
-                .iter()
-                .position(|&x| x == t)
-                .ok_or_else(|| internal("covering item"))?;
+        for &(i, k) in &inner_views {
             let p = items[i].take().ok_or_else(|| internal("inner view"))?;
+            let covering = regions.get(k).ok_or_else(|| internal("covering region"))?;
             out[i] = Some(Registration::view(
-                regions[k].clone(),
+                covering.clone(),
                 weak.clone(),
                 p.region.addr,
                 p.region.len,
