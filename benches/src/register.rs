@@ -14,6 +14,7 @@ mod saved;
 mod shapes;
 mod spec;
 mod sweep;
+mod views;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -124,6 +125,18 @@ pub struct Options {
     /// Run nothing: print the table (and --plot) from the --json lines of an earlier run.
     #[arg(long)]
     from_json: Option<PathBuf>,
+    /// Run the views scenario instead of the sweep: this many tensors laid out back to back in
+    /// one `--pool-size` pool, registered through the engine with the registration cache off
+    /// (each on its own) and on (the pool, then each as a view of it), `--repeat` times each.
+    #[arg(long)]
+    views: Option<usize>,
+    /// Pool of the views scenario (host memory, prefaulted).
+    #[arg(long, default_value = "1GiB")]
+    pool_size: String,
+    /// Views scenario: read every view back through the engine and check each byte (real
+    /// transports; not timed).
+    #[arg(long)]
+    verify: bool,
     /// Internal: run as one rank process (spec on stdin).
     #[arg(long, hide = true)]
     rank_worker: bool,
@@ -137,6 +150,9 @@ pub fn run(args: Args) -> Result<(), String> {
 fn run_options(args: Options) -> Result<(), String> {
     if args.rank_worker {
         return rank::run_rank();
+    }
+    if let Some(n) = args.views {
+        return run_views(&args, n);
     }
     if let Some(path) = &args.from_json {
         let s = saved::load(path)?;
@@ -328,6 +344,38 @@ fn run_options(args: Options) -> Result<(), String> {
         eprintln!("plot written to {}", path.display());
     }
     Ok(())
+}
+
+fn run_views(args: &Options, views: usize) -> Result<(), String> {
+    if args.repeat == 0 {
+        return Err("--repeat must be at least 1".into());
+    }
+    if !(args.sim_scale.is_finite() && args.sim_scale > 0.0) {
+        return Err(format!("--sim-scale {} must be > 0", args.sim_scale));
+    }
+    let pool_bytes = shapes::parse_size(&args.pool_size).map_err(|e| format!("--pool-size: {e}"))?;
+    // One domain unless asked: the sim's costs are per domain, and a real transport has its own.
+    let domains = args.nics.unwrap_or(1);
+    if domains == 0 {
+        return Err("--nics must be at least 1".into());
+    }
+    let node_load_path = std::env::temp_dir().join(format!("te-bench-register-{}.load", std::process::id()));
+    let load = NodeLoad::create(&node_load_path).map_err(|e| e.to_string())?;
+    let cores = CpuBudget::detect().cores();
+    let result = views::run(views::ViewsSpec {
+        views,
+        pool_bytes,
+        transport: args.transport,
+        location: args.location,
+        domains,
+        repeat: args.repeat,
+        sim: sim_spec(args, cores, &node_load_path),
+        verify: args.verify,
+        json: args.json,
+    });
+    drop(load);
+    let _ = std::fs::remove_file(&node_load_path);
+    result
 }
 
 fn plot_title(ctx: &Context) -> String {

@@ -196,7 +196,10 @@ impl PyEngine {
             owner,
         } = acquired;
         let engine = self.engine.clone();
-        let reg = RegisterOptions { export };
+        let reg = RegisterOptions {
+            export,
+            ..RegisterOptions::default()
+        };
         let r = py.detach(move || {
             // SAFETY: `owner` keeps `[addr, addr + len)` alive (the exporter's view, the DLPack
             // capsule, or the array object) and the engine drops it only after releasing the
@@ -313,7 +316,17 @@ impl PyEngine {
         let r = py.detach(move || {
             // SAFETY: the Python caller takes on register_raw's contract (documented above and in
             // the stubs): the memory stays valid until the registration is released.
-            block_on(unsafe { engine.register_raw(ptr, length, location, RegisterOptions { export }) })
+            block_on(unsafe {
+                engine.register_raw(
+                    ptr,
+                    length,
+                    location,
+                    RegisterOptions {
+                        export,
+                        ..RegisterOptions::default()
+                    },
+                )
+            })
         });
         Ok(PyRegistration::new(r.py()?))
     }

@@ -65,6 +65,15 @@ pub fn engine_error(py: Python<'_>, e: &Error) -> PyErr {
             "already_registered",
             vec![("addr", int(py, *addr)), ("length", int(py, *len))],
         ),
+        Error::RegistrationMismatch { addr, len, what, .. } => (
+            "InvalidArgument",
+            "registration_mismatch",
+            vec![
+                ("addr", int(py, *addr)),
+                ("length", int(py, *len)),
+                ("what", text(py, what)),
+            ],
+        ),
         Error::OutOfBounds { segment, addr, len } => (
             "OutOfBoundsError",
             "out_of_bounds",

@@ -48,10 +48,15 @@ class TransferEngine:
     def register(self, obj: Registrable, *, device: str | None = None, export: bool = True) -> Registration:
         """Registers ``obj``'s memory without copying (read-only raises ``te.ReadOnlyBufferError``,
         non-contiguous ``te.NotContiguousError``). The object stays alive until the engine has
-        released the region, whatever Python collects meanwhile."""
+        released the region, whatever Python collects meanwhile. Memory inside a region already
+        registered (a tensor view of a registered pool) shares that registration (the engine's
+        registration cache, ``TE_REGISTRATION_CACHE``); other options than the region's raise
+        ``te.InvalidArgument`` (kind ``registration_mismatch``), a partial overlap
+        ``te.AlreadyRegisteredError``."""
     def register_ptr(self, ptr: int, length: int, device: str | None = None, *, export: bool = True) -> Registration:
-        """Registers raw memory; the caller keeps it valid until the registration is closed and
-        its transfers completed. ``device``: "host" (default), "cuda:N", "rocm:N"."""
+        """Registers raw memory; the caller keeps it valid until the registration (and every
+        registration inside it, which shares it) is closed and its transfers completed.
+        ``device``: "host" (default), "cuda:N", "rocm:N"."""
     def open_segment(self, name: str) -> Segment: ...
     def open_segment_async(self, name: str) -> Awaitable[Segment]: ...
     def close_segment(self, segment: SegmentLike) -> None: ...

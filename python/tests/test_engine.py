@@ -205,8 +205,13 @@ def test_bad_input_raises_clear_exceptions():
         e.open_segment(unique("nobody"))
     with pytest.raises(te.InvalidArgument, match="deadline"):
         e.write(seg, reg.addr, reg.addr + 4096, 16, deadline=-1.0)
+    # The same array again shares the registration (the engine's registration cache); a range
+    # running past its end overlaps it.
+    again = e.register(arr)
+    assert again.addr == reg.addr
+    assert again.close()
     with pytest.raises(te.AlreadyRegisteredError):
-        e.register(arr)
+        e.register_ptr(reg.addr + MiB - 8, 16)
     with pytest.raises(TypeError):
         e.register(object())
     with pytest.raises(te.InvalidArgument, match="unknown memory location"):

@@ -34,6 +34,23 @@ pub enum Error {
         region_len: u64,
     },
 
+    /// A range inside a registered region cannot share that region's registration (the
+    /// engine's registration cache) because it asks for something the region does not have:
+    /// `what` names the option that differs, with the region's value and the requested one.
+    #[error("memory [{addr:#x}, +{len}) lies inside the registered region [{region_base:#x}, +{region_len}) but cannot share its registration: {what} differs (region: {region}, requested: {requested})")]
+    RegistrationMismatch {
+        addr: u64,
+        len: u64,
+        region_base: u64,
+        region_len: u64,
+        /// The option that differs (`export`, `location`).
+        what: &'static str,
+        /// The covering region's value.
+        region: String,
+        /// The requested value.
+        requested: String,
+    },
+
     /// The remote range is not inside one buffer exported by the target segment.
     #[error("remote range [{addr:#x}, +{len}) is outside every buffer exported by segment '{segment}'")]
     OutOfBounds { segment: String, addr: u64, len: u64 },

@@ -24,6 +24,7 @@ const ENGINE_VARS: &[&str] = &[
     "TE_ETCD_TIMEOUT_MS",
     "TE_ETCD_LEASE_TTL_S",
     crate::engine::TRANSFER_TIMEOUT_VAR,
+    crate::engine::REGISTRATION_CACHE_VAR,
 ];
 
 /// Every `TE_*` / `MC_*` variable this build reads: te-base's, te-core's and those of every
@@ -58,6 +59,7 @@ pub(crate) fn check(env: &dyn Env) -> Result<Vec<UnknownVar>> {
     te_base::NotifyLimits::from_env(env)?;
     crate::metadata::p2p::P2pConfig::from_env(env, None)?;
     crate::engine::check_transfer_timeout(env)?;
+    crate::engine::registration_cache(env)?;
     crate::metrics::MetricsConfig::from_env(env)?;
     #[cfg(feature = "etcd")]
     if env.get("TE_ETCD_ENDPOINTS").is_some() {

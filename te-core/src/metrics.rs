@@ -45,6 +45,7 @@ pub(crate) struct Metrics {
     requests: AtomicU64,
     bytes: AtomicU64,
     failed_requests: AtomicU64,
+    registration_cache_hits: AtomicU64,
 }
 
 /// A snapshot of the engine's counters.
@@ -58,6 +59,9 @@ pub struct MetricsSnapshot {
     pub bytes: u64,
     /// Requests that failed at submission (refused by a transport or to a lost peer).
     pub failed_requests: u64,
+    /// Registrations the registration cache served: ranges inside a registered region that got
+    /// a handle sharing it instead of a transport registration of their own.
+    pub registration_cache_hits: u64,
 }
 
 impl Metrics {
@@ -70,12 +74,17 @@ impl Metrics {
         }
     }
 
+    pub fn record_cache_hits(&self, hits: u64) {
+        self.registration_cache_hits.fetch_add(hits, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> MetricsSnapshot {
         MetricsSnapshot {
             batches: self.batches.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
             failed_requests: self.failed_requests.load(Ordering::Relaxed),
+            registration_cache_hits: self.registration_cache_hits.load(Ordering::Relaxed),
         }
     }
 }

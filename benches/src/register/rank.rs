@@ -49,7 +49,9 @@ pub fn run_rank() -> Result<(), String> {
                 work_node_s: provider.work_node_s(),
             }
         }
-        TransportChoice::Efa | TransportChoice::Rdma => engine_rank(&spec, &mut input)?,
+        TransportChoice::Efa | TransportChoice::Rdma | TransportChoice::Local | TransportChoice::Tcp => {
+            engine_rank(&spec, &mut input)?
+        }
     };
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", serde_json::to_string(&result).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;

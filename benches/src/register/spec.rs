@@ -17,6 +17,10 @@ pub enum TransportChoice {
     Efa,
     /// RDMA verbs memory registration.
     Rdma,
+    /// The local copy transport (registration is a table entry).
+    Local,
+    /// The TCP transport.
+    Tcp,
 }
 
 impl TransportChoice {
@@ -26,6 +30,8 @@ impl TransportChoice {
             TransportChoice::Sim => "sim",
             TransportChoice::Efa => "efa",
             TransportChoice::Rdma => "rdma",
+            TransportChoice::Local => "local",
+            TransportChoice::Tcp => "tcp",
         }
     }
 }

@@ -198,10 +198,16 @@ impl Core {
     /// running get writes into, nor change bytes a running put reads.
     pub(crate) async unsafe fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
         self.check_open()?;
+        // Without the engine's registration cache: the store keeps its caller buffers disjoint and
+        // by base address, so a buffer registered twice (or inside another) is still refused.
         // SAFETY: forwarded contract: the caller keeps the memory valid while registered.
         let registration = unsafe {
-            self.engine
-                .register_raw(addr, len, MemoryLocation::HOST, RegisterOptions::local_only())
+            self.engine.register_raw(
+                addr,
+                len,
+                MemoryLocation::HOST,
+                RegisterOptions::local_only().without_cache(),
+            )
         }
         .await?;
         self.callers.write().insert(CallerRegion {

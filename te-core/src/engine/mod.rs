@@ -28,8 +28,10 @@ pub(crate) use deadline::default_deadline as check_transfer_timeout;
 pub use deadline::TRANSFER_TIMEOUT_VAR;
 pub use handle::{RegisterOptions, Registration};
 pub use notify::{Notifications, NotifiedBatch};
+pub(crate) use registration::registration_cache;
 use registration::PendingRegion;
 pub use registration::RawRegion;
+pub use registration::REGISTRATION_CACHE_VAR;
 pub use submit::SubmitOptions;
 
 /// A transport compiled into this build and whether it runs here.
@@ -66,6 +68,8 @@ pub(crate) struct EngineInner {
     closed: AtomicBool,
     /// `TE_TRANSFER_TIMEOUT_MS`: the deadline of batches submitted without one.
     default_deadline: Option<std::time::Duration>,
+    /// `TE_REGISTRATION_CACHE`: whether ranges inside a registered region may share it.
+    registration_cache: bool,
     /// Watchers and event channels of the open segments.
     live: segments::LiveSegments,
     _env: Arc<dyn Env>,
@@ -147,6 +151,7 @@ impl TransferEngine {
             metrics_endpoint: std::sync::OnceLock::new(),
             closed: AtomicBool::new(false),
             default_deadline: deadline::default_deadline(env.as_ref())?,
+            registration_cache: registration_cache(env.as_ref())?,
             live: segments::LiveSegments::default(),
             _env: env,
             inbox,
@@ -235,10 +240,20 @@ impl TransferEngine {
 
     /// Registers memory the engine does not own (framework tensors, foreign allocations).
     ///
+    /// A range inside a region already registered with this engine (a tensor that is a view of
+    /// a registered pool) is served by the registration cache: the handle shares the covering
+    /// registration, costs no transport registration and no descriptor update, and keeps the
+    /// covering registration alive until it goes ([`Registration`], [`RegisterOptions::reuse_covering`]).
+    /// Its options must match the covering region's ([`Error::RegistrationMismatch`]); a range
+    /// that overlaps a registered region without lying inside it is [`Error::AlreadyRegistered`].
+    ///
     /// # Safety
     /// `[addr, addr + len)` must be memory of `location` that stays valid (mapped, not freed) until
     /// the returned registration is deregistered or dropped and every transfer on it completed;
-    /// transfers will read and write it concurrently with the caller.
+    /// transfers will read and write it concurrently with the caller. If ranges inside it are
+    /// registered while it lives, they share this registration, which stays (and the whole range
+    /// stays reachable, by peers too if exported) until the last of those handles is released as
+    /// well: the memory must stay valid until then.
     pub async unsafe fn register_raw(
         &self,
         addr: u64,

@@ -10,7 +10,16 @@ use te_base::{Error, MemoryKind, MemoryLocation, RegionId, RegionInfo, Result};
 
 use super::handle::{RegisterOptions, Registration};
 use super::EngineInner;
-use crate::registry::{Owner, Region};
+use crate::registry::{Owner, Region, Released};
+
+/// Switches the registration cache for the whole engine (`0`/`off` turns it off; default on):
+/// see [`RegisterOptions::reuse_covering`].
+pub const REGISTRATION_CACHE_VAR: &str = "TE_REGISTRATION_CACHE";
+
+/// Reads [`REGISTRATION_CACHE_VAR`]; a malformed value is an error naming it.
+pub(crate) fn registration_cache(env: &dyn te_base::config::Env) -> Result<bool> {
+    Ok(te_base::config::parse_bool(env, REGISTRATION_CACHE_VAR)?.unwrap_or(true))
+}
 
 /// One raw region for [`TransferEngine::register_raw_batch`](crate::TransferEngine::register_raw_batch).
 #[derive(Debug, Clone, Copy)]
@@ -35,6 +44,11 @@ type RegionKeys = Vec<(&'static str, serde_json::Value)>;
 
 impl EngineInner {
     /// Registers `items` as one batch under the control lock: all of them or none.
+    ///
+    /// With the registration cache ([`RegisterOptions::reuse_covering`] and
+    /// `TE_REGISTRATION_CACHE`, both on by default) an item inside a region already registered,
+    /// or inside another item of the batch, becomes a view sharing that registration: no
+    /// transport call and no descriptor update for it.
     #[tracing::instrument(name = "register", level = "debug", skip_all, fields(regions = items.len()))]
     pub(super) async fn register(
         self: &Arc<Self>,
@@ -42,54 +56,165 @@ impl EngineInner {
         reg: RegisterOptions,
     ) -> Result<Vec<Registration>> {
         let _control = self.control.lock().await;
-        self.validate_new_regions(&items)?;
-        let infos: Vec<RegionInfo> = items
-            .iter()
-            .map(|p| RegionInfo {
-                id: RegionId(self.next_region.fetch_add(1, Ordering::Relaxed)),
-                base: p.region.addr,
-                len: p.region.len,
-                location: p.region.location,
-                exported: reg.export,
-            })
-            .collect();
+        let share = reg.reuse_covering && self.registration_cache;
+        let weak = Arc::downgrade(self);
+        let n = items.len();
+        let mut out: Vec<Option<Registration>> = (0..n).map(|_| None).collect();
+        let mut items: Vec<Option<PendingRegion>> = items.into_iter().map(Some).collect();
+        // Items inside a registered region: views of it. Dropping `out` on a later error
+        // releases them again.
+        let mut fresh: Vec<usize> = Vec::with_capacity(n);
+        for i in 0..n {
+            let region = items[i].as_ref().map(|p| p.region).ok_or_else(|| internal("item"))?;
+            check_range(i, &region)?;
+            if share {
+                let shared = self
+                    .registry
+                    .share(region.addr, region.len, |info| compatible(info, &region, reg))?;
+                if let Some(covering) = shared {
+                    let owner = items[i].take().and_then(|p| p.owned);
+                    out[i] = Some(Registration::view(
+                        covering,
+                        weak.clone(),
+                        region.addr,
+                        region.len,
+                        owner,
+                    ));
+                    continue;
+                }
+            } else if let Some(r) = self.registry.overlap(region.addr, region.len) {
+                return Err(Error::AlreadyRegistered {
+                    addr: region.addr,
+                    len: region.len,
+                    region_base: r.base,
+                    region_len: r.len,
+                });
+            }
+            fresh.push(i);
+        }
+        let hits = (n - fresh.len()) as u64;
+        // The rest, by address (longest first at one address): an item inside the last
+        // top-level one is a view of it, one that runs past its end overlaps it.
+        fresh.sort_by_key(|&i| {
+            let r = items[i].as_ref().map(|p| p.region);
+            r.map(|r| (r.addr, std::cmp::Reverse(r.len)))
+        });
+        let mut top: Vec<usize> = Vec::with_capacity(fresh.len());
+        let mut inner_views: Vec<(usize, usize)> = Vec::new();
+        for &i in &fresh {
+            let region = items[i]
+                .as_ref()
+                .map(|p| p.region)
+                .ok_or_else(|| internal("fresh item"))?;
+            if let Some(&t) = top.last() {
+                let cover = items[t]
+                    .as_ref()
+                    .map(|p| p.region)
+                    .ok_or_else(|| internal("top item"))?;
+                let cover_end = cover.addr + cover.len;
+                if region.addr < cover_end {
+                    if !share || region.addr + region.len > cover_end {
+                        return Err(Error::AlreadyRegistered {
+                            addr: region.addr,
+                            len: region.len,
+                            region_base: cover.addr,
+                            region_len: cover.len,
+                        });
+                    }
+                    let info = RegionInfo {
+                        id: RegionId(0),
+                        base: cover.addr,
+                        len: cover.len,
+                        location: cover.location,
+                        exported: reg.export,
+                    };
+                    compatible(&info, &region, reg)?;
+                    // The covering item by its position in `top` (the last one).
+                    inner_views.push((i, top.len() - 1));
+                    continue;
+                }
+            }
+            if !region.location.is_host() {
+                self.check_device_memory(region.addr, region.len, region.location)?;
+            }
+            top.push(i);
+        }
 
-        let keys = self.register_on_transports(&infos).await?;
-        let regions: Vec<Arc<Region>> = infos
-            .into_iter()
-            .zip(keys)
-            .zip(items)
-            .map(|((info, keys), PendingRegion { owned, .. })| {
-                Arc::new(Region {
-                    info,
-                    keys,
-                    in_flight: AtomicU64::new(0),
-                    dying: AtomicBool::new(false),
-                    _owned: owned,
+        let infos: Vec<RegionInfo> = top
+            .iter()
+            .map(|&i| {
+                let p = items[i]
+                    .as_ref()
+                    .map(|p| p.region)
+                    .ok_or_else(|| internal("top item"))?;
+                Ok(RegionInfo {
+                    id: RegionId(self.next_region.fetch_add(1, Ordering::Relaxed)),
+                    base: p.addr,
+                    len: p.len,
+                    location: p.location,
+                    exported: reg.export,
                 })
             })
-            .collect();
-        self.registry.insert(regions.clone())?;
-        if reg.export {
-            if let Err(e) = self.publish().await {
-                // The caller gets no handle: the regions must not stay reachable. Withdraw them
-                // from every transport before returning, then try to publish without them.
-                self.roll_back(&regions).await;
-                if let Err(e2) = self.publish().await {
-                    tracing::warn!("republishing after a failed registration failed too: {e2}");
+            .collect::<Result<_>>()?;
+        let keys = if infos.is_empty() {
+            Vec::new()
+        } else {
+            self.register_on_transports(&infos).await?
+        };
+        let mut views_of = vec![0u64; top.len()];
+        for &(_, k) in &inner_views {
+            views_of[k] += 1;
+        }
+        let mut regions: Vec<Arc<Region>> = Vec::with_capacity(top.len());
+        for (((&i, info), keys), views) in top.iter().zip(infos).zip(keys).zip(views_of) {
+            let owned = items[i].take().and_then(|p| p.owned);
+            regions.push(Arc::new(Region {
+                info,
+                keys,
+                in_flight: AtomicU64::new(0),
+                dying: AtomicBool::new(false),
+                handles: AtomicU64::new(1 + views),
+                _owned: owned,
+            }));
+        }
+        if !regions.is_empty() {
+            self.registry.insert(regions.clone())?;
+            if reg.export {
+                if let Err(e) = self.publish().await {
+                    // The caller gets no handle: the regions must not stay reachable. Withdraw
+                    // them from every transport before returning, then try to publish without them.
+                    self.roll_back(&regions).await;
+                    if let Err(e2) = self.publish().await {
+                        tracing::warn!("republishing after a failed registration failed too: {e2}");
+                    }
+                    return Err(e);
                 }
-                return Err(e);
             }
         }
-        let weak = Arc::downgrade(self);
-        Ok(regions
-            .into_iter()
-            .map(|region| Registration {
-                region,
-                engine: weak.clone(),
-                released: AtomicBool::new(false),
-            })
-            .collect())
+        for (&i, region) in top.iter().zip(&regions) {
+            out[i] = Some(Registration::whole(region.clone(), weak.clone()));
+        }
+        for &(i, k) in &inner_views {
+            let p = items[i].take().ok_or_else(|| internal("inner view"))?;
+            let covering = regions.get(k).ok_or_else(|| internal("covering region"))?;
+            out[i] = Some(Registration::view(
+                covering.clone(),
+                weak.clone(),
+                p.region.addr,
+                p.region.len,
+                p.owned,
+            ));
+        }
+        let hits = hits + inner_views.len() as u64;
+        if hits > 0 {
+            self.metrics.record_cache_hits(hits);
+            if let Some(e) = &self.export {
+                e.cache_hits(hits);
+            }
+        }
+        out.into_iter()
+            .map(|r| r.ok_or_else(|| internal("registration")))
+            .collect()
     }
 
     /// Registers the regions on every transport that serves their memory kind and returns each
@@ -152,47 +277,6 @@ impl EngineInner {
         Err(e)
     }
 
-    /// Checks every pending region (non-zero, non-null, no overflow, device memory of the declared
-    /// kind, no overlap with registered memory or with each other) before anything is registered.
-    fn validate_new_regions(&self, items: &[PendingRegion]) -> Result<()> {
-        for (i, RawRegion { addr, len, location }) in items.iter().map(|p| p.region).enumerate() {
-            if len == 0 {
-                return Err(Error::ZeroLength { index: i });
-            }
-            if addr == 0 {
-                return Err(Error::NullAddress);
-            }
-            if addr.checked_add(len).is_none() || usize::try_from(addr + len).is_err() {
-                return Err(Error::LengthOverflow { addr, len });
-            }
-            if !location.is_host() {
-                self.check_device_memory(addr, len, location)?;
-            }
-            if let Some(r) = self.registry.overlap(addr, len) {
-                return Err(Error::AlreadyRegistered {
-                    addr,
-                    len,
-                    region_base: r.base,
-                    region_len: r.len,
-                });
-            }
-        }
-        let mut order: Vec<RawRegion> = items.iter().map(|p| p.region).collect();
-        order.sort_by_key(|r| r.addr);
-        for w in order.windows(2) {
-            let (a, b) = (w[0], w[1]);
-            if a.addr + a.len > b.addr {
-                return Err(Error::AlreadyRegistered {
-                    addr: b.addr,
-                    len: b.len,
-                    region_base: a.addr,
-                    region_len: a.len,
-                });
-            }
-        }
-        Ok(())
-    }
-
     /// Classifies device memory once, at registration, through the plugin of its kind: both
     /// ends of the range must be memory of the declared device. The data path never asks again.
     fn check_device_memory(&self, addr: u64, len: u64, location: MemoryLocation) -> Result<()> {
@@ -246,13 +330,13 @@ impl EngineInner {
         }
     }
 
-    /// Deregisters an idle region. The control lock covers only the table update and the
-    /// publish; the transports' deregistration, which may wait for remote requests to drain
-    /// (bounded by each transport's timeout), runs outside it, so `allocate` and `register`
-    /// never wait behind a slow peer.
-    pub(crate) async fn deregister_idle(self: &Arc<Self>, region: &Arc<Region>) -> Result<()> {
+    /// Releases one handle now. The last one deregisters the region if idle (else
+    /// [`Error::InFlight`]). The control lock covers only the publish; the transports'
+    /// deregistration, which may wait for remote requests to drain (bounded by each transport's
+    /// timeout), runs outside it, so `allocate` and `register` never wait behind a slow peer.
+    pub(crate) async fn deregister_handle(self: &Arc<Self>, region: &Arc<Region>) -> Result<()> {
         // On InFlight the consumed handle's drop defers the release until its transfers complete.
-        if let Some(r) = self.registry.remove_idle(region.info.id, region.info.base)? {
+        if let Released::Removed(r) = self.registry.release_handle(region, true)? {
             self.deregister_transports(&r.info).await;
             if r.info.exported {
                 let _control = self.control.lock().await;
@@ -262,16 +346,17 @@ impl EngineInner {
         Ok(())
     }
 
-    /// Drop path: deregister now if idle, else when the last batch on the region completes.
-    pub(crate) fn release_on_drop(self: &Arc<Self>, region: Arc<Region>) {
-        match self.registry.remove_idle(region.info.id, region.info.base) {
-            Ok(Some(r)) => self.finish_release(vec![r]),
-            Ok(None) => {}
-            Err(_) => {
-                self.registry.mark_dying(region.info.id, region.info.base);
-                // The batch may have finished between the two calls.
+    /// Drop path of a handle: the last one deregisters now if idle, else when the last batch on
+    /// the region completes.
+    pub(crate) fn release_on_drop(self: &Arc<Self>, region: &Arc<Region>) {
+        match self.registry.release_handle(region, false) {
+            Ok(Released::Removed(r)) => self.finish_release(vec![r]),
+            Ok(Released::Dying) => {
+                // The batch may have finished between the check and the mark.
                 self.reap_dying();
             }
+            Ok(Released::Shared | Released::Gone) => {}
+            Err(e) => tracing::warn!("releasing a registration handle failed: {e}"),
         }
     }
 
@@ -328,4 +413,57 @@ fn plugin_kind(name: &str) -> Option<MemoryKind> {
         "hip" => Some(MemoryKind::Rocm),
         _ => None,
     }
+}
+
+/// Checks one pending region on its own: non-zero, non-null, no overflow.
+fn check_range(i: usize, r: &RawRegion) -> Result<()> {
+    if r.len == 0 {
+        return Err(Error::ZeroLength { index: i });
+    }
+    if r.addr == 0 {
+        return Err(Error::NullAddress);
+    }
+    if r.addr.checked_add(r.len).is_none() || usize::try_from(r.addr + r.len).is_err() {
+        return Err(Error::LengthOverflow {
+            addr: r.addr,
+            len: r.len,
+        });
+    }
+    Ok(())
+}
+
+/// Whether `requested` (inside `covering`) may share its registration: same export flag and the
+/// same memory (kind and device; a host NUMA node only if both name one, and then the same).
+fn compatible(covering: &RegionInfo, requested: &RawRegion, reg: RegisterOptions) -> Result<()> {
+    let mismatch = |what: &'static str, region: String, requested_value: String| Error::RegistrationMismatch {
+        addr: requested.addr,
+        len: requested.len,
+        region_base: covering.base,
+        region_len: covering.len,
+        what,
+        region,
+        requested: requested_value,
+    };
+    if covering.exported != reg.export {
+        let word = |e: bool| if e { "exported" } else { "local only" }.to_string();
+        return Err(mismatch("export", word(covering.exported), word(reg.export)));
+    }
+    let same = match (covering.location, requested.location) {
+        (MemoryLocation::Host { numa: Some(a) }, MemoryLocation::Host { numa: Some(b) }) => a == b,
+        (MemoryLocation::Host { .. }, MemoryLocation::Host { .. }) => true,
+        (a, b) => a == b,
+    };
+    if !same {
+        return Err(mismatch(
+            "location",
+            covering.location.to_string(),
+            requested.location.to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// A broken invariant of [`EngineInner::register`], reported rather than panicking.
+fn internal(what: &str) -> Error {
+    Error::transport("engine", format!("registration bookkeeping lost its {what} (a bug)"))
 }

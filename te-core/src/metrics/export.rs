@@ -75,6 +75,7 @@ pub(crate) struct Export {
     transports: Vec<TransportMetrics>,
     labelled: Mutex<Labelled>,
     open_segments: Gauge,
+    cache_hits: Counter,
     collectors: Mutex<Vec<Collector>>,
 }
 
@@ -105,6 +106,7 @@ impl Export {
             .collect();
         Export {
             open_segments: registrar.gauge("te_open_segments", &[]),
+            cache_hits: registrar.counter("te_registration_cache_hits_total", &[]),
             registrar,
             max_peers,
             transport_names,
@@ -127,6 +129,11 @@ impl Export {
             m.failures.increment(1);
         }
         m.seconds.record(took.as_secs_f64());
+    }
+
+    /// `hits` ranges served by the registration cache (no transport registration of their own).
+    pub fn cache_hits(&self, hits: u64) {
+        self.cache_hits.increment(hits);
     }
 
     /// The label set of (transport `t`, peer `name`), registered on first use; past the cap,
@@ -296,6 +303,11 @@ fn describe(r: &Registrar) {
         "te_registration_failures_total",
         None,
         "Registration calls that failed, per transport.",
+    );
+    r.describe_counter(
+        "te_registration_cache_hits_total",
+        None,
+        "Registrations that shared a registered region containing them (the registration cache).",
     );
     r.describe_histogram(
         "te_registration_seconds",

@@ -17,6 +17,8 @@ struct State {
     queued: Mutex<Vec<(ResolvedRequest, Arc<BatchState>)>>,
     fail: Mutex<BTreeSet<u32>>,
     regions: Mutex<BTreeSet<u64>>,
+    /// Regions ever registered (one per region in every `register` call).
+    registered_total: std::sync::atomic::AtomicU64,
     auto: AtomicBool,
     refuse: AtomicBool,
     /// Errors `Peer::abort` was called with, and a wake-up for whoever waits on the first.
@@ -47,6 +49,12 @@ impl ManualTransport {
 
     pub fn registered(&self) -> BTreeSet<u64> {
         self.state.regions.lock().clone()
+    }
+
+    /// Regions registered on this transport since it was made (deregistrations do not count).
+    #[allow(dead_code)] // used by tests/registration_cache.rs; each test file compiles this module alone
+    pub fn registered_total(&self) -> u64 {
+        self.state.registered_total.load(Ordering::Acquire)
     }
 
     /// Completes every queued request (copying its bytes) or fails the marked ones.
@@ -131,6 +139,9 @@ impl Transport for ManualTransport {
     }
     async fn register(&self, regions: &[RegionInfo]) -> Result<Vec<serde_json::Value>> {
         self.state.regions.lock().extend(regions.iter().map(|r| r.base));
+        self.state
+            .registered_total
+            .fetch_add(regions.len() as u64, Ordering::AcqRel);
         Ok(vec![serde_json::Value::Null; regions.len()])
     }
     async fn deregister(&self, regions: &[RegionInfo]) -> Result<()> {
