@@ -316,12 +316,14 @@ fn block_requests(args: &Args, local: &Registration, seg: SegmentId, remote_base
 }
 
 /// Mismatched bytes after `requests` ran through `engine`: a read's `local` against the target's
-/// pattern; a write's target buffer, read back into a second buffer, against the written one.
+/// pattern; a write's target buffer, read back into a second buffer, against `written_seed`, the
+/// pattern `local` held.
 async fn verify_transfer(
     args: &Args,
     engine: &TransferEngine,
     local: &Registration,
     requests: &[TransferRequest],
+    written_seed: u64,
 ) -> Result<u64, String> {
     Ok(match args.op {
         TransferOp::Read => mismatches(local, TARGET_SEED)?,
@@ -343,8 +345,65 @@ async fn verify_transfer(
                 })
                 .collect();
             engine.transfer(&reads).await.map_err(|e| e.to_string())?;
-            mismatches(&back, WRITE_SEED)?
+            mismatches(&back, written_seed)?
         }
+    })
+}
+
+/// Checks one more untimed run of `requests` whose bytes nothing else could have put there:
+/// `local` is first filled with pattern `seed`, which no earlier run wrote (a write must carry it
+/// to the target; a read must overwrite it with the target's pattern). The timed runs cannot
+/// show this themselves: the cma baseline copies the same bytes between the same buffers.
+async fn verify_fresh(args: &Args, s: &Session, requests: &[TransferRequest], seed: u64) -> Result<u64, String> {
+    fill(&s.local, seed)?;
+    s.engine.transfer(requests).await.map_err(|e| e.to_string())?;
+    verify_transfer(args, &s.engine, &s.local, requests, seed).await
+}
+
+/// An initiator engine connected to the target, with its buffer.
+struct Session {
+    engine: TransferEngine,
+    local: Registration,
+    seg: SegmentId,
+    remote_base: u64,
+    /// The buffers and process of the cma baseline (loopback target only).
+    cma_pair: Option<cma::CmaPair>,
+    open_us: f64,
+}
+
+async fn connect(args: &Args, peer_addr: &str, target: Option<&Target>) -> Result<Session, String> {
+    let store = p2p_store("127.0.0.1:0".parse().expect("valid address")).await?;
+    let engine = engine(args, store, "initiator").await?;
+    let opened = Instant::now();
+    let seg = engine
+        .open_segment(peer_addr)
+        .await
+        .map_err(|e| format!("opening the target at {peer_addr}: {e}"))?;
+    let open_us = opened.elapsed().as_secs_f64() * 1e6;
+    let remote = seg
+        .buffers()
+        .first()
+        .cloned()
+        .ok_or_else(|| format!("the target at {peer_addr} exports no buffer"))?;
+    if remote.len < args.total_bytes {
+        return Err(format!(
+            "the target exports {} bytes, fewer than --total-bytes {}",
+            remote.len, args.total_bytes
+        ));
+    }
+    let local = local_buffer(args, &engine).await?;
+    let cma_pair = target.map(|t| cma::CmaPair {
+        pid: t.child.id(),
+        local: local.addr(),
+        remote: remote.base,
+    });
+    Ok(Session {
+        engine,
+        local,
+        seg: seg.id(),
+        remote_base: remote.base,
+        cma_pair,
+        open_us,
     })
 }
 
@@ -365,34 +424,28 @@ async fn measure(args: &Args) -> Result<(), String> {
         drop(target);
         return out;
     }
-    let store = p2p_store("127.0.0.1:0".parse().expect("valid address")).await?;
-    let engine = engine(args, store, "initiator").await?;
-    let opened = Instant::now();
-    let seg = engine
-        .open_segment(&peer_addr)
-        .await
-        .map_err(|e| format!("opening the target at {peer_addr}: {e}"))?;
-    let open_us = opened.elapsed().as_secs_f64() * 1e6;
-    let remote = seg
-        .buffers()
-        .first()
-        .cloned()
-        .ok_or_else(|| format!("the target at {peer_addr} exports no buffer"))?;
-    if remote.len < args.total_bytes {
-        return Err(format!(
-            "the target exports {} bytes, fewer than --total-bytes {}",
-            remote.len, args.total_bytes
-        ));
+    let session = connect(args, &peer_addr, target.as_ref()).await?;
+    let (m, baseline) = measure_point(args, &session, WRITE_SEED + 1).await?;
+    drop(session);
+    drop(target);
+    report(args, &peer_addr, &m, baseline.as_ref());
+    if m.mismatched_bytes.unwrap_or(0) > 0 {
+        return Err(format!("{} mismatched bytes", m.mismatched_bytes.unwrap_or(0)));
     }
-    let local = local_buffer(args, &engine).await?;
-    let blocks = args.total_bytes / args.block_bytes;
-    let requests = block_requests(args, &local, seg.id(), remote.base);
+    Ok(())
+}
 
-    let cma_pair = target.as_ref().map(|t| cma::CmaPair {
-        pid: t.child.id(),
-        local: local.addr(),
-        remote: remote.base,
-    });
+/// One block size (`args.block_bytes`): a warm-up, `--repeat` timed runs each followed by one
+/// run of the baseline, the latency round trips, and with `--verify` a check of a fresh pattern
+/// (`verify_seed`, see [`verify_fresh`]).
+async fn measure_point(
+    args: &Args,
+    s: &Session,
+    verify_seed: u64,
+) -> Result<(Measured, Option<BaselineResult>), String> {
+    let engine = &s.engine;
+    let blocks = args.total_bytes / args.block_bytes;
+    let requests = block_requests(args, &s.local, s.seg, s.remote_base);
     // Warm-up: connections, page faults.
     engine.transfer(&requests).await.map_err(|e| e.to_string())?;
     // Our runs and the baseline's alternate, so both see the same machine conditions.
@@ -405,7 +458,7 @@ async fn measure(args: &Args) -> Result<(), String> {
         }
         times.push(t0.elapsed());
         if let Some(b) = args.baseline {
-            base_samples.push(run_baseline_once(b, args, cma_pair)?);
+            base_samples.push(run_baseline_once(b, args, s.cma_pair)?);
         }
     }
     let per_run = args.total_bytes as f64 * args.batches as f64;
@@ -427,7 +480,7 @@ async fn measure(args: &Args) -> Result<(), String> {
     let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1e6;
 
     let mismatched_bytes = if args.verify {
-        Some(verify_transfer(args, &engine, &local, &requests).await?)
+        Some(verify_fresh(args, s, &requests, verify_seed).await?)
     } else {
         None
     };
@@ -437,21 +490,16 @@ async fn measure(args: &Args) -> Result<(), String> {
         p99_us: pct(0.99),
         mismatched_bytes,
         gbps_runs,
-        open_us,
+        open_us: s.open_us,
     };
     let baseline = args
         .baseline
         .map(|b| BaselineResult::from_samples(b, args, base_samples));
-    drop(target);
-    report(args, &peer_addr, &m, baseline.as_ref());
-    if m.mismatched_bytes.unwrap_or(0) > 0 {
-        return Err(format!("{} mismatched bytes", m.mismatched_bytes.unwrap_or(0)));
-    }
-    Ok(())
+    Ok((m, baseline))
 }
 
-/// What a baseline tool measured.
-fn report(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResult>) {
+/// One measured block size as the JSON row `--json` prints.
+fn row(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResult>) -> serde_json::Value {
     let gbps = median_f64(m.gbps_runs.clone());
     let mut v = serde_json::json!({
         "bench": "transfer",
@@ -493,6 +541,13 @@ fn report(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResul
             v["ratio_p50_latency"] = serde_json::json!(m.p50_us / bl);
         }
     }
+    v
+}
+
+/// Prints one measured block size: its JSON row, or two lines of text.
+fn report(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResult>) {
+    let v = row(args, peer, m, baseline);
+    let gbps = median_f64(m.gbps_runs.clone());
     if args.json {
         print_json(&v);
         return;
