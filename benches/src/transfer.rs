@@ -15,11 +15,13 @@
 mod baseline;
 mod cma;
 mod metrics_ab;
+mod sweep;
 
 pub use baseline::Baseline;
 use baseline::{median_f64, run_baseline_once, BaselineResult};
 
 use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,7 +39,7 @@ const WRITE_SEED: u64 = 0xC0FFEE;
 /// Verification works through this many bytes at a time.
 const CHUNK: usize = 1 << 20;
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub struct Args {
     /// Transport to measure (tcp, efa, rdma).
     #[arg(long, default_value = "tcp")]
@@ -96,6 +98,15 @@ pub struct Args {
     /// With --metrics-ab: neither engine exports metrics (the A/A noise floor).
     #[arg(long, requires = "metrics_ab")]
     metrics_ab_control: bool,
+    /// A block-size sweep instead of one --block-bytes: comma-separated sizes (K/M/G suffixes,
+    /// `4K` = 4,096), each moving the same --total-bytes, its --baseline runs interleaved with
+    /// ours; one row per size.
+    #[arg(long, value_parser = sweep::parse_block_sizes, conflicts_with_all = ["block_bytes", "serve", "metrics_ab"])]
+    block_sizes: Option<sweep::BlockSizes>,
+    /// With --block-sizes: draw GB/s against block size (ours, the baseline, their ratio) into
+    /// this SVG file.
+    #[arg(long, requires = "block_sizes")]
+    plot: Option<PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -131,7 +142,12 @@ fn overlay(args: &Args) -> Arc<dyn Env> {
     })
 }
 
-pub fn run(args: Args) -> Result<(), String> {
+pub fn run(mut args: Args) -> Result<(), String> {
+    if let Some(sizes) = &args.block_sizes {
+        sizes.check_total(args.total_bytes).map_err(|e| e.to_string())?;
+        // The target process and the checks below see one of the swept sizes.
+        args.block_bytes = sizes.first();
+    }
     if args.total_bytes == 0 || args.total_bytes.checked_rem(args.block_bytes) != Some(0) {
         return Err(format!(
             "--total-bytes ({}) must be a non-zero multiple of --block-bytes ({})",
@@ -353,14 +369,16 @@ async fn verify_transfer(
 /// Checks one more untimed run of `requests` whose bytes nothing else could have put there:
 /// `local` is first filled with pattern `seed`, which no earlier run wrote (a write must carry it
 /// to the target; a read must overwrite it with the target's pattern). The timed runs cannot
-/// show this themselves: the cma baseline copies the same bytes between the same buffers.
+/// show this themselves: the cma baseline copies the same bytes between the same buffers, and
+/// an earlier run or block size leaves them in place.
 async fn verify_fresh(args: &Args, s: &Session, requests: &[TransferRequest], seed: u64) -> Result<u64, String> {
     fill(&s.local, seed)?;
     s.engine.transfer(requests).await.map_err(|e| e.to_string())?;
     verify_transfer(args, &s.engine, &s.local, requests, seed).await
 }
 
-/// An initiator engine connected to the target, with its buffer.
+/// An initiator engine connected to the target, with its buffer: what every measured block size
+/// shares.
 struct Session {
     engine: TransferEngine,
     local: Registration,
@@ -425,6 +443,12 @@ async fn measure(args: &Args) -> Result<(), String> {
         return out;
     }
     let session = connect(args, &peer_addr, target.as_ref()).await?;
+    if let Some(sizes) = &args.block_sizes {
+        let out = sweep::run(args, &peer_addr, &session, sizes).await;
+        drop(session);
+        drop(target);
+        return out;
+    }
     let (m, baseline) = measure_point(args, &session, WRITE_SEED + 1).await?;
     drop(session);
     drop(target);
@@ -498,7 +522,7 @@ async fn measure_point(
     Ok((m, baseline))
 }
 
-/// One measured block size as the JSON row `--json` prints.
+/// One measured block size as the JSON row `--json` prints (the sweep prints one per size).
 fn row(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResult>) -> serde_json::Value {
     let gbps = median_f64(m.gbps_runs.clone());
     let mut v = serde_json::json!({
