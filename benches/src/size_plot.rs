@@ -94,8 +94,9 @@ pub fn draw(path: &Path, plot: &SizePlot) -> Result<(), PlotError> {
         .build_cartesian_2d(lo..hi, 0f64..ymax)
         .map_err(|e| err(&e))?
         .set_secondary_coord(lo..hi, 0f64..rmax);
-    // Ticks at whole powers of two, labelled as sizes.
-    let ticks = (hi.floor() - lo.ceil()) as usize + 1;
+    // Ticks at whole powers of two, labelled as sizes (asking for half steps makes plotters
+    // put a tick on every whole one; the formatter leaves the halves blank).
+    let ticks = 2 * ((hi.floor() - lo.ceil()) as usize) + 1;
     let x_label = |x: &f64| {
         let k = x.round();
         if (x - k).abs() < 1e-6 && (0.0..63.0).contains(&k) {

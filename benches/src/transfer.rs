@@ -293,6 +293,10 @@ fn spawn_target(args: &Args) -> Result<Target, String> {
 
 struct Measured {
     gbps_runs: Vec<f64>,
+    /// With a baseline: the median over repetitions of ours / the baseline run right after it
+    /// (pairs share the machine's state, so this drifts less on a loaded machine than the
+    /// ratio of the two medians).
+    ratio_paired: Option<f64>,
     requests_per_s: f64,
     p50_us: f64,
     p99_us: f64,
@@ -487,6 +491,10 @@ async fn measure_point(
     }
     let per_run = args.total_bytes as f64 * args.batches as f64;
     let gbps_runs: Vec<f64> = times.iter().map(|t| per_run / t.as_secs_f64() / 1e9).collect();
+    let ratio_paired = (!base_samples.is_empty()).then(|| {
+        let pairs = gbps_runs.iter().zip(&base_samples);
+        median_f64(pairs.map(|(ours, b)| ours / b.gbps()).collect())
+    });
     let med = median(&mut times);
     let requests_per_s = (blocks * args.batches as u64) as f64 / med.as_secs_f64();
 
@@ -514,6 +522,7 @@ async fn measure_point(
         p99_us: pct(0.99),
         mismatched_bytes,
         gbps_runs,
+        ratio_paired,
         open_us: s.open_us,
     };
     let baseline = args
@@ -557,6 +566,9 @@ fn row(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResult>)
         });
         if let Some(bg) = b.gbps {
             v["ratio_gbps"] = serde_json::json!(gbps / bg);
+        }
+        if let Some(p) = m.ratio_paired {
+            v["ratio_gbps_paired"] = serde_json::json!(p);
         }
         if let Some(br) = b.requests_per_s {
             v["ratio_requests_per_s"] = serde_json::json!(m.requests_per_s / br);
@@ -608,6 +620,8 @@ fn report(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResul
             [
                 v.get("ratio_gbps")
                     .map(|r| format!("{:.2}x bandwidth", r.as_f64().unwrap_or(0.0))),
+                v.get("ratio_gbps_paired")
+                    .map(|r| format!("{:.2}x paired per run", r.as_f64().unwrap_or(0.0))),
                 v.get("ratio_p50_latency")
                     .map(|r| format!("{:.2}x latency", r.as_f64().unwrap_or(0.0))),
             ]

@@ -2,7 +2,8 @@
 //! each block size over one connection and one pair of buffers, every size moving the same
 //! `--total-bytes` (so the working set is the same at every point), each size's `--repeat` runs
 //! interleaved with its `--baseline` runs at that block size. One row per size (table or
-//! `--json`), then the plot: GB/s against block size for ours and the baseline, and their ratio.
+//! `--json`), then the plot: GB/s against block size for ours and the baseline, and their ratio
+//! (the median of each repetition's ratio to the baseline run beside it: `ratio_gbps_paired`).
 
 use super::baseline::median_f64;
 use super::{measure_point, row, Args, Session, WRITE_SEED};
@@ -51,6 +52,8 @@ pub(crate) struct Point {
     pub block: u64,
     pub gbps: f64,
     pub baseline_gbps: Option<f64>,
+    /// Ours / the baseline: the median of each repetition's ratio to the baseline run beside it.
+    pub ratio: Option<f64>,
 }
 
 pub(super) async fn run(args: &Args, peer: &str, s: &Session, sizes: &BlockSizes) -> Result<(), String> {
@@ -67,8 +70,8 @@ pub(super) async fn run(args: &Args, peer: &str, s: &Session, sizes: &BlockSizes
                 .unwrap_or_default()
         );
         println!(
-            "{:>10} {:>9} {:>12} {:>7} {:>12} {:>9} {:>9} {:>9}",
-            "block_B", "GB/s", "baseline", "ratio", "requests/s", "p50_us", "p99_us", "mismatch"
+            "{:>10} {:>9} {:>12} {:>7} {:>7} {:>12} {:>9} {:>9} {:>9}",
+            "block_B", "GB/s", "baseline", "ratio", "paired", "requests/s", "p50_us", "p99_us", "mismatch"
         );
     }
     let mut points = Vec::with_capacity(sizes.sizes().len());
@@ -87,18 +90,20 @@ pub(super) async fn run(args: &Args, peer: &str, s: &Session, sizes: &BlockSizes
             block,
             gbps: median_f64(m.gbps_runs.clone()),
             baseline_gbps: b.as_ref().and_then(|b| b.gbps),
+            ratio: m.ratio_paired,
         };
         if args.json {
             print_json(&v);
         } else {
             println!(
-                "{:>10} {:>9.3} {:>12} {:>7} {:>12.0} {:>9.1} {:>9.1} {:>9}",
+                "{:>10} {:>9.3} {:>12} {:>7} {:>7} {:>12.0} {:>9.1} {:>9.1} {:>9}",
                 block,
                 point.gbps,
                 point.baseline_gbps.map_or_else(|| "-".into(), |g| format!("{g:.3}")),
                 point
                     .baseline_gbps
                     .map_or_else(|| "-".into(), |g| format!("{:.2}x", point.gbps / g)),
+                point.ratio.map_or_else(|| "-".into(), |r| format!("{r:.2}x")),
                 m.requests_per_s,
                 m.p50_us,
                 m.p99_us,
@@ -143,16 +148,13 @@ pub(crate) fn figure(title: &str, ours: &str, baseline: Option<&str>, points: &[
             .iter()
             .filter_map(|p| p.baseline_gbps.map(|g| (p.block, g)))
             .collect();
-        let ratio: Vec<(u64, f64)> = points
-            .iter()
-            .filter_map(|p| p.baseline_gbps.filter(|g| *g > 0.0).map(|g| (p.block, p.gbps / g)))
-            .collect();
+        let ratio: Vec<(u64, f64)> = points.iter().filter_map(|p| p.ratio.map(|r| (p.block, r))).collect();
         lines.push(Series {
             label: format!("baseline: {tool}"),
             points: base,
         });
         ratios.push(Series {
-            label: format!("ratio {ours} / {tool}"),
+            label: format!("ratio {ours} / {tool}, median of per-run ratios"),
             points: ratio,
         });
     }
@@ -231,11 +233,13 @@ mod tests {
                 block: 4096,
                 gbps: 1.0,
                 baseline_gbps: Some(2.0),
+                ratio: Some(0.5),
             },
             Point {
                 block: 1 << 20,
                 gbps: 3.0,
                 baseline_gbps: Some(2.0),
+                ratio: Some(1.5),
             },
         ];
         let f = figure("t", "te tcp", Some("kernel cross-memory copy"), &points);
