@@ -6,7 +6,9 @@
 
 mod device;
 mod metrics_ab;
+mod plot;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +16,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use te_core::config::MapEnv;
 use te_core::{HostBufferOptions, MemoryLocation, RegisterOptions, Registration, TransferEngine, TransferRequest};
 
-use crate::util::{median, parse_list, pattern, print_json, runtime};
+use crate::util::{median, parse_sizes, pattern, print_json, runtime};
 
 /// Where the copied memory lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -29,9 +31,13 @@ pub enum Location {
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Fragment sizes to measure, comma-separated.
+    /// Fragment sizes to measure, comma-separated (K/M suffixes, `4K` = 4,096).
     #[arg(long, default_value = "1728,8448,37440")]
     fragment_bytes: String,
+    /// Draw GB/s against fragment size (the engine, the memcpy loop, one contiguous memcpy, and
+    /// the engine / loop ratio) into this SVG file.
+    #[arg(long, conflicts_with = "metrics_ab")]
+    plot: Option<PathBuf>,
     /// Fragments per batch. Default: enough for 64 MiB per buffer (at least 2,048), twice this
     /// machine's last-level cache, so the copy runs from DRAM as a KV-cache restore does. Pass
     /// `--fragments 2048` for the cache-resident case.
@@ -123,7 +129,7 @@ fn gcd(a: usize, b: usize) -> usize {
 }
 
 pub fn run(args: Args) -> Result<(), String> {
-    let sizes: Vec<u64> = parse_list(&args.fragment_bytes)?;
+    let sizes = parse_sizes(&args.fragment_bytes).map_err(|e| format!("--fragment-bytes: {e}"))?;
     if sizes.contains(&0) || args.fragments == Some(0) || args.repeat == 0 {
         return Err("fragment sizes, --fragments and --repeat must be positive".into());
     }
@@ -221,12 +227,14 @@ pub fn run(args: Args) -> Result<(), String> {
             "mismatch"
         );
     }
+    let mut drawn = Vec::new();
     match &runtime_dev {
         None => {
             for &frag in &sizes {
                 bar.set_message(format!("{frag} B"));
                 let m = measure_host(&engine, &rt, frag, fragments_for(frag), &args, &bar)?;
                 report(&args, &bar, &location_name, "h2h", frag, &m)?;
+                drawn.push(plot::Row::new("h2h", frag, &m));
             }
         }
         Some(runtime_dev) => {
@@ -253,11 +261,24 @@ pub fn run(args: Args) -> Result<(), String> {
                     let m = device::measure(&params)?;
                     bar.inc(args.repeat as u64);
                     report(&args, &bar, &location_name, dir, frag, &m)?;
+                    drawn.push(plot::Row::new(dir, frag, &m));
                 }
             }
         }
     }
     bar.finish_and_clear();
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "te-bench local-copy ({location_name}), {}, median of {}",
+            match args.fragments {
+                Some(n) => format!("{n} fragments"),
+                None => "64 MiB per batch".to_string(),
+            },
+            args.repeat
+        );
+        crate::size_plot::draw(path, &plot::figure(&title, &drawn)).map_err(|e| e.to_string())?;
+        eprintln!("plot written to {}", path.display());
+    }
     Ok(())
 }
 

@@ -7,6 +7,7 @@ mod info;
 mod local_copy;
 mod notify;
 mod register;
+mod size_plot;
 mod topology;
 mod transfer;
 mod umbp;

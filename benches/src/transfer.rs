@@ -15,11 +15,13 @@
 mod baseline;
 mod cma;
 mod metrics_ab;
+mod sweep;
 
 pub use baseline::Baseline;
 use baseline::{median_f64, run_baseline_once, BaselineResult};
 
 use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,7 +39,7 @@ const WRITE_SEED: u64 = 0xC0FFEE;
 /// Verification works through this many bytes at a time.
 const CHUNK: usize = 1 << 20;
 
-#[derive(clap::Args)]
+#[derive(clap::Args, Clone)]
 pub struct Args {
     /// Transport to measure (tcp, efa, rdma).
     #[arg(long, default_value = "tcp")]
@@ -96,6 +98,15 @@ pub struct Args {
     /// With --metrics-ab: neither engine exports metrics (the A/A noise floor).
     #[arg(long, requires = "metrics_ab")]
     metrics_ab_control: bool,
+    /// A block-size sweep instead of one --block-bytes: comma-separated sizes (K/M/G suffixes,
+    /// `4K` = 4,096), each moving the same --total-bytes, its --baseline runs interleaved with
+    /// ours; one row per size.
+    #[arg(long, value_parser = sweep::parse_block_sizes, conflicts_with_all = ["block_bytes", "serve", "metrics_ab"])]
+    block_sizes: Option<sweep::BlockSizes>,
+    /// With --block-sizes: draw GB/s against block size (ours, the baseline, their ratio) into
+    /// this SVG file.
+    #[arg(long, requires = "block_sizes")]
+    plot: Option<PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -131,7 +142,12 @@ fn overlay(args: &Args) -> Arc<dyn Env> {
     })
 }
 
-pub fn run(args: Args) -> Result<(), String> {
+pub fn run(mut args: Args) -> Result<(), String> {
+    if let Some(sizes) = &args.block_sizes {
+        sizes.check_total(args.total_bytes).map_err(|e| e.to_string())?;
+        // The target process and the checks below see one of the swept sizes.
+        args.block_bytes = sizes.first();
+    }
     if args.total_bytes == 0 || args.total_bytes.checked_rem(args.block_bytes) != Some(0) {
         return Err(format!(
             "--total-bytes ({}) must be a non-zero multiple of --block-bytes ({})",
@@ -277,6 +293,10 @@ fn spawn_target(args: &Args) -> Result<Target, String> {
 
 struct Measured {
     gbps_runs: Vec<f64>,
+    /// With a baseline: the median over repetitions of ours / the baseline run right after it
+    /// (pairs share the machine's state, so this drifts less on a loaded machine than the
+    /// ratio of the two medians).
+    ratio_paired: Option<f64>,
     requests_per_s: f64,
     p50_us: f64,
     p99_us: f64,
@@ -316,12 +336,14 @@ fn block_requests(args: &Args, local: &Registration, seg: SegmentId, remote_base
 }
 
 /// Mismatched bytes after `requests` ran through `engine`: a read's `local` against the target's
-/// pattern; a write's target buffer, read back into a second buffer, against the written one.
+/// pattern; a write's target buffer, read back into a second buffer, against `written_seed`, the
+/// pattern `local` held.
 async fn verify_transfer(
     args: &Args,
     engine: &TransferEngine,
     local: &Registration,
     requests: &[TransferRequest],
+    written_seed: u64,
 ) -> Result<u64, String> {
     Ok(match args.op {
         TransferOp::Read => mismatches(local, TARGET_SEED)?,
@@ -343,8 +365,67 @@ async fn verify_transfer(
                 })
                 .collect();
             engine.transfer(&reads).await.map_err(|e| e.to_string())?;
-            mismatches(&back, WRITE_SEED)?
+            mismatches(&back, written_seed)?
         }
+    })
+}
+
+/// Checks one more untimed run of `requests` whose bytes nothing else could have put there:
+/// `local` is first filled with pattern `seed`, which no earlier run wrote (a write must carry it
+/// to the target; a read must overwrite it with the target's pattern). The timed runs cannot
+/// show this themselves: the cma baseline copies the same bytes between the same buffers, and
+/// an earlier run or block size leaves them in place.
+async fn verify_fresh(args: &Args, s: &Session, requests: &[TransferRequest], seed: u64) -> Result<u64, String> {
+    fill(&s.local, seed)?;
+    s.engine.transfer(requests).await.map_err(|e| e.to_string())?;
+    verify_transfer(args, &s.engine, &s.local, requests, seed).await
+}
+
+/// An initiator engine connected to the target, with its buffer: what every measured block size
+/// shares.
+struct Session {
+    engine: TransferEngine,
+    local: Registration,
+    seg: SegmentId,
+    remote_base: u64,
+    /// The buffers and process of the cma baseline (loopback target only).
+    cma_pair: Option<cma::CmaPair>,
+    open_us: f64,
+}
+
+async fn connect(args: &Args, peer_addr: &str, target: Option<&Target>) -> Result<Session, String> {
+    let store = p2p_store("127.0.0.1:0".parse().expect("valid address")).await?;
+    let engine = engine(args, store, "initiator").await?;
+    let opened = Instant::now();
+    let seg = engine
+        .open_segment(peer_addr)
+        .await
+        .map_err(|e| format!("opening the target at {peer_addr}: {e}"))?;
+    let open_us = opened.elapsed().as_secs_f64() * 1e6;
+    let remote = seg
+        .buffers()
+        .first()
+        .cloned()
+        .ok_or_else(|| format!("the target at {peer_addr} exports no buffer"))?;
+    if remote.len < args.total_bytes {
+        return Err(format!(
+            "the target exports {} bytes, fewer than --total-bytes {}",
+            remote.len, args.total_bytes
+        ));
+    }
+    let local = local_buffer(args, &engine).await?;
+    let cma_pair = target.map(|t| cma::CmaPair {
+        pid: t.child.id(),
+        local: local.addr(),
+        remote: remote.base,
+    });
+    Ok(Session {
+        engine,
+        local,
+        seg: seg.id(),
+        remote_base: remote.base,
+        cma_pair,
+        open_us,
     })
 }
 
@@ -365,34 +446,34 @@ async fn measure(args: &Args) -> Result<(), String> {
         drop(target);
         return out;
     }
-    let store = p2p_store("127.0.0.1:0".parse().expect("valid address")).await?;
-    let engine = engine(args, store, "initiator").await?;
-    let opened = Instant::now();
-    let seg = engine
-        .open_segment(&peer_addr)
-        .await
-        .map_err(|e| format!("opening the target at {peer_addr}: {e}"))?;
-    let open_us = opened.elapsed().as_secs_f64() * 1e6;
-    let remote = seg
-        .buffers()
-        .first()
-        .cloned()
-        .ok_or_else(|| format!("the target at {peer_addr} exports no buffer"))?;
-    if remote.len < args.total_bytes {
-        return Err(format!(
-            "the target exports {} bytes, fewer than --total-bytes {}",
-            remote.len, args.total_bytes
-        ));
+    let session = connect(args, &peer_addr, target.as_ref()).await?;
+    if let Some(sizes) = &args.block_sizes {
+        let out = sweep::run(args, &peer_addr, &session, sizes).await;
+        drop(session);
+        drop(target);
+        return out;
     }
-    let local = local_buffer(args, &engine).await?;
-    let blocks = args.total_bytes / args.block_bytes;
-    let requests = block_requests(args, &local, seg.id(), remote.base);
+    let (m, baseline) = measure_point(args, &session, WRITE_SEED + 1).await?;
+    drop(session);
+    drop(target);
+    report(args, &peer_addr, &m, baseline.as_ref());
+    if m.mismatched_bytes.unwrap_or(0) > 0 {
+        return Err(format!("{} mismatched bytes", m.mismatched_bytes.unwrap_or(0)));
+    }
+    Ok(())
+}
 
-    let cma_pair = target.as_ref().map(|t| cma::CmaPair {
-        pid: t.child.id(),
-        local: local.addr(),
-        remote: remote.base,
-    });
+/// One block size (`args.block_bytes`): a warm-up, `--repeat` timed runs each followed by one
+/// run of the baseline, the latency round trips, and with `--verify` a check of a fresh pattern
+/// (`verify_seed`, see [`verify_fresh`]).
+async fn measure_point(
+    args: &Args,
+    s: &Session,
+    verify_seed: u64,
+) -> Result<(Measured, Option<BaselineResult>), String> {
+    let engine = &s.engine;
+    let blocks = args.total_bytes / args.block_bytes;
+    let requests = block_requests(args, &s.local, s.seg, s.remote_base);
     // Warm-up: connections, page faults.
     engine.transfer(&requests).await.map_err(|e| e.to_string())?;
     // Our runs and the baseline's alternate, so both see the same machine conditions.
@@ -405,11 +486,15 @@ async fn measure(args: &Args) -> Result<(), String> {
         }
         times.push(t0.elapsed());
         if let Some(b) = args.baseline {
-            base_samples.push(run_baseline_once(b, args, cma_pair)?);
+            base_samples.push(run_baseline_once(b, args, s.cma_pair)?);
         }
     }
     let per_run = args.total_bytes as f64 * args.batches as f64;
     let gbps_runs: Vec<f64> = times.iter().map(|t| per_run / t.as_secs_f64() / 1e9).collect();
+    let ratio_paired = (!base_samples.is_empty()).then(|| {
+        let pairs = gbps_runs.iter().zip(&base_samples);
+        median_f64(pairs.map(|(ours, b)| ours / b.gbps()).collect())
+    });
     let med = median(&mut times);
     let requests_per_s = (blocks * args.batches as u64) as f64 / med.as_secs_f64();
 
@@ -427,7 +512,7 @@ async fn measure(args: &Args) -> Result<(), String> {
     let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1e6;
 
     let mismatched_bytes = if args.verify {
-        Some(verify_transfer(args, &engine, &local, &requests).await?)
+        Some(verify_fresh(args, s, &requests, verify_seed).await?)
     } else {
         None
     };
@@ -437,21 +522,17 @@ async fn measure(args: &Args) -> Result<(), String> {
         p99_us: pct(0.99),
         mismatched_bytes,
         gbps_runs,
-        open_us,
+        ratio_paired,
+        open_us: s.open_us,
     };
     let baseline = args
         .baseline
         .map(|b| BaselineResult::from_samples(b, args, base_samples));
-    drop(target);
-    report(args, &peer_addr, &m, baseline.as_ref());
-    if m.mismatched_bytes.unwrap_or(0) > 0 {
-        return Err(format!("{} mismatched bytes", m.mismatched_bytes.unwrap_or(0)));
-    }
-    Ok(())
+    Ok((m, baseline))
 }
 
-/// What a baseline tool measured.
-fn report(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResult>) {
+/// One measured block size as the JSON row `--json` prints (the sweep prints one per size).
+fn row(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResult>) -> serde_json::Value {
     let gbps = median_f64(m.gbps_runs.clone());
     let mut v = serde_json::json!({
         "bench": "transfer",
@@ -486,6 +567,9 @@ fn report(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResul
         if let Some(bg) = b.gbps {
             v["ratio_gbps"] = serde_json::json!(gbps / bg);
         }
+        if let Some(p) = m.ratio_paired {
+            v["ratio_gbps_paired"] = serde_json::json!(p);
+        }
         if let Some(br) = b.requests_per_s {
             v["ratio_requests_per_s"] = serde_json::json!(m.requests_per_s / br);
         }
@@ -493,6 +577,13 @@ fn report(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResul
             v["ratio_p50_latency"] = serde_json::json!(m.p50_us / bl);
         }
     }
+    v
+}
+
+/// Prints one measured block size: its JSON row, or two lines of text.
+fn report(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResult>) {
+    let v = row(args, peer, m, baseline);
+    let gbps = median_f64(m.gbps_runs.clone());
     if args.json {
         print_json(&v);
         return;
@@ -529,6 +620,8 @@ fn report(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResul
             [
                 v.get("ratio_gbps")
                     .map(|r| format!("{:.2}x bandwidth", r.as_f64().unwrap_or(0.0))),
+                v.get("ratio_gbps_paired")
+                    .map(|r| format!("{:.2}x paired per run", r.as_f64().unwrap_or(0.0))),
                 v.get("ratio_p50_latency")
                     .map(|r| format!("{:.2}x latency", r.as_f64().unwrap_or(0.0))),
             ]

@@ -45,4 +45,56 @@ pub fn parse_list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>, String> {
         .collect()
 }
 
+/// What is wrong with a comma-separated list of sizes.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SizeListError {
+    #[error("{item:?}: {reason}")]
+    Size { item: String, reason: String },
+    #[error("a size of 0 bytes")]
+    Zero,
+    #[error("{0} bytes is listed twice")]
+    Repeated(u64),
+}
+
+/// A comma-separated list of byte sizes in the project's one size syntax
+/// ([`te_core::config::parse_byte_size`]: `4K` = 4,096, `2.79MB` = 2,790,000), in the order
+/// given; none zero, none repeated.
+pub fn parse_sizes(list: &str) -> Result<Vec<u64>, SizeListError> {
+    let mut sizes = Vec::new();
+    for item in list.split(',').map(str::trim) {
+        let size = te_core::config::parse_byte_size(item).map_err(|reason| SizeListError::Size {
+            item: item.to_string(),
+            reason,
+        })?;
+        if size == 0 {
+            return Err(SizeListError::Zero);
+        }
+        if sizes.contains(&size) {
+            return Err(SizeListError::Repeated(size));
+        }
+        sizes.push(size);
+    }
+    Ok(sizes)
+}
+
 pub use te_base::pattern::pattern;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_lists_use_the_project_size_parser() {
+        assert_eq!(
+            parse_sizes("4K,16K, 64K,256K,1M,4M").unwrap(),
+            vec![4096, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
+        );
+        assert_eq!(parse_sizes("1728,8448,2.79MB").unwrap(), vec![1728, 8448, 2_790_000]);
+        assert!(matches!(parse_sizes(""), Err(SizeListError::Size { .. })));
+        assert!(matches!(parse_sizes("4K,,1M"), Err(SizeListError::Size { .. })));
+        assert!(matches!(parse_sizes("4Q"), Err(SizeListError::Size { item, .. }) if item == "4Q"));
+        assert!(matches!(parse_sizes("1.1K"), Err(SizeListError::Size { .. })));
+        assert_eq!(parse_sizes("0,4K"), Err(SizeListError::Zero));
+        assert_eq!(parse_sizes("4K,4096"), Err(SizeListError::Repeated(4096)));
+    }
+}

@@ -69,6 +69,12 @@ pub(super) struct BaselineSample {
     latency_us: Option<f64>,
 }
 
+impl BaselineSample {
+    pub(super) fn gbps(&self) -> f64 {
+        self.gbps
+    }
+}
+
 impl BaselineResult {
     pub(super) fn from_samples(b: Baseline, args: &Args, samples: Vec<BaselineSample>) -> BaselineResult {
         let (tool, command) = baseline_command(b, args);

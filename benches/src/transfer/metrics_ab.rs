@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use te_core::config::{Env, ProcessEnv};
 use te_core::{Registration, TransferEngine, TransferRequest};
 
-use super::{block_requests, local_buffer, overlay_vars, p2p_store, verify_transfer, Args, Overlay};
+use super::{block_requests, local_buffer, overlay_vars, p2p_store, verify_transfer, Args, Overlay, WRITE_SEED};
 use crate::util::{median, paired_ratio, print_json};
 
 struct Side {
@@ -100,7 +100,7 @@ pub(super) async fn run(args: &Args, peer_addr: &str) -> Result<(), String> {
         let mut bad = 0;
         for s in &sides {
             s.engine.transfer(&s.requests).await.map_err(|e| e.to_string())?;
-            bad += verify_transfer(args, &s.engine, &s.local, &s.requests).await?;
+            bad += verify_transfer(args, &s.engine, &s.local, &s.requests, WRITE_SEED).await?;
         }
         mismatched = Some(bad);
     }
