@@ -176,13 +176,12 @@ fn a_killed_owner_fails_only_its_keys_and_rejoins_with_its_ssd_keys() {
     expect_seed(&mut p2, "doomed", "0:2097152", 3);
 
     // peer-2 streams remote gets of peer-0's key while peer-0 is SIGKILLed.
-    let victim = p0.pid();
     let reader = std::thread::spawn(move || {
         let a = p2.ok("stream doomed 400 0:1048576,1048576:1048576");
         (p2, a)
     });
     std::thread::sleep(Duration::from_millis(300));
-    let _ = Command::new("kill").args(["-KILL", &victim.to_string()]).status();
+    p0.signal("KILL");
     let (mut p2, a) = reader.join().expect("reader thread");
     drop(p0);
     let field = |name: &str| -> u64 {

@@ -97,10 +97,19 @@ impl Node {
     }
 
     /// Sends a signal (`STOP`, `KILL`, `CONT`) with kill(1).
+    /// Sends `sig` (`STOP`, `CONT`, `KILL` or `TERM`) to the process, through the system call
+    /// rather than a `kill` binary, which a minimal system (Debian's minbase: no procps) lacks.
     pub fn signal(&self, sig: &str) {
-        let _ = Command::new("kill")
-            .args([&format!("-{sig}"), &self.pid().to_string()])
-            .status();
+        use rustix::process::{kill_process, Pid, Signal};
+        let signal = match sig {
+            "STOP" => Signal::STOP,
+            "CONT" => Signal::CONT,
+            "KILL" => Signal::KILL,
+            "TERM" => Signal::TERM,
+            other => panic!("Node::signal: unknown signal {other:?}"),
+        };
+        let pid = Pid::from_raw(self.pid() as i32).expect("a child's pid is positive");
+        kill_process(pid, signal).unwrap_or_else(|e| panic!("kill -{sig} {}: {e}", self.pid()));
     }
 
     /// Freezes the process with SIGSTOP and returns once every one of its threads is stopped
