@@ -34,6 +34,19 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .map_err(|e| format!("tokio runtime: {e}"))
 }
 
+/// An error naming why `engine`'s transport `name` is not available, if it is not.
+pub fn require_transport(engine: &te_core::TransferEngine, name: &str) -> Result<(), String> {
+    match engine
+        .transports()
+        .iter()
+        .find(|t| t.name == name)
+        .and_then(|t| t.unavailable.clone())
+    {
+        Some(reason) => Err(format!("transport {name}: not available: {reason}")),
+        None => Ok(()),
+    }
+}
+
 /// Parses a comma-separated list of numbers.
 pub fn parse_list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>, String> {
     s.split(',')

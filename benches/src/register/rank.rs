@@ -134,14 +134,7 @@ fn engine_rank(spec: &RankSpec, input: &mut impl BufRead) -> Result<RankResult, 
                 .build(),
         )
         .map_err(|e| e.to_string())?;
-    if let Some(reason) = engine
-        .transports()
-        .iter()
-        .find(|t| t.name == name)
-        .and_then(|t| t.unavailable.clone())
-    {
-        return Err(format!("transport {name}: not available: {reason}"));
-    }
+    crate::util::require_transport(&engine, name)?;
     let opts = te_core::HostBufferOptions {
         prefault: true,
         ..Default::default()

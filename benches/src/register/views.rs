@@ -173,14 +173,7 @@ async fn build_engine(
     }
     .map_err(|e| e.to_string())?;
     let name = spec.transport.name();
-    if let Some(reason) = engine
-        .transports()
-        .iter()
-        .find(|t| t.name == name)
-        .and_then(|t| t.unavailable.clone())
-    {
-        return Err(format!("transport {name}: not available: {reason}"));
-    }
+    crate::util::require_transport(&engine, name)?;
     Ok(engine)
 }
 

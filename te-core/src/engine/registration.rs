@@ -60,25 +60,25 @@ impl EngineInner {
         let weak = Arc::downgrade(self);
         let n = items.len();
         let mut out: Vec<Option<Registration>> = (0..n).map(|_| None).collect();
-        let mut items: Vec<Option<PendingRegion>> = items.into_iter().map(Some).collect();
+        // The ranges stay readable throughout; each owner is taken by the handle made for it.
+        let (ranges, mut owners): (Vec<RawRegion>, Vec<Option<Owner>>) =
+            items.into_iter().map(|p| (p.region, p.owned)).unzip();
         // Items inside a registered region: views of it. Dropping `out` on a later error
         // releases them again.
         let mut fresh: Vec<usize> = Vec::with_capacity(n);
-        for i in 0..n {
-            let region = items[i].as_ref().map(|p| p.region).ok_or_else(|| internal("item"))?;
+        for (i, &region) in ranges.iter().enumerate() {
             check_range(i, &region)?;
             if share {
                 let shared = self
                     .registry
                     .share(region.addr, region.len, |info| compatible(info, &region, reg))?;
                 if let Some(covering) = shared {
-                    let owner = items[i].take().and_then(|p| p.owned);
                     out[i] = Some(Registration::view(
                         covering,
                         weak.clone(),
                         region.addr,
                         region.len,
-                        owner,
+                        owners[i].take(),
                     ));
                     continue;
                 }
@@ -95,22 +95,13 @@ impl EngineInner {
         let hits = (n - fresh.len()) as u64;
         // The rest, by address (longest first at one address): an item inside the last
         // top-level one is a view of it, one that runs past its end overlaps it.
-        fresh.sort_by_key(|&i| {
-            let r = items[i].as_ref().map(|p| p.region);
-            r.map(|r| (r.addr, std::cmp::Reverse(r.len)))
-        });
+        fresh.sort_by_key(|&i| (ranges[i].addr, std::cmp::Reverse(ranges[i].len)));
         let mut top: Vec<usize> = Vec::with_capacity(fresh.len());
         let mut inner_views: Vec<(usize, usize)> = Vec::new();
         for &i in &fresh {
-            let region = items[i]
-                .as_ref()
-                .map(|p| p.region)
-                .ok_or_else(|| internal("fresh item"))?;
+            let region = ranges[i];
             if let Some(&t) = top.last() {
-                let cover = items[t]
-                    .as_ref()
-                    .map(|p| p.region)
-                    .ok_or_else(|| internal("top item"))?;
+                let cover = ranges[t];
                 let cover_end = cover.addr + cover.len;
                 if region.addr < cover_end {
                     if !share || region.addr + region.len > cover_end {
@@ -142,20 +133,14 @@ impl EngineInner {
 
         let infos: Vec<RegionInfo> = top
             .iter()
-            .map(|&i| {
-                let p = items[i]
-                    .as_ref()
-                    .map(|p| p.region)
-                    .ok_or_else(|| internal("top item"))?;
-                Ok(RegionInfo {
-                    id: RegionId(self.next_region.fetch_add(1, Ordering::Relaxed)),
-                    base: p.addr,
-                    len: p.len,
-                    location: p.location,
-                    exported: reg.export,
-                })
+            .map(|&i| RegionInfo {
+                id: RegionId(self.next_region.fetch_add(1, Ordering::Relaxed)),
+                base: ranges[i].addr,
+                len: ranges[i].len,
+                location: ranges[i].location,
+                exported: reg.export,
             })
-            .collect::<Result<_>>()?;
+            .collect();
         let keys = if infos.is_empty() {
             Vec::new()
         } else {
@@ -167,7 +152,7 @@ impl EngineInner {
         }
         let mut regions: Vec<Arc<Region>> = Vec::with_capacity(top.len());
         for (((&i, info), keys), views) in top.iter().zip(infos).zip(keys).zip(views_of) {
-            let owned = items[i].take().and_then(|p| p.owned);
+            let owned = owners[i].take();
             regions.push(Arc::new(Region {
                 info,
                 keys,
@@ -195,14 +180,13 @@ impl EngineInner {
             out[i] = Some(Registration::whole(region.clone(), weak.clone()));
         }
         for &(i, k) in &inner_views {
-            let p = items[i].take().ok_or_else(|| internal("inner view"))?;
             let covering = regions.get(k).ok_or_else(|| internal("covering region"))?;
             out[i] = Some(Registration::view(
                 covering.clone(),
                 weak.clone(),
-                p.region.addr,
-                p.region.len,
-                p.owned,
+                ranges[i].addr,
+                ranges[i].len,
+                owners[i].take(),
             ));
         }
         let hits = hits + inner_views.len() as u64;

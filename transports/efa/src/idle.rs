@@ -19,8 +19,8 @@ impl IdleMode {
     /// (`cq_can_wait`) and the core provider is one measured to keep serving peers while we
     /// sleep: the socket providers, and verbs (soft-RoCE, issue 30: the conformance suite passed
     /// blocking, and an idle target's CPU fell from a whole core to under 1%). Every other
-    /// provider polls, efa included: its RDM protocol needs our progress calls for peers' RMA,
-    /// as shm's does, and it has not been measured.
+    /// provider polls, efa included: whether efa serves peers while we sleep has not been
+    /// measured (no EFA device here), and polling is the mode that cannot stall them.
     pub(crate) fn for_provider(provider: &str, cq_can_wait: bool) -> IdleMode {
         let core = crate::fabric::core_provider(provider);
         if cq_can_wait && matches!(core, "tcp" | "sockets" | "net" | "udp" | "verbs") {
