@@ -54,7 +54,18 @@ pub struct BatchState {
     /// Two inline: a batch has at most the metrics hook and the notification hook, so adding
     /// them allocates nothing beyond each hook's own box.
     on_complete: Mutex<SmallVec<[CompletionHook; 2]>>,
+    /// Consulted before a request is marked failed (the engine's failover); unset on batches
+    /// that cannot fail over, so the success path never looks at it.
+    failure_hook: std::sync::OnceLock<Box<dyn FailureHook>>,
     done: Event,
+}
+
+/// Sees each request of a batch that is about to fail, first: returns true to take the request
+/// over (it stays pending; the hook must see that it settles later, by resubmitting it), false
+/// to let it fail. Called from whatever thread fails the request; must not block.
+pub trait FailureHook: Send + Sync + 'static {
+    /// Request `index` is about to fail with `error`.
+    fn intercept(&self, index: usize, error: &Error) -> bool;
 }
 
 /// Work to run once when the last request of a batch settles (see [`BatchState::on_complete`]).
@@ -86,6 +97,7 @@ impl BatchState {
             cancel_requested: AtomicBool::new(false),
             keep_alive: Mutex::new(SmallVec::new()),
             on_complete: Mutex::new(SmallVec::new()),
+            failure_hook: std::sync::OnceLock::new(),
             done: Event::new(),
         })
     }
@@ -133,6 +145,36 @@ impl BatchState {
             hook(self);
         } else {
             guard.push(hook);
+        }
+    }
+
+    /// Installs the hook that may take over requests about to fail (once per batch; a second
+    /// call is refused, returning the hook). Install before handing the batch to a transport.
+    pub fn set_failure_hook(&self, hook: Box<dyn FailureHook>) -> Result<(), Box<dyn FailureHook>> {
+        self.failure_hook.set(hook)
+    }
+
+    /// True when the failure hook takes request `index` over instead of letting it fail.
+    fn intercepted(&self, index: usize, error: &Error) -> bool {
+        match self.failure_hook.get() {
+            Some(h) => self.is_pending(index) && h.intercept(index, error),
+            None => false,
+        }
+    }
+
+    fn is_pending(&self, index: usize) -> bool {
+        self.status
+            .get(index)
+            .is_some_and(|s| s.load(Ordering::Acquire) == PENDING)
+    }
+
+    /// Marks request `index` failed without asking the failure hook: for the hook itself, once
+    /// no route is left for it.
+    pub fn fail_final(&self, index: usize, error: Error) {
+        if self.settle(index, FAILED) {
+            self.failures.lock().push((index, error));
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            self.finish(1);
         }
     }
 
@@ -220,20 +262,24 @@ impl BatchState {
         self.finish(n);
     }
 
-    /// Marks request `index` failed.
+    /// Marks request `index` failed (unless the failure hook takes it over).
     pub fn fail(&self, index: usize, error: Error) {
-        if self.settle(index, FAILED) {
-            self.failures.lock().push((index, error));
-            self.failed.fetch_add(1, Ordering::Relaxed);
-            self.finish(1);
+        if self.intercepted(index, &error) {
+            return;
         }
+        self.fail_final(index, error);
     }
 
-    /// Marks many requests failed with the same error (one lock, one counter update).
+    /// Marks many requests failed with the same error (one lock, one counter update), except
+    /// those the failure hook takes over.
     pub fn fail_many(&self, indices: impl IntoIterator<Item = usize>, error: &Error) {
+        let hooked = self.failure_hook.get().is_some();
         let mut failures = self.failures.lock();
         let before = failures.len();
         for i in indices {
+            if hooked && self.intercepted(i, error) {
+                continue;
+            }
             if self.settle(i, FAILED) {
                 failures.push((i, error.clone()));
             }
@@ -342,6 +388,18 @@ pub struct BatchError {
     pub progress: BatchProgress,
     /// Every failed request's index and error, in index order.
     pub failures: Vec<(usize, Error)>,
+}
+
+impl BatchError {
+    /// The first failed request's error (in index order), or [`Error::Cancelled`] when the batch
+    /// failed only by cancellation: what a caller waiting on one outcome reports.
+    pub fn into_first_error(self) -> Error {
+        self.failures
+            .into_iter()
+            .next()
+            .map(|(_, e)| e)
+            .unwrap_or(Error::Cancelled)
+    }
 }
 
 fn first_failure(f: &[(usize, Error)]) -> String {
@@ -508,6 +566,42 @@ mod tests {
         let t = std::thread::spawn(move || s.complete(0));
         assert!(b.wait_blocking(None).unwrap().is_ok());
         t.join().unwrap();
+    }
+
+    /// Takes over even indices once, then lets them fail.
+    struct TakeEvenOnce(Mutex<Vec<usize>>);
+
+    impl FailureHook for TakeEvenOnce {
+        fn intercept(&self, index: usize, _: &Error) -> bool {
+            let mut taken = self.0.lock();
+            if index % 2 == 1 || taken.contains(&index) {
+                return false;
+            }
+            taken.push(index);
+            true
+        }
+    }
+
+    #[test]
+    fn a_failure_hook_keeps_the_requests_it_takes_pending() {
+        let s = BatchState::new(vec![1, 2, 3, 4].into());
+        assert!(s
+            .set_failure_hook(Box::new(TakeEvenOnce(Mutex::new(Vec::new()))))
+            .is_ok());
+        assert!(s
+            .set_failure_hook(Box::new(TakeEvenOnce(Mutex::new(Vec::new()))))
+            .is_err());
+        s.fail_many(0..4, &Error::Cancelled);
+        let p = s.progress();
+        assert_eq!((p.failed, p.pending), (2, 2), "0 and 2 were taken over");
+        // Taken over requests settle later, by completion or by failing again.
+        s.complete(0);
+        s.fail(2, Error::Cancelled);
+        assert!(s.is_complete());
+        let e = Batch::new(s).wait_blocking(None).unwrap().unwrap_err();
+        assert_eq!(e.progress.done, 1);
+        let failed: Vec<usize> = e.failures.iter().map(|(i, _)| *i).collect();
+        assert_eq!(failed, [1, 2, 3]);
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub mod token;
 pub mod topology;
 pub mod transport;
 
-pub use batch::{Batch, BatchError, BatchProgress, BatchReport, BatchState, RequestStatus};
+pub use batch::{Batch, BatchError, BatchProgress, BatchReport, BatchState, FailureHook, RequestStatus};
 pub use error::{Error, ErrorSource, NativeError, RegistrationFailure, Result, SkippedDevice};
 pub use host_buffer::{HostBuffer, HostBufferOptions, HugePages};
 pub use memory::{MemoryKind, MemoryKinds, MemoryLocation, RegionId, RegionInfo};

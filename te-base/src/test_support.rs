@@ -1,9 +1,11 @@
 //! Helpers for the tests of every crate (feature `test-support`): whether a missing piece of the
 //! environment skips a test or fails it (`TE_REQUIRE`), network namespaces standing in for hosts
-//! ([`netns`]) and an etcd server started for a test ([`etcd`]).
+//! ([`netns`]), an etcd server started for a test ([`etcd`]) and killing a live TCP connection
+//! from outside its process ([`socket_destroy`]).
 
 pub mod etcd;
 pub mod netns;
+pub mod socket_destroy;
 
 /// True if `TE_REQUIRE` (a comma-separated list) names `thing`: a missing `thing` must then fail
 /// the test instead of skipping it.

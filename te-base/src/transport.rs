@@ -84,6 +84,15 @@ pub trait Peer: Send + Sync + 'static {
     /// and the engine fails the requests with it.
     fn submit(&self, requests: Vec<ResolvedRequest>, batch: &Arc<BatchState>, ctx: &SubmitContext) -> Result<()>;
 
+    /// How many independent paths (rails, queue pairs, lanes) this peer spreads a batch's requests
+    /// over, one after another from the first request on, that are not connected by `connect`
+    /// itself. Warm-up sends this many small reads in one batch so each such path makes its
+    /// connection and handshake before the first transfer. Default 1: the transport connected
+    /// everything in `connect` (tcp lanes, rdma queue pairs), and one read settles the rest.
+    fn lazy_paths(&self) -> usize {
+        1
+    }
+
     /// True while the connection is usable; false once the peer went away (the engine then
     /// reconnects using a fresh descriptor).
     fn is_healthy(&self) -> bool {

@@ -19,6 +19,7 @@ pub struct TransferEngineBuilder {
     custom: Vec<Arc<dyn Transport>>,
     auth: Option<AuthKey>,
     metrics_recorder: Option<Arc<dyn metrics::Recorder + Send + Sync>>,
+    warm_up_segments: Option<bool>,
 }
 
 impl Default for TransferEngineBuilder {
@@ -39,6 +40,7 @@ impl TransferEngineBuilder {
             custom: Vec::new(),
             auth: None,
             metrics_recorder: None,
+            warm_up_segments: None,
         }
     }
 
@@ -97,6 +99,14 @@ impl TransferEngineBuilder {
     /// [`crate::metrics`].
     pub fn metrics_recorder(mut self, recorder: Arc<dyn metrics::Recorder + Send + Sync>) -> Self {
         self.metrics_recorder = Some(recorder);
+        self
+    }
+
+    /// Warms every segment up as [`crate::TransferEngine::open_segment`] opens it: each route's
+    /// connections, queue pairs and rails connected and their handshakes done before the first
+    /// transfer ([`crate::TransferEngine::warm_up`]). Default: `TE_WARM_UP` (off).
+    pub fn warm_up_segments(mut self, on: bool) -> Self {
+        self.warm_up_segments = Some(on);
         self
     }
 
@@ -219,6 +229,7 @@ impl TransferEngineBuilder {
             phase_timing,
             inbox,
             export,
+            self.warm_up_segments,
         )
         .await?;
         if let Some(serve) = serve {

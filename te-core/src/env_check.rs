@@ -25,6 +25,9 @@ const ENGINE_VARS: &[&str] = &[
     "TE_ETCD_LEASE_TTL_S",
     crate::engine::TRANSFER_TIMEOUT_VAR,
     crate::engine::REGISTRATION_CACHE_VAR,
+    crate::engine::FAILOVER_VAR,
+    crate::engine::ROUTE_PAUSE_VAR,
+    crate::engine::WARM_UP_VAR,
 ];
 
 /// Every `TE_*` / `MC_*` variable this build reads: te-base's, te-core's and those of every

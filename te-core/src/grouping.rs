@@ -18,6 +18,9 @@ pub(crate) struct Group {
     pub segment: u32,
     pub route: u32,
     pub requests: Vec<ResolvedRequest>,
+    /// The memory kinds (local, remote) of its requests, `None` if they differ (a route that
+    /// moves host and device memory alike got both): failover needs one pair to find a route.
+    pub kinds: Option<(MemoryKind, MemoryKind)>,
 }
 
 /// The remote side the previous request resolved to.
@@ -145,8 +148,14 @@ fn find_remote(
             segment: d.name.clone(),
             reason: format!("no connected transport moves {local} to/from {remote_kind} memory"),
         })? as u32;
+    let kinds = Some((local_kind, remote_kind));
     let group = match groups.iter().position(|g| g.segment == r.segment.0 && g.route == route) {
-        Some(g) => g,
+        Some(g) => {
+            if groups[g].kinds != kinds {
+                groups[g].kinds = None;
+            }
+            g
+        }
         None => {
             // The first group usually takes the whole batch.
             let cap = if groups.is_empty() { batch_len } else { 0 };
@@ -154,6 +163,7 @@ fn find_remote(
                 segment: r.segment.0,
                 route,
                 requests: Vec::with_capacity(cap),
+                kinds,
             });
             groups.len() - 1
         }

@@ -26,17 +26,20 @@ mod install;
 pub mod metadata;
 pub mod metrics;
 mod registry;
+mod route_health;
 mod segment;
 
 pub use builder::TransferEngineBuilder;
 pub use engine::{Notifications, NotifiedBatch};
 pub use engine::{
-    RawRegion, RegisterOptions, Registration, SubmitOptions, TransferEngine, TransportStatus, TRANSFER_TIMEOUT_VAR,
+    RawRegion, RegisterOptions, Registration, RouteWarmUp, SubmitOptions, TransferEngine, TransportStatus,
+    WarmUpReport, FAILOVER_VAR, ROUTE_PAUSE_VAR, TRANSFER_TIMEOUT_VAR, WARM_UP_VAR,
 };
 pub use env_check::known_vars;
 pub use install::{device_plugins, PluginStatus, COMPILED_TRANSPORTS};
 pub use metrics::MetricsSnapshot;
-pub use segment::{SegmentEvent, SegmentHandle};
+pub use route_health::RouteState;
+pub use segment::{RouteReport, SegmentEvent, SegmentHandle};
 
 /// Peer authentication: the shared key every peer must prove (see `docs/security.md`).
 pub mod auth {

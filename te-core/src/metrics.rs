@@ -46,6 +46,8 @@ pub(crate) struct Metrics {
     bytes: AtomicU64,
     failed_requests: AtomicU64,
     registration_cache_hits: AtomicU64,
+    failovers: AtomicU64,
+    warmed_routes: AtomicU64,
 }
 
 /// A snapshot of the engine's counters.
@@ -62,6 +64,12 @@ pub struct MetricsSnapshot {
     /// Registrations the registration cache served: ranges inside a registered region that got
     /// a handle sharing it instead of a transport registration of their own.
     pub registration_cache_hits: u64,
+    /// Requests resubmitted on another route after theirs failed (failover; each resubmission
+    /// counts, so one request can count more than once).
+    pub failovers: u64,
+    /// Routes warm-up probed with at least one read (`TransferEngine::warm_up`, and every open
+    /// with `TE_WARM_UP`).
+    pub warmed_routes: u64,
 }
 
 impl Metrics {
@@ -72,6 +80,14 @@ impl Metrics {
         if failed > 0 {
             self.failed_requests.fetch_add(failed, Ordering::Relaxed);
         }
+    }
+
+    pub fn record_failover(&self, requests: u64) {
+        self.failovers.fetch_add(requests, Ordering::Relaxed);
+    }
+
+    pub fn record_warmed_routes(&self, routes: u64) {
+        self.warmed_routes.fetch_add(routes, Ordering::Relaxed);
     }
 
     pub fn record_cache_hits(&self, hits: u64) {
@@ -85,6 +101,8 @@ impl Metrics {
             bytes: self.bytes.load(Ordering::Relaxed),
             failed_requests: self.failed_requests.load(Ordering::Relaxed),
             registration_cache_hits: self.registration_cache_hits.load(Ordering::Relaxed),
+            failovers: self.failovers.load(Ordering::Relaxed),
+            warmed_routes: self.warmed_routes.load(Ordering::Relaxed),
         }
     }
 }

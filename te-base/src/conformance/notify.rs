@@ -33,12 +33,7 @@ pub async fn notify(peer: &Arc<dyn Peer>, note: Notification, opts: &Conformance
     peer.notify(note, &state, 0)?;
     match tokio::time::timeout(opts.timeout, Batch::new(state).wait()).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(e
-            .failures
-            .into_iter()
-            .next()
-            .map(|(_, e)| e)
-            .unwrap_or(Error::Cancelled)),
+        Ok(Err(e)) => Err(e.into_first_error()),
         Err(_) => panic!("notification not answered within {:?}", opts.timeout),
     }
 }

@@ -10,8 +10,46 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use te_base::config::{parse_var, Env};
 use te_base::{BatchState, Error, Peer, Result};
+
+/// The peers a batch's deadline aborts: those it was submitted to, and those failover moved
+/// requests to later. Once the deadline fired, no peer can be added (the failover then fails
+/// the request with a timeout instead of starting it).
+#[derive(Clone, Default)]
+pub(crate) struct DeadlinePeers(Arc<Mutex<DeadlineState>>);
+
+#[derive(Default)]
+struct DeadlineState {
+    expired: bool,
+    peers: Vec<Arc<dyn Peer>>,
+}
+
+impl DeadlinePeers {
+    /// Adds `peer` (once); false if the deadline already passed.
+    pub fn add(&self, peer: &Arc<dyn Peer>) -> bool {
+        let mut s = self.0.lock();
+        if s.expired {
+            return false;
+        }
+        if !s.peers.iter().any(|p| Arc::ptr_eq(p, peer)) {
+            s.peers.push(peer.clone());
+        }
+        true
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.lock().peers.is_empty()
+    }
+
+    /// Marks the deadline passed and hands out the peers to abort.
+    fn expire(&self) -> Vec<Arc<dyn Peer>> {
+        let mut s = self.0.lock();
+        s.expired = true;
+        std::mem::take(&mut s.peers)
+    }
+}
 
 /// Default deadline of every batch, in milliseconds; unset or `0`: no deadline.
 pub const TRANSFER_TIMEOUT_VAR: &str = "TE_TRANSFER_TIMEOUT_MS";
@@ -46,12 +84,7 @@ pub(crate) fn check(deadline: Duration) -> Result<()> {
 
 /// Starts the timer of `batch`: unless every request settled first, after `after` each of
 /// `peers` is asked to abort with a timeout error. The batch's completion cancels the timer.
-pub(crate) fn arm(
-    runtime: &tokio::runtime::Handle,
-    batch: &Arc<BatchState>,
-    peers: Vec<Arc<dyn Peer>>,
-    after: Duration,
-) {
+pub(crate) fn arm(runtime: &tokio::runtime::Handle, batch: &Arc<BatchState>, peers: DeadlinePeers, after: Duration) {
     let (settled_tx, settled) = tokio::sync::oneshot::channel::<()>();
     batch.on_complete(Box::new(move |_| {
         let _ = settled_tx.send(());
@@ -67,7 +100,7 @@ pub(crate) fn arm(
         if batch.is_complete() {
             return;
         }
-        for peer in &peers {
+        for peer in &peers.expire() {
             let err = Error::Timeout {
                 what: format!(
                     "batch of {requests} request(s) to segment '{}' (its deadline)",

@@ -2,11 +2,13 @@
 //! reads and writes to the transport that can serve them.
 
 mod deadline;
+mod failover;
 mod handle;
 mod notify;
 mod registration;
 mod segments;
 mod submit;
+mod warm_up;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,6 +28,7 @@ use crate::registry::Registry;
 use crate::segment::{OpenSegment, SegmentHandle};
 pub(crate) use deadline::default_deadline as check_transfer_timeout;
 pub use deadline::TRANSFER_TIMEOUT_VAR;
+pub use failover::{FAILOVER_VAR, ROUTE_PAUSE_VAR};
 pub use handle::{RegisterOptions, Registration};
 pub use notify::{Notifications, NotifiedBatch};
 pub(crate) use registration::registration_cache;
@@ -33,6 +36,7 @@ use registration::PendingRegion;
 pub use registration::RawRegion;
 pub use registration::REGISTRATION_CACHE_VAR;
 pub use submit::SubmitOptions;
+pub use warm_up::{RouteWarmUp, WarmUpReport, WARM_UP_VAR};
 
 /// A transport compiled into this build and whether it runs here.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +74,12 @@ pub(crate) struct EngineInner {
     default_deadline: Option<std::time::Duration>,
     /// `TE_REGISTRATION_CACHE`: whether ranges inside a registered region may share it.
     registration_cache: bool,
+    /// `TE_FAILOVER`, `TE_ROUTE_PAUSE_MS`: resubmission on other routes, pauses of failing ones.
+    failover: failover::FailoverPolicy,
+    /// Warm every segment up as it is opened (`TE_WARM_UP`, the builder's `warm_up_segments`).
+    warm_on_open: bool,
+    /// The landing zone of warm-up and probe reads (registered, local only), made on first use.
+    scratch: tokio::sync::OnceCell<Registration>,
     /// Watchers and event channels of the open segments.
     live: segments::LiveSegments,
     _env: Arc<dyn Env>,
@@ -109,6 +119,13 @@ impl std::fmt::Debug for TransferEngine {
     }
 }
 
+impl EngineInner {
+    /// True once the engine shuts down.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+}
+
 impl TransferEngine {
     /// Starts configuring an engine.
     pub fn builder() -> TransferEngineBuilder {
@@ -126,6 +143,7 @@ impl TransferEngine {
         phase_timing: bool,
         inbox: Arc<te_base::NotifyInbox>,
         export: Option<Arc<crate::metrics::Export>>,
+        warm_on_open: Option<bool>,
     ) -> Result<Self> {
         let phase_stats = phase_timing.then(|| Arc::new(PhaseStats::default()));
         let timer = phase_stats.clone().map(PhaseTimer::on).unwrap_or_default();
@@ -152,6 +170,12 @@ impl TransferEngine {
             closed: AtomicBool::new(false),
             default_deadline: deadline::default_deadline(env.as_ref())?,
             registration_cache: registration_cache(env.as_ref())?,
+            failover: failover::FailoverPolicy::from_env(env.as_ref())?,
+            warm_on_open: match warm_on_open {
+                Some(w) => w,
+                None => warm_up::from_env(env.as_ref())?,
+            },
+            scratch: tokio::sync::OnceCell::new(),
             live: segments::LiveSegments::default(),
             _env: env,
             inbox,
@@ -321,6 +345,26 @@ impl TransferEngine {
     /// gives a new id. [`Error::UnknownSegment`] if `segment` is not open.
     pub async fn close_segment(&self, segment: te_base::SegmentId) -> Result<()> {
         self.inner.close_segment(segment).await
+    }
+
+    /// The routes to `segment` (one per transport that reaches it, in order of preference) and
+    /// what each is doing: active, paused after repeated errors, or probing to come back
+    /// (failover, `docs/failover.md`). [`Error::UnknownSegment`] if it is not open.
+    pub fn routes(&self, segment: &SegmentHandle) -> Result<Vec<crate::RouteReport>> {
+        let segs = self.inner.segments.read();
+        let seg = segs
+            .get(segment.id().0 as usize)
+            .ok_or_else(|| Error::UnknownSegment(format!("id {}", segment.id().0)))?;
+        Ok(seg
+            .routes
+            .iter()
+            .map(|r| crate::RouteReport {
+                transport: r.transport_name,
+                state: r.health.state(),
+                connected: r.peer.is_healthy(),
+                pauses: r.health.pauses(),
+            })
+            .collect())
     }
 
     /// Submits a batch. Every request is validated and resolved first: if any is malformed

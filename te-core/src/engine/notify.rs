@@ -3,10 +3,11 @@
 //!
 //! A notified batch is an ordinary batch plus a completion hook ([`BatchState::on_complete`]):
 //! once every request of the batch succeeded, the hook hands the message to each target segment's
-//! first route ([`Peer::notify`]). The batch completes only when every byte is at the
-//! destination, so the target can never read the message before the data; and since hooks run in
-//! the order batches complete and each peer keeps its messages in order, the target receives them
-//! in that order. A batch with any failed or cancelled request sends nothing: its notification
+//! first route that is neither paused nor disconnected and accepts it ([`Peer::notify`]). The
+//! batch completes only when every byte is at the destination, so the target can never read the
+//! message before the data; and since hooks run in the order batches complete and each peer keeps
+//! its messages in order, the target receives them in that order while they take one route (across
+//! a failover, messages on two routes may arrive in either order). A batch with any failed or cancelled request sends nothing: its notification
 //! outcome is `Cancelled`.
 
 use std::sync::Arc;
@@ -47,12 +48,7 @@ impl NotifiedBatch {
 async fn answer(notification: &Batch) -> Result<()> {
     match notification.wait().await {
         Ok(_) => Ok(()),
-        Err(e) => Err(e
-            .failures
-            .into_iter()
-            .next()
-            .map(|(_, e)| e)
-            .unwrap_or(Error::Cancelled)),
+        Err(e) => Err(e.into_first_error()),
     }
 }
 
@@ -151,10 +147,10 @@ impl TransferEngine {
     /// Sends `payload` to `segment` on its own, ordered after the notified batches to it that
     /// already completed. Returns once the target queued it, or with its refusal.
     pub async fn notify(&self, segment: &SegmentHandle, payload: impl Into<Vec<u8>>) -> Result<()> {
-        let peer = self.inner.notify_route(segment.id())?;
+        let peers = self.inner.notify_routes(segment.id())?;
         let state = BatchState::new(vec![0].into());
         let note = self.inner.note(payload.into())?;
-        peer.notify(note, &state, 0)?;
+        send_note(&peers, note, &state, 0)?;
         answer(&Batch::new(state)).await
     }
 }
@@ -175,14 +171,17 @@ impl EngineInner {
         })
     }
 
-    /// The peer that carries notifications to segment `id`: its first (preferred) route, always
-    /// the same one, so messages to a segment stay in order.
-    fn notify_route(&self, id: SegmentId) -> Result<Arc<dyn Peer>> {
+    /// The routes a notification to segment `id` may take, best first: those not avoided (paused
+    /// or disconnected) in order of preference, then the rest. The message goes on the first that
+    /// accepts it ([`send_note`]), so after a failover it rides the route that carried the data.
+    fn notify_routes(&self, id: SegmentId) -> Result<Vec<Arc<dyn Peer>>> {
         let segs = self.segments.read();
-        segs.get(id.0 as usize)
-            .and_then(|s| s.routes.first())
-            .map(|r| r.peer.clone())
-            .ok_or_else(|| Error::UnknownSegment(format!("#{}", id.0)))
+        let seg = segs
+            .get(id.0 as usize)
+            .filter(|s| !s.routes.is_empty())
+            .ok_or_else(|| Error::UnknownSegment(format!("#{}", id.0)))?;
+        let (good, avoided): (Vec<_>, Vec<_>) = seg.routes.iter().partition(|r| !r.avoided());
+        Ok(good.into_iter().chain(avoided).map(|r| r.peer.clone()).collect())
     }
 
     fn submit_notified(
@@ -202,18 +201,19 @@ impl EngineInner {
         }
         let peers = targets
             .iter()
-            .map(|&id| self.notify_route(id))
+            .map(|&id| self.notify_routes(id))
             .collect::<Result<Vec<_>>>()?;
         let data = self.submit(requests, opts)?;
         let notification = BatchState::new(vec![0; peers.len()].into());
         let answers = notification.clone();
         data.state().on_complete(Box::new(move |batch| {
             for (i, peer) in peers.iter().enumerate() {
+                let peer = peer.as_slice();
                 if !batch.succeeded() {
                     answers.cancel(i);
                     continue;
                 }
-                if let Err(e) = peer.notify(note.clone(), &answers, i) {
+                if let Err(e) = send_note(peer, note.clone(), &answers, i) {
                     answers.fail(i, e);
                 }
             }
@@ -223,4 +223,17 @@ impl EngineInner {
             notification: Batch::new(notification),
         })
     }
+}
+
+/// Hands `note` to the first of `routes` that takes it (an `Err` from a route means it sent
+/// nothing, so the next one may); the last refusal if none does.
+fn send_note(routes: &[Arc<dyn Peer>], note: Notification, done: &Arc<BatchState>, index: usize) -> Result<()> {
+    let mut last = None;
+    for peer in routes {
+        match peer.notify(note.clone(), done, index) {
+            Ok(()) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| Error::not_available("notifications", "the segment has no route")))
 }

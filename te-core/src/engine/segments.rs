@@ -23,6 +23,7 @@ use tokio::task::AbortHandle;
 use tracing::Instrument;
 
 use super::EngineInner;
+use crate::route_health::RouteHealth;
 use crate::segment::{OpenSegment, Route, SegmentEvent, SegmentHandle};
 
 /// Events kept per segment for a slow subscriber before it sees `Lagged`.
@@ -145,7 +146,9 @@ impl EngineInner {
         let desc = Arc::new(self.metadata.fetch(name).await?);
         desc.validate()?;
         let (id, _) = self.apply(name, desc).await?;
-        Ok(self.follow(id, name, watch))
+        let handle = self.follow(id, name, watch);
+        self.warm_on_open(id).await;
+        Ok(handle)
     }
 
     /// Registers the follower of segment `id` (once) and returns a handle on it; starts the
@@ -294,7 +297,10 @@ impl EngineInner {
         Ok((id, desc))
     }
 
-    /// Connects one route per distinct capability set among the transports that reach `desc`.
+    /// Connects the routes to `desc`, in the engine's order of preference: with failover on,
+    /// every transport that reaches it (the later ones carry what the earlier ones fail), except
+    /// behind the in-process copy, which fails only with this process; with failover off, one
+    /// per distinct capability set.
     async fn connect_routes(&self, name: &str, desc: &Arc<SegmentDescriptor>) -> Result<Vec<Route>> {
         let mut routes: Vec<Route> = Vec::new();
         let mut failures: Vec<String> = Vec::new();
@@ -303,14 +309,19 @@ impl EngineInner {
                 continue;
             }
             let caps = t.capabilities();
-            let covered = routes.iter().any(|r| r.caps == caps);
+            let covered = routes
+                .iter()
+                .any(|r| r.caps == caps && (!self.failover.enabled() || r.transport_name == "local"));
             if covered {
                 continue;
             }
             match t.connect(desc).await {
                 Ok(peer) => routes.push(Route {
+                    transport,
+                    transport_name: t.name(),
                     caps,
                     peer,
+                    health: Arc::new(RouteHealth::new(self.failover.first_pause)),
                     metrics: self.export.as_ref().map(|e| e.label_set(transport, name)),
                 }),
                 Err(e) => failures.push(format!("{}: {e}", t.name())),

@@ -5,8 +5,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use te_base::{Batch, BatchState, Error, Peer, Phase, PhaseTimer, Result, SubmitContext, TransferRequest};
+use te_base::{Batch, BatchState, Error, Phase, PhaseTimer, Result, SubmitContext, TransferRequest};
 
+use super::deadline::DeadlinePeers;
+use super::failover;
 use super::EngineInner;
 use crate::grouping::{group_requests, Grouped};
 use crate::metrics::BatchRecord;
@@ -25,6 +27,9 @@ pub struct SubmitOptions {
     /// each once its transport stopped touching the memory (docs/architecture.md, Deadlines);
     /// `None`: the engine's default, `TE_TRANSFER_TIMEOUT_MS` (off unless set).
     pub deadline: Option<Duration>,
+    /// Report a request that failed on its route as failed instead of resubmitting it on the next
+    /// route to the segment (failover, `TE_FAILOVER`; see `docs/failover.md`).
+    pub no_failover: bool,
 }
 
 impl EngineInner {
@@ -55,10 +60,36 @@ impl EngineInner {
         };
         let routes: Vec<Arc<OpenSegment>> = groups.iter().map(|g| segs[g.segment as usize].clone()).collect();
         drop(segs);
+        let deadline_peers = deadline.map(|_| DeadlinePeers::default());
+        // Only a batch with a group that has a second route for its memory kinds pays for
+        // failover (a copy of those requests and a hook); finding out is a few comparisons per group.
+        if self.failover.enabled() && !opts.no_failover {
+            let mut failover: Option<failover::Builder> = None;
+            for (g, seg) in groups.iter().zip(&routes) {
+                let route = g.route as usize;
+                match g.kinds {
+                    Some((local, remote)) if route < 64 && seg.has_untried(local, remote, 1 << route) => failover
+                        .get_or_insert_with(|| {
+                            failover::Builder::new(
+                                self,
+                                &state,
+                                self.failover.attempts,
+                                deadline,
+                                deadline_peers.clone(),
+                                ctx.clone(),
+                            )
+                        })
+                        .track(g.segment, seg, route, local, remote, &g.requests),
+                    _ => {}
+                }
+            }
+            if let Some(f) = failover {
+                f.install(&state);
+            }
+        }
         timer.lap(Phase::Build, t1);
         let single_group = groups.len() == 1;
         let mut failed = 0u64;
-        let mut deadline_peers: Vec<Arc<dyn Peer>> = Vec::new();
         for (g, seg) in groups.into_iter().zip(routes) {
             let route = &seg.routes[g.route as usize];
             let peer = &route.peer;
@@ -84,8 +115,8 @@ impl EngineInner {
                 failed += n as u64;
                 state.fail_many(g.requests.iter().map(|r| r.index as usize), &err);
             } else {
-                if deadline.is_some() {
-                    deadline_peers.push(peer.clone());
+                if let Some(d) = &deadline_peers {
+                    d.add(peer);
                 }
                 // A transport that returns Err started nothing.
                 if let Err(e) = peer.submit(g.requests, &state, &ctx) {
@@ -101,8 +132,11 @@ impl EngineInner {
                 r.group(m, n, group_bytes, indices);
             }
         }
-        if let Some(after) = deadline.filter(|_| !deadline_peers.is_empty()) {
-            super::deadline::arm(&self.runtime, &state, deadline_peers, after);
+        if let (Some(after), Some(peers)) = (deadline, deadline_peers) {
+            // Armed when a request went anywhere; a failover that starts one later needs it too.
+            if !peers.is_empty() || !state.is_complete() {
+                super::deadline::arm(&self.runtime, &state, peers, after);
+            }
         }
         if let Some(r) = record {
             r.finish(&state);

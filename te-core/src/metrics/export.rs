@@ -55,6 +55,8 @@ pub(crate) struct PeerMetrics {
     latency: Histogram,
     failures: [Counter; KINDS.len()],
     connections: Gauge,
+    /// 1 while the route is paused or probing (failover), refreshed on scrape.
+    paused: Gauge,
 }
 
 /// Handles of one transport's registrations.
@@ -76,6 +78,8 @@ pub(crate) struct Export {
     labelled: Mutex<Labelled>,
     open_segments: Gauge,
     cache_hits: Counter,
+    /// `te_failover_total{from,to}`, registered on a pair's first failover.
+    failovers: Mutex<HashMap<(usize, usize), Counter>>,
     collectors: Mutex<Vec<Collector>>,
 }
 
@@ -112,6 +116,7 @@ impl Export {
             transport_names,
             transports,
             labelled: Mutex::default(),
+            failovers: Mutex::default(),
             collectors: Mutex::default(),
         }
     }
@@ -134,6 +139,21 @@ impl Export {
     /// `hits` ranges served by the registration cache (no transport registration of their own).
     pub fn cache_hits(&self, hits: u64) {
         self.cache_hits.increment(hits);
+    }
+
+    /// `requests` resubmitted from transport `from` to transport `to` (failover; a failure path,
+    /// so the counter is looked up under a lock).
+    pub fn failover(&self, from: usize, to: usize, requests: u64) {
+        let mut f = self.failovers.lock();
+        f.entry((from, to))
+            .or_insert_with(|| {
+                let labels = [
+                    ("from", self.transport_names[from].to_string()),
+                    ("to", self.transport_names[to].to_string()),
+                ];
+                self.registrar.counter("te_failover_total", &labels)
+            })
+            .increment(requests);
     }
 
     /// The label set of (transport `t`, peer `name`), registered on first use; past the cap,
@@ -166,6 +186,7 @@ impl Export {
                     batches: r.counter("te_batches_total", &labels),
                     latency: r.histogram("te_batch_latency_seconds", &labels),
                     failures: KINDS.map(with_kind),
+                    paused: r.gauge("te_route_paused", &labels),
                     connections: r.gauge("te_open_connections", &labels),
                 })
             })
@@ -175,14 +196,16 @@ impl Export {
     /// Refreshes the gauges from the open segments, then runs the consumers' collectors.
     pub fn collect(&self, segments: &[Arc<OpenSegment>]) {
         self.open_segments.set(segments.len() as f64);
-        let mut connections: HashMap<*const PeerMetrics, (Arc<PeerMetrics>, usize)> = HashMap::new();
+        let mut connections: HashMap<*const PeerMetrics, (Arc<PeerMetrics>, usize, usize)> = HashMap::new();
         for r in segments.iter().flat_map(|s| &s.routes) {
             let Some(m) = &r.metrics else { continue };
-            let e = connections.entry(Arc::as_ptr(m)).or_insert((m.clone(), 0));
+            let e = connections.entry(Arc::as_ptr(m)).or_insert((m.clone(), 0, 0));
             e.1 += usize::from(r.peer.is_healthy());
+            e.2 += usize::from(r.health.is_paused());
         }
-        for (m, n) in connections.into_values() {
+        for (m, n, paused) in connections.into_values() {
             m.connections.set(n as f64);
+            m.paused.set(paused as f64);
         }
         let collectors = self.collectors.lock().clone();
         for c in collectors {
@@ -294,6 +317,16 @@ fn describe(r: &Registrar) {
         "Healthy connections to open segments (refreshed on scrape).",
     );
     r.describe_gauge("te_open_segments", None, "Segments this engine opened.");
+    r.describe_gauge(
+        "te_route_paused",
+        None,
+        "Routes paused after repeated errors or probing to come back (failover; refreshed on scrape).",
+    );
+    r.describe_counter(
+        "te_failover_total",
+        None,
+        "Requests resubmitted on another transport after theirs failed, by from and to transport.",
+    );
     r.describe_counter(
         "te_registered_regions_total",
         None,

@@ -203,6 +203,13 @@ impl Peer for FabricPeer {
         &self.descriptor
     }
 
+    /// One per rail: libfabric's rxm connects a rail to the peer on its first message, and a
+    /// batch's requests start on the rails in turn (`for_each_fragment`), so that many small
+    /// reads connect every rail.
+    fn lazy_paths(&self) -> usize {
+        self.inner.workers.len()
+    }
+
     /// Fails every request outstanding to this peer with `err`, each once the provider holds no
     /// part of it: fragments not yet posted at once, posted ones when their completions come back
     /// or, after a short drain, when the rail resets its endpoint (see `worker::Owner::reap_dead`).

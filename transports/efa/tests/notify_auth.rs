@@ -31,12 +31,7 @@ fn notify(peer: &Arc<dyn Peer>, from: &str, payload: &[u8]) -> Result<(), Error>
     match Batch::new(state).wait_blocking(Some(Duration::from_secs(30))) {
         None => panic!("notification not settled within 30 s"),
         Some(Ok(_)) => Ok(()),
-        Some(Err(e)) => Err(e
-            .failures
-            .into_iter()
-            .next()
-            .map(|(_, e)| e)
-            .unwrap_or(Error::Cancelled)),
+        Some(Err(e)) => Err(e.into_first_error()),
     }
 }
 

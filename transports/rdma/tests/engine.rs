@@ -5,15 +5,15 @@
 //! ways the progress thread can wait: sleeping on the completion channels (the flush completions
 //! of the abort must wake it through a channel event) and busy-polling (no CQ is ever armed).
 
-use std::path::Path;
+mod fake;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use te_core::config::MapEnv;
 use te_core::metadata::InProcessStore;
 use te_core::{HostBufferOptions, SubmitOptions, TransferEngine, TransferRequest};
-use te_transport_rdma::config::{PollMode, RdmaConfig};
-use te_transport_rdma::transport::RdmaTransport;
+use te_transport_rdma::config::PollMode;
 use te_transport_rdma::verbs::fake::{FakeDevice, RecordingVerbs};
 
 const LEN: u64 = 1 << 20;
@@ -25,23 +25,7 @@ async fn engine(
     store: &InProcessStore,
     poll: PollMode,
 ) -> TransferEngine {
-    let config = RdmaConfig {
-        handshake_addr: Some("127.0.0.1:0".parse().unwrap()),
-        poll,
-        ..RdmaConfig::default()
-    };
-    let rdma = RdmaTransport::start(
-        verbs.clone(),
-        &[device.to_string()],
-        None,
-        Vec::new(),
-        config,
-        name,
-        Path::new("/nonexistent-sysfs"),
-        None,
-    )
-    .await
-    .expect("rdma over the fake");
+    let rdma = fake::rdma_on(verbs, device, name, poll).await;
     TransferEngine::builder()
         .segment_name(name)
         .transports(Vec::<String>::new())
