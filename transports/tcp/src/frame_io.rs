@@ -2,9 +2,12 @@
 //! into their destination memory, and a vectored writer that sends headers and payloads from where
 //! they lie (no staging copy).
 
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::tcp::OwnedReadHalf;
 
 use crate::wire::{Header, WireError, HEADER_LEN};
 
@@ -15,6 +18,44 @@ const READ_AHEAD: usize = 16 << 10;
 /// Most parts handed to one `writev`.
 const MAX_IOV: usize = 64;
 
+/// A stream a [`FrameReader`] reads from: a payload's tail and the read-ahead for the next
+/// header are read with one call where the stream can (a socket: one `readv`).
+pub(crate) trait FrameSource: AsyncRead + Unpin {
+    /// Reads into `first`, then into `second` once `first` is full; waits until at least one
+    /// byte is read, `Ok(0)` at end of stream. By default reads into `first` only.
+    fn poll_read_pair(&mut self, cx: &mut Context<'_>, first: &mut [u8], second: &mut [u8]) -> Poll<io::Result<usize>> {
+        let _ = second;
+        let mut rb = ReadBuf::new(first);
+        match Pin::new(self).poll_read(cx, &mut rb) {
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(rb.filled().len())),
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl FrameSource for OwnedReadHalf {
+    fn poll_read_pair(&mut self, cx: &mut Context<'_>, first: &mut [u8], second: &mut [u8]) -> Poll<io::Result<usize>> {
+        let stream: &tokio::net::TcpStream = (*self).as_ref();
+        loop {
+            match stream.poll_read_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+            let mut bufs = [IoSliceMut::new(&mut *first), IoSliceMut::new(&mut *second)];
+            match stream.try_read_vectored(&mut bufs) {
+                // WouldBlock cleared the readiness: the next poll waits for the socket.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                r => return Poll::Ready(r),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+impl FrameSource for tokio::io::DuplexStream {}
+
 /// Reads frames from a stream.
 pub(crate) struct FrameReader<R> {
     inner: R,
@@ -23,7 +64,7 @@ pub(crate) struct FrameReader<R> {
     end: usize,
 }
 
-impl<R: AsyncRead + Unpin> FrameReader<R> {
+impl<R: FrameSource> FrameReader<R> {
     /// Wraps a stream.
     pub fn new(inner: R) -> Self {
         FrameReader {
@@ -56,6 +97,41 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         Ok(self.end > 0)
     }
 
+    /// True if the next frame can be started without waiting for the peer: a whole header is
+    /// buffered, or the stream had bytes ready now (they are appended to the buffer). Never
+    /// waits: `Ok(false)` when the next read would (or the stream ended, which the next `fill`
+    /// reports). The serving side holds its replies while this is true, so a stream of requests
+    /// is answered with one write per burst, not one per request.
+    pub async fn fill_ready(&mut self) -> io::Result<bool> {
+        if self.has_buffered_header() {
+            return Ok(true);
+        }
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let (inner, spare) = (&mut self.inner, &mut self.buf[self.end..]);
+        // One poll of the read: Pending (the waker it registered is replaced by the next real
+        // wait) means nothing is ready.
+        let got = std::future::poll_fn(|cx| {
+            let mut rb = ReadBuf::new(&mut spare[..]);
+            match Pin::new(&mut *inner).poll_read(cx, &mut rb) {
+                Poll::Ready(Ok(())) => Poll::Ready(Ok(Some(rb.filled().len()))),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Ready(Ok(None)),
+            }
+        })
+        .await?;
+        match got {
+            Some(n) if n > 0 => {
+                self.end += n;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// The next header. `Ok(None)` at a clean end of stream between frames; a stream that ends
     /// inside a header is `UnexpectedEof`.
     pub async fn header(&mut self) -> io::Result<Option<Result<Header, WireError>>> {
@@ -84,7 +160,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// Reads exactly `dst.len()` payload bytes into `dst`: the buffered part is copied, the rest
-    /// is read from the socket directly into `dst`.
+    /// is read from the socket directly into `dst`, each read also filling the (then empty)
+    /// read-ahead with what follows, so the next header usually comes with the payload's last
+    /// bytes: one syscall per frame of a stream, not two.
     pub async fn payload_into(&mut self, dst: &mut [u8]) -> io::Result<()> {
         let buffered = (self.end - self.start).min(dst.len());
         dst[..buffered].copy_from_slice(&self.buf[self.start..self.start + buffered]);
@@ -93,8 +171,25 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             self.start = 0;
             self.end = 0;
         }
-        if buffered < dst.len() {
-            self.inner.read_exact(&mut dst[buffered..]).await?;
+        let mut filled = buffered;
+        while filled < dst.len() {
+            // The read-ahead is empty here: `buffered` took all of it.
+            let (inner, ahead) = (&mut self.inner, &mut self.buf[..]);
+            let rest = &mut dst[filled..];
+            let n = std::future::poll_fn(|cx| inner.poll_read_pair(cx, rest, ahead)).await?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "stream ended inside a payload",
+                ));
+            }
+            let want = dst.len() - filled;
+            if n > want {
+                self.end = n - want;
+                filled = dst.len();
+            } else {
+                filled += n;
+            }
         }
         Ok(())
     }
@@ -214,6 +309,42 @@ mod tests {
             r.payload_into(&mut dst).await.unwrap();
             assert_eq!(dst, payload);
             assert_eq!(r.header().await.unwrap().unwrap().unwrap().opcode, Opcode::Read);
+            assert!(r.header().await.unwrap().is_none());
+        };
+        tokio::join!(writer, reader);
+    }
+
+    /// Over a socket, payload tails and the next header share reads (`readv`); frames still come
+    /// out whole and in order, for large and small payloads alike.
+    #[tokio::test]
+    async fn socket_reads_keep_frames_apart() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let sizes = [200_000usize, 0, 3, 70_000, 16 << 10, 1, 500_000];
+        let writer = async {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            for (i, &n) in sizes.iter().enumerate() {
+                let h = Header {
+                    request_id: i as u64,
+                    len: n as u64,
+                    ..Header::new(Opcode::Write)
+                };
+                s.write_all(&h.to_bytes()).await.unwrap();
+                let payload: Vec<u8> = (0..n).map(|j| (j % 253) as u8 ^ i as u8).collect();
+                s.write_all(&payload).await.unwrap();
+            }
+        };
+        let reader = async {
+            let (s, _) = listener.accept().await.unwrap();
+            let (r, _w) = s.into_split();
+            let mut r = FrameReader::new(r);
+            for (i, &n) in sizes.iter().enumerate() {
+                let h = r.header().await.unwrap().unwrap().unwrap();
+                assert_eq!((h.request_id, h.len), (i as u64, n as u64));
+                let mut dst = vec![0u8; n];
+                r.payload_into(&mut dst).await.unwrap();
+                assert!(dst.iter().enumerate().all(|(j, &b)| b == (j % 253) as u8 ^ i as u8));
+            }
             assert!(r.header().await.unwrap().is_none());
         };
         tokio::join!(writer, reader);

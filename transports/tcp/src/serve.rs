@@ -39,6 +39,10 @@ use crate::wire::{Header, Opcode, RefusalCode, HEADER_LEN, HELLO_AUTH_LEN, PROOF
 const MAX_QUEUED: usize = 32;
 /// Flush queued replies once their payloads reach this many bytes.
 const MAX_QUEUED_BYTES: u64 = 4 << 20;
+/// Flush queued replies once the writes they acknowledge reach this many bytes, so a long stream
+/// of large writes is still acknowledged every few MiB (the initiator completes requests as
+/// their acknowledgements arrive).
+const MAX_ACKED_BYTES: u64 = 4 << 20;
 /// The authentication context of this listener (a proof for another protocol is useless here).
 pub(crate) const AUTH_CONTEXT: &str = "tcp";
 
@@ -160,12 +164,18 @@ struct Reply {
 struct Replies {
     queue: Vec<Reply>,
     parts: Vec<RawPart>,
+    /// Payload bytes of the queued replies.
     bytes: u64,
+    /// Bytes of the writes the queued replies acknowledge.
+    acked: u64,
 }
 
 impl Replies {
     fn push(&mut self, header: Header, payload: RawPart, pin: Option<RegionGuard>) {
         self.bytes += payload.len as u64;
+        if header.opcode == Opcode::WriteAck {
+            self.acked += header.len;
+        }
         self.queue.push(Reply {
             header: header.to_bytes(),
             payload,
@@ -174,7 +184,7 @@ impl Replies {
     }
 
     fn is_full(&self) -> bool {
-        self.queue.len() >= MAX_QUEUED || self.bytes >= MAX_QUEUED_BYTES
+        self.queue.len() >= MAX_QUEUED || self.bytes >= MAX_QUEUED_BYTES || self.acked >= MAX_ACKED_BYTES
     }
 
     async fn flush(&mut self, w: &mut OwnedWriteHalf) -> io::Result<()> {
@@ -193,6 +203,7 @@ impl Replies {
         let result = unsafe { write_all_raw(w, &self.parts).await };
         self.queue.clear();
         self.bytes = 0;
+        self.acked = 0;
         result
     }
 }
@@ -270,7 +281,7 @@ pub(crate) async fn serve_connection(stream: TcpStream, server: &Server, permit:
 /// The HELLO exchange, authenticated when the server has a key. `Ok(false)`: the peer closed.
 async fn handshake<R>(reader: &mut FrameReader<R>, w: &mut OwnedWriteHalf, server: &Server) -> io::Result<bool>
 where
-    R: tokio::io::AsyncRead + Unpin,
+    R: crate::frame_io::FrameSource,
 {
     let hello = match reader.header().await? {
         None => return Ok(false),
@@ -355,9 +366,14 @@ async fn serve_frames(stream: TcpStream, server: &Server, progress: &ConnProgres
         queue: Vec::with_capacity(MAX_QUEUED),
         parts: Vec::with_capacity(2 * MAX_QUEUED),
         bytes: 0,
+        acked: 0,
     };
     loop {
-        if !reader.has_buffered_header() || replies.is_full() {
+        // Replies wait while the next request is already here (buffered, or ready in the socket):
+        // they are written before this connection waits for its peer, or once the queue is full.
+        // (The initiator never waits for a reply before finishing a frame it started, so held
+        // replies cannot stall it.)
+        if replies.is_full() || !reader.fill_ready().await? {
             replies.flush(&mut w).await?;
             progress.mark(false);
         }
