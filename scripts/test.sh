@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 # autoconf automake libtool make: building the vendored libfabric 2.6 (vendor/README.md).
 # python3-venv: the Python package's virtual environment (scripts/python-tests.sh).
 PACKAGES=(libfabric1 libfabric-bin etcd-server protobuf-compiler libprotobuf-dev pkg-config iproute2 util-linux libibverbs-dev gcc
-  autoconf automake libtool make python3-venv)
+  autoconf automake libtool make python3-venv iperf3)
 
 source scripts/lib/apt-missing.sh
 install_missing test.sh "${PACKAGES[@]}"

@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod failover;
 mod info;
 mod local_copy;
 mod notify;
@@ -11,9 +12,11 @@ mod size_plot;
 mod topology;
 mod transfer;
 mod umbp;
+mod umbp_cluster_scale;
 mod umbp_distributed;
 mod umbp_standalone;
 mod util;
+mod warm_up;
 mod watch;
 
 #[derive(Parser)]
@@ -25,6 +28,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Time from a route's death mid-batch to the batch's completion on the fallback route.
+    Failover(failover::Args),
     /// Transports and device plugins compiled in, and whether each is usable here.
     Info(info::Args),
     /// Scattered-fragment copies through the engine against memcpy baselines.
@@ -40,16 +45,22 @@ enum Command {
     Transfer(transfer::Args),
     /// UMBP store: layer-wise ranged restore (TTFL) and offload.
     Umbp(umbp::Args),
+    /// First-transfer latency with and without warm-up, and the time to warm N peers.
+    WarmUp(warm_up::Args),
     /// How soon an open segment follows its peer's descriptor (metadata watch + apply).
     Watch(watch::Args),
     /// The owner peer of `umbp --distributed` (started by it).
     #[command(hide = true)]
     UmbpOwner(umbp::Args),
+    /// A light peer of `umbp --cluster-scale` (started by it).
+    #[command(hide = true)]
+    UmbpScalePeer(umbp_cluster_scale::PeerArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Failover(a) => failover::run(a),
         Command::Info(a) => info::run(a),
         Command::LocalCopy(a) => local_copy::run(a),
         Command::Notify(a) => notify::run(a),
@@ -58,6 +69,8 @@ fn main() {
         Command::Transfer(a) => transfer::run(a),
         Command::Umbp(a) => umbp::run(a),
         Command::UmbpOwner(a) => umbp_distributed::owner(a),
+        Command::UmbpScalePeer(a) => umbp_cluster_scale::peer(a),
+        Command::WarmUp(a) => warm_up::run(a),
         Command::Watch(a) => watch::run(a),
     };
     if let Err(e) = result {

@@ -10,13 +10,11 @@
 //! reports p50 and p99 of each, and the command prints the median over `--repeat` runs and the
 //! ratio notified / plain. `--verify` checks the target's bytes each time a notification arrives.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use te_core::config::MapEnv;
 use te_core::{HostBufferOptions, SubmitOptions, TransferEngine, TransferRequest};
 
-use crate::util::{median, pattern, print_json, runtime};
+use crate::util::{in_process_engine, median, pattern, percentiles, print_json, runtime};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -28,7 +26,7 @@ pub struct Args {
     #[arg(long)]
     provider: Option<String>,
     /// Bytes of the write that carries the notification.
-    #[arg(long, default_value = "4K", value_parser = parse_size)]
+    #[arg(long, default_value = "4K", value_parser = te_core::config::parse_byte_size)]
     block_bytes: u64,
     /// Notification payload bytes.
     #[arg(long, default_value_t = 64)]
@@ -47,36 +45,12 @@ pub struct Args {
     verify: bool,
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
-    te_core::config::parse_byte_size(s)
-}
-
-/// p50 and p99 of one run's samples.
-fn percentiles(samples: &mut [Duration]) -> (Duration, Duration) {
-    samples.sort_unstable();
-    let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
-    (at(0.50), at(0.99))
-}
-
 fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
 async fn engine(name: &str, transport: &str, provider: Option<&str>) -> Result<TransferEngine, String> {
-    let mut env = MapEnv::new([("TE_TCP_LISTEN", "127.0.0.1:0")]);
-    for (k, v) in std::env::vars().filter(|(k, _)| k.starts_with("TE_FABRIC_")) {
-        env.0.insert(k, v);
-    }
-    if let Some(p) = provider {
-        env.0.insert("TE_FABRIC_PROVIDER".into(), p.into());
-    }
-    TransferEngine::builder()
-        .segment_name(format!("{name}-{}", std::process::id()))
-        .env(Arc::new(env))
-        .transports([transport.to_string()])
-        .build()
-        .await
-        .map_err(|e| format!("starting the {name} engine with transport {transport}: {e}"))
+    in_process_engine(name, &[transport], provider, &[]).await
 }
 
 pub fn run(args: Args) -> Result<(), String> {

@@ -11,10 +11,14 @@
 //! latency. `--verify` checks every byte against a position-dependent pattern. `--baseline` runs
 //! iperf3, ucx_perftest (ucp_put_bw over tcp), fi_pingpong, or the kernel's cross-memory copy of
 //! the same buffers ([`cma`]) in the same run and reports the ratio.
+//!
+//! `--scheme pairwise|many-to-one|one-to-many --peers N` moves bytes between many processes at
+//! once instead ([`scheme`]).
 
 mod baseline;
 mod cma;
 mod metrics_ab;
+mod scheme;
 mod sweep;
 
 pub use baseline::Baseline;
@@ -107,6 +111,27 @@ pub struct Args {
     /// this SVG file.
     #[arg(long, requires = "block_sizes")]
     plot: Option<PathBuf>,
+    /// Many processes at once instead of one pair: N initiator/target pairs (pairwise), N
+    /// initiators into one target (many-to-one), or one initiator driving N targets
+    /// (one-to-many), on loopback; per-peer and aggregate GB/s, per-peer latency, Jain's index.
+    #[arg(long, value_enum, requires = "peers", conflicts_with_all = ["peer", "serve", "baseline", "metrics_ab", "block_sizes"])]
+    scheme: Option<scheme::Scheme>,
+    /// With --scheme: how many peers (pairs, initiators or targets; see --scheme).
+    #[arg(long, requires = "scheme")]
+    peers: Option<usize>,
+    /// Internal: be one initiator process of a --scheme run (barrier on stdin, results on stdout).
+    #[arg(long, hide = true, requires = "peer")]
+    scheme_worker: bool,
+    /// Internal: this initiator's index among the scheme's peers (its verify pattern's seed).
+    #[arg(long, hide = true, default_value_t = 0)]
+    peer_index: u64,
+    /// Internal: where in the target's buffer this initiator's range starts.
+    #[arg(long, hide = true, default_value_t = 0)]
+    remote_offset: u64,
+    /// Internal: the seed of the pattern the target's buffer holds (--serve fills it; reads
+    /// check it).
+    #[arg(long, hide = true, default_value_t = TARGET_SEED)]
+    target_seed: u64,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -161,6 +186,12 @@ pub fn run(mut args: Args) -> Result<(), String> {
     if args.serve {
         return rt.block_on(serve(&args));
     }
+    if args.scheme_worker {
+        return rt.block_on(scheme::worker::run(&args));
+    }
+    if let Some(s) = args.scheme {
+        return scheme::run(&args, s, &rt);
+    }
     rt.block_on(measure(&args))
 }
 
@@ -189,7 +220,8 @@ fn fill(r: &Registration, seed: u64) -> Result<(), String> {
     Ok(())
 }
 
-fn mismatches(r: &Registration, seed: u64) -> Result<u64, String> {
+/// Bytes of `r` that differ from pattern `seed` at positions `first_pos` onwards.
+fn mismatches(r: &Registration, seed: u64, first_pos: u64) -> Result<u64, String> {
     let mut chunk = vec![0u8; CHUNK];
     let mut off = 0u64;
     let mut bad = 0u64;
@@ -199,7 +231,7 @@ fn mismatches(r: &Registration, seed: u64) -> Result<u64, String> {
         bad += chunk[..n]
             .iter()
             .enumerate()
-            .filter(|(i, b)| **b != pattern(seed, off + *i as u64))
+            .filter(|(i, b)| **b != pattern(seed, first_pos + off + *i as u64))
             .count() as u64;
         off += n as u64;
     }
@@ -228,7 +260,7 @@ async fn serve(args: &Args) -> Result<(), String> {
         .allocate(args.total_bytes as usize, HostBufferOptions::default())
         .await
         .map_err(|e| format!("allocating the target buffer: {e}"))?;
-    fill(&buf, TARGET_SEED)?;
+    fill(&buf, args.target_seed)?;
     // The parent (or the operator) reads this line to find the target.
     println!("READY {}", store.local_addr());
     std::io::stdout().flush().map_err(|e| e.to_string())?;
@@ -271,6 +303,7 @@ fn spawn_target(args: &Args) -> Result<Target, String> {
         .args(["--total-bytes", &args.total_bytes.to_string()])
         .args(["--block-bytes", &args.block_bytes.to_string()])
         .args(["--lanes", &args.lanes.to_string()])
+        .args(["--target-seed", &args.target_seed.to_string()])
         .env("TE_TCP_LISTEN", "127.0.0.1:0")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped());
@@ -336,8 +369,8 @@ fn block_requests(args: &Args, local: &Registration, seg: SegmentId, remote_base
 }
 
 /// Mismatched bytes after `requests` ran through `engine`: a read's `local` against the target's
-/// pattern; a write's target buffer, read back into a second buffer, against `written_seed`, the
-/// pattern `local` held.
+/// pattern (`--target-seed`, from position `--remote-offset` on); a write's target buffer, read
+/// back into a second buffer, against `written_seed`, the pattern `local` held.
 async fn verify_transfer(
     args: &Args,
     engine: &TransferEngine,
@@ -346,7 +379,7 @@ async fn verify_transfer(
     written_seed: u64,
 ) -> Result<u64, String> {
     Ok(match args.op {
-        TransferOp::Read => mismatches(local, TARGET_SEED)?,
+        TransferOp::Read => mismatches(local, args.target_seed, args.remote_offset)?,
         TransferOp::Write => {
             // Read the target's buffer back into a second buffer and check it.
             let back = engine
@@ -365,7 +398,7 @@ async fn verify_transfer(
                 })
                 .collect();
             engine.transfer(&reads).await.map_err(|e| e.to_string())?;
-            mismatches(&back, written_seed)?
+            mismatches(&back, written_seed, 0)?
         }
     })
 }
@@ -396,6 +429,17 @@ struct Session {
 async fn connect(args: &Args, peer_addr: &str, target: Option<&Target>) -> Result<Session, String> {
     let store = p2p_store("127.0.0.1:0".parse().expect("valid address")).await?;
     let engine = engine(args, store, "initiator").await?;
+    attach(args, engine, peer_addr, target).await
+}
+
+/// Opens the target at `peer_addr` through `engine` and gives the engine a buffer for it: the
+/// session's range is `--total-bytes` from `--remote-offset` into the target's buffer.
+async fn attach(
+    args: &Args,
+    engine: TransferEngine,
+    peer_addr: &str,
+    target: Option<&Target>,
+) -> Result<Session, String> {
     let opened = Instant::now();
     let seg = engine
         .open_segment(peer_addr)
@@ -407,10 +451,14 @@ async fn connect(args: &Args, peer_addr: &str, target: Option<&Target>) -> Resul
         .first()
         .cloned()
         .ok_or_else(|| format!("the target at {peer_addr} exports no buffer"))?;
-    if remote.len < args.total_bytes {
+    if args
+        .remote_offset
+        .checked_add(args.total_bytes)
+        .is_none_or(|end| remote.len < end)
+    {
         return Err(format!(
-            "the target exports {} bytes, fewer than --total-bytes {}",
-            remote.len, args.total_bytes
+            "the target exports {} bytes, fewer than --remote-offset {} + --total-bytes {}",
+            remote.len, args.remote_offset, args.total_bytes
         ));
     }
     let local = local_buffer(args, &engine).await?;
@@ -423,7 +471,7 @@ async fn connect(args: &Args, peer_addr: &str, target: Option<&Target>) -> Resul
         engine,
         local,
         seg: seg.id(),
-        remote_base: remote.base,
+        remote_base: remote.base + args.remote_offset,
         cma_pair,
         open_us,
     })
@@ -498,6 +546,31 @@ async fn measure_point(
     let med = median(&mut times);
     let requests_per_s = (blocks * args.batches as u64) as f64 / med.as_secs_f64();
 
+    let (p50_us, p99_us) = round_trips(args, engine, &requests).await?;
+
+    let mismatched_bytes = if args.verify {
+        Some(verify_fresh(args, s, &requests, verify_seed).await?)
+    } else {
+        None
+    };
+    let m = Measured {
+        requests_per_s,
+        p50_us,
+        p99_us,
+        mismatched_bytes,
+        gbps_runs,
+        ratio_paired,
+        open_us: s.open_us,
+    };
+    let baseline = args
+        .baseline
+        .map(|b| BaselineResult::from_samples(b, args, base_samples));
+    Ok((m, baseline))
+}
+
+/// Single-request round trips (`--latency-samples`, at most one per request of `requests`, in
+/// turn): their p50 and p99 in microseconds.
+async fn round_trips(args: &Args, engine: &TransferEngine, requests: &[TransferRequest]) -> Result<(f64, f64), String> {
     let samples = args.latency_samples.min(requests.len()).max(1);
     let mut lat = Vec::with_capacity(samples);
     for r in requests.iter().cycle().take(samples) {
@@ -510,25 +583,7 @@ async fn measure_point(
     }
     lat.sort_unstable();
     let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1e6;
-
-    let mismatched_bytes = if args.verify {
-        Some(verify_fresh(args, s, &requests, verify_seed).await?)
-    } else {
-        None
-    };
-    let m = Measured {
-        requests_per_s,
-        p50_us: pct(0.50),
-        p99_us: pct(0.99),
-        mismatched_bytes,
-        gbps_runs,
-        ratio_paired,
-        open_us: s.open_us,
-    };
-    let baseline = args
-        .baseline
-        .map(|b| BaselineResult::from_samples(b, args, base_samples));
-    Ok((m, baseline))
+    Ok((pct(0.50), pct(0.99)))
 }
 
 /// One measured block size as the JSON row `--json` prints (the sweep prints one per size).
@@ -561,6 +616,7 @@ fn row(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResult>)
             "tool": b.tool,
             "command": b.command,
             "gbps": b.gbps,
+            "gbps_runs": b.gbps_runs,
             "requests_per_s": b.requests_per_s,
             "latency_us": b.latency_us,
         });

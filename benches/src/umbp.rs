@@ -124,6 +124,30 @@ pub struct Args {
     /// With `--distributed`: the transport between the peers (besides local).
     #[arg(long, default_value = "tcp")]
     pub(crate) transport: String,
+    /// Cluster scale (issue 26 baseline): a fresh etcd and N light peer processes per count of
+    /// `--scale-peers`, a put stream, etcd's own counters, directory memory, commit-to-visible
+    /// and miss-resolution latency (see `umbp_cluster_scale`).
+    #[arg(long)]
+    pub(crate) cluster_scale: bool,
+    /// With `--cluster-scale`: peer counts (each: one observer plus N-1 writers), comma-separated.
+    #[arg(long, default_value = "4,16,64")]
+    pub(crate) scale_peers: String,
+    /// With `--cluster-scale`: keys the writers put between them.
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) scale_keys: u64,
+    /// With `--cluster-scale`: keys per put call (one etcd transaction of up to 128 keys each).
+    #[arg(long, default_value_t = 16)]
+    pub(crate) scale_batch: usize,
+    /// With `--cluster-scale`: target put rate in keys/s across the cluster (0: as fast as the
+    /// writers go).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) scale_rate: u64,
+    /// With `--cluster-scale`: bytes per value.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) scale_value_bytes: u64,
+    /// With `--cluster-scale`: commit-to-visible probes and miss reads per peer count.
+    #[arg(long, default_value_t = 200)]
+    pub(crate) scale_samples: usize,
 }
 
 pub fn run(args: Args) -> Result<(), String> {
@@ -132,6 +156,9 @@ pub fn run(args: Args) -> Result<(), String> {
     }
     if args.distributed {
         return crate::umbp_distributed::run(args);
+    }
+    if args.cluster_scale {
+        return crate::umbp_cluster_scale::run(args);
     }
     if let Some(keys) = args.keys {
         if !args.standalone {

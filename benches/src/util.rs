@@ -8,6 +8,13 @@ pub fn median(samples: &mut [Duration]) -> Duration {
     samples[samples.len() / 2]
 }
 
+/// p50 and p99 of `samples` (sorted in place; with fewer than 100 samples p99 is the maximum).
+pub fn percentiles(samples: &mut [Duration]) -> (Duration, Duration) {
+    samples.sort_unstable();
+    let at = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
+    (at(0.50), at(0.99))
+}
+
 /// The median over repetitions of `b[i] / a[i]`: pairs measured back to back share the machine's
 /// state, so this ratio drifts less than the ratio of two medians.
 pub fn paired_ratio(a: &[Duration], b: &[Duration]) -> f64 {
@@ -91,6 +98,52 @@ pub fn parse_sizes(list: &str) -> Result<Vec<u64>, SizeListError> {
 }
 
 pub use te_base::pattern::pattern;
+
+/// An engine in this process for the in-process benchmarks: `transports` only, tcp on loopback,
+/// `provider` as `TE_FABRIC_PROVIDER`, the caller's `TE_FABRIC_*` variables and `extra` on top.
+/// Its segment name is `name` made unique to this process.
+pub async fn in_process_engine(
+    name: &str,
+    transports: &[&str],
+    provider: Option<&str>,
+    extra: &[(&str, &str)],
+) -> Result<te_core::TransferEngine, String> {
+    let mut env = te_core::config::MapEnv::new([("TE_TCP_LISTEN", "127.0.0.1:0")]);
+    for (k, v) in std::env::vars().filter(|(k, _)| k.starts_with("TE_FABRIC_")) {
+        env.0.insert(k, v);
+    }
+    if let Some(p) = provider {
+        env.0.insert("TE_FABRIC_PROVIDER".into(), p.into());
+    }
+    for (k, v) in extra {
+        env.0.insert(k.to_string(), v.to_string());
+    }
+    te_core::TransferEngine::builder()
+        .segment_name(format!("{name}-{}", std::process::id()))
+        .env(std::sync::Arc::new(env))
+        .transports(transports.iter().map(|t| t.to_string()))
+        .build()
+        .await
+        .map_err(|e| format!("starting the {name} engine with {transports:?}: {e}"))
+}
+
+/// Ends a helper process that takes line commands on its standard input: sends `quit`, gives it
+/// 10 s to exit (polled: std has no wait with a timeout), then kills it. For `Drop`s, so it never
+/// blocks longer than that on the child.
+pub fn quit_child(child: &mut std::process::Child, stdin: &mut std::process::ChildStdin) {
+    use std::io::Write;
+    let _ = writeln!(stdin, "quit");
+    let _ = stdin.flush();
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < end {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
 
 #[cfg(test)]
 mod tests {

@@ -28,6 +28,8 @@ pub(super) struct BaselineResult {
     pub tool: &'static str,
     pub command: String,
     pub gbps: Option<f64>,
+    /// Every run's GB/s, in the order they ran (each right after one of ours).
+    pub gbps_runs: Vec<f64>,
     pub requests_per_s: Option<f64>,
     pub latency_us: Option<f64>,
 }
@@ -86,6 +88,7 @@ impl BaselineResult {
             tool,
             command,
             gbps: Some(median_f64(samples.iter().map(|s| s.gbps).collect())),
+            gbps_runs: samples.iter().map(|s| s.gbps).collect(),
             requests_per_s: opt_median(samples.iter().map(|s| s.requests_per_s).collect()),
             latency_us: opt_median(samples.iter().map(|s| s.latency_us).collect()),
         }
@@ -97,6 +100,12 @@ impl BaselineResult {
 /// flatter us).
 fn ucx_iterations(args: &Args) -> u64 {
     (args.total_bytes / args.block_bytes).max(2000)
+}
+
+/// The bytes iperf3 sends: what one of our timed runs moves (`--batches` times `--total-bytes`),
+/// so both sides stream the same amount.
+fn iperf3_bytes(args: &Args) -> u64 {
+    args.total_bytes * u64::from(args.batches)
 }
 
 /// The provider fi_pingpong runs on: the core of `--provider` (`tcp;ofi_rxm` -> `tcp`, `shm`),
@@ -115,7 +124,9 @@ fn baseline_command(b: Baseline, args: &Args) -> (&'static str, String) {
             "iperf3",
             format!(
                 "iperf3 -c 127.0.0.1 -n {} -l {} -J -P {}",
-                args.total_bytes, args.block_bytes, args.lanes
+                iperf3_bytes(args),
+                args.block_bytes,
+                args.lanes
             ),
         ),
         Baseline::Ucx => (
@@ -167,7 +178,7 @@ pub(super) fn run_baseline_once(
             let mut srv = Command::new("iperf3");
             srv.args(["-s", "-1", "-B", "127.0.0.1", "-p", &port]);
             let mut cli = Command::new("iperf3");
-            let total = args.total_bytes.to_string();
+            let total = iperf3_bytes(args).to_string();
             // `-l`: iperf3 writes in blocks of our block size, not its default 128 KiB, so both
             // sides move the same bytes in the same write size.
             let block = args.block_bytes.to_string();
