@@ -350,6 +350,22 @@ impl PyEngine {
         })
     }
 
+    /// Connects every route to `segment` before the first transfer (one small read per lazily
+    /// connected path: efa rails, ...). Returns `(transport, reads, seconds)` per route, reads
+    /// 0 where the segment exports nothing that route reaches.
+    fn warm_up(&self, py: Python<'_>, segment: &Bound<'_, PySegment>) -> PyResult<Vec<(String, usize, f64)>> {
+        let handle = segment.borrow().handle.clone();
+        let engine = self.engine.clone();
+        let report = py
+            .detach(move || block_on(async move { engine.warm_up(&handle).await }))
+            .py()?;
+        Ok(report
+            .routes
+            .into_iter()
+            .map(|r| (r.transport.to_string(), r.reads, r.elapsed.as_secs_f64()))
+            .collect())
+    }
+
     /// Closes a segment opened by `open_segment`.
     fn close_segment(&self, py: Python<'_>, segment: &Bound<'_, PyAny>) -> PyResult<()> {
         let id = segment_id(segment)?;
@@ -647,13 +663,7 @@ async fn wait_async(data: Batch, notification: Option<Batch>) -> PyResult<PyBatc
     let r = data.wait().await.py()?;
     if let Some(n) = notification {
         if let Err(e) = n.wait().await {
-            let first = e
-                .failures
-                .into_iter()
-                .next()
-                .map(|(_, e)| e)
-                .unwrap_or(te_base::Error::Cancelled);
-            return Err(first).py();
+            return Err(e.into_first_error()).py();
         }
     }
     Ok(PyBatchReport {

@@ -36,6 +36,19 @@ def tcp_pair():
     return a, b
 
 
+def test_warm_up_reports_each_route_and_leaves_the_memory_alone():
+    a, b = tcp_pair()
+    dst = pattern(64 * 1024, 3)
+    before = dst.copy()
+    rd = b.register(dst)
+    seg = a.open_segment(b.segment_name)
+    routes = a.warm_up(seg)
+    assert [(t, n) for t, n, _ in routes] == [("tcp", 1)]
+    assert all(s >= 0 for _, _, s in routes)
+    assert np.array_equal(dst, before), "a warm-up only reads"
+    assert rd.close() is True
+
+
 def test_two_engines_move_a_numpy_array_byte_for_byte():
     a = te.TransferEngine(unique("a"))
     b = te.TransferEngine(unique("b"))
