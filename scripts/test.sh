@@ -51,6 +51,9 @@ SYSTEM_LIBFABRIC=$(fi_info --version | sed -n 's/^libfabric: \([0-9]*\.[0-9]*\).
 TE_EXPECT_LIBFABRIC=$SYSTEM_LIBFABRIC \
   cargo test --workspace --all-features --no-fail-fast
 
+echo "== the distributed suite again on the etcd directory (the design before issue 26, kept as the scale baseline)"
+UMBP_CLUSTER_DIRECTORY=etcd cargo test -q -p umbp --test distributed
+
 cargo build --release -q -p te-bench --features efa
 BENCH=target/release/te-bench
 echo "== te-bench smoke: byte-verified local copy"

@@ -587,7 +587,9 @@ impl PyStore {
                         remote_requests,
                         remote_control_bytes,
                         remote_stale,
-                        remote_errors
+                        remote_errors,
+                        directory_entries,
+                        directory_messages
                     ]
                 ),
             )?,

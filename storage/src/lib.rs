@@ -55,7 +55,7 @@ pub mod ssd {
 pub use crate::core::config::CoreConfig;
 pub use crate::core::stats::CoreStats;
 #[cfg(feature = "cluster")]
-pub use cluster::{stats::ClusterStats, ClusterConfig};
+pub use cluster::{config::DirectoryMode, stats::ClusterStats, ClusterConfig};
 pub use config::{ModeConfig, StoreBuilder, StoreConfig};
 pub use error::{Result, StoreError, Tier};
 pub use eviction::EvictionPolicy;

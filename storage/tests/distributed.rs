@@ -55,14 +55,19 @@ impl Cluster {
     }
 
     fn peer(&self, h: usize, o: &PeerOpts) -> Node {
+        self.peer_as(h, &format!("peer-{h}"), CONTROL_PORT, o)
+    }
+
+    /// A peer in host `h`'s namespace under another name and control port (a fourth peer).
+    fn peer_as(&self, h: usize, name: &str, port: u16, o: &PeerOpts) -> Node {
         let ip = self.net.host_ip(h);
         let mut c = Network::command_in(&self.net.host_ns(h), env!("CARGO_BIN_EXE_umbp-peer"));
-        c.args(["--name", &format!("peer-{h}")])
+        c.args(["--name", name])
             .env(
                 "UMBP_CLUSTER",
                 format!("etcd://{}:2379/umbp-test", self.net.bridge_ip()),
             )
-            .env("UMBP_CLUSTER_LISTEN", format!("{ip}:{CONTROL_PORT}"))
+            .env("UMBP_CLUSTER_LISTEN", format!("{ip}:{port}"))
             .env("UMBP_CLUSTER_LEASE_TTL_S", "3")
             .env("UMBP_CLUSTER_TIMEOUT_MS", TIMEOUT_MS.to_string())
             .env("TE_TCP_LISTEN", format!("{ip}:0"))
@@ -80,8 +85,13 @@ impl Cluster {
         if let Some(k) = &o.key_file {
             c.env("TE_AUTH_KEY_FILE", k);
         }
-        Node::start(c).unwrap_or_else(|e| panic!("peer-{h}: {e}"))
+        Node::start(c).unwrap_or_else(|e| panic!("{name}: {e}"))
     }
+}
+
+/// Whether the peers run the etcd directory (test.sh runs this suite in both designs).
+fn etcd_directory() -> bool {
+    std::env::var("UMBP_CLUSTER_DIRECTORY").is_ok_and(|d| d == "etcd")
 }
 
 /// Waits until `node` routes `key` to `owner`; returns the milliseconds it took.
@@ -309,11 +319,20 @@ fn peers_without_the_key_are_refused() {
     let mut p2 = cl.peer(2, &wrong);
     p0.ok("put secret 4096 5");
     wait_owner(&mut p1, "secret", "peer-0");
-    wait_owner(&mut p2, "secret", "peer-0");
     expect_seed(&mut p1, "secret", "0:4096", 5);
     let a = p2.cmd("get secret 0:4096").unwrap();
-    assert!(a.starts_with("ERR") && a.contains("peer-0"), "{a}");
-    assert!(!a.contains("OK"), "{a}");
+    if etcd_directory() {
+        // It reads the owner from etcd, and the owner refuses its RESOLVE.
+        assert!(a.starts_with("ERR") && a.contains("peer-0"), "{a}");
+    } else {
+        // Every control listener refuses it: its directory lookups (and, were it to learn the
+        // owner, its RESOLVE) get nothing, so the key is a miss to it.
+        assert_eq!(a, "MISS");
+        assert!(
+            p2.cmd("owner secret").unwrap().contains("none"),
+            "the wrong key learned the owner"
+        );
+    }
     // A client without credentials: its HELLO is answered REFUSED (opcode 9), never READY (4).
     let script = format!(
         "exec 3<>/dev/tcp/{}/{CONTROL_PORT} && printf '\\x00\\x00\\x00\\x00\\x01\\x00\\x00\\x00' >&3 && head -c 8 <&3 | od -An -tu1",
@@ -362,4 +381,117 @@ fn a_put_that_does_not_fit_goes_to_the_peer_with_the_most_free_dram() {
     expect_seed(&mut p1, "big", "0:4194304", 11);
     assert_eq!(stat(&mut p1, "local_hits"), 1);
     assert_eq!(stat(&mut p0, "puts_ok"), 1);
+}
+
+/// Keys the membership-change tests put (two writers, half each) and their reader sweeps, each
+/// read once so that every read asks the directory (no remembered placement).
+const SWEEP_KEYS: u64 = 16000;
+const SWEEP_CHUNK: u64 = 100;
+/// How long the reader keeps sweeping after a membership change: past the lease TTL (a killed
+/// peer leaves the membership), the settling window (2 x the timeout) and the re-homing.
+const AFTER_CHANGE: Duration = Duration::from_millis(3000 + 2 * TIMEOUT_MS + 1000);
+
+/// Three peers and a fourth (`peer-3`, in host 2's namespace) that joins, leaves or is killed
+/// while `peer-2` sweeps keys owned by `peer-0` and `peer-1` byte by byte. `fourth_first`:
+/// the fourth peer is a member (and a directory peer of about half the keys) before the keys are
+/// put; `change` returns it when it is still running.
+fn membership_change(fourth_first: bool, change: impl FnOnce(Option<Node>, &Cluster) -> Option<Node>) {
+    let Some(cl) = Cluster::start() else { return };
+    let opts = PeerOpts::default();
+    let mut p0 = cl.peer(0, &opts);
+    let mut p1 = cl.peer(1, &opts);
+    let p2 = cl.peer(2, &opts);
+    let fourth = fourth_first.then(|| cl.peer_as(2, "peer-3", CONTROL_PORT + 1, &opts));
+    let half = SWEEP_KEYS / 2;
+    assert_eq!(p0.ok(&format!("fill k 0 {half} 2048")), "OK failed=0");
+    assert_eq!(p1.ok(&format!("fill k {half} {half} 2048")), "OK failed=0");
+
+    // The reader sweeps in chunks and reports each with the time it finished.
+    let (tx, rx) = std::sync::mpsc::channel::<(Instant, String)>();
+    let reader = std::thread::spawn(move || {
+        let mut p2 = p2;
+        for c in 0..SWEEP_KEYS / SWEEP_CHUNK {
+            let a = p2.ok(&format!("sweep k {} {SWEEP_CHUNK} 0:2048", c * SWEEP_CHUNK));
+            if tx.send((Instant::now(), a)).is_err() {
+                break;
+            }
+        }
+        p2
+    });
+    let mut answers = vec![rx.recv().expect("the reader's first chunk")];
+    let fourth = change(fourth, &cl);
+    let changed = Instant::now();
+    let mut covered = false;
+    for (at, a) in rx.iter() {
+        answers.push((at, a));
+        if at >= changed + AFTER_CHANGE {
+            covered = true;
+            break;
+        }
+    }
+    drop(rx);
+    let mut p2 = reader.join().expect("reader thread");
+    let after = answers.iter().filter(|(at, _)| *at > changed).count();
+    eprintln!("{} chunks read, {after} after the change", answers.len());
+    assert!(
+        covered,
+        "the reader ran out of keys {} ms after the change (raise SWEEP_KEYS)",
+        answers
+            .last()
+            .map_or(0, |(at, _)| at.saturating_duration_since(changed).as_millis())
+    );
+    let field = |a: &str, name: &str| -> u64 {
+        let at = a.find(&format!("{name}=")).unwrap() + name.len() + 1;
+        a[at..].split(' ').next().unwrap().parse().unwrap()
+    };
+    for (_, a) in &answers {
+        assert_eq!(
+            field(a, "ok"),
+            SWEEP_CHUNK,
+            "every key of a live owner stays routable and whole: {a}"
+        );
+    }
+    // After the change has settled, every key is still there for every peer.
+    let a = p2.ok(&format!("sweep k 0 {SWEEP_KEYS} 0:8,2040:8"));
+    assert_eq!(field(&a, "ok"), SWEEP_KEYS, "after the change: {a}");
+    if let Some(mut f) = fourth {
+        let a = f.ok(&format!("sweep k 0 {SWEEP_KEYS} 0:8"));
+        assert_eq!(field(&a, "ok"), SWEEP_KEYS, "the fourth peer reads every key: {a}");
+        assert!(
+            stat(&mut f, "directory_entries") > 0,
+            "the fourth peer indexes its share"
+        );
+    }
+    let entries: u64 = [&mut p0, &mut p1, &mut p2]
+        .into_iter()
+        .map(|p| stat(p, "directory_entries"))
+        .sum();
+    eprintln!("directory entries on peers 0-2 after the change: {entries}");
+}
+
+#[test]
+fn a_joining_peer_takes_its_share_of_the_directory_while_a_reader_runs() {
+    membership_change(false, |none, cl| {
+        assert!(none.is_none());
+        Some(cl.peer_as(2, "peer-3", CONTROL_PORT + 1, &PeerOpts::default()))
+    });
+}
+
+#[test]
+fn a_peer_leaving_cleanly_loses_no_routable_key_while_a_reader_runs() {
+    membership_change(true, |fourth, _| {
+        let mut f = fourth.expect("the fourth peer");
+        assert!(stat(&mut f, "directory_entries") > 0, "the leaver indexed keys");
+        f.send("quit").expect("quit");
+        None
+    });
+}
+
+#[test]
+fn a_killed_directory_peer_loses_no_routable_key_while_a_reader_runs() {
+    membership_change(true, |fourth, _| {
+        let f = fourth.expect("the fourth peer");
+        f.signal("KILL");
+        None
+    });
 }

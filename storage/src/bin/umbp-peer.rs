@@ -11,6 +11,9 @@
 //! - `get KEY OFF:LEN[,OFF:LEN...]`: ranged get into registered memory, then check every byte:
 //!   `OK <bytes> <seed>`, `MISS`, `ERR <error>` or `BAD <first bad offset>`.
 //! - `stream KEY N OFF:LEN[,...]`: N such gets: `OK ok=.. miss=.. err=.. bad=.. max_ms=..`.
+//! - `fill PREFIX FIRST COUNT LEN`: put keys PREFIX<i>, i in FIRST..FIRST+COUNT, seed i + 1;
+//!   `sweep PREFIX FIRST COUNT OFF:LEN[,...]`: get each once and check it is key i's bytes:
+//!   `OK ok=.. miss=.. err=.. bad=.. wrong=.. last=".."` (the membership-change tests' reader).
 //! - `churn KEY LEN N`: overwrite KEY N times, seeds 1, 2, 3 in rotation (the consistency
 //!   test's writer).
 //! - `owner KEY`: `OK <owner or none>`; `wait-owner KEY OWNER MS`: poll until it matches.
@@ -192,6 +195,51 @@ async fn main() {
                 }
                 _ => "ERR usage: stream KEY N OFF:LEN,...".into(),
             },
+            ["fill", prefix, first, count, len] => {
+                match (first.parse::<u64>(), count.parse::<u64>(), len.parse::<usize>()) {
+                    // Keys PREFIX<i> for i in FIRST..FIRST+COUNT, key i holding seed i + 1.
+                    (Ok(first), Ok(count), Ok(len)) => {
+                        let mut data = vec![0u8; len];
+                        let mut failed = 0;
+                        for i in first..first + count {
+                            fill(i + 1, 0, &mut data);
+                            if store.put(&format!("{prefix}{i}"), &data, 0).await.is_err() {
+                                failed += 1;
+                            }
+                        }
+                        format!("OK failed={failed}")
+                    }
+                    _ => "ERR usage: fill PREFIX FIRST COUNT LEN".into(),
+                }
+            }
+            ["sweep", prefix, first, count, spec] => {
+                match (first.parse::<u64>(), count.parse::<u64>(), parse_ranges(spec)) {
+                    // Reads each key of a `fill` once: ok (right bytes of the right version), miss,
+                    // err, bad (a torn or foreign byte) or wrong (another key's bytes).
+                    (Ok(first), Ok(count), Some(r)) => {
+                        let (mut ok, mut miss, mut err, mut bad, mut wrong) = (0, 0, 0, 0, 0);
+                        let mut last = String::new();
+                        for i in first..first + count {
+                            let key = format!("{prefix}{i}");
+                            match landing.get(&store, &key, &r) {
+                                Got::Ok(_, seed) if seed == i + 1 => ok += 1,
+                                Got::Ok(..) => wrong += 1,
+                                Got::Miss => {
+                                    miss += 1;
+                                    last = format!("{key}: miss");
+                                }
+                                Got::Err(e) => {
+                                    err += 1;
+                                    last = format!("{key}: {e}");
+                                }
+                                Got::Bad(_) => bad += 1,
+                            }
+                        }
+                        format!("OK ok={ok} miss={miss} err={err} bad={bad} wrong={wrong} last={last:?}")
+                    }
+                    _ => "ERR usage: sweep PREFIX FIRST COUNT OFF:LEN,...".into(),
+                }
+            }
             ["churn", key, len, n] => match (len.parse::<usize>(), n.parse::<u64>()) {
                 (Ok(len), Ok(n)) => {
                     // Three versions in rotation, filled once: puts follow each other as fast as

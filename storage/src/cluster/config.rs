@@ -6,6 +6,8 @@
 //! | `UMBP_CLUSTER_LISTEN` | `127.0.0.1:0` | address of this peer's control listener (an IP other peers reach) |
 //! | `UMBP_CLUSTER_LEASE_TTL_S` | 10 | membership lease: a dead peer's keys stop being routed to it within this |
 //! | `UMBP_CLUSTER_TIMEOUT_MS` | 3000 | bound of one etcd call, one control request and one remote read |
+//! | `UMBP_CLUSTER_DIRECTORY` | `sharded` | where the key directory lives: `sharded` (each key's entry at its two rendezvous peers, etcd holds membership only) or `etcd` (every key in etcd, every peer watching all of them: the design before issue 26, kept to measure against) |
+//! | `UMBP_CLUSTER_COMPACT_S` | 60 | the cluster compacts etcd's revision history this often, keeping one period of it (done by the member with the lowest name); `0` = never (an operator's `--auto-compaction-*` does it) |
 //!
 //! The peer's name is the store's segment name. With `TE_AUTH_KEY`/`TE_AUTH_KEY_FILE` set, the
 //! control listener and the engine's transports require it of every peer.
@@ -23,7 +25,19 @@ pub const ENV_VARS: &[&str] = &[
     "UMBP_CLUSTER_LISTEN",
     "UMBP_CLUSTER_LEASE_TTL_S",
     "UMBP_CLUSTER_TIMEOUT_MS",
+    "UMBP_CLUSTER_DIRECTORY",
+    "UMBP_CLUSTER_COMPACT_S",
 ];
+
+/// Where the key directory lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirectoryMode {
+    /// Each key's entry at its two rendezvous peers over the live membership; etcd holds only
+    /// membership and leases (docs/umbp.md, "Directory").
+    Sharded,
+    /// Every key in etcd, every peer watching all of them (the design before issue 26).
+    Etcd,
+}
 
 /// Distributed-mode settings.
 #[derive(Clone)]
@@ -40,6 +54,10 @@ pub struct ClusterConfig {
     pub timeout: Duration,
     /// Shared key peers must prove (the engine's `TE_AUTH_KEY`).
     pub auth: Option<AuthKey>,
+    /// Where the key directory lives.
+    pub directory: DirectoryMode,
+    /// etcd history compaction period (`None`: the cluster does not compact).
+    pub compact_every: Option<Duration>,
 }
 
 impl std::fmt::Debug for ClusterConfig {
@@ -51,6 +69,8 @@ impl std::fmt::Debug for ClusterConfig {
             .field("lease_ttl_s", &self.lease_ttl_s)
             .field("timeout", &self.timeout)
             .field("auth", &self.auth.is_some())
+            .field("directory", &self.directory)
+            .field("compact_every", &self.compact_every)
             .finish()
     }
 }
@@ -83,6 +103,8 @@ impl ClusterConfig {
             lease_ttl_s: 10,
             timeout: Duration::from_millis(3000),
             auth: None,
+            directory: DirectoryMode::Sharded,
+            compact_every: Some(Duration::from_secs(60)),
         })
     }
 
@@ -113,6 +135,23 @@ impl ClusterConfig {
             }
             c.timeout = Duration::from_millis(ms);
         }
+        if let Some(d) = parse_var::<String>(env, "UMBP_CLUSTER_DIRECTORY")? {
+            c.directory = match d.as_str() {
+                "sharded" => DirectoryMode::Sharded,
+                "etcd" => DirectoryMode::Etcd,
+                _ => return Err(Error::config("UMBP_CLUSTER_DIRECTORY", &d, "expected sharded or etcd")),
+            };
+        }
+        if let Some(s) = parse_var::<u64>(env, "UMBP_CLUSTER_COMPACT_S")? {
+            if s > 86_400 {
+                return Err(Error::config(
+                    "UMBP_CLUSTER_COMPACT_S",
+                    s.to_string(),
+                    "must be 0..=86400",
+                ));
+            }
+            c.compact_every = (s > 0).then(|| Duration::from_secs(s));
+        }
         c.auth = AuthKey::from_env(env)?;
         Ok(Some(c))
     }
@@ -142,10 +181,24 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!((c.listen.port(), c.lease_ttl_s), (7100, 3));
+        assert_eq!(
+            (c.directory, c.compact_every),
+            (DirectoryMode::Sharded, Some(Duration::from_secs(60)))
+        );
+        let c = ClusterConfig::from_env(&env(&[
+            ("UMBP_CLUSTER", "etcd://h:1"),
+            ("UMBP_CLUSTER_DIRECTORY", "etcd"),
+            ("UMBP_CLUSTER_COMPACT_S", "0"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!((c.directory, c.compact_every), (DirectoryMode::Etcd, None));
         for (var, value) in [
             ("UMBP_CLUSTER_LISTEN", "nowhere"),
             ("UMBP_CLUSTER_LEASE_TTL_S", "1"),
             ("UMBP_CLUSTER_TIMEOUT_MS", "0"),
+            ("UMBP_CLUSTER_DIRECTORY", "gossip"),
+            ("UMBP_CLUSTER_COMPACT_S", "86401"),
         ] {
             let e = ClusterConfig::from_env(&env(&[("UMBP_CLUSTER", "etcd://h:1"), (var, value)])).unwrap_err();
             assert!(e.to_string().contains(var), "{e}");

@@ -195,3 +195,103 @@ pub(crate) async fn accept_handshake(
         }
     }
 }
+
+/// Idle control connections to other peers, by peer name (at most 8 each), shared by the read
+/// path (RESOLVE, VALIDATE) and the sharded directory (PUBLISH, LOOKUP).
+pub(crate) struct ConnPool {
+    idle: parking_lot::Mutex<std::collections::HashMap<std::sync::Arc<str>, Vec<Conn>>>,
+    auth: Option<AuthKey>,
+    timeout: Duration,
+}
+
+/// One request of [`ConnPool::exchange`]: the peer, its address, and the frame to send.
+pub(crate) struct Request {
+    pub(crate) peer: std::sync::Arc<str>,
+    pub(crate) addr: SocketAddr,
+    pub(crate) op: Op,
+    pub(crate) body: Vec<u8>,
+}
+
+impl ConnPool {
+    pub(crate) fn new(auth: Option<AuthKey>, timeout: Duration) -> ConnPool {
+        ConnPool {
+            idle: Default::default(),
+            auth,
+            timeout,
+        }
+    }
+
+    /// An idle connection to `peer`, if one is pooled.
+    pub(crate) fn take(&self, peer: &str) -> Option<Conn> {
+        self.idle.lock().get_mut(peer).and_then(Vec::pop)
+    }
+
+    /// A pooled connection to `peer`, or a new one.
+    pub(crate) fn get(&self, peer: &str, addr: SocketAddr) -> io::Result<(Conn, bool)> {
+        match self.take(peer) {
+            Some(c) => Ok((c, true)),
+            None => Conn::connect(addr, self.auth.as_ref(), self.timeout).map(|c| (c, false)),
+        }
+    }
+
+    /// Returns a healthy connection to the pool.
+    pub(crate) fn put(&self, peer: std::sync::Arc<str>, c: Conn) {
+        let mut idle = self.idle.lock();
+        let v = idle.entry(peer).or_default();
+        if v.len() < 8 {
+            v.push(c);
+        }
+    }
+
+    /// Drops every idle connection to `peer` (it failed, perhaps restarted).
+    pub(crate) fn forget(&self, peer: &str) {
+        self.idle.lock().remove(peer);
+    }
+
+    /// Sends every request before reading any answer, so the peers work at once; each answer
+    /// is the peer's frame or why there is none. A pooled connection that turns out dead (the
+    /// peer restarted) is replaced once by a fresh one. Blocking, bounded by the timeout per
+    /// frame.
+    pub(crate) fn exchange(&self, reqs: &[Request]) -> Vec<Result<(Op, Vec<u8>), String>> {
+        let mut open: Vec<Result<(Conn, bool), String>> = reqs
+            .iter()
+            .map(|r| {
+                let (mut c, pooled) = self.get(&r.peer, r.addr).map_err(|e| format!("connecting: {e}"))?;
+                match c.send(r.op, &r.body) {
+                    Ok(()) => Ok((c, pooled)),
+                    Err(e) if pooled => self
+                        .fresh_send(r)
+                        .map(|c| (c, false))
+                        .map_err(|_| format!("sending: {e}")),
+                    Err(e) => Err(format!("sending: {e}")),
+                }
+            })
+            .collect();
+        reqs.iter()
+            .zip(open.iter_mut())
+            .map(|(r, o)| {
+                let (mut c, pooled) = std::mem::replace(o, Err(String::new()))?;
+                let answer = match c.recv() {
+                    Ok(a) => Ok(a),
+                    Err(_) if pooled => {
+                        c = self.fresh_send(r)?;
+                        c.recv().map_err(|e| format!("reading the answer: {e}"))
+                    }
+                    Err(e) => Err(format!("reading the answer: {e}")),
+                };
+                match &answer {
+                    Ok(_) => self.put(r.peer.clone(), c),
+                    Err(_) => self.forget(&r.peer),
+                }
+                answer
+            })
+            .collect()
+    }
+
+    fn fresh_send(&self, r: &Request) -> Result<Conn, String> {
+        self.forget(&r.peer);
+        let mut c = Conn::connect(r.addr, self.auth.as_ref(), self.timeout).map_err(|e| format!("connecting: {e}"))?;
+        c.send(r.op, &r.body).map_err(|e| format!("sending: {e}"))?;
+        Ok(c)
+    }
+}

@@ -1,14 +1,21 @@
-//! Membership and the key directory, in etcd.
+//! Membership in etcd, and the key directory: in etcd (the design before issue 26) or sharded
+//! over the peers (`sharded.rs`, the default).
 //!
-//! - `<prefix>/umbp/peers/<name>` holds a peer's control address; `<prefix>/umbp/keys/<key>` the
-//!   name of the peer that committed the key last. Both are attached to the writer's lease, so a
-//!   dead peer's membership and keys vanish within the lease TTL without anyone cleaning up.
-//! - A put's keys are written in one transaction before the put returns (bounded by the etcd
-//!   timeout): a key is routable as soon as the watch delivers that write, not at a heartbeat.
-//! - A watch on `<prefix>/umbp/` keeps an in-memory copy of both maps; lookups never ask etcd.
+//! - `<prefix>/umbp/peers/<name>` holds a peer's control address and the DRAM bytes it last
+//!   said it had free, attached to its lease: a dead peer's membership vanishes within the TTL
+//!   without anyone cleaning up. A watch keeps an in-memory copy; lookups never ask etcd.
+//! - Sharded: etcd holds nothing else. Each key's entry lives at its two rendezvous peers,
+//!   written by the owner before its put returns; a membership change re-homes entries.
+//!   Free capacity is re-announced only when it moved by an eighth, so etcd's load follows
+//!   the membership, not the put rate.
+//! - Etcd: `<prefix>/umbp/keys/<key>` names the peer that committed the key last, under its
+//!   lease, written in one transaction per 128 keys before the put returns; every peer watches
+//!   and keeps every key.
 //! - When etcd is out of reach the directory reports itself down (callers go local-only, a
 //!   warning is logged once per outage); when it is back, the lease is re-granted if it expired,
 //!   every local key is written again and the copy is re-listed.
+//! - The member with the lowest name compacts etcd's history once a period, keeping one period
+//!   of it (`UMBP_CLUSTER_COMPACT_S`).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -16,11 +23,13 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use etcd_client::{Client, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 use parking_lot::RwLock;
 use tokio::task::JoinHandle;
 
-use super::config::ClusterConfig;
+use super::config::{ClusterConfig, DirectoryMode};
+use super::conn::ConnPool;
+use super::sharded::{Membership, Sharded};
 
 /// Most operations in one etcd transaction (etcd's default `--max-txn-ops`).
 const MAX_TXN_OPS: usize = 128;
@@ -28,9 +37,10 @@ const MAX_TXN_OPS: usize = 128;
 /// What the directory knows, as the watch last saw it.
 #[derive(Default)]
 struct View {
-    /// Peer name to control address and the DRAM bytes it last said it had free.
-    peers: HashMap<Arc<str>, (SocketAddr, u64)>,
-    /// Key to the name of its owner.
+    /// Peer name to control address, the DRAM bytes it last said it had free, and its lease
+    /// (a new lease under the same name is a restarted peer).
+    peers: HashMap<Arc<str>, (SocketAddr, u64, i64)>,
+    /// Key to the name of its owner (etcd mode only).
     keys: HashMap<String, Arc<str>>,
 }
 
@@ -53,6 +63,10 @@ pub(crate) struct Directory {
     warned: AtomicBool,
     local_keys: LocalKeys,
     free_bytes: FreeBytes,
+    /// The free bytes last announced (sharded mode re-announces only on a large move).
+    announced_free: std::sync::atomic::AtomicU64,
+    /// The sharded directory; `None` in etcd mode.
+    sharded: Option<Arc<Sharded>>,
     tasks: parking_lot::Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -69,8 +83,12 @@ impl Directory {
         format!("{}/umbp/keys/", self.cfg.prefix)
     }
 
+    /// What the watch follows: membership only when the directory is sharded.
     fn root(&self) -> String {
-        format!("{}/umbp/", self.cfg.prefix)
+        match self.cfg.directory {
+            DirectoryMode::Sharded => self.peers_prefix(),
+            DirectoryMode::Etcd => format!("{}/umbp/", self.cfg.prefix),
+        }
     }
 
     async fn timed<T, E: std::fmt::Display>(
@@ -87,27 +105,31 @@ impl Directory {
         }
     }
 
-    /// Connects, joins (membership under a fresh lease), lists the directory and starts the
-    /// watch and keep-alive tasks on the current runtime.
+    /// Joins (membership under a fresh lease) on `client` (the engine's etcd connection), lists
+    /// the directory and starts the watch and keep-alive tasks on the current runtime. `pool`
+    /// carries the sharded directory's messages.
     pub(crate) async fn join(
         cfg: ClusterConfig,
+        client: Client,
+        pool: Arc<ConnPool>,
         name: String,
         addr: SocketAddr,
         local_keys: LocalKeys,
         free_bytes: FreeBytes,
     ) -> Result<Arc<Directory>, String> {
-        let opts = ConnectOptions::new()
-            .with_connect_timeout(cfg.timeout)
-            .with_timeout(cfg.timeout);
-        let client = match tokio::time::timeout(cfg.timeout, Client::connect(&cfg.endpoints, Some(opts))).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => return Err(etcd_err(&format!("connecting to {:?}", cfg.endpoints), e)),
-            Err(_) => return Err(format!("etcd: connecting to {:?}: timed out", cfg.endpoints)),
-        };
+        let name: Arc<str> = Arc::from(name.as_str());
+        let sharded = (cfg.directory == DirectoryMode::Sharded).then(|| {
+            // An "unknown" is trusted once owners had time to re-publish after a change (each
+            // message is bounded by the timeout); a failed peer is passed over for a lease TTL,
+            // by when it has left the membership or come back under a new lease.
+            let settle = 2 * cfg.timeout;
+            let suspect_for = Duration::from_secs(cfg.lease_ttl_s as u64);
+            Arc::new(Sharded::new(name.clone(), pool, settle, suspect_for))
+        });
         let d = Arc::new(Directory {
             client,
             cfg,
-            name: Arc::from(name.as_str()),
+            name,
             addr,
             lease: AtomicI64::new(0),
             view: RwLock::default(),
@@ -116,6 +138,8 @@ impl Directory {
             warned: AtomicBool::new(false),
             local_keys,
             free_bytes,
+            announced_free: std::sync::atomic::AtomicU64::new(0),
+            sharded,
             tasks: parking_lot::Mutex::new(Vec::new()),
         });
         d.grant().await?;
@@ -125,6 +149,11 @@ impl Directory {
         let keep = tokio::spawn(keep_alive_loop(d.clone()));
         d.tasks.lock().extend([watch, keep]);
         Ok(d)
+    }
+
+    /// The sharded directory, when the directory is sharded.
+    pub(crate) fn sharded(&self) -> Option<&Arc<Sharded>> {
+        self.sharded.as_ref()
     }
 
     async fn grant(&self) -> Result<(), String> {
@@ -143,20 +172,31 @@ impl Directory {
     async fn announce(&self) -> Result<(), String> {
         let mut c = self.client.clone();
         let key = format!("{}{}", self.peers_prefix(), self.name);
+        let free = (self.free_bytes)();
         self.timed(
             "announcing this peer",
-            c.put(
-                key,
-                format!("{} {}", self.addr, (self.free_bytes)()),
-                Some(self.lease_opts()),
-            ),
+            c.put(key, format!("{} {free}", self.addr), Some(self.lease_opts())),
         )
-        .await
-        .map(|_| ())
+        .await?;
+        self.announced_free.store(free, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Re-announces the free capacity: every keep-alive period in etcd mode (as before); when
+    /// it moved by more than an eighth in sharded mode, so that a full cluster's steady
+    /// eviction churn writes nothing to etcd.
+    async fn refresh_free(&self) -> Result<(), String> {
+        if self.sharded.is_some() {
+            let (was, now) = (self.announced_free.load(Ordering::Relaxed), (self.free_bytes)());
+            if was.abs_diff(now) <= was.max(now) / 8 {
+                return Ok(());
+            }
+        }
+        self.announce().await
     }
 
     /// Reads the whole directory into the view; returns the revision it was read at.
-    async fn list(&self) -> Result<i64, String> {
+    async fn list(self: &Arc<Self>) -> Result<i64, String> {
         let mut c = self.client.clone();
         let resp = self
             .timed(
@@ -166,27 +206,46 @@ impl Directory {
             .await?;
         let mut view = View::default();
         for kv in resp.kvs() {
-            self.apply_to(&mut view, kv.key(), Some(kv.value()));
+            self.apply_to(&mut view, kv.key(), Some((kv.value(), kv.lease())));
         }
         *self.view.write() = view;
+        self.membership_seen();
         Ok(resp.header().map(|h| h.revision()).unwrap_or(0))
     }
 
-    fn apply_to(&self, view: &mut View, key: &[u8], value: Option<&[u8]>) {
+    /// Sharded mode: after the view's peers changed, installs the new membership and, if its
+    /// members differ, re-homes entries off the watch task (the prune and the publications
+    /// walk every key).
+    fn membership_seen(self: &Arc<Self>) {
+        let Some(sh) = &self.sharded else { return };
+        let m = Membership::new(self.view.read().peers.iter().map(|(n, &(a, _, l))| (n.clone(), a, l)));
+        let Some(old) = sh.set_membership(m) else { return };
+        let d = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let Some(sh) = &d.sharded else { return };
+            let keys = (d.local_keys)();
+            if let Err(e) = sh.rebalance(&old, &keys) {
+                d.dirty.store(true, Ordering::Release);
+                tracing::warn!("umbp cluster: re-homing directory entries: {e}; retried within a lease period");
+            }
+        });
+    }
+
+    fn apply_to(&self, view: &mut View, key: &[u8], value: Option<(&[u8], i64)>) {
         let Ok(key) = std::str::from_utf8(key) else { return };
         if let Some(peer) = key.strip_prefix(&self.peers_prefix()) {
             // "addr free_bytes"
-            let entry = value.and_then(|v| {
+            let entry = value.and_then(|(v, lease)| {
                 let mut w = std::str::from_utf8(v).ok()?.split_whitespace();
                 let addr = w.next()?.parse().ok()?;
-                Some((addr, w.next().and_then(|f| f.parse().ok()).unwrap_or(0)))
+                Some((addr, w.next().and_then(|f| f.parse().ok()).unwrap_or(0), lease))
             });
             match entry {
                 Some(e) => view.peers.insert(Arc::from(peer), e),
                 None => view.peers.remove(peer),
             };
         } else if let Some(k) = key.strip_prefix(&self.keys_prefix()) {
-            match value.and_then(|v| std::str::from_utf8(v).ok()) {
+            match value.and_then(|(v, _)| std::str::from_utf8(v).ok()) {
                 Some(owner) if !owner.is_empty() => {
                     // Owner names are shared: one allocation per peer, not per key.
                     let owner = view
@@ -213,28 +272,60 @@ impl Directory {
     }
 
     /// The owner and its control address of each key (`None`: not in the directory, owned by
-    /// this peer, or its owner is not a live member). One read lock for the batch.
-    pub(crate) fn owners<'k>(&self, keys: impl Iterator<Item = &'k str>) -> Vec<Option<(Arc<str>, SocketAddr)>> {
+    /// this peer, or its owner is not a live member). Etcd mode: one read lock for the batch;
+    /// sharded: one LOOKUP per directory peer (blocking, bounded by the timeout).
+    pub(crate) fn owners(&self, keys: &[&str]) -> Vec<Option<(Arc<str>, SocketAddr)>> {
+        if let Some(sh) = &self.sharded {
+            return sh.owners(keys);
+        }
         let view = self.view.read();
-        keys.map(|k| {
-            let owner = view.keys.get(k)?;
-            if **owner == *self.name {
-                return None;
-            }
-            view.peers.get(owner).map(|&(a, _)| (owner.clone(), a))
-        })
-        .collect()
+        keys.iter()
+            .map(|&k| {
+                let owner = view.keys.get(k)?;
+                if **owner == *self.name {
+                    return None;
+                }
+                view.peers.get(owner).map(|&(a, _, _)| (owner.clone(), a))
+            })
+            .collect()
     }
 
-    /// Drops from `keys` those the directory already routes to this peer (one read lock).
+    /// Drops from `keys` those the directory already routes to this peer (etcd mode: an
+    /// overwrite needs no write; sharded: every put publishes, one message per directory peer).
     pub(crate) fn retain_unowned(&self, keys: &mut Vec<String>) {
+        if self.sharded.is_some() {
+            return;
+        }
         let view = self.view.read();
         keys.retain(|k| view.keys.get(k.as_str()).is_none_or(|o| **o != *self.name));
     }
 
-    /// The owner of `key` as this peer's copy of the directory says (for visibility checks).
+    /// The owner of `key` as the directory says (for visibility checks; sharded: a lookup).
     pub(crate) fn owner_of(&self, key: &str) -> Option<Arc<str>> {
+        if let Some(sh) = &self.sharded {
+            return sh.lookup(&[key]).pop().flatten();
+        }
         self.view.read().keys.get(key).cloned()
+    }
+
+    /// Index entries this peer holds: its shard, or its copy of every key.
+    pub(crate) fn entries(&self) -> u64 {
+        match &self.sharded {
+            Some(sh) => sh.shard.len() as u64,
+            None => self.view.read().keys.len() as u64,
+        }
+    }
+
+    /// Directory messages sent to other peers (sharded mode).
+    pub(crate) fn messages(&self) -> u64 {
+        self.sharded
+            .as_ref()
+            .map_or(0, |sh| sh.messages.load(Ordering::Relaxed))
+    }
+
+    /// The control address of member `name`, if it is live.
+    pub(crate) fn addr_of(&self, name: &str) -> Option<SocketAddr> {
+        self.view.read().peers.get(name).map(|&(a, _, _)| a)
     }
 
     /// Live members and their control addresses.
@@ -243,7 +334,7 @@ impl Directory {
             .read()
             .peers
             .iter()
-            .map(|(n, &(a, _))| (n.clone(), a))
+            .map(|(n, &(a, _, _))| (n.clone(), a))
             .collect()
     }
 
@@ -252,9 +343,9 @@ impl Directory {
         let view = self.view.read();
         view.peers
             .iter()
-            .filter(|(n, &(_, free))| ***n != *self.name && free >= need)
-            .max_by_key(|(_, &(_, free))| free)
-            .map(|(n, &(a, _))| (n.clone(), a))
+            .filter(|(n, &(_, free, _))| ***n != *self.name && free >= need)
+            .max_by_key(|(_, &(_, free, _))| free)
+            .map(|(n, &(a, _, _))| (n.clone(), a))
     }
 
     /// Writes `keys` as owned by this peer, in transactions of at most [`MAX_TXN_OPS`]. On
@@ -271,6 +362,12 @@ impl Directory {
     }
 
     async fn write_keys(&self, keys: &[String]) -> Result<(), String> {
+        if let Some(sh) = &self.sharded {
+            let (sh, keys) = (sh.clone(), keys.to_vec());
+            return tokio::task::spawn_blocking(move || sh.publish(&keys))
+                .await
+                .map_err(|e| format!("publishing: {e}"))?;
+        }
         let prefix = self.keys_prefix();
         for chunk in keys.chunks(MAX_TXN_OPS) {
             let ops: Vec<TxnOp> = chunk
@@ -288,7 +385,7 @@ impl Directory {
         self.dirty.store(true, Ordering::Release);
     }
 
-    /// Removes `key` from the directory if this peer is still its owner there.
+    /// Removes `key` from the etcd directory if this peer is still its owner there.
     pub(crate) async fn unpublish(&self, key: &str) {
         let k = format!("{}{key}", self.keys_prefix());
         let txn = Txn::new()
@@ -355,15 +452,18 @@ async fn watch_loop(d: Arc<Directory>, mut revision: i64) {
                     if resp.canceled() {
                         break;
                     }
-                    let mut view = d.view.write();
-                    for ev in resp.events() {
-                        let Some(kv) = ev.kv() else { continue };
-                        revision = revision.max(kv.mod_revision());
-                        match ev.event_type() {
-                            EventType::Put => d.apply_to(&mut view, kv.key(), Some(kv.value())),
-                            EventType::Delete => d.apply_to(&mut view, kv.key(), None),
+                    {
+                        let mut view = d.view.write();
+                        for ev in resp.events() {
+                            let Some(kv) = ev.kv() else { continue };
+                            revision = revision.max(kv.mod_revision());
+                            match ev.event_type() {
+                                EventType::Put => d.apply_to(&mut view, kv.key(), Some((kv.value(), kv.lease()))),
+                                EventType::Delete => d.apply_to(&mut view, kv.key(), None),
+                            }
                         }
                     }
+                    d.membership_seen();
                 }
             }
             Err(e) => tracing::debug!("umbp cluster: {e}"),
@@ -381,8 +481,60 @@ async fn watch_loop(d: Arc<Directory>, mut revision: i64) {
     }
 }
 
+/// Where the cluster's etcd compaction stands: the revision seen one period ago is compacted
+/// away at the next period, so a watcher that fell behind by less than a period still resumes.
+#[derive(Default)]
+struct Compaction {
+    due: Option<tokio::time::Instant>,
+    keep_from: Option<i64>,
+}
+
+impl Directory {
+    /// Compacts etcd's history when due, if this peer is the member with the lowest name (one
+    /// compactor per cluster, with no election: the membership says who).
+    async fn compact_if_due(&self, c: &mut Compaction) {
+        let Some(every) = self.cfg.compact_every else { return };
+        let now = tokio::time::Instant::now();
+        if c.due.is_some_and(|d| now < d) {
+            return;
+        }
+        c.due = Some(now + every);
+        let lowest = self.view.read().peers.keys().min().is_some_and(|n| **n == *self.name);
+        if !lowest {
+            c.keep_from = None;
+            return;
+        }
+        let mut client = self.client.clone();
+        let head = match self
+            .timed(
+                "reading the revision",
+                client.get(
+                    self.peers_prefix(),
+                    Some(GetOptions::new().with_count_only().with_prefix()),
+                ),
+            )
+            .await
+        {
+            Ok(r) => r.header().map(|h| h.revision()),
+            Err(e) => {
+                tracing::debug!("umbp cluster: {e}");
+                return;
+            }
+        };
+        if let Some(rev) = c.keep_from.take() {
+            match self.timed("compacting", client.compact(rev, None)).await {
+                Ok(_) => tracing::debug!("umbp cluster: compacted etcd history before revision {rev}"),
+                // Already compacted further (an operator's auto-compaction): nothing to do.
+                Err(e) => tracing::debug!("umbp cluster: {e}"),
+            }
+        }
+        c.keep_from = head;
+    }
+}
+
 async fn keep_alive_loop(d: Arc<Directory>) {
     let period = Duration::from_millis((d.cfg.lease_ttl_s as u64 * 1000) / 3);
+    let mut compaction = Compaction::default();
     loop {
         let id = d.lease.load(Ordering::Acquire);
         let mut c = d.client.clone();
@@ -401,8 +553,9 @@ async fn keep_alive_loop(d: Arc<Directory>) {
                             recovered = true;
                         } else {
                             // Keeps the announced free capacity current for remote puts.
-                            d.announce().await?;
+                            d.refresh_free().await?;
                         }
+                        d.compact_if_due(&mut compaction).await;
                         tokio::time::sleep(period).await;
                     }
                     Some(_) => return Ok(true),

@@ -4,9 +4,10 @@
 //! buffer, by te-core's engine over whichever transport reaches it (tcp here, efa/rdma on
 //! clusters). Only the requested spans move.
 //!
-//! - Membership and the key directory live in etcd (`directory.rs`), cached in memory and followed
-//!   by a watch: a lookup never asks etcd, a committed put is routable when its directory write
-//!   reaches the watchers, and a dead peer's entries vanish with its lease.
+//! - Membership lives in etcd (`directory.rs`), cached in memory and followed by a watch; a dead
+//!   peer's membership vanishes with its lease. The key directory is sharded over the peers
+//!   (`sharded.rs`: each key's entry at its two rendezvous peers, written before the put
+//!   returns, asked on a miss), or, in the design kept to measure against, in etcd too.
 //! - Each peer's engine publishes its segment (arena and staging, exported) in etcd too, so a
 //!   reader opens an owner's segment by name.
 //! - A remote read is RESOLVE (control round trip: extents and placement generations), one
@@ -24,7 +25,10 @@ pub(crate) mod owner;
 mod peer;
 pub(crate) mod remote_get;
 pub(crate) mod remote_put;
+mod rendezvous;
 pub(crate) mod server;
+mod shard;
+mod sharded;
 pub mod stats;
 pub mod wire;
 
@@ -34,12 +38,12 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 use te_base::listener::ListenerLimits;
 use te_base::SegmentId;
 
 pub use config::ClusterConfig;
-use conn::Conn;
+use conn::{Conn, ConnPool};
 use directory::{Directory, FreeBytes, LocalKeys};
 use owner::Owner;
 pub(crate) use peer::Peer;
@@ -67,7 +71,7 @@ pub(crate) struct Cluster {
     rt: Option<tokio::runtime::Runtime>,
     pub(crate) dir: Arc<Directory>,
     server: Option<Server>,
-    conns: Mutex<HashMap<Arc<str>, Vec<Conn>>>,
+    pool: Arc<ConnPool>,
     segments: RwLock<HashMap<Arc<str>, SegmentId>>,
     /// Placements of remote DRAM objects read before (owner, extents, generation): a later read
     /// of the same key skips RESOLVE; VALIDATE still checks it, and a stale one is resolved again.
@@ -86,21 +90,18 @@ impl Drop for Cluster {
 }
 
 impl Cluster {
-    /// Starts the control runtime and listener, then joins the directory. `local_keys` lists the
-    /// keys this peer holds (re-published after an etcd outage).
+    /// Starts the control listener on `rt` (the cluster's runtime, see [`control_runtime`]),
+    /// then joins the directory over `etcd` (the engine's etcd connection). `local_keys` lists
+    /// the keys this peer holds (re-published after an etcd outage or a membership change).
     pub(crate) async fn start(
+        rt: tokio::runtime::Runtime,
+        etcd: etcd_client::Client,
         cfg: ClusterConfig,
         name: &str,
         owner: Arc<Owner>,
         local_keys: LocalKeys,
         free_bytes: FreeBytes,
     ) -> Result<Arc<Cluster>> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("umbp-cluster")
-            .enable_all()
-            .build()
-            .map_err(|e| StoreError::io("starting the cluster runtime", e))?;
         let env = te_base::config::ProcessEnv;
         let limits = ListenerLimits::from_env(&env, "UMBP_CLUSTER", cfg.timeout)?;
         let server = rt
@@ -108,9 +109,12 @@ impl Cluster {
             .await
             .map_err(|e| StoreError::Cluster(format!("starting the control listener: {e}")))?
             .map_err(|e| StoreError::io(format!("binding the control listener on {}", cfg.listen), e))?;
+        let pool = Arc::new(ConnPool::new(cfg.auth.clone(), cfg.timeout));
         let dir = rt
             .spawn(Directory::join(
                 cfg.clone(),
+                etcd,
+                pool.clone(),
                 name.to_owned(),
                 server.addr,
                 local_keys,
@@ -125,7 +129,7 @@ impl Cluster {
             rt: Some(rt),
             dir,
             server: Some(server),
-            conns: Mutex::new(HashMap::new()),
+            pool,
             segments: RwLock::new(HashMap::new()),
             placements: RwLock::new(HashMap::new()),
             counters: ClusterCounters::default(),
@@ -173,18 +177,9 @@ impl Cluster {
         self.run_all(vec![fut], limit).pop().flatten()
     }
 
-    /// An idle connection to `owner`, if one is pooled.
-    pub(crate) fn take_conn(&self, owner: &Arc<str>) -> Option<Conn> {
-        self.conns.lock().get_mut(owner).and_then(Vec::pop)
-    }
-
     /// Returns a healthy connection to the pool.
     pub(crate) fn put_conn(&self, owner: Arc<str>, c: Conn) {
-        let mut conns = self.conns.lock();
-        let v = conns.entry(owner).or_default();
-        if v.len() < 8 {
-            v.push(c);
-        }
+        self.pool.put(owner, c);
     }
 
     /// The engine segment of `owner`, if already opened.
@@ -200,7 +195,7 @@ impl Cluster {
     /// restarted; the next call re-opens and re-resolves).
     pub(crate) fn forget(&self, owner: &str) {
         self.segments.write().remove(owner);
-        self.conns.lock().remove(owner);
+        self.pool.forget(owner);
         self.placements.write().retain(|_, (o, _)| **o != *owner);
     }
 
@@ -219,6 +214,17 @@ impl Cluster {
             self.dir.mark_dirty();
             return;
         }
+        if let Some(sh) = self.dir.sharded() {
+            // Blocking on this thread: the messages go out from here, no hand-off.
+            if let Err(e) = sh.publish(&keys) {
+                self.dir.mark_dirty();
+                tracing::warn!(
+                    "umbp cluster: publishing {} keys: {e}; retried within a lease period",
+                    keys.len()
+                );
+            }
+            return;
+        }
         let dir = self.dir.clone();
         let limit = self.cfg.timeout + Duration::from_millis(100);
         if self.run(async move { dir.publish(&keys).await }, limit).is_none() {
@@ -231,6 +237,10 @@ impl Cluster {
 
     /// Removes `key` from the directory if this peer still owns it there.
     pub(crate) fn unpublish(&self, key: &str) {
+        if let Some(sh) = self.dir.sharded() {
+            sh.unpublish(&[key.to_owned()]);
+            return;
+        }
         let dir = self.dir.clone();
         let key = key.to_owned();
         let _ = self.run(async move { dir.unpublish(&key).await }, self.cfg.timeout);
@@ -243,21 +253,41 @@ impl Cluster {
     }
 }
 
+/// The runtime a peer's control work runs on: the listener, etcd (the engine's metadata
+/// included, so that one connection serves both), and the directory's tasks.
+pub(crate) fn control_runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("umbp-cluster")
+        .enable_all()
+        .build()
+        .map_err(|e| StoreError::io("starting the cluster runtime", e))
+}
+
 /// The engine of a peer: its segment (arena and staging, exported) published in the cluster's
-/// etcd under the same prefix and lease TTL, with the cluster's key on every transport.
-pub(crate) async fn engine(cc: &ClusterConfig, name: &str) -> Result<te_core::TransferEngine> {
+/// etcd under the same prefix and lease TTL, with the cluster's key on every transport. The
+/// etcd store is connected on `rt`; its client is returned for the directory to share.
+pub(crate) async fn engine(
+    rt: &tokio::runtime::Runtime,
+    cc: &ClusterConfig,
+    name: &str,
+) -> Result<(te_core::TransferEngine, etcd_client::Client)> {
     let mut ec = te_core::metadata::etcd::EtcdConfig::new(cc.endpoints.clone());
     ec.prefix = cc.prefix.clone();
     ec.lease_ttl_s = cc.lease_ttl_s;
     ec.timeout = cc.timeout;
-    let meta = te_core::metadata::etcd::EtcdStore::connect(ec).await?;
+    let meta = rt
+        .spawn(te_core::metadata::etcd::EtcdStore::connect(ec))
+        .await
+        .map_err(|e| StoreError::Cluster(format!("connecting to etcd: {e}")))??;
+    let client = meta.client();
     let mut b = te_core::TransferEngine::builder()
         .segment_name(name)
         .metadata(Arc::new(meta));
     if let Some(k) = &cc.auth {
         b = b.auth_key(k.clone());
     }
-    Ok(b.build().await?)
+    Ok((b.build().await?, client))
 }
 
 impl ClusterCounters {
@@ -271,6 +301,8 @@ impl ClusterCounters {
             remote_control_bytes: l(&self.control_bytes),
             remote_stale: l(&self.stale),
             remote_errors: l(&self.remote_errors),
+            directory_entries: 0,
+            directory_messages: 0,
         }
     }
 }

@@ -25,7 +25,8 @@ impl Peer {
     /// control listener, joins the directory, and writes every key the core already holds (a
     /// restarted peer's SSD keys) to it.
     pub(crate) async fn open(cfg: CoreConfig, cc: ClusterConfig, name: &str) -> Result<Peer> {
-        let engine = engine(&cc, name).await?;
+        let rt = super::control_runtime()?;
+        let (engine, etcd) = engine(&rt, &cc, name).await?;
         let core = Arc::new(Core::open(cfg, engine, true).await?);
         let weak = Arc::downgrade(&core);
         let lister = weak.clone();
@@ -33,7 +34,7 @@ impl Peer {
         let free = weak.clone();
         let free_bytes: FreeBytes = Box::new(move || free.upgrade().map(|c| c.dram_free()).unwrap_or(0));
         let owner = Arc::new(Owner::new(weak.clone(), cc.timeout));
-        let cluster = Cluster::start(cc, name, owner.clone(), local_keys, free_bytes).await?;
+        let cluster = Cluster::start(rt, etcd, cc, name, owner.clone(), local_keys, free_bytes).await?;
         cluster.dir.publish(&core.keys()).await;
         // Frees staging slots and DRAM reservations whose holder died, at half the deadline's
         // granularity; ends with the core.
@@ -108,7 +109,11 @@ impl Peer {
 
     /// The distributed path's counters.
     pub(crate) fn stats(&self) -> ClusterStats {
-        self.cluster.counters.snapshot()
+        ClusterStats {
+            directory_entries: self.cluster.dir.entries(),
+            directory_messages: self.cluster.dir.messages(),
+            ..self.cluster.counters.snapshot()
+        }
     }
 
     /// The peer this peer's copy of the directory names as `key`'s owner.

@@ -117,7 +117,7 @@ impl Cluster {
         out: &mut RemoteOutcome,
         retry: &mut Vec<usize>,
     ) {
-        let owners = self.dir.owners(keys.iter().map(|&k| items[k].key));
+        let owners = self.locate(items, keys, use_cache);
         let mut work: Vec<OwnerWork> = Vec::new();
         {
             let placements = self.placements.read();
@@ -351,6 +351,33 @@ impl Cluster {
         timer.lap(Phase::Other, t3);
     }
 
+    /// The owner of each of `keys`: a remembered placement's owner while it is a live member
+    /// (VALIDATE still checks the read), the directory's answer for the rest (one lookup).
+    fn locate(&self, items: &[RangedGet<'_>], keys: &[usize], use_cache: bool) -> Vec<Option<(Arc<str>, SocketAddr)>> {
+        let mut owners: Vec<Option<(Arc<str>, SocketAddr)>> = vec![None; keys.len()];
+        let mut ask: Vec<usize> = Vec::new();
+        {
+            let placements = self.placements.read();
+            for (j, &k) in keys.iter().enumerate() {
+                let remembered = use_cache
+                    .then(|| placements.get(items[k].key))
+                    .flatten()
+                    .and_then(|(o, _)| Some((o.clone(), self.dir.addr_of(o)?)));
+                match remembered {
+                    Some(o) => owners[j] = Some(o),
+                    None => ask.push(j),
+                }
+            }
+        }
+        if !ask.is_empty() {
+            let names: Vec<&str> = ask.iter().map(|&j| items[keys[j]].key).collect();
+            for (j, o) in ask.into_iter().zip(self.dir.owners(&names)) {
+                owners[j] = o;
+            }
+        }
+        owners
+    }
+
     /// `Ok` passes through; an error fails every key of the owner (and forgets its connections
     /// and segment, so the next call starts afresh).
     fn keep_or_fail<T>(
@@ -374,11 +401,10 @@ impl Cluster {
 
     /// A pooled control connection to `owner`, or a new one.
     pub(crate) fn conn_to(&self, owner: &Arc<str>, addr: SocketAddr) -> Result<Conn, String> {
-        match self.take_conn(owner) {
-            Some(c) => Ok(c),
-            None => Conn::connect(addr, self.cfg.auth.as_ref(), self.cfg.timeout)
-                .map_err(|e| format!("control connection: {e}")),
-        }
+        self.pool
+            .get(owner, addr)
+            .map(|(c, _)| c)
+            .map_err(|e| format!("control connection: {e}"))
     }
 
     /// `owner`'s engine segment, opened (on the control runtime, bounded) the first time.

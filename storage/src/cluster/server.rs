@@ -1,5 +1,7 @@
 //! The control listener of a peer: answers RESOLVE (where a key's bytes are in this peer's
-//! exported memory) and VALIDATE (is the placement a reader used still the committed one).
+//! exported memory), VALIDATE (is the placement a reader used still the committed one),
+//! ALLOCATE and COMMIT (a remote put), and the sharded directory's PUBLISH, UNPUBLISH and
+//! LOOKUP.
 //!
 //! It faces whoever reaches it: the shared key is proved first when one is configured,
 //! connections are capped in total and per source, every frame has a deadline, a body is read
@@ -113,11 +115,43 @@ async fn serve(
                 }
                 Err(e) => (Op::Refused, format!("malformed COMMIT: {e}").into_bytes()),
             },
+            Op::Publish | Op::Unpublish | Op::Lookup => {
+                drop(core);
+                directory_request(&owner, op, &body)
+            }
             other => (Op::Refused, format!("unexpected {other:?}").into_bytes()),
         };
         write_frame(&mut s, op, &answer, limits.frame_timeout).await?;
         if op == Op::Refused {
             return Ok(());
         }
+    }
+}
+
+/// PUBLISH, UNPUBLISH and LOOKUP against this peer's shard of the directory.
+fn directory_request(owner: &Owner, op: Op, body: &[u8]) -> (Op, Vec<u8>) {
+    let Some(sh) = owner.dir.get().and_then(|d| d.sharded().cloned()) else {
+        return (Op::Refused, b"this peer's directory is not sharded".to_vec());
+    };
+    match op {
+        Op::Publish | Op::Unpublish => match wire::decode_owned_keys(body) {
+            Ok((peer, keys)) => {
+                let keys = keys.iter().map(String::as_str);
+                if op == Op::Publish {
+                    sh.shard.publish(&peer, keys);
+                } else {
+                    sh.shard.unpublish(&peer, keys);
+                }
+                (Op::Verdicts, wire::encode_verdicts(&[]))
+            }
+            Err(e) => (Op::Refused, format!("malformed {op:?}: {e}").into_bytes()),
+        },
+        _ => match wire::decode_lookup(body) {
+            Ok(keys) => {
+                let owners = sh.shard.lookup(keys.iter().map(String::as_str));
+                (Op::Owners, wire::encode_owners(sh.shard.settled(), &owners))
+            }
+            Err(e) => (Op::Refused, format!("malformed LOOKUP: {e}").into_bytes()),
+        },
     }
 }

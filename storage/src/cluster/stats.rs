@@ -15,4 +15,9 @@ pub struct ClusterStats {
     pub remote_stale: u64,
     /// Remote keys whose owner failed them (`StoreError::Remote`).
     pub remote_errors: u64,
+    /// Directory entries this peer holds now: its shard (sharded directory) or its copy of
+    /// every key (etcd directory).
+    pub directory_entries: u64,
+    /// Directory messages (PUBLISH, UNPUBLISH, LOOKUP) this peer sent to other peers.
+    pub directory_messages: u64,
 }

@@ -16,6 +16,13 @@
 //! - VALIDATE: `u64 lease` (released by this message), `u32 n`, then per key
 //!   `u16 key_len, key, u64 generation`.
 //! - VERDICTS: `u32 n`, then one byte per key (1: the generation read is still the committed one).
+//!
+//! The sharded directory (`rendezvous.rs`, `shard.rs`) adds:
+//! - PUBLISH and UNPUBLISH: `u16 owner_len, owner`, `u32 n`, then per key `u16 key_len, key`;
+//!   answered by VERDICTS with no entries (done).
+//! - LOOKUP: `u32 n`, then per key `u16 key_len, key`; answered by OWNERS: `u8 settled` (1: this
+//!   peer's index has seen no membership change lately, so an unknown key is unknown), `u32 n`,
+//!   then per key `u16 owner_len, owner` (length 0: not indexed here).
 
 use thiserror::Error;
 
@@ -55,6 +62,14 @@ pub enum Op {
     /// Publish these reservations (VALIDATE's body: lease 0, key and generation); answered by
     /// VERDICTS.
     Commit = 11,
+    /// Index these keys as owned by the named peer (sharded directory).
+    Publish = 12,
+    /// Forget these keys where the named peer still owns them (sharded directory).
+    Unpublish = 13,
+    /// Which peer owns these keys? Answered by OWNERS.
+    Lookup = 14,
+    /// The answer to LOOKUP.
+    Owners = 15,
 }
 
 impl Op {
@@ -71,6 +86,10 @@ impl Op {
             9 => Op::Refused,
             10 => Op::Allocate,
             11 => Op::Commit,
+            12 => Op::Publish,
+            13 => Op::Unpublish,
+            14 => Op::Lookup,
+            15 => Op::Owners,
             _ => return None,
         })
     }
@@ -176,6 +195,14 @@ impl<'a> Reader<'a> {
         }
         let s = self.take(n, "key")?;
         String::from_utf8(s.to_vec()).map_err(|_| WireError::Bad("key (not UTF-8)"))
+    }
+    fn keys(&mut self) -> Result<Vec<String>, WireError> {
+        let n = self.count(3, "key count")?;
+        let mut keys = Vec::with_capacity(n);
+        for _ in 0..n {
+            keys.push(self.key()?);
+        }
+        Ok(keys)
     }
     fn end(&self) -> Result<(), WireError> {
         if self.b.is_empty() {
@@ -440,6 +467,82 @@ pub fn decode_verdicts(body: &[u8]) -> Result<Vec<bool>, WireError> {
     Ok(v)
 }
 
+/// Encodes a PUBLISH or UNPUBLISH body: the owner and its keys.
+pub fn encode_owned_keys<'a>(owner: &str, keys: impl ExactSizeIterator<Item = &'a str>) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_key(&mut out, owner);
+    put_keys(&mut out, keys);
+    out
+}
+
+/// Decodes a PUBLISH or UNPUBLISH body.
+pub fn decode_owned_keys(body: &[u8]) -> Result<(String, Vec<String>), WireError> {
+    let mut r = Reader { b: body };
+    let owner = r.key()?;
+    let keys = r.keys()?;
+    r.end()?;
+    Ok((owner, keys))
+}
+
+/// Encodes a LOOKUP body.
+pub fn encode_lookup<'a>(keys: impl ExactSizeIterator<Item = &'a str>) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_keys(&mut out, keys);
+    out
+}
+
+/// Decodes a LOOKUP body.
+pub fn decode_lookup(body: &[u8]) -> Result<Vec<String>, WireError> {
+    let mut r = Reader { b: body };
+    let keys = r.keys()?;
+    r.end()?;
+    Ok(keys)
+}
+
+/// Encodes an OWNERS body: whether the answering index is settled, and per key its owner.
+pub fn encode_owners<S: AsRef<str>>(settled: bool, owners: &[Option<S>]) -> Vec<u8> {
+    let mut out = vec![settled as u8];
+    out.extend_from_slice(&(owners.len() as u32).to_le_bytes());
+    for o in owners {
+        match o {
+            Some(name) => put_key(&mut out, name.as_ref()),
+            None => out.extend_from_slice(&0u16.to_le_bytes()),
+        }
+    }
+    out
+}
+
+/// Decodes an OWNERS body.
+pub fn decode_owners(body: &[u8]) -> Result<(bool, Vec<Option<String>>), WireError> {
+    let mut r = Reader { b: body };
+    let settled = match r.u8("settled")? {
+        0 => false,
+        1 => true,
+        _ => return Err(WireError::Bad("settled")),
+    };
+    let n = r.count(2, "owner count")?;
+    let mut owners = Vec::with_capacity(n);
+    for _ in 0..n {
+        let len = r.u16("owner length")? as usize;
+        owners.push(match len {
+            0 => None,
+            l if l > MAX_KEY => return Err(WireError::Bad("owner length")),
+            l => {
+                Some(String::from_utf8(r.take(l, "owner")?.to_vec()).map_err(|_| WireError::Bad("owner (not UTF-8)"))?)
+            }
+        });
+    }
+    r.end()?;
+    Ok((settled, owners))
+}
+
+fn put_keys<'a>(out: &mut Vec<u8>, keys: impl ExactSizeIterator<Item = &'a str>) {
+    out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+    for k in keys {
+        put_key(out, k);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -473,6 +576,9 @@ mod tests {
             let _ = decode_validate(&b);
             let _ = decode_verdicts(&b);
             let _ = decode_allocate(&b);
+            let _ = decode_owned_keys(&b);
+            let _ = decode_lookup(&b);
+            let _ = decode_owners(&b);
             if b.len() >= HEAD {
                 let _ = decode_head(b[..HEAD].try_into().unwrap());
             }
@@ -518,7 +624,26 @@ mod tests {
         }
 
         #[test]
-        fn heads_round_trip_and_bound_the_body(len in 0usize..(2 * MAX_BODY), op in 1u8..=11) {
+        fn directory_messages_round_trip(owner in "[a-z0-9-]{1,12}", keys in prop::collection::vec("[a-z0-9/]{1,20}", 0..6), settled in any::<bool>(), owners in prop::collection::vec(prop::option::of("[a-z0-9-]{1,12}"), 0..6)) {
+            let body = encode_owned_keys(&owner, keys.iter().map(String::as_str));
+            prop_assert_eq!(decode_owned_keys(&body).unwrap(), (owner.clone(), keys.clone()));
+            for cut in 0..body.len() {
+                prop_assert!(decode_owned_keys(&body[..cut]).is_err());
+            }
+            let body = encode_lookup(keys.iter().map(String::as_str));
+            prop_assert_eq!(decode_lookup(&body).unwrap(), keys.clone());
+            for cut in 0..body.len() {
+                prop_assert!(decode_lookup(&body[..cut]).is_err());
+            }
+            let body = encode_owners(settled, &owners);
+            prop_assert_eq!(decode_owners(&body).unwrap(), (settled, owners.clone()));
+            for cut in 0..body.len() {
+                prop_assert!(decode_owners(&body[..cut]).is_err());
+            }
+        }
+
+        #[test]
+        fn heads_round_trip_and_bound_the_body(len in 0usize..(2 * MAX_BODY), op in 1u8..=15) {
             let f = frame(Op::from_u8(op).unwrap(), &[]);
             let mut head: [u8; HEAD] = f[..HEAD].try_into().unwrap();
             head[..4].copy_from_slice(&(len as u32).to_le_bytes());

@@ -275,6 +275,12 @@ impl EtcdStore {
         self.shared.cache.read().get(name).cloned()
     }
 
+    /// A handle on this store's etcd connection, for a layer above that keeps its own keys and
+    /// leases in the same etcd (one connection per process rather than one per user).
+    pub fn client(&self) -> Client {
+        self.shared.client.clone()
+    }
+
     /// The lease this store's keys are attached to.
     pub fn lease_id(&self) -> i64 {
         self.shared.lease.load(Ordering::Acquire)

@@ -1,0 +1,376 @@
+//! The sharded directory: each key's index entry lives at its rendezvous top peers over the live
+//! membership (`rendezvous.rs`), not in etcd; etcd holds only membership and leases.
+//!
+//! - A put's owner sends its keys, grouped per directory peer (one PUBLISH per peer per call,
+//!   all peers at once), and returns once they answered: a committed put is routable at once.
+//! - A miss asks the key's first directory peer (itself when it is one, without a message), and
+//!   the second when the first is unreachable, or answers "unknown" while it is still settling
+//!   after a membership change.
+//! - A membership change (join, clean leave, lease expiry, a restart under a new lease) makes
+//!   every owner send the keys whose top set gained a peer to that peer, and every directory
+//!   peer drop what it no longer indexes or whose owner left. With two directory peers per key,
+//!   one of them always survives a single change, so no routable key is lost meanwhile.
+//!
+//! All I/O here is blocking on pooled control connections (`conn.rs`), bounded per frame.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+
+use super::conn::{ConnPool, Request};
+use super::rendezvous::{self, Member, REPLICAS};
+use super::shard::Shard;
+use super::wire::{self, Op};
+
+/// Most keys in one PUBLISH (a rebalance sends in rounds of one message per peer).
+const KEYS_PER_MESSAGE: usize = 8192;
+
+/// The live members as this peer last saw them.
+pub(crate) struct Membership {
+    /// Members sorted by name.
+    pub(crate) members: Vec<Member>,
+    /// Name to control address and lease (a new lease is a new instance: a restart).
+    peers: HashMap<Arc<str>, (SocketAddr, i64)>,
+    /// When this view took effect.
+    since: Instant,
+}
+
+impl Membership {
+    pub(crate) fn new(peers: impl IntoIterator<Item = (Arc<str>, SocketAddr, i64)>) -> Membership {
+        let peers: HashMap<Arc<str>, (SocketAddr, i64)> = peers.into_iter().map(|(n, a, l)| (n, (a, l))).collect();
+        let mut members: Vec<Member> = peers.keys().map(|n| Member::new(n.clone())).collect();
+        members.sort_by(|a, b| a.name.cmp(&b.name));
+        Membership {
+            members,
+            peers,
+            since: Instant::now(),
+        }
+    }
+
+    /// Whether both views hold the same members, each the same instance.
+    pub(crate) fn same_as(&self, other: &Membership) -> bool {
+        self.peers == other.peers
+    }
+
+    fn addr(&self, name: &str) -> Option<(Arc<str>, SocketAddr)> {
+        self.peers.get_key_value(name).map(|(n, &(a, _))| (n.clone(), a))
+    }
+
+    /// Whether `name` is the same instance in both views.
+    fn unchanged(&self, other: &Membership, name: &str) -> bool {
+        self.peers.get(name).is_some_and(|p| other.peers.get(name) == Some(p))
+    }
+}
+
+pub(crate) struct Sharded {
+    me: Arc<str>,
+    pub(crate) shard: Shard,
+    pool: Arc<ConnPool>,
+    membership: RwLock<Arc<Membership>>,
+    /// Peers that failed a request lately: asked last and not waited for until they leave,
+    /// come back under a new lease, or this period passes.
+    suspects: Mutex<HashMap<Arc<str>, Instant>>,
+    suspect_for: Duration,
+    settle: Duration,
+    /// Directory messages sent to other peers.
+    pub(crate) messages: AtomicU64,
+}
+
+impl Sharded {
+    /// `settle`: how long after a membership change an "unknown" answer is not trusted (owners
+    /// are still re-publishing); `suspect_for`: how long a failed peer is passed over.
+    pub(crate) fn new(me: Arc<str>, pool: Arc<ConnPool>, settle: Duration, suspect_for: Duration) -> Sharded {
+        Sharded {
+            me,
+            shard: Shard::new(settle),
+            pool,
+            membership: RwLock::new(Arc::new(Membership::new([]))),
+            suspects: Mutex::default(),
+            suspect_for,
+            settle,
+            messages: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn membership(&self) -> Arc<Membership> {
+        self.membership.read().clone()
+    }
+
+    /// Installs a new view; returns the previous one when the members changed (the caller then
+    /// runs [`Sharded::rebalance`] off the watch task).
+    pub(crate) fn set_membership(&self, m: Membership) -> Option<Arc<Membership>> {
+        let mut cur = self.membership.write();
+        if cur.same_as(&m) {
+            return None;
+        }
+        let m = Arc::new(m);
+        self.suspects.lock().retain(|n, _| cur.unchanged(&m, n));
+        Some(std::mem::replace(&mut *cur, m))
+    }
+
+    fn is_suspect(&self, name: &str) -> bool {
+        let mut s = self.suspects.lock();
+        match s.get(name) {
+            Some(at) if at.elapsed() < self.suspect_for => true,
+            Some(_) => {
+                s.remove(name);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn suspect(&self, name: &Arc<str>) {
+        self.suspects.lock().insert(name.clone(), Instant::now());
+    }
+
+    /// After a membership change from `old`: drops what this peer no longer indexes, then sends
+    /// each of `local_keys` to the directory peers it gained.
+    pub(crate) fn rebalance(&self, old: &Membership, local_keys: &[String]) -> Result<(), String> {
+        let now = self.membership();
+        self.shard.membership_changed(&now.members, &self.me);
+        self.publish_since(local_keys, Some(old))
+    }
+
+    /// Indexes `keys` as owned here at every directory peer; `Err` when some key reached none of
+    /// its directory peers (the caller re-publishes later).
+    pub(crate) fn publish(&self, keys: &[String]) -> Result<(), String> {
+        self.publish_since(keys, None)
+    }
+
+    /// As [`Sharded::publish`], skipping directory peers that already indexed a key under `old`.
+    /// A membership change while it runs sends again under the new view.
+    fn publish_since(&self, keys: &[String], old: Option<&Membership>) -> Result<(), String> {
+        let mut m = self.membership();
+        let mut old = old;
+        for _ in 0..3 {
+            let r = self.publish_under(&m, keys, old);
+            let now = self.membership();
+            if Arc::ptr_eq(&now, &m) {
+                return r;
+            }
+            // The view changed meanwhile: whatever the new one added gets the keys too.
+            old = None;
+            m = now;
+        }
+        self.publish_under(&m, keys, old)
+    }
+
+    fn publish_under(&self, m: &Membership, keys: &[String], old: Option<&Membership>) -> Result<(), String> {
+        if keys.is_empty() || m.members.is_empty() {
+            return Ok(());
+        }
+        // Per key: directory peers asked, and those that took it.
+        let mut asked = vec![0u8; keys.len()];
+        let mut took = vec![0u8; keys.len()];
+        let mut local: Vec<&str> = Vec::new();
+        let mut groups: HashMap<Arc<str>, Vec<usize>> = HashMap::new();
+        for (i, k) in keys.iter().enumerate() {
+            let h = rendezvous::stable_hash(k.as_bytes());
+            for p in rendezvous::top(h, &m.members).into_iter().flatten() {
+                if old.is_some_and(|o| rendezvous::indexes(h, &o.members, &p.name) && o.unchanged(m, &p.name)) {
+                    continue;
+                }
+                asked[i] += 1;
+                if p.name == self.me {
+                    local.push(k);
+                    took[i] += 1;
+                } else if !self.is_suspect(&p.name) {
+                    groups.entry(p.name.clone()).or_default().push(i);
+                }
+            }
+        }
+        self.shard.publish(&self.me, local);
+        // Rounds of at most one message per peer.
+        let mut groups: Vec<(Arc<str>, SocketAddr, Vec<usize>)> = groups
+            .into_iter()
+            .filter_map(|(p, ks)| m.addr(&p).map(|(n, a)| (n, a, ks)))
+            .collect();
+        while !groups.is_empty() {
+            let mut sent: Vec<Vec<usize>> = Vec::with_capacity(groups.len());
+            let reqs: Vec<Request> = groups
+                .iter_mut()
+                .map(|(p, a, ks)| {
+                    let chunk: Vec<usize> = ks.drain(..ks.len().min(KEYS_PER_MESSAGE)).collect();
+                    let body = wire::encode_owned_keys(&self.me, chunk.iter().map(|&i| keys[i].as_str()));
+                    sent.push(chunk);
+                    Request {
+                        peer: p.clone(),
+                        addr: *a,
+                        op: Op::Publish,
+                        body,
+                    }
+                })
+                .collect();
+            self.messages.fetch_add(reqs.len() as u64, Ordering::Relaxed);
+            for ((req, chunk), answer) in reqs.iter().zip(sent).zip(self.pool.exchange(&reqs)) {
+                match answer {
+                    Ok((Op::Verdicts, _)) => {
+                        for i in chunk {
+                            took[i] += 1;
+                        }
+                    }
+                    Ok((op, _)) => tracing::warn!("umbp cluster: {} answered PUBLISH with {op:?}", req.peer),
+                    Err(e) => {
+                        tracing::debug!("umbp cluster: publishing to {}: {e}", req.peer);
+                        self.suspect(&req.peer);
+                    }
+                }
+            }
+            groups.retain(|(p, _, ks)| !ks.is_empty() && !self.is_suspect(p));
+        }
+        let lost = asked.iter().zip(&took).filter(|&(&a, &t)| a > 0 && t == 0).count();
+        if lost > 0 {
+            return Err(format!("{lost} keys reached none of their directory peers"));
+        }
+        Ok(())
+    }
+
+    /// Forgets `keys` (as owned here) at their directory peers; best effort: a leftover entry
+    /// makes a reader's RESOLVE answer "missing", never wrong data.
+    pub(crate) fn unpublish(&self, keys: &[String]) {
+        let m = self.membership();
+        let mut groups: HashMap<Arc<str>, Vec<&str>> = HashMap::new();
+        for k in keys {
+            let h = rendezvous::stable_hash(k.as_bytes());
+            for p in rendezvous::top(h, &m.members).into_iter().flatten() {
+                if p.name == self.me {
+                    self.shard.unpublish(&self.me, [k.as_str()]);
+                } else if !self.is_suspect(&p.name) {
+                    groups.entry(p.name.clone()).or_default().push(k);
+                }
+            }
+        }
+        let reqs: Vec<Request> = groups
+            .into_iter()
+            .filter_map(|(p, ks)| {
+                let (peer, addr) = m.addr(&p)?;
+                Some(Request {
+                    peer,
+                    addr,
+                    op: Op::Unpublish,
+                    body: wire::encode_owned_keys(&self.me, ks.into_iter()),
+                })
+            })
+            .collect();
+        self.messages.fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        for (req, answer) in reqs.iter().zip(self.pool.exchange(&reqs)) {
+            if answer.is_err() {
+                self.suspect(&req.peer);
+            }
+        }
+    }
+
+    /// The owner of each key and its control address; `None`: unknown, owned here, or its owner
+    /// is not a live member.
+    pub(crate) fn owners(&self, keys: &[&str]) -> Vec<Option<(Arc<str>, SocketAddr)>> {
+        let m = self.membership();
+        self.lookup(keys)
+            .into_iter()
+            .map(|o| o.filter(|o| *o != self.me).and_then(|o| m.addr(&o)))
+            .collect()
+    }
+
+    /// The owner of each key as its directory peers say (this peer included); `None`: unknown,
+    /// or its owner is not a live member. At most [`REPLICAS`] rounds of one LOOKUP per
+    /// directory peer.
+    pub(crate) fn lookup(&self, keys: &[&str]) -> Vec<Option<Arc<str>>> {
+        let m = self.membership();
+        let view_settled = m.since.elapsed() >= self.settle;
+        let mut out: Vec<Option<Arc<str>>> = vec![None; keys.len()];
+        // Per pending key: its directory peers in the order to ask them (this peer first when it
+        // is one: no message; suspects last).
+        let mut pending: Vec<(usize, Vec<&Member>)> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let mut c: Vec<&Member> = rendezvous::top(rendezvous::stable_hash(k.as_bytes()), &m.members)
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                c.sort_by_key(|p| (p.name != self.me, self.is_suspect(&p.name)));
+                (i, c)
+            })
+            .collect();
+        for round in 0..REPLICAS {
+            let mut next = Vec::new();
+            let mut groups: HashMap<Arc<str>, Vec<usize>> = HashMap::new();
+            for (i, cands) in pending.drain(..) {
+                let Some(p) = cands.get(round) else { continue };
+                if p.name == self.me {
+                    match self.shard.lookup([keys[i]]).pop().flatten() {
+                        Some(o) => out[i] = Some(o),
+                        None if view_settled && self.shard.settled() => {}
+                        None => next.push((i, cands)),
+                    }
+                } else {
+                    groups.entry(p.name.clone()).or_default().push(i);
+                    next.push((i, cands));
+                }
+            }
+            let reqs: Vec<(Request, Vec<usize>)> = groups
+                .into_iter()
+                .filter_map(|(p, ks)| {
+                    let (peer, addr) = m.addr(&p)?;
+                    let body = wire::encode_lookup(ks.iter().map(|&i| keys[i]));
+                    Some((
+                        Request {
+                            peer,
+                            addr,
+                            op: Op::Lookup,
+                            body,
+                        },
+                        ks,
+                    ))
+                })
+                .collect();
+            let (reqs, asked): (Vec<Request>, Vec<Vec<usize>>) = reqs.into_iter().unzip();
+            self.messages.fetch_add(reqs.len() as u64, Ordering::Relaxed);
+            let mut done = vec![false; keys.len()];
+            for ((req, ks), answer) in reqs.iter().zip(asked).zip(self.pool.exchange(&reqs)) {
+                let decoded = match answer {
+                    Ok((Op::Owners, body)) => wire::decode_owners(&body).map_err(|e| format!("malformed OWNERS: {e}")),
+                    Ok((op, _)) => Err(format!("LOOKUP answered {op:?}")),
+                    Err(e) => Err(e),
+                };
+                match decoded {
+                    Ok((settled, owners)) if owners.len() == ks.len() => {
+                        for (i, o) in ks.into_iter().zip(owners) {
+                            match o {
+                                Some(o) => {
+                                    out[i] = m.addr(&o).map(|(n, _)| n);
+                                    done[i] = true;
+                                }
+                                None if settled && view_settled => done[i] = true,
+                                None => {}
+                            }
+                        }
+                    }
+                    Ok(_) => {
+                        tracing::warn!(
+                            "umbp cluster: {} answered LOOKUP with the wrong number of keys",
+                            req.peer
+                        );
+                        self.suspect(&req.peer);
+                    }
+                    Err(e) => {
+                        tracing::debug!("umbp cluster: looking up at {}: {e}", req.peer);
+                        self.suspect(&req.peer);
+                    }
+                }
+            }
+            next.retain(|(i, _)| !done[*i] && out[*i].is_none());
+            pending = next;
+            if pending.is_empty() {
+                break;
+            }
+        }
+        out.into_iter()
+            .map(|o| o.and_then(|o| m.addr(&o)).map(|(n, _)| n))
+            .collect()
+    }
+}
