@@ -112,16 +112,11 @@ impl Sharded {
         Some(std::mem::replace(&mut *cur, m))
     }
 
-    fn is_suspect(&self, name: &str) -> bool {
+    /// The peers passed over now (one lock per call, not per key).
+    fn suspects(&self) -> Vec<Arc<str>> {
         let mut s = self.suspects.lock();
-        match s.get(name) {
-            Some(at) if at.elapsed() < self.suspect_for => true,
-            Some(_) => {
-                s.remove(name);
-                false
-            }
-            None => false,
-        }
+        s.retain(|_, at| at.elapsed() < self.suspect_for);
+        s.keys().cloned().collect()
     }
 
     fn suspect(&self, name: &Arc<str>) {
@@ -169,6 +164,7 @@ impl Sharded {
         let mut took = vec![0u8; keys.len()];
         let mut local: Vec<&str> = Vec::new();
         let mut groups: HashMap<Arc<str>, Vec<usize>> = HashMap::new();
+        let mut suspects = self.suspects();
         for (i, k) in keys.iter().enumerate() {
             let h = rendezvous::stable_hash(k.as_bytes());
             for p in rendezvous::top(h, &m.members).into_iter().flatten() {
@@ -179,7 +175,7 @@ impl Sharded {
                 if p.name == self.me {
                     local.push(k);
                     took[i] += 1;
-                } else if !self.is_suspect(&p.name) {
+                } else if !suspects.contains(&p.name) {
                     groups.entry(p.name.clone()).or_default().push(i);
                 }
             }
@@ -218,10 +214,11 @@ impl Sharded {
                     Err(e) => {
                         tracing::debug!("umbp cluster: publishing to {}: {e}", req.peer);
                         self.suspect(&req.peer);
+                        suspects.push(req.peer.clone());
                     }
                 }
             }
-            groups.retain(|(p, _, ks)| !ks.is_empty() && !self.is_suspect(p));
+            groups.retain(|(p, _, ks)| !ks.is_empty() && !suspects.contains(p));
         }
         let lost = asked.iter().zip(&took).filter(|&(&a, &t)| a > 0 && t == 0).count();
         if lost > 0 {
@@ -235,12 +232,13 @@ impl Sharded {
     pub(crate) fn unpublish(&self, keys: &[String]) {
         let m = self.membership();
         let mut groups: HashMap<Arc<str>, Vec<&str>> = HashMap::new();
+        let suspects = self.suspects();
         for k in keys {
             let h = rendezvous::stable_hash(k.as_bytes());
             for p in rendezvous::top(h, &m.members).into_iter().flatten() {
                 if p.name == self.me {
                     self.shard.unpublish(&self.me, [k.as_str()]);
-                } else if !self.is_suspect(&p.name) {
+                } else if !suspects.contains(&p.name) {
                     groups.entry(p.name.clone()).or_default().push(k);
                 }
             }
@@ -281,6 +279,7 @@ impl Sharded {
     pub(crate) fn lookup(&self, keys: &[&str]) -> Vec<Option<Arc<str>>> {
         let m = self.membership();
         let view_settled = m.since.elapsed() >= self.settle;
+        let suspects = self.suspects();
         let mut out: Vec<Option<Arc<str>>> = vec![None; keys.len()];
         // Per pending key: its directory peers in the order to ask them (this peer first when it
         // is one: no message; suspects last).
@@ -292,24 +291,30 @@ impl Sharded {
                     .into_iter()
                     .flatten()
                     .collect();
-                c.sort_by_key(|p| (p.name != self.me, self.is_suspect(&p.name)));
+                c.sort_by_key(|p| (p.name != self.me, suspects.contains(&p.name)));
                 (i, c)
             })
             .collect();
         for round in 0..REPLICAS {
             let mut next = Vec::new();
             let mut groups: HashMap<Arc<str>, Vec<usize>> = HashMap::new();
+            let mut local: Vec<(usize, Vec<&Member>)> = Vec::new();
             for (i, cands) in pending.drain(..) {
                 let Some(p) = cands.get(round) else { continue };
                 if p.name == self.me {
-                    match self.shard.lookup([keys[i]]).pop().flatten() {
-                        Some(o) => out[i] = Some(o),
-                        None if view_settled && self.shard.settled() => {}
-                        None => next.push((i, cands)),
-                    }
+                    local.push((i, cands));
                 } else {
                     groups.entry(p.name.clone()).or_default().push(i);
                     next.push((i, cands));
+                }
+            }
+            // This peer's own share: one read lock, no message.
+            let settled = view_settled && self.shard.settled();
+            for ((i, cands), o) in local.iter().zip(self.shard.lookup(local.iter().map(|(i, _)| keys[*i]))) {
+                match o {
+                    Some(o) => out[*i] = Some(o),
+                    None if settled => {}
+                    None => next.push((*i, cands.clone())),
                 }
             }
             let reqs: Vec<(Request, Vec<usize>)> = groups
