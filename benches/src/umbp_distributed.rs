@@ -10,7 +10,8 @@
 //!   the requested spans, over `--transport` (the only transport besides local the owner's
 //!   engine installs, `TE_TRANSPORTS`, so the only one that reaches it).
 //! - Raw transfer: the same requests (same sizes, same destinations, one engine batch per
-//!   (group, pool) call) straight at the owner's mirror, without RESOLVE or VALIDATE, timed like
+//!   (group, pool) call, or per group with `--calls-per-group one`, as the restore's calls)
+//!   straight at the owner's mirror, without RESOLVE or VALIDATE, timed like
 //!   the restore's load, with the restore's simulated compute between groups (not timed), so the
 //!   transport idles between groups as it does in the restore. `vs_raw_transfer` = raw time /
 //!   restore load time (restore throughput over raw throughput); `vs_raw_back_to_back` is the
@@ -301,7 +302,13 @@ pub fn run(args: Args) -> Result<(), String> {
                     }
                     v
                 })
-                .collect();
+                .collect::<Vec<_>>();
+            // The restore's batch shape: with `--calls-per-group one`, one batch for the group.
+            let reqs = if args.calls_per_group == "one" {
+                vec![reqs.into_iter().flatten().collect()]
+            } else {
+                reqs
+            };
             (*layers, reqs)
         })
         .collect();

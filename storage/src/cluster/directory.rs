@@ -323,9 +323,10 @@ impl Directory {
             .map_or(0, |sh| sh.messages.load(Ordering::Relaxed))
     }
 
-    /// The control address of member `name`, if it is live.
-    pub(crate) fn addr_of(&self, name: &str) -> Option<SocketAddr> {
-        self.view.read().peers.get(name).map(|&(a, _, _)| a)
+    /// The control address of each live member named by `names` (one read lock for the batch).
+    pub(crate) fn addrs_of<'n>(&self, names: impl Iterator<Item = &'n str>) -> Vec<Option<SocketAddr>> {
+        let view = self.view.read();
+        names.map(|n| view.peers.get(n).map(|&(a, _, _)| a)).collect()
     }
 
     /// Live members and their control addresses.

@@ -356,18 +356,22 @@ impl Cluster {
     fn locate(&self, items: &[RangedGet<'_>], keys: &[usize], use_cache: bool) -> Vec<Option<(Arc<str>, SocketAddr)>> {
         let mut owners: Vec<Option<(Arc<str>, SocketAddr)>> = vec![None; keys.len()];
         let mut ask: Vec<usize> = Vec::new();
-        {
-            let placements = self.placements.read();
-            for (j, &k) in keys.iter().enumerate() {
-                let remembered = use_cache
-                    .then(|| placements.get(items[k].key))
-                    .flatten()
-                    .and_then(|(o, _)| Some((o.clone(), self.dir.addr_of(o)?)));
-                match remembered {
-                    Some(o) => owners[j] = Some(o),
-                    None => ask.push(j),
+        if use_cache {
+            let remembered: Vec<Option<Arc<str>>> = {
+                let placements = self.placements.read();
+                keys.iter()
+                    .map(|&k| placements.get(items[k].key).map(|(o, _)| o.clone()))
+                    .collect()
+            };
+            let addrs = self.dir.addrs_of(remembered.iter().map(|o| o.as_deref().unwrap_or("")));
+            for (j, (o, a)) in remembered.into_iter().zip(addrs).enumerate() {
+                match (o, a) {
+                    (Some(o), Some(a)) => owners[j] = Some((o, a)),
+                    _ => ask.push(j),
                 }
             }
+        } else {
+            ask.extend(0..keys.len());
         }
         if !ask.is_empty() {
             let names: Vec<&str> = ask.iter().map(|&j| items[keys[j]].key).collect();
