@@ -23,7 +23,9 @@ fn metric(host_port: &str, name: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cluster_compacts_etcds_history_itself() {
-    let Some(etcd) = EtcdServer::start_on_loopback() else { return };
+    let Some(etcd) = EtcdServer::start_on_loopback() else {
+        return;
+    };
     let host = etcd.endpoint.trim_start_matches("http://").to_string();
     let mut cc = ClusterConfig::parse(&format!("etcd://{host}/compaction")).unwrap();
     cc.lease_ttl_s = 3;
@@ -45,7 +47,10 @@ async fn the_cluster_compacts_etcds_history_itself() {
     let written = metric(&host, "etcd_debugging_mvcc_current_revision").expect("etcd's current revision");
     // -1: never compacted; a compaction keeps at least one period, so none reached the puts yet.
     let before = metric(&host, "etcd_debugging_mvcc_compact_revision").expect("etcd's compacted revision");
-    assert!(before < written, "compacted to {before} before the puts' revision {written}");
+    assert!(
+        before < written,
+        "compacted to {before} before the puts' revision {written}"
+    );
     // Waits for the event (a compaction past the puts), bounded; the keep-alive period is 1 s.
     let end = Instant::now() + Duration::from_secs(30);
     let compacted = loop {
@@ -53,10 +58,16 @@ async fn the_cluster_compacts_etcds_history_itself() {
         if c >= written {
             break c;
         }
-        assert!(Instant::now() < end, "no compaction past revision {written} within 30 s (at {c})");
+        assert!(
+            Instant::now() < end,
+            "no compaction past revision {written} within 30 s (at {c})"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let current = metric(&host, "etcd_debugging_mvcc_current_revision").unwrap();
-    assert!(compacted < current, "one period of history is kept: compacted {compacted}, current {current}");
+    assert!(
+        compacted < current,
+        "one period of history is kept: compacted {compacted}, current {current}"
+    );
     store.close().await.unwrap();
 }
