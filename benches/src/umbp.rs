@@ -124,18 +124,26 @@ pub struct Args {
     /// With `--distributed`: the transport between the peers (besides local).
     #[arg(long, default_value = "tcp")]
     pub(crate) transport: String,
-    /// Cluster scale (issue 26 baseline): a fresh etcd and N light peer processes per count of
-    /// `--scale-peers`, a put stream, etcd's own counters, directory memory, commit-to-visible
-    /// and miss-resolution latency (see `umbp_cluster_scale`).
+    /// Cluster scale (issue 26): a fresh etcd and N light peer processes per count of
+    /// `--scale-peers` and per directory design of `--scale-directory`, a put stream, etcd's own
+    /// counters, directory entries, memory and messages, commit-to-visible and miss-resolution
+    /// latency (see `umbp_cluster_scale`).
     #[arg(long)]
     pub(crate) cluster_scale: bool,
     /// With `--cluster-scale`: peer counts (each: one observer plus N-1 writers), comma-separated.
     #[arg(long, default_value = "4,16,64")]
     pub(crate) scale_peers: String,
+    /// With `--cluster-scale`: the directory designs to measure, comma-separated (`etcd`: every
+    /// key in etcd, every peer watches all; `sharded`: each key's entry at its top rendezvous
+    /// peers), passed to every peer as `UMBP_CLUSTER_DIRECTORY`; per peer count, one row each, in
+    /// this order.
+    #[arg(long, default_value = "etcd,sharded")]
+    pub(crate) scale_directory: String,
     /// With `--cluster-scale`: keys the writers put between them.
     #[arg(long, default_value_t = 100_000)]
     pub(crate) scale_keys: u64,
-    /// With `--cluster-scale`: keys per put call (one etcd transaction of up to 128 keys each).
+    /// With `--cluster-scale`: keys per put call (etcd directory: one etcd transaction of up to
+    /// 128 keys each).
     #[arg(long, default_value_t = 16)]
     pub(crate) scale_batch: usize,
     /// With `--cluster-scale`: target put rate in keys/s across the cluster (0: as fast as the

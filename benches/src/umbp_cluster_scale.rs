@@ -1,33 +1,85 @@
-//! `te-bench umbp --cluster-scale`: today's cluster directory under a put stream, measured from
-//! etcd itself (issue 26, "measure first").
+//! `te-bench umbp --cluster-scale`: the cluster directory under a put stream, measured from etcd
+//! itself and from the peers' own counters, for both directory designs in one run (issue 26).
 //!
-//! For each peer count N of `--scale-peers`, a fresh etcd is started on loopback and N light
-//! peers are started as child processes (`te-bench umbp-scale-peer`, this binary): each a umbp
-//! cluster peer with a small DRAM arena and no SSD tier, driven by lines on its stdin and
-//! answering on its stdout (no sleeps for synchronisation). Peer 0 is the observer: it puts
-//! nothing, so its RSS growth over the stream is the directory copy every peer keeps; peers
-//! 1..N are the writers.
+//! The designs (`--scale-directory etcd,sharded`, passed to every peer as
+//! `UMBP_CLUSTER_DIRECTORY`):
+//! - `etcd` ("etcd directory (baseline)"): every put call writes its keys to etcd in one
+//!   transaction before it returns; every peer watches the whole key range and keeps a copy of
+//!   every key.
+//! - `sharded` ("sharded directory"): etcd holds only membership and leases; each key's index
+//!   entry lives at the key's top rendezvous-hash peers over the live membership, published by
+//!   the owner over the control connections (PUBLISH) before the put returns; a peer that does
+//!   not hold a key's entry asks for it (LOOKUP).
+//!
+//! For each peer count N of `--scale-peers`, and for each design in the order given (so rows
+//! interleave: N=4 etcd, N=4 sharded, N=16 etcd, ...), a fresh etcd is started on loopback and N
+//! light peers are started as child processes (`te-bench umbp-scale-peer`, this binary): each a
+//! umbp cluster peer with a small DRAM arena and no SSD tier, driven by lines on its stdin and
+//! answering on its stdout (no sleeps for synchronisation). Each peer reports the design it
+//! opened with, and the run refuses a peer whose design is not the row's. Peer 0 is the
+//! observer: it puts nothing, so its RSS growth over the stream is the directory state a peer
+//! keeps for other peers' keys (the full copy in the etcd design, its shard in the sharded one);
+//! peers 1..N are the writers.
 //!
 //! - Stream: the writers put `--scale-keys` keys between them (`--scale-value-bytes` each,
 //!   `--scale-batch` keys per `batch_put` call, paced to `--scale-rate` keys/s across the
-//!   cluster, 0 = as fast as they go). `puts_per_s` = keys / wall time of the stream; the put
-//!   calls' own latencies (each returns after its etcd transaction) are pooled for p50/p99.
-//! - etcd, from its `/metrics` before the stream and after every peer's directory holds every
-//!   key: `etcd_requests` = unary gRPC requests handled (`grpc_server_handled_total`,
-//!   `grpc_type="unary"`, every code) plus lease keep-alive messages received
-//!   (`grpc_server_msg_received_total{grpc_method="LeaseKeepAlive"}`); `etcd_txns`
-//!   = the `Txn` method's share; watch events = `etcd_debugging_mvcc_events_total` (events sent
-//!   to watchers). Background keep-alives and announcements during the stream are included.
+//!   cluster, 0 = as fast as they go). `puts_per_s` = keys / wall time of the stream (until the
+//!   last writer's last put call returned); the put calls' own latencies (each returns after its
+//!   etcd transaction, or after its PUBLISH messages are answered) are pooled for p50/p99.
+//! - etcd, from its `/metrics` before the stream, when the last writer is done (for
+//!   `etcd_requests_per_s`, over the stream's wall time) and after every peer can route every
+//!   key (the per-put figures): `etcd_requests` = unary gRPC requests handled
+//!   (`grpc_server_handled_total`, `grpc_type="unary"`, every code) plus lease keep-alive
+//!   messages received (`grpc_server_msg_received_total{grpc_method="LeaseKeepAlive"}`);
+//!   `etcd_txns` = the `Txn` method's share; watch events = `etcd_debugging_mvcc_events_total`
+//!   (events sent to watchers). Background keep-alives and announcements are included.
+//! - Directory entries: each peer's `ClusterStats::directory_entries` after every key is routable
+//!   (the observer's, the writers' median, and the sum over peers: N x keys for the etcd
+//!   design's full copies, replicas x keys for the sharded one).
+//! - Directory messages: `ClusterStats::directory_messages` (PUBLISH, UNPUBLISH and LOOKUP sent to
+//!   other peers; 0 in the etcd design), after minus before the stream. The headline per put call
+//!   and per key is the writers' sum (what putting costs); the observer's own messages are
+//!   reported apart (`observer_directory_messages_during_stream`), since in the sharded design
+//!   its commit-to-visible polling below is itself a LOOKUP stream, and the sum over all peers is
+//!   given as well.
 //! - Directory memory: the observer's RSS (`VmRSS`) after minus before the stream, per key.
 //! - etcd database: `etcd_mvcc_db_total_size_in_bytes` (and `..._in_use_...`) after the stream,
 //!   then again after a compaction at the current revision and a defragment, both through
-//!   etcd's JSON gateway (`/v3/kv/compaction`, `/v3/maintenance/defragment`).
+//!   etcd's JSON gateway (`/v3/kv/compaction`, `/v3/maintenance/defragment`). The cluster's own
+//!   periodic compaction (`UMBP_CLUSTER_COMPACT_S`, taken from the run's environment like every
+//!   `UMBP_CLUSTER_*` setting but the cluster and the listener; `cluster_compact_s` in the row)
+//!   may also run during a long stream.
 //! - Commit to visible, under the stream: every writer notes the wall clock at each put call's
-//!   return; the observer polls its directory copy (`cluster_owner`, every 50 us) during the
-//!   stream and notes when each call's keys became routable. Idle: after the stream, writer 1
-//!   puts a fresh key and reports the wall clock when the put has returned; the observer, told
-//!   beforehand, polls and reports when the key is routable. Same host, same clock; a negative
-//!   value means the watch delivered before the put's reply reached the writer.
+//!   return; the observer polls `cluster_owner` (the store's `owner_of`) every 50 us during the
+//!   stream and notes when each call of writers 1..=4 (`TRACKED_WRITERS`; every writer at N<=5)
+//!   became routable. A writer's calls become routable in call order (each starts after the
+//!   previous one returned; in the etcd design a call is one transaction, delivered in one watch
+//!   response; in the sharded one every key is published before the call returns), so a call
+//!   counts as routable when its last key is, and per writer the observer polls only its
+//!   frontier (the first call not yet seen); when the frontier is routable, a galloping search
+//!   finds how far the routable calls reach, and each of them is noted as seen at the first poll
+//!   that found it (or a later call) routable. Each call's visibility is thus bracketed between
+//!   the frontier's last failed poll and that poll; the bracket's width is reported
+//!   (`commit_to_visible_under_stream_bracket_ms_*`: the figure's own resolution). Idle: after
+//!   the stream, writer 1 puts a fresh key and reports the wall clock when the put has returned;
+//!   the observer, told beforehand, polls and reports when the key is routable. Same host, same
+//!   clock; a negative value means the observer could route the key before the put's reply
+//!   reached the writer. In the etcd design a poll reads the local copy; in the sharded design
+//!   it is a LOOKUP round trip to the key's index peer (local when the observer is one), so with
+//!   the same 50 us polling interval a pass over the tracked writers costs up to one round trip
+//!   each (more while galloping), the bracket is about a pass wide, and the observer's LOOKUPs
+//!   share the machine with the stream (`observer_directory_messages_during_stream`; each poll's
+//!   own duration: `observer_poll_under_stream_ms_*`, a local read or a LOOKUP round trip under
+//!   the stream's load). Polling
+//!   every key in turn, as the baseline measurement did, falls seconds behind a sharded stream
+//!   on two cores (measured: 2.4-6 s p50 at N=4..64), and polling every writer's frontier
+//!   widens the bracket to N-1 round trips, hence the frontier, the galloping and the four
+//!   writers.
+//! - After the stream, every key must be routable: in the etcd design at every peer (every key,
+//!   local reads); in the sharded design every key once, key `i` from peer `i mod N`, so the
+//!   check costs one LOOKUP per key (or none, where the peer indexes it), not N.
+//!   `visible_everywhere_s` (stream start until that check is done) is thus the etcd design's
+//!   propagation to every copy, but in the sharded design mostly the check's own LOOKUPs.
 //! - Miss resolution: the observer reads keys that live only at writer 1 with
 //!   `batch_get_ranges` (directory lookup, RESOLVE, transfer, VALIDATE), one key per call, each
 //!   key once (no remembered placement), after one warm-up read; every byte is checked.
@@ -38,13 +90,16 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use umbp::{ClusterConfig, Range, RangedGet, Store};
+use te_base::config::{Env, ProcessEnv};
+use umbp::{ClusterConfig, DirectoryMode, Range, RangedGet, Store};
 
 use crate::umbp::Args;
 use crate::util::{parse_list, print_json, runtime};
 
 /// DRAM arena allocation unit (the store's default `UMBP_DRAM_PAGE_BYTES`).
 const ARENA_PAGE: u64 = 4096;
+/// Writers whose every put call the observer follows during the stream (writers 1..=4).
+const TRACKED_WRITERS: usize = 4;
 /// How long any one peer answer may take before the run is abandoned.
 const ANSWER_LIMIT: Duration = Duration::from_secs(600);
 
@@ -77,6 +132,66 @@ fn rss_bytes() -> u64 {
         .unwrap_or(0)
 }
 
+/// A directory design the scale run measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Design {
+    Etcd,
+    Sharded,
+}
+
+impl Design {
+    /// The value of `UMBP_CLUSTER_DIRECTORY` (and of `--scale-directory`).
+    fn var(self) -> &'static str {
+        match self {
+            Design::Etcd => "etcd",
+            Design::Sharded => "sharded",
+        }
+    }
+
+    /// The row's `design`.
+    fn label(self) -> &'static str {
+        match self {
+            Design::Etcd => "etcd directory (baseline)",
+            Design::Sharded => "sharded directory",
+        }
+    }
+}
+
+/// `--scale-directory`: a comma list of `etcd` and `sharded`, each at most once.
+fn parse_designs(s: &str) -> Result<Vec<Design>, String> {
+    let mut v = Vec::new();
+    for x in s.split(',').map(str::trim) {
+        let d = match x {
+            "etcd" => Design::Etcd,
+            "sharded" => Design::Sharded,
+            _ => return Err(format!("--scale-directory: {x:?} is neither etcd nor sharded")),
+        };
+        if v.contains(&d) {
+            return Err(format!("--scale-directory: {x} named twice"));
+        }
+        v.push(d);
+    }
+    Ok(v)
+}
+
+/// A peer's environment: `UMBP_CLUSTER` is the run's cluster, `UMBP_CLUSTER_LISTEN` keeps its
+/// default (N peers on one host cannot share a port), everything else is the process's: the
+/// directory design the run sets (`UMBP_CLUSTER_DIRECTORY`), the auth key, and whatever else of
+/// `UMBP_CLUSTER_*` the operator set for the run.
+struct PeerEnv<'a> {
+    cluster: &'a str,
+}
+
+impl Env for PeerEnv<'_> {
+    fn get(&self, var: &str) -> Option<String> {
+        match var {
+            "UMBP_CLUSTER" => Some(self.cluster.to_string()),
+            "UMBP_CLUSTER_LISTEN" => None,
+            v => ProcessEnv.get(v),
+        }
+    }
+}
+
 /// Arguments of one light peer (`te-bench umbp-scale-peer`, started by the scale run).
 #[derive(clap::Args)]
 pub struct PeerArgs {
@@ -97,11 +212,19 @@ pub struct PeerArgs {
     batch: usize,
 }
 
-/// One light peer: opens a cluster store, prints `READY`, then answers commands line by line.
+/// One light peer: opens a cluster store (its directory design from `UMBP_CLUSTER_DIRECTORY`),
+/// prints `READY <rss> <design> <etcd compaction period, s, 0 = none>`, then answers commands
+/// line by line.
 pub fn peer(a: PeerArgs) -> Result<(), String> {
     let rt = runtime()?;
-    let mut cc = ClusterConfig::parse(&a.cluster).map_err(|e| e.to_string())?;
-    cc.auth = te_core::auth::AuthKey::from_env(&te_base::config::ProcessEnv).map_err(|e| e.to_string())?;
+    let cc = ClusterConfig::from_env(&PeerEnv { cluster: &a.cluster })
+        .map_err(|e| e.to_string())?
+        .ok_or("no cluster")?;
+    let design = match cc.directory {
+        DirectoryMode::Etcd => Design::Etcd,
+        DirectoryMode::Sharded => Design::Sharded,
+    };
+    let compact_s = cc.compact_every.map_or(0, |d| d.as_secs());
     let store = Store::builder()
         .cluster(cc)
         .segment_name(a.name.clone())
@@ -119,7 +242,7 @@ pub fn peer(a: PeerArgs) -> Result<(), String> {
         println!("{s}");
         let _ = std::io::stdout().flush();
     };
-    out(format!("READY {}", rss_bytes()));
+    out(format!("READY {} {} {compact_s}", rss_bytes(), design.var()));
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
         let w: Vec<&str> = line.split_whitespace().collect();
@@ -132,20 +255,26 @@ pub fn peer(a: PeerArgs) -> Result<(), String> {
                     .unwrap_or_else(|| format!("ERR {} of {want} members", store.cluster_members().len()))
             }
             Some("rss") => format!("RSS {}", rss_bytes()),
+            Some("stats") => match store.stats().map(|s| s.cluster) {
+                Ok(Some(c)) => format!("STATS {} {}", c.directory_entries, c.directory_messages),
+                Ok(None) => "ERR no cluster stats".to_string(),
+                Err(e) => format!("ERR stats: {e}"),
+            },
             Some("put") => put_stream(&store, &mut buf, vb, num(1), num(2), num(3) as usize, num(4)),
             Some("settle") => {
-                // Every key of the stream routable here.
+                // Keys `first, first + stride, ...` below `total` of the stream routable here.
                 let (total, t0) = (num(1), Instant::now());
-                let mut next = 0u64;
+                let stride = num(3).max(1);
+                let mut next = num(2);
                 let done = wait_until(ANSWER_LIMIT, || {
                     while next < total && store.cluster_owner(&key_name(next)).is_some() {
-                        next += 1;
+                        next += stride;
                     }
-                    next == total
+                    next >= total
                 });
                 match done {
                     Some(()) => format!("SETTLED {}", t0.elapsed().as_nanos()),
-                    None => format!("ERR {next} of {total} keys routable"),
+                    None => format!("ERR {} not routable (of {total} keys)", key_name(next)),
                 }
             }
             Some("visible") => {
@@ -254,10 +383,16 @@ fn put_stream(store: &Store, buf: &mut [u8], vb: u64, first: u64, count: u64, ba
     )
 }
 
-/// Follows a stream while it runs: `shares` is `first:count,...` (one per writer, put in calls of
-/// `batch` keys); polls this peer's copy (every 50 us) and notes the wall clock at which each
-/// call's keys became routable. Answers `TRACKED <elapsed_ns> <wall clock per call, ns, in share
-/// and call order>` once every key is routable.
+/// Follows a stream while it runs: `shares` is `first:count,...` (one per tracked writer, put in
+/// calls of `batch` keys). A writer's calls become routable in call order (each starts after the
+/// previous one returned), so per share it keeps a frontier, the first call not yet seen
+/// routable, and polls (every 50 us) `cluster_owner` for the frontier call's last key. When that
+/// is routable, a galloping search (doubling, then bisection) finds the last routable call, and
+/// every call from the frontier to there is recorded as seen at the first poll that found it or
+/// a later call routable; each also gets the start of the frontier's last failed poll, before
+/// which it was not routable. Answers `TRACKED <elapsed_ns> <seen, ns> <not routable before, ns>
+/// <poll p50, ms> <poll p99, ms> <polls>` (wall clocks per call, in share and call order) once
+/// every call is routable.
 fn track(store: &Store, batch: u64, shares: &str) -> String {
     let shares: Vec<(u64, u64)> = shares
         .split(',')
@@ -267,43 +402,107 @@ fn track(store: &Store, batch: u64, shares: &str) -> String {
         })
         .collect();
     let batch = batch.max(1);
-    // Per share: the next key not yet seen, and the wall clock per call seen so far.
-    let mut next: Vec<u64> = shares.iter().map(|s| s.0).collect();
-    let mut seen: Vec<Vec<i64>> = shares
+    // Per share: (seen, not routable before) per call seen so far (its length is the frontier),
+    // and the start of the frontier's last failed poll.
+    let mut seen: Vec<Vec<(i64, i64)>> = shares
         .iter()
         .map(|s| Vec::with_capacity(s.1.div_ceil(batch) as usize))
         .collect();
+    let mut failed_at = vec![now_ns(); shares.len()];
+    // Every poll's own duration (a local read in the etcd design, a LOOKUP round trip where the
+    // observer does not index the key in the sharded one).
+    let mut poll_ns: Vec<i64> = Vec::with_capacity(1 << 16);
     let t0 = Instant::now();
     let done = wait_until(ANSWER_LIMIT, || {
         let mut all = true;
         for (s, &(first, count)) in shares.iter().enumerate() {
-            let end = first + count;
-            let before = next[s];
-            while next[s] < end && store.cluster_owner(&key_name(next[s])).is_some() {
-                next[s] += 1;
-            }
-            if next[s] != before {
-                let now = now_ns();
-                // Calls whose last key is now behind the pointer.
-                let calls_done = (next[s] - first).div_ceil(batch) as usize;
-                let full = if next[s] == end {
-                    calls_done
-                } else {
-                    ((next[s] - first) / batch) as usize
-                };
-                while seen[s].len() < full {
-                    seen[s].push(now);
-                }
-            }
-            all &= next[s] == end;
+            let calls = count.div_ceil(batch) as usize;
+            // Whether call `c`'s last key is routable, and the wall clock at the poll's start and
+            // end.
+            let poll = |c: usize| {
+                let last = (first + (c as u64 + 1) * batch).min(first + count) - 1;
+                let start = now_ns();
+                let routable = store.cluster_owner(&key_name(last)).is_some();
+                let end = now_ns();
+                poll_ns.push(end - start);
+                (routable, start, end)
+            };
+            advance(calls, poll, &mut seen[s], &mut failed_at[s]);
+            all &= seen[s].len() == calls;
         }
         all
     });
     if done.is_none() {
-        return format!("ERR the stream's keys were not all routable within {ANSWER_LIMIT:?}");
+        return format!("ERR the stream's calls were not all routable within {ANSWER_LIMIT:?}");
     }
-    let list: Vec<String> = seen.iter().flatten().map(|t| t.to_string()).collect();
-    format!("TRACKED {} {}", t0.elapsed().as_nanos(), list.join(","))
+    let (at, before): (Vec<String>, Vec<String>) = seen
+        .iter()
+        .flatten()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .unzip();
+    let polls = poll_ns.len();
+    let (p50, p99) = p50_p99_ms(&mut poll_ns);
+    format!(
+        "TRACKED {} {} {} {p50} {p99} {polls}",
+        t0.elapsed().as_nanos(),
+        at.join(","),
+        before.join(",")
+    )
+}
+
+/// One poll of one share for `track`: `seen` holds (seen, not routable before) per call seen so
+/// far, `failed_at` the start of the frontier's last failed poll; `poll(c)` answers whether call
+/// `c` is routable and the wall clock at the poll's start and end.
+fn advance(
+    calls: usize,
+    mut poll: impl FnMut(usize) -> (bool, i64, i64),
+    seen: &mut Vec<(i64, i64)>,
+    failed_at: &mut i64,
+) {
+    let frontier = seen.len();
+    if frontier >= calls {
+        return;
+    }
+    let (routable, start, end) = poll(frontier);
+    if !routable {
+        *failed_at = start;
+        return;
+    }
+    let before = *failed_at;
+    let mut record = |upto: usize, at: i64| {
+        while seen.len() <= upto {
+            seen.push((at, before));
+        }
+    };
+    record(frontier, end);
+    // Gallop from the frontier: `lo` routable, `hi` (call, poll start) not.
+    let (mut lo, mut hi, mut step) = (frontier, None, 1);
+    while hi.is_none() && lo + 1 < calls {
+        let c = (lo + step).min(calls - 1);
+        match poll(c) {
+            (true, _, end) => {
+                lo = c;
+                record(lo, end);
+                step *= 2;
+            }
+            (false, start, _) => hi = Some((c, start)),
+        }
+    }
+    // Bisect down to the first call not routable, the new frontier.
+    while let Some((h, h_at)) = hi {
+        if h == lo + 1 {
+            *failed_at = h_at;
+            break;
+        }
+        let c = lo + (h - lo) / 2;
+        match poll(c) {
+            (true, _, end) => {
+                lo = c;
+                record(lo, end);
+            }
+            (false, start, _) => hi = Some((c, start)),
+        }
+    }
 }
 
 /// Reads keys `first..first + count` (owned by another peer) one per call, after one warm-up read
@@ -376,7 +575,7 @@ impl Drop for PeerProc {
     }
 }
 
-fn spawn_peer(url: &str, name: &str, arena: u64, vb: u64, batch: usize) -> Result<PeerProc, String> {
+fn spawn_peer(url: &str, design: Design, name: &str, arena: u64, vb: u64, batch: usize) -> Result<PeerProc, String> {
     let exe = std::env::current_exe().map_err(|e| format!("own path: {e}"))?;
     let mut child = Command::new(exe)
         .arg("umbp-scale-peer")
@@ -384,6 +583,7 @@ fn spawn_peer(url: &str, name: &str, arena: u64, vb: u64, batch: usize) -> Resul
         .args(["--arena", &arena.to_string(), "--value-bytes", &vb.to_string()])
         .args(["--batch", &batch.to_string()])
         .env("TE_TRANSPORTS", "local,tcp")
+        .env("UMBP_CLUSTER_DIRECTORY", design.var())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -514,18 +714,40 @@ pub fn run(args: Args) -> Result<(), String> {
     if args.scale_value_bytes == 0 || args.scale_batch == 0 || args.scale_samples == 0 {
         return Err("--scale-value-bytes, --scale-batch and --scale-samples must be at least 1".into());
     }
+    let designs = parse_designs(&args.scale_directory)?;
     for n in counts {
-        let v = run_one(&args, n)?;
-        if args.json {
-            print_json(&v);
-        } else {
-            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        for &design in &designs {
+            let v = run_one(&args, n, design).map_err(|e| format!("N={n}, {}: {e}", design.label()))?;
+            if args.json {
+                print_json(&v);
+            } else {
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            }
         }
     }
     Ok(())
 }
 
-fn run_one(args: &Args, n: usize) -> Result<serde_json::Value, String> {
+/// Sends `cmd` to every peer, then collects each one's `tag` answer in peer order.
+fn ask_all(peers: &mut [PeerProc], cmd: &str, tag: &str) -> Result<Vec<Vec<String>>, String> {
+    for p in peers.iter_mut() {
+        p.send(cmd)?;
+    }
+    peers.iter().map(|p| p.expect(tag)).collect()
+}
+
+/// Every peer's `(directory_entries, directory_messages)`.
+fn directory_stats(peers: &mut [PeerProc]) -> Result<Vec<(u64, u64)>, String> {
+    ask_all(peers, "stats", "STATS")?
+        .iter()
+        .map(|w| match (w.first().map(|x| x.parse()), w.get(1).map(|x| x.parse())) {
+            (Some(Ok(e)), Some(Ok(m))) => Ok((e, m)),
+            _ => Err(format!("bad STATS answer {w:?}")),
+        })
+        .collect()
+}
+
+fn run_one(args: &Args, n: usize, design: Design) -> Result<serde_json::Value, String> {
     let etcd =
         te_base::test_support::etcd::EtcdServer::start_on_loopback().ok_or("no etcd (Debian etcd-server) to start")?;
     let host_port = etcd.endpoint.trim_start_matches("http://").to_string();
@@ -547,11 +769,22 @@ fn run_one(args: &Args, n: usize) -> Result<serde_json::Value, String> {
             0 => ("scale-observer".to_string(), observer_arena),
             _ => (format!("scale-writer-{i}"), writer_arena),
         };
-        peers.push(spawn_peer(&url, &name, arena, vb, batch)?);
+        peers.push(spawn_peer(&url, design, &name, arena, vb, batch)?);
     }
     let mut rss0 = Vec::with_capacity(n);
+    let mut compact_s = 0;
     for p in &peers {
-        rss0.push(p.expect("READY")?[0].parse::<u64>().unwrap_or(0));
+        let w = p.expect("READY")?;
+        if w.get(1).map(String::as_str) != Some(design.var()) {
+            return Err(format!(
+                "{} opened with directory {:?}, not {}",
+                p.name,
+                w.get(1),
+                design.var()
+            ));
+        }
+        rss0.push(w[0].parse::<u64>().unwrap_or(0));
+        compact_s = w.get(2).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
     }
     for p in &mut peers {
         p.send(&format!("members {n}"))?;
@@ -567,6 +800,7 @@ fn run_one(args: &Args, n: usize) -> Result<serde_json::Value, String> {
     for p in &peers {
         rss_before.push(p.expect("RSS")?[0].parse::<u64>().unwrap_or(0));
     }
+    let dir0 = directory_stats(&mut peers)?;
 
     // The stream: each writer its contiguous share.
     let m0 = metrics(&host_port)?;
@@ -577,7 +811,11 @@ fn run_one(args: &Args, n: usize) -> Result<serde_json::Value, String> {
             (first, per_writer.min(keys.saturating_sub(first)))
         })
         .collect();
-    let list: Vec<String> = shares.iter().map(|(f, c)| format!("{f}:{c}")).collect();
+    let tracked_writers = shares.len().min(TRACKED_WRITERS);
+    let list: Vec<String> = shares[..tracked_writers]
+        .iter()
+        .map(|(f, c)| format!("{f}:{c}"))
+        .collect();
     peers[0].send(&format!("track {batch} {}", list.join(",")))?;
     peers[0].expect("TRACKING")?;
     let t0 = Instant::now();
@@ -586,26 +824,39 @@ fn run_one(args: &Args, n: usize) -> Result<serde_json::Value, String> {
     }
     let mut call_lat = Vec::new();
     let mut returned = Vec::new();
-    for p in &peers[1..] {
+    for (i, p) in peers[1..].iter().enumerate() {
         let w = p.expect("DONE")?;
         call_lat.extend(nums(&w, 2)?);
-        returned.extend(nums(&w, 3)?);
+        if i < tracked_writers {
+            returned.extend(nums(&w, 3)?);
+        }
     }
     let stream_s = t0.elapsed().as_secs_f64();
+    let m_stream = metrics(&host_port)?;
     let tracked = peers[0].expect("TRACKED")?;
-    let seen = nums(&tracked, 1)?;
-    if seen.len() != returned.len() {
+    let (seen, unseen_before) = (nums(&tracked, 1)?, nums(&tracked, 2)?);
+    let tracked_figure = |i: usize| tracked.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(f64::NAN);
+    let (poll_p50, poll_p99) = (tracked_figure(3), tracked_figure(4));
+    let polls = tracked.get(5).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+    if seen.len() != returned.len() || unseen_before.len() != returned.len() {
         return Err(format!(
-            "observer saw {} put calls, writers made {}",
+            "observer saw {} put calls, tracked writers made {}",
             seen.len(),
             returned.len()
         ));
     }
     let mut loaded_visible: Vec<i64> = seen.iter().zip(&returned).map(|(s, r)| s - r).collect();
+    // How precisely each call's visibility is known: seen minus not routable before.
+    let mut brackets: Vec<i64> = seen.iter().zip(&unseen_before).map(|(s, b)| s - b).collect();
     let put_calls = call_lat.len() as u64;
-    // Every peer's copy holds every key before etcd's counters are read again.
-    for p in &mut peers {
-        p.send(&format!("settle {keys}"))?;
+    let dir1 = directory_stats(&mut peers)?;
+    // Every key routable before etcd's counters are read again: in the etcd design at every peer
+    // (each copy holds every key); in the sharded design every key once, from peer `i mod N`.
+    for (i, p) in peers.iter_mut().enumerate() {
+        p.send(&match design {
+            Design::Etcd => format!("settle {keys} 0 1"),
+            Design::Sharded => format!("settle {keys} {i} {n}"),
+        })?;
     }
     let mut settle_ns = Vec::with_capacity(n);
     for p in &peers {
@@ -613,6 +864,7 @@ fn run_one(args: &Args, n: usize) -> Result<serde_json::Value, String> {
     }
     let visible_everywhere_s = t0.elapsed().as_secs_f64();
     let m1 = metrics(&host_port)?;
+    let dir2 = directory_stats(&mut peers)?;
     for p in &mut peers {
         p.send("rss")?;
     }
@@ -632,7 +884,7 @@ fn run_one(args: &Args, n: usize) -> Result<serde_json::Value, String> {
     http(&host_port, "POST", "/v3/maintenance/defragment", "{}")?;
     let m2 = metrics(&host_port)?;
 
-    // Commit to visible: writer 1 puts, the observer watches its copy.
+    // Commit to visible: writer 1 puts, the observer polls `cluster_owner`.
     let mut visible = Vec::with_capacity(args.scale_samples);
     for s in 0..args.scale_samples {
         let k = format!("probe/{s}");
@@ -657,8 +909,16 @@ fn run_one(args: &Args, n: usize) -> Result<serde_json::Value, String> {
     let (put_p50, put_p99) = p50_p99_ms(&mut call_lat);
     let (vis_p50, vis_p99) = p50_p99_ms(&mut visible);
     let (loaded_p50, loaded_p99) = p50_p99_ms(&mut loaded_visible);
+    let (bracket_p50, bracket_p99) = p50_p99_ms(&mut brackets);
     let (miss_p50, miss_p99) = p50_p99_ms(&mut miss_lat);
     let requests = (m1.unary - m0.unary) + (m1.keep_alives - m0.keep_alives);
+    let stream_requests = (m_stream.unary - m0.unary) + (m_stream.keep_alives - m0.keep_alives);
+    // Directory messages sent during the stream: the writers' (putting) and the observer's
+    // (its polling; LOOKUPs in the sharded design).
+    let sent: Vec<u64> = dir1.iter().zip(&dir0).map(|(a, b)| a.1.saturating_sub(b.1)).collect();
+    let writer_messages: u64 = sent[1..].iter().sum();
+    let all_messages = writer_messages + sent[0];
+    let entries: Vec<u64> = dir2.iter().map(|d| d.0).collect();
     let dir_bytes = rss_after[0].saturating_sub(rss_before[0]);
     let writer_growth = median_u64(
         rss_after[1..]
@@ -669,13 +929,15 @@ fn run_one(args: &Args, n: usize) -> Result<serde_json::Value, String> {
     );
     let mut row = serde_json::json!({
         "bench": "umbp-cluster-scale",
-        "design": "baseline: every peer watches <prefix>/umbp/ and keeps every key",
+        "design": design.label(),
+        "directory": design.var(),
         "peers": n,
         "writers": writers,
         "keys": keys,
         "value_bytes": vb,
         "keys_per_put_call": batch,
         "target_rate_keys_per_s": args.scale_rate,
+        "cluster_compact_s": compact_s,
         "startup_s": startup_s,
         "stream_s": stream_s,
         "puts_per_s": keys as f64 / stream_s,
@@ -690,11 +952,22 @@ fn run_one(args: &Args, n: usize) -> Result<serde_json::Value, String> {
         "etcd_requests": requests,
         "etcd_requests_per_put_call": requests / put_calls.max(1) as f64,
         "etcd_requests_per_key": requests / keys as f64,
+        "etcd_requests_during_stream": stream_requests,
+        "etcd_requests_per_s": stream_requests / stream_s,
         "etcd_txns_per_put_call": (m1.txns - m0.txns) / put_calls.max(1) as f64,
         "etcd_mvcc_puts_per_key": (m1.mvcc_puts - m0.mvcc_puts) / keys as f64,
         "watch_events": m1.events - m0.events,
         "watch_events_per_key": (m1.events - m0.events) / keys as f64,
         "watch_events_per_put_call": (m1.events - m0.events) / put_calls.max(1) as f64,
+        "directory_entries_observer": entries[0],
+        "directory_entries_writer_median": median_u64(entries[1..].to_vec()),
+        "directory_entries_total": entries.iter().sum::<u64>(),
+        "directory_entries_observer_per_key": entries[0] as f64 / keys as f64,
+        "directory_messages_writers": writer_messages,
+        "directory_messages_per_put_call": writer_messages as f64 / put_calls.max(1) as f64,
+        "directory_messages_per_key": writer_messages as f64 / keys as f64,
+        "observer_directory_messages_during_stream": sent[0],
+        "directory_messages_per_put_call_all_peers": all_messages as f64 / put_calls.max(1) as f64,
         "directory_bytes_per_peer": dir_bytes,
         "directory_bytes_per_key": dir_bytes as f64 / keys as f64,
         "directory_measure": "observer VmRSS after minus before the stream (it holds no keys of its own)",
@@ -714,6 +987,13 @@ fn run_one(args: &Args, n: usize) -> Result<serde_json::Value, String> {
         "commit_to_visible_samples": visible.len(),
         "commit_to_visible_under_stream_ms_p50": loaded_p50,
         "commit_to_visible_under_stream_ms_p99": loaded_p99,
+        "commit_to_visible_under_stream_samples": loaded_visible.len(),
+        "commit_to_visible_under_stream_writers_tracked": tracked_writers,
+        "commit_to_visible_under_stream_bracket_ms_p50": bracket_p50,
+        "commit_to_visible_under_stream_bracket_ms_p99": bracket_p99,
+        "observer_poll_under_stream_ms_p50": poll_p50,
+        "observer_poll_under_stream_ms_p99": poll_p99,
+        "observer_polls_under_stream": polls,
         "miss_ms_p50": miss_p50,
         "miss_ms_p99": miss_p99,
         "miss_samples": miss_lat.len(),
@@ -745,5 +1025,59 @@ mod tests {
         assert_ne!(pattern(1, 0), pattern(2, 0));
         assert_ne!(pattern(1, 0), pattern(1, 1));
         assert_eq!(key_name(42), "scale/0000000042");
+    }
+
+    #[test]
+    fn tracking_gallops_to_the_frontier_and_brackets_each_call() {
+        // Calls below `visible` are routable; the clock advances by 1 per poll.
+        let run = |calls: usize, visible: usize, seen: &mut Vec<(i64, i64)>, failed: &mut i64, clock: &mut i64| {
+            let mut polls = 0;
+            advance(
+                calls,
+                |c| {
+                    polls += 1;
+                    *clock += 1;
+                    (c < visible, *clock - 1, *clock)
+                },
+                seen,
+                failed,
+            );
+            polls
+        };
+        let (mut seen, mut failed, mut clock) = (Vec::new(), 0, 100);
+        assert_eq!(run(1000, 0, &mut seen, &mut failed, &mut clock), 1);
+        assert!(seen.is_empty());
+        assert_eq!(failed, 100);
+        // 700 calls became routable since: found in a logarithmic number of polls, each recorded
+        // once, not routable before the failed poll, seen no later than a poll that found it.
+        let polls = run(1000, 700, &mut seen, &mut failed, &mut clock);
+        assert!(polls <= 2 * 11, "{polls} polls");
+        assert_eq!(seen.len(), 700);
+        assert!(seen
+            .iter()
+            .all(|&(at, before)| before == 100 && at > 101 && at <= clock));
+        assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0));
+        // The new frontier's failed poll is the next bracket's start; then the rest.
+        let (f, at) = (failed, clock);
+        assert!(f > 101 && f < at);
+        run(1000, 1000, &mut seen, &mut failed, &mut clock);
+        assert_eq!(seen.len(), 1000);
+        assert!(seen[700..].iter().all(|&(_, before)| before == f));
+        assert_eq!(run(1000, 1000, &mut seen, &mut failed, &mut clock), 0);
+    }
+
+    #[test]
+    fn directory_lists_name_each_design_once() {
+        assert_eq!(parse_designs("etcd,sharded"), Ok(vec![Design::Etcd, Design::Sharded]));
+        assert_eq!(parse_designs("sharded"), Ok(vec![Design::Sharded]));
+        assert!(parse_designs("etcd,etcd").is_err());
+        assert!(parse_designs("central").is_err());
+        assert_eq!(Design::Sharded.label(), "sharded directory");
+        let env = PeerEnv {
+            cluster: "etcd://h:1/p",
+        };
+        assert_eq!(env.get("UMBP_CLUSTER").as_deref(), Some("etcd://h:1/p"));
+        assert_eq!(env.get("UMBP_CLUSTER_LISTEN"), None);
+        assert_eq!(env.get("UMBP_CLUSTER_NO_SUCH_VARIABLE"), None);
     }
 }
