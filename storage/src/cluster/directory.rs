@@ -6,8 +6,8 @@
 //!   without anyone cleaning up. A watch keeps an in-memory copy; lookups never ask etcd.
 //! - Sharded: etcd holds nothing else. Each key's entry lives at its two rendezvous peers,
 //!   written by the owner before its put returns; a membership change re-homes entries.
-//!   Free capacity is re-announced only when it moved by an eighth, so etcd's load follows
-//!   the membership, not the put rate.
+//!   Free capacity is re-announced only when it moved by an eighth of the arena, so etcd's
+//!   load follows the membership, not the put rate.
 //! - Etcd: `<prefix>/umbp/keys/<key>` names the peer that committed the key last, under its
 //!   lease, written in one transaction per 128 keys before the put returns; every peer watches
 //!   and keeps every key.
@@ -63,8 +63,10 @@ pub(crate) struct Directory {
     warned: AtomicBool,
     local_keys: LocalKeys,
     free_bytes: FreeBytes,
-    /// The free bytes last announced (sharded mode re-announces only on a large move).
+    /// The free bytes last announced (sharded mode re-announces only on a large move), and the
+    /// most ever seen free (the move's scale).
     announced_free: std::sync::atomic::AtomicU64,
+    free_scale: std::sync::atomic::AtomicU64,
     /// The sharded directory; `None` in etcd mode.
     sharded: Option<Arc<Sharded>>,
     tasks: parking_lot::Mutex<Vec<JoinHandle<()>>>,
@@ -139,6 +141,7 @@ impl Directory {
             local_keys,
             free_bytes,
             announced_free: std::sync::atomic::AtomicU64::new(0),
+            free_scale: std::sync::atomic::AtomicU64::new(0),
             sharded,
             tasks: parking_lot::Mutex::new(Vec::new()),
         });
@@ -179,16 +182,19 @@ impl Directory {
         )
         .await?;
         self.announced_free.store(free, Ordering::Relaxed);
+        self.free_scale.fetch_max(free, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Re-announces the free capacity: every keep-alive period in etcd mode (as before); when
-    /// it moved by more than an eighth in sharded mode, so that a full cluster's steady
-    /// eviction churn writes nothing to etcd.
+    /// Re-announces the free capacity: every keep-alive period in etcd mode (as before); in
+    /// sharded mode when it moved by more than an eighth of the most this peer ever had free
+    /// (about its arena), so that a full cluster's steady eviction churn, a few pages either
+    /// way, writes nothing to etcd.
     async fn refresh_free(&self) -> Result<(), String> {
         if self.sharded.is_some() {
             let (was, now) = (self.announced_free.load(Ordering::Relaxed), (self.free_bytes)());
-            if was.abs_diff(now) <= was.max(now) / 8 {
+            let scale = self.free_scale.fetch_max(now, Ordering::Relaxed).max(now);
+            if was.abs_diff(now) <= scale / 8 {
                 return Ok(());
             }
         }
