@@ -11,7 +11,7 @@
 //! - `get KEY OFF:LEN[,OFF:LEN...]`: ranged get into registered memory, then check every byte:
 //!   `OK <bytes> <seed>`, `MISS`, `ERR <error>` or `BAD <first bad offset>`.
 //! - `stream KEY N OFF:LEN[,...]`: N such gets: `OK ok=.. miss=.. err=.. bad=.. max_ms=..`.
-//! - `fill PREFIX FIRST COUNT LEN`: put keys PREFIX<i>, i in FIRST..FIRST+COUNT, seed i + 1;
+//! - `fill PREFIX FIRST COUNT LEN`: put keys `PREFIX<i>`, i in FIRST..FIRST+COUNT, seed i + 1;
 //!   `sweep PREFIX FIRST COUNT OFF:LEN[,...]`: get each once and check it is key i's bytes:
 //!   `OK ok=.. miss=.. err=.. bad=.. wrong=.. last=".."` (the membership-change tests' reader).
 //! - `churn KEY LEN N`: overwrite KEY N times, seeds 1, 2, 3 in rotation (the consistency
