@@ -84,10 +84,10 @@
 //!   `batch_get_ranges` (directory lookup, RESOLVE, transfer, VALIDATE), one key per call, each
 //!   key once (no remembered placement), after one warm-up read; every byte is checked.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use te_base::config::{Env, ProcessEnv};
@@ -590,15 +590,7 @@ fn spawn_peer(url: &str, design: Design, name: &str, arena: u64, vb: u64, batch:
         .map_err(|e| format!("starting {name}: {e}"))?;
     let stdout = child.stdout.take().ok_or("peer stdout")?;
     let stdin = child.stdin.take().ok_or("peer stdin")?;
-    let (tx, lines) = channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(stdout).lines() {
-            let Ok(l) = l else { break };
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
+    let lines = crate::util::stdout_lines(stdout);
     Ok(PeerProc {
         child,
         stdin,

@@ -25,9 +25,9 @@
 //! - The local figure next to it: rank 1's pages put in this process and restored locally by the
 //!   same loop (`local_ns_per_fragment`, over the memcpy loop, as `te-bench umbp` reports).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::mpsc::Receiver;
 use std::sync::Barrier;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -165,15 +165,7 @@ fn spawn_owner(args: &Args, url: &str) -> Result<(OwnerProc, Vec<u64>, f64), Str
         .map_err(|e| format!("starting the owner: {e}"))?;
     let stdout = child.stdout.take().ok_or("owner stdout")?;
     let stdin = child.stdin.take().ok_or("owner stdin")?;
-    let (tx, lines) = channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(stdout).lines() {
-            let Ok(l) = l else { break };
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
+    let lines = crate::util::stdout_lines(stdout);
     let owner = OwnerProc { child, stdin, lines };
     let ready = owner.line(Duration::from_secs(300))?;
     let mut w = ready.split_whitespace();

@@ -145,6 +145,22 @@ pub fn quit_child(child: &mut std::process::Child, stdin: &mut std::process::Chi
     let _ = child.wait();
 }
 
+/// The lines a child writes to `stdout`, read on a thread of their own so that a caller can wait
+/// for one with a deadline (`recv_timeout`) instead of blocking on the pipe.
+pub fn stdout_lines(stdout: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in std::io::BufReader::new(stdout).lines() {
+            let Ok(l) = l else { break };
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

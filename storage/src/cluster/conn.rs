@@ -222,7 +222,7 @@ impl ConnPool {
     }
 
     /// An idle connection to `peer`, if one is pooled.
-    pub(crate) fn take(&self, peer: &str) -> Option<Conn> {
+    fn take(&self, peer: &str) -> Option<Conn> {
         self.idle.lock().get_mut(peer).and_then(Vec::pop)
     }
 

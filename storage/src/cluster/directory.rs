@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,8 +65,8 @@ pub(crate) struct Directory {
     free_bytes: FreeBytes,
     /// The free bytes last announced (sharded mode re-announces only on a large move), and the
     /// most ever seen free (the move's scale).
-    announced_free: std::sync::atomic::AtomicU64,
-    free_scale: std::sync::atomic::AtomicU64,
+    announced_free: AtomicU64,
+    free_scale: AtomicU64,
     /// The sharded directory; `None` in etcd mode.
     sharded: Option<Arc<Sharded>>,
     tasks: parking_lot::Mutex<Vec<JoinHandle<()>>>,
@@ -140,8 +140,8 @@ impl Directory {
             warned: AtomicBool::new(false),
             local_keys,
             free_bytes,
-            announced_free: std::sync::atomic::AtomicU64::new(0),
-            free_scale: std::sync::atomic::AtomicU64::new(0),
+            announced_free: AtomicU64::new(0),
+            free_scale: AtomicU64::new(0),
             sharded,
             tasks: parking_lot::Mutex::new(Vec::new()),
         });

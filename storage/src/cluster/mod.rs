@@ -290,19 +290,20 @@ pub(crate) async fn engine(
     Ok((b.build().await?, client))
 }
 
-impl ClusterCounters {
-    /// The counters as a stats section.
-    pub(crate) fn snapshot(&self) -> stats::ClusterStats {
+impl Cluster {
+    /// The distributed path's counters and the directory's size, as a stats section.
+    pub(crate) fn stats(&self) -> stats::ClusterStats {
+        let c = &self.counters;
         let l = |c: &AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
         stats::ClusterStats {
-            remote_hits: l(&self.remote_hits),
-            remote_bytes: l(&self.remote_bytes),
-            remote_requests: l(&self.remote_requests),
-            remote_control_bytes: l(&self.control_bytes),
-            remote_stale: l(&self.stale),
-            remote_errors: l(&self.remote_errors),
-            directory_entries: 0,
-            directory_messages: 0,
+            remote_hits: l(&c.remote_hits),
+            remote_bytes: l(&c.remote_bytes),
+            remote_requests: l(&c.remote_requests),
+            remote_control_bytes: l(&c.control_bytes),
+            remote_stale: l(&c.stale),
+            remote_errors: l(&c.remote_errors),
+            directory_entries: self.dir.entries(),
+            directory_messages: self.dir.messages(),
         }
     }
 }

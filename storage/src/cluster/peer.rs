@@ -109,11 +109,7 @@ impl Peer {
 
     /// The distributed path's counters.
     pub(crate) fn stats(&self) -> ClusterStats {
-        ClusterStats {
-            directory_entries: self.cluster.dir.entries(),
-            directory_messages: self.cluster.dir.messages(),
-            ..self.cluster.counters.snapshot()
-        }
+        self.cluster.stats()
     }
 
     /// The peer this peer's copy of the directory names as `key`'s owner.

@@ -16,7 +16,7 @@ use te_core::TransferRequest;
 
 use super::conn::Conn;
 use super::wire::{self, Op, Place};
-use super::Cluster;
+use super::{Cluster, Remembered};
 use crate::core::{Core, RangedGet};
 use crate::error::StoreError;
 use crate::range_map::{map_range, Extent};
@@ -29,6 +29,13 @@ struct OwnerWork {
     keys: Vec<usize>,
     /// Per key, the placement remembered from an earlier read (no RESOLVE needed for it).
     cached: Vec<Option<Arc<Place>>>,
+}
+
+/// A key's owner, and its placement when one is remembered.
+struct Located {
+    owner: Arc<str>,
+    addr: SocketAddr,
+    cached: Option<Arc<Place>>,
 }
 
 /// Where one owner's keys are: from RESOLVE, or remembered.
@@ -117,32 +124,22 @@ impl Cluster {
         out: &mut RemoteOutcome,
         retry: &mut Vec<usize>,
     ) {
-        let owners = self.locate(items, keys, use_cache);
         let mut work: Vec<OwnerWork> = Vec::new();
-        {
-            let placements = self.placements.read();
-            for (&k, o) in keys.iter().zip(owners) {
-                let Some((owner, addr)) = o else { continue };
-                let cached = if use_cache {
-                    placements
-                        .get(items[k].key)
-                        .filter(|(o, _)| *o == owner)
-                        .map(|(_, p)| p.clone())
-                } else {
-                    None
-                };
-                match work.iter_mut().find(|w| w.owner == owner) {
-                    Some(w) => {
-                        w.keys.push(k);
-                        w.cached.push(cached);
-                    }
-                    None => work.push(OwnerWork {
-                        owner,
-                        addr,
-                        keys: vec![k],
-                        cached: vec![cached],
-                    }),
+        for (&k, o) in keys.iter().zip(self.locate(items, keys, use_cache)) {
+            let Some(Located { owner, addr, cached }) = o else {
+                continue;
+            };
+            match work.iter_mut().find(|w| w.owner == owner) {
+                Some(w) => {
+                    w.keys.push(k);
+                    w.cached.push(cached);
                 }
+                None => work.push(OwnerWork {
+                    owner,
+                    addr,
+                    keys: vec![k],
+                    cached: vec![cached],
+                }),
             }
         }
         if work.is_empty() {
@@ -351,35 +348,42 @@ impl Cluster {
         timer.lap(Phase::Other, t3);
     }
 
-    /// The owner of each of `keys`: a remembered placement's owner while it is a live member
-    /// (VALIDATE still checks the read), the directory's answer for the rest (one lookup).
-    fn locate(&self, items: &[RangedGet<'_>], keys: &[usize], use_cache: bool) -> Vec<Option<(Arc<str>, SocketAddr)>> {
-        let mut owners: Vec<Option<(Arc<str>, SocketAddr)>> = vec![None; keys.len()];
-        let mut ask: Vec<usize> = Vec::new();
+    /// The owner of each of `keys`: a remembered placement's owner while it is a live member,
+    /// with the placement (VALIDATE still checks the read), the directory's answer for the rest
+    /// (one lookup). One read lock of the placements and one of the membership per call.
+    fn locate(&self, items: &[RangedGet<'_>], keys: &[usize], use_cache: bool) -> Vec<Option<Located>> {
+        let mut out: Vec<Option<Located>> = (0..keys.len()).map(|_| None).collect();
+        let mut remembered: Vec<(usize, Remembered)> = Vec::new();
         if use_cache {
-            let remembered: Vec<Option<Arc<str>>> = {
-                let placements = self.placements.read();
+            let placements = self.placements.read();
+            remembered.extend(
                 keys.iter()
-                    .map(|&k| placements.get(items[k].key).map(|(o, _)| o.clone()))
-                    .collect()
-            };
-            let addrs = self.dir.addrs_of(remembered.iter().map(|o| o.as_deref().unwrap_or("")));
-            for (j, (o, a)) in remembered.into_iter().zip(addrs).enumerate() {
-                match (o, a) {
-                    (Some(o), Some(a)) => owners[j] = Some((o, a)),
-                    _ => ask.push(j),
-                }
-            }
-        } else {
-            ask.extend(0..keys.len());
+                    .enumerate()
+                    .filter_map(|(j, &k)| Some((j, placements.get(items[k].key)?.clone()))),
+            );
         }
+        let addrs = self.dir.addrs_of(remembered.iter().map(|(_, (o, _))| &**o));
+        for ((j, (owner, place)), addr) in remembered.into_iter().zip(addrs) {
+            if let Some(addr) = addr {
+                out[j] = Some(Located {
+                    owner,
+                    addr,
+                    cached: Some(place),
+                });
+            }
+        }
+        let ask: Vec<usize> = (0..keys.len()).filter(|&j| out[j].is_none()).collect();
         if !ask.is_empty() {
             let names: Vec<&str> = ask.iter().map(|&j| items[keys[j]].key).collect();
             for (j, o) in ask.into_iter().zip(self.dir.owners(&names)) {
-                owners[j] = o;
+                out[j] = o.map(|(owner, addr)| Located {
+                    owner,
+                    addr,
+                    cached: None,
+                });
             }
         }
-        owners
+        out
     }
 
     /// `Ok` passes through; an error fails every key of the owner (and forgets its connections

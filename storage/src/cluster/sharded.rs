@@ -167,8 +167,12 @@ impl Sharded {
         let mut suspects = self.suspects();
         for (i, k) in keys.iter().enumerate() {
             let h = rendezvous::stable_hash(k.as_bytes());
+            let before = old.map(|o| (o, rendezvous::top(h, &o.members)));
             for p in rendezvous::top(h, &m.members).into_iter().flatten() {
-                if old.is_some_and(|o| rendezvous::indexes(h, &o.members, &p.name) && o.unchanged(m, &p.name)) {
+                let had = before
+                    .as_ref()
+                    .is_some_and(|(o, t)| t.iter().flatten().any(|q| q.name == p.name) && o.unchanged(m, &p.name));
+                if had {
                     continue;
                 }
                 asked[i] += 1;
@@ -233,16 +237,18 @@ impl Sharded {
         let m = self.membership();
         let mut groups: HashMap<Arc<str>, Vec<&str>> = HashMap::new();
         let suspects = self.suspects();
+        let mut local: Vec<&str> = Vec::new();
         for k in keys {
             let h = rendezvous::stable_hash(k.as_bytes());
             for p in rendezvous::top(h, &m.members).into_iter().flatten() {
                 if p.name == self.me {
-                    self.shard.unpublish(&self.me, [k.as_str()]);
+                    local.push(k);
                 } else if !suspects.contains(&p.name) {
                     groups.entry(p.name.clone()).or_default().push(k);
                 }
             }
         }
+        self.shard.unpublish(&self.me, local);
         let reqs: Vec<Request> = groups
             .into_iter()
             .filter_map(|(p, ks)| {
