@@ -14,6 +14,9 @@
 //! - `fill PREFIX FIRST COUNT LEN`: put keys `PREFIX<i>`, i in FIRST..FIRST+COUNT, seed i + 1;
 //!   `sweep PREFIX FIRST COUNT OFF:LEN[,...]`: get each once and check it is key i's bytes:
 //!   `OK ok=.. miss=.. err=.. bad=.. wrong=.. last=".."` (the membership-change tests' reader).
+//! - `fill-timed PREFIX FIRST COUNT LEN` and `sweep-timed PREFIX FIRST COUNT OFF:LEN[,...]`: as
+//!   `fill` and `sweep`, each answer adding `max_ms=..`, the slowest single call (the fault
+//!   tests' deadline check).
 //! - `churn KEY LEN N`: overwrite KEY N times, seeds 1, 2, 3 in rotation (the consistency
 //!   test's writer).
 //! - `owner KEY`: `OK <owner or none>`; `wait-owner KEY OWNER MS`: poll until it matches.
@@ -195,33 +198,43 @@ async fn main() {
                 }
                 _ => "ERR usage: stream KEY N OFF:LEN,...".into(),
             },
-            ["fill", prefix, first, count, len] => {
+            ["fill" | "fill-timed", prefix, first, count, len] => {
                 match (first.parse::<u64>(), count.parse::<u64>(), len.parse::<usize>()) {
                     // Keys PREFIX<i> for i in FIRST..FIRST+COUNT, key i holding seed i + 1.
                     (Ok(first), Ok(count), Ok(len)) => {
                         let mut data = vec![0u8; len];
-                        let mut failed = 0;
+                        let (mut failed, mut max) = (0, Duration::ZERO);
                         for i in first..first + count {
                             fill(i + 1, 0, &mut data);
+                            let t = Instant::now();
                             if store.put(&format!("{prefix}{i}"), &data, 0).await.is_err() {
                                 failed += 1;
                             }
+                            max = max.max(t.elapsed());
                         }
-                        format!("OK failed={failed}")
+                        if w[0] == "fill" {
+                            format!("OK failed={failed}")
+                        } else {
+                            format!("OK failed={failed} max_ms={}", max.as_millis())
+                        }
                     }
                     _ => "ERR usage: fill PREFIX FIRST COUNT LEN".into(),
                 }
             }
-            ["sweep", prefix, first, count, spec] => {
+            ["sweep" | "sweep-timed", prefix, first, count, spec] => {
                 match (first.parse::<u64>(), count.parse::<u64>(), parse_ranges(spec)) {
                     // Reads each key of a `fill` once: ok (right bytes of the right version), miss,
                     // err, bad (a torn or foreign byte) or wrong (another key's bytes).
                     (Ok(first), Ok(count), Some(r)) => {
                         let (mut ok, mut miss, mut err, mut bad, mut wrong) = (0, 0, 0, 0, 0);
                         let mut last = String::new();
+                        let mut max = Duration::ZERO;
                         for i in first..first + count {
                             let key = format!("{prefix}{i}");
-                            match landing.get(&store, &key, &r) {
+                            let t = Instant::now();
+                            let got = landing.get(&store, &key, &r);
+                            max = max.max(t.elapsed());
+                            match got {
                                 Got::Ok(_, seed) if seed == i + 1 => ok += 1,
                                 Got::Ok(..) => wrong += 1,
                                 Got::Miss => {
@@ -235,7 +248,12 @@ async fn main() {
                                 Got::Bad(_) => bad += 1,
                             }
                         }
-                        format!("OK ok={ok} miss={miss} err={err} bad={bad} wrong={wrong} last={last:?}")
+                        let timed = if w[0] == "sweep" {
+                            String::new()
+                        } else {
+                            format!(" max_ms={}", max.as_millis())
+                        };
+                        format!("OK ok={ok} miss={miss} err={err} bad={bad} wrong={wrong}{timed} last={last:?}")
                     }
                     _ => "ERR usage: sweep PREFIX FIRST COUNT OFF:LEN,...".into(),
                 }

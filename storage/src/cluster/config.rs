@@ -7,6 +7,9 @@
 //! | `UMBP_CLUSTER_LEASE_TTL_S` | 10 | membership lease: a dead peer's keys stop being routed to it within this |
 //! | `UMBP_CLUSTER_TIMEOUT_MS` | 3000 | bound of one etcd call, one control request and one remote read |
 //! | `UMBP_CLUSTER_DIRECTORY` | `sharded` | where the key directory lives: `sharded` (each key's entry at its two rendezvous peers, etcd holds membership only) or `etcd` (every key in etcd, every peer watching all of them: the design before issue 26, kept to measure against) |
+//! | `UMBP_CLUSTER_MAX_ENTRIES_PER_SOURCE` | 4194304 | sharded directory: most entries one member may hold at this peer; a PUBLISH past it is refused (counted) |
+//! | `UMBP_CLUSTER_LOOKUP_KEYS_PER_S` | 1000000 | sharded directory: keys per second one member's LOOKUPs may ask of this peer (a token bucket, a burst of one second's worth; non-members share one); past it a LOOKUP waits, or is refused when the wait would exceed the frame timeout |
+//! | `UMBP_CLUSTER_MAX_CONNECTIONS`, `UMBP_CLUSTER_MAX_CONNECTIONS_PER_SOURCE`, `UMBP_CLUSTER_HANDSHAKE_TIMEOUT_MS`, `UMBP_CLUSTER_IDLE_TIMEOUT_MS` | te-base's listener defaults | the control listener's limits (te_base::listener::ListenerLimits) |
 //! | `UMBP_CLUSTER_COMPACT_S` | 60 | the cluster compacts etcd's revision history this often, keeping one period of it (done by the member with the lowest name); `0` = never (an operator's `--auto-compaction-*` does it) |
 //!
 //! The peer's name is the store's segment name. With `TE_AUTH_KEY`/`TE_AUTH_KEY_FILE` set, the
@@ -27,6 +30,13 @@ pub const ENV_VARS: &[&str] = &[
     "UMBP_CLUSTER_TIMEOUT_MS",
     "UMBP_CLUSTER_DIRECTORY",
     "UMBP_CLUSTER_COMPACT_S",
+    "UMBP_CLUSTER_MAX_ENTRIES_PER_SOURCE",
+    "UMBP_CLUSTER_LOOKUP_KEYS_PER_S",
+    // The control listener's limits (ListenerLimits::from_env under "UMBP_CLUSTER").
+    "UMBP_CLUSTER_MAX_CONNECTIONS",
+    "UMBP_CLUSTER_MAX_CONNECTIONS_PER_SOURCE",
+    "UMBP_CLUSTER_HANDSHAKE_TIMEOUT_MS",
+    "UMBP_CLUSTER_IDLE_TIMEOUT_MS",
 ];
 
 /// Where the key directory lives.
@@ -58,6 +68,10 @@ pub struct ClusterConfig {
     pub directory: DirectoryMode,
     /// etcd history compaction period (`None`: the cluster does not compact).
     pub compact_every: Option<Duration>,
+    /// Most directory entries one member may hold at this peer (sharded directory).
+    pub max_entries_per_source: usize,
+    /// Keys per second one member's LOOKUPs may ask of this peer (sharded directory).
+    pub lookup_keys_per_s: u64,
 }
 
 impl std::fmt::Debug for ClusterConfig {
@@ -71,6 +85,8 @@ impl std::fmt::Debug for ClusterConfig {
             .field("auth", &self.auth.is_some())
             .field("directory", &self.directory)
             .field("compact_every", &self.compact_every)
+            .field("max_entries_per_source", &self.max_entries_per_source)
+            .field("lookup_keys_per_s", &self.lookup_keys_per_s)
             .finish()
     }
 }
@@ -105,6 +121,8 @@ impl ClusterConfig {
             auth: None,
             directory: DirectoryMode::Sharded,
             compact_every: Some(Duration::from_secs(60)),
+            max_entries_per_source: 4 << 20,
+            lookup_keys_per_s: 1_000_000,
         })
     }
 
@@ -152,6 +170,26 @@ impl ClusterConfig {
             }
             c.compact_every = (s > 0).then(|| Duration::from_secs(s));
         }
+        if let Some(n) = parse_var::<u64>(env, "UMBP_CLUSTER_MAX_ENTRIES_PER_SOURCE")? {
+            if n == 0 {
+                return Err(Error::config(
+                    "UMBP_CLUSTER_MAX_ENTRIES_PER_SOURCE",
+                    "0",
+                    "must be at least 1",
+                ));
+            }
+            c.max_entries_per_source = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(n) = parse_var::<u64>(env, "UMBP_CLUSTER_LOOKUP_KEYS_PER_S")? {
+            if n == 0 {
+                return Err(Error::config(
+                    "UMBP_CLUSTER_LOOKUP_KEYS_PER_S",
+                    "0",
+                    "must be at least 1",
+                ));
+            }
+            c.lookup_keys_per_s = n;
+        }
         c.auth = AuthKey::from_env(env)?;
         Ok(Some(c))
     }
@@ -193,12 +231,22 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!((c.directory, c.compact_every), (DirectoryMode::Etcd, None));
+        let c = ClusterConfig::from_env(&env(&[
+            ("UMBP_CLUSTER", "etcd://h:1"),
+            ("UMBP_CLUSTER_MAX_ENTRIES_PER_SOURCE", "1000"),
+            ("UMBP_CLUSTER_LOOKUP_KEYS_PER_S", "5000"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!((c.max_entries_per_source, c.lookup_keys_per_s), (1000, 5000));
         for (var, value) in [
             ("UMBP_CLUSTER_LISTEN", "nowhere"),
             ("UMBP_CLUSTER_LEASE_TTL_S", "1"),
             ("UMBP_CLUSTER_TIMEOUT_MS", "0"),
             ("UMBP_CLUSTER_DIRECTORY", "gossip"),
             ("UMBP_CLUSTER_COMPACT_S", "86401"),
+            ("UMBP_CLUSTER_MAX_ENTRIES_PER_SOURCE", "0"),
+            ("UMBP_CLUSTER_LOOKUP_KEYS_PER_S", "none"),
         ] {
             let e = ClusterConfig::from_env(&env(&[("UMBP_CLUSTER", "etcd://h:1"), (var, value)])).unwrap_err();
             assert!(e.to_string().contains(var), "{e}");

@@ -1,12 +1,14 @@
 //! Control connections: frames over TCP with a deadline on every read and write, and the mutual
 //! challenge-response (te_base::auth) both sides run before any request when a key is set.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use te_base::auth::AuthKey;
-use te_base::auth::{InitiatorHandshake, ResponderHandshake, NONCE_LEN, PROOF_LEN};
+use parking_lot::Mutex;
+use te_base::auth::{AuthKey, Role, NONCE_LEN, PROOF_LEN};
 use te_base::listener::{deadline, read_growing};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -42,21 +44,44 @@ pub(crate) async fn write_frame(s: &mut TcpStream, op: Op, body: &[u8], timeout:
 
 /// An open, authenticated connection to a peer's control listener, used blocking from the
 /// caller's thread: a control round trip costs two syscalls each side and no thread hand-off.
-/// Every read and write ends by a deadline (re-armed per syscall with what is left of it).
+/// Every read and write ends by a deadline: the connection's timeout per frame, and no later than
+/// the deadline of the call using it ([`Conn::set_deadline`]), re-armed per syscall with what is
+/// left of it.
 pub(crate) struct Conn {
     stream: std::net::TcpStream,
     timeout: Duration,
+    /// The end of the call using the connection: no frame waits past it.
+    end: Option<Instant>,
 }
 
+/// The handshake context of a connection from member `me`: the proofs of both sides cover the
+/// member name, so a connection proves the shared key and who it speaks for.
+fn member_context(me: &str) -> String {
+    format!("{AUTH_CONTEXT}\0member={me}")
+}
+
+/// Longest member name a HELLO carries.
+pub(crate) const MAX_MEMBER_NAME: usize = 255;
+
 impl Conn {
-    /// Connects and runs the handshake, within `timeout` for the connect and each frame.
-    pub(crate) fn connect(addr: SocketAddr, auth: Option<&AuthKey>, timeout: Duration) -> io::Result<Conn> {
-        let stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+    /// Connects as member `me` and runs the handshake, all of it by `end`.
+    pub(crate) fn connect(
+        addr: SocketAddr,
+        auth: Option<&AuthKey>,
+        me: &str,
+        timeout: Duration,
+        end: Instant,
+    ) -> io::Result<Conn> {
+        let stream = std::net::TcpStream::connect_timeout(&addr, left(end)?)?;
         stream.set_nodelay(true)?;
-        let mut c = Conn { stream, timeout };
+        let mut c = Conn {
+            stream,
+            timeout,
+            end: Some(end),
+        };
         match auth {
             None => {
-                c.send(Op::Hello, &[])?;
+                c.send(Op::Hello, me.as_bytes())?;
                 match c.recv()? {
                     (Op::Ready, _) => {}
                     (Op::Refused, why) => return Err(refused(&why)),
@@ -64,8 +89,10 @@ impl Conn {
                 }
             }
             Some(key) => {
-                let (hs, nonce) = InitiatorHandshake::start(key, AUTH_CONTEXT);
-                c.send(Op::Hello, &nonce)?;
+                let ours = te_base::auth::nonce();
+                let mut hello = ours.to_vec();
+                hello.extend_from_slice(me.as_bytes());
+                c.send(Op::Hello, &hello)?;
                 let (op, body) = c.recv()?;
                 match op {
                     Op::Challenge if body.len() == NONCE_LEN + PROOF_LEN => {}
@@ -73,9 +100,14 @@ impl Conn {
                     _ => return Err(invalid("the peer did not authenticate")),
                 }
                 let theirs: [u8; NONCE_LEN] = body[..NONCE_LEN].try_into().expect("length checked");
-                let proof = hs
-                    .finish(&theirs, &body[NONCE_LEN..], &addr.to_string())
-                    .map_err(|e| io::Error::new(io::ErrorKind::PermissionDenied, e.to_string()))?;
+                let ctx = member_context(me);
+                if !key.verify(Role::Responder, &ctx, &ours, &theirs, &body[NONCE_LEN..]) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!("{addr}: the peer does not hold this engine's key"),
+                    ));
+                }
+                let proof = key.prove(Role::Initiator, &ctx, &ours, &theirs);
                 c.send(Op::Proof, &proof)?;
                 match c.recv()? {
                     (Op::Ready, _) => {}
@@ -84,14 +116,26 @@ impl Conn {
                 }
             }
         }
+        c.end = None;
         Ok(c)
+    }
+
+    /// Bounds every frame from now on by `end` too (`None`: the timeout per frame only).
+    pub(crate) fn set_deadline(&mut self, end: Option<Instant>) {
+        self.end = end;
+    }
+
+    /// The end of one frame started now.
+    fn frame_end(&self) -> Instant {
+        let e = Instant::now() + self.timeout;
+        self.end.map_or(e, |end| end.min(e))
     }
 
     /// Sends one frame (a request; read its answer with [`Conn::recv`]).
     pub(crate) fn send(&mut self, op: Op, body: &[u8]) -> io::Result<()> {
         use std::io::Write;
         let f = frame(op, body);
-        let end = std::time::Instant::now() + self.timeout;
+        let end = self.frame_end();
         let mut at = 0;
         while at < f.len() {
             self.stream.set_write_timeout(Some(left(end)?))?;
@@ -99,16 +143,19 @@ impl Conn {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => at += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    return Err(io::Error::new(io::ErrorKind::TimedOut, "control request timed out"))
+                }
                 Err(e) => return Err(e),
             }
         }
         Ok(())
     }
 
-    /// Reads one frame, all of it within the connection's timeout; the body buffer grows only
-    /// as its bytes arrive.
+    /// Reads one frame, all of it within the connection's timeout and deadline; the body buffer
+    /// grows only as its bytes arrive.
     pub(crate) fn recv(&mut self) -> io::Result<(Op, Vec<u8>)> {
-        let end = std::time::Instant::now() + self.timeout;
+        let end = self.frame_end();
         let mut head = [0u8; HEAD];
         self.fill(&mut head, end)?;
         let h = decode_head(&head).map_err(invalid)?;
@@ -122,7 +169,7 @@ impl Conn {
         Ok((h.op, body))
     }
 
-    fn fill(&mut self, buf: &mut [u8], end: std::time::Instant) -> io::Result<()> {
+    fn fill(&mut self, buf: &mut [u8], end: Instant) -> io::Result<()> {
         use std::io::Read;
         let mut at = 0;
         while at < buf.len() {
@@ -142,7 +189,7 @@ impl Conn {
 }
 
 /// What is left until `end` (never zero, which would mean "no timeout" to the socket).
-fn left(end: std::time::Instant) -> io::Result<Duration> {
+fn left(end: Instant) -> io::Result<Duration> {
     let d = end.saturating_duration_since(std::time::Instant::now());
     if d.is_zero() {
         return Err(io::Error::new(io::ErrorKind::TimedOut, "control frame timed out"));
@@ -157,67 +204,95 @@ fn refused(why: &[u8]) -> io::Error {
     )
 }
 
-/// The responder's side of the handshake, run within `limit`. Errors close the connection; the
-/// only thing an unauthenticated peer learns is "authentication required" or "refused".
+/// The responder's side of the handshake, run within `limit`; returns the member name the
+/// initiator spoke as (proved with the key when one is set; `None`: it named none). Errors close
+/// the connection; the only thing an unauthenticated peer learns is "authentication required" or
+/// "refused".
 pub(crate) async fn accept_handshake(
     s: &mut TcpStream,
     auth: Option<&AuthKey>,
     peer: &str,
     limit: Duration,
-) -> io::Result<()> {
+) -> io::Result<Option<String>> {
     let (op, body) = read_frame(s, limit, limit).await?;
     if op != Op::Hello {
         return Err(invalid("expected HELLO"));
     }
+    let name_of = |b: &[u8]| -> io::Result<Option<String>> {
+        if b.is_empty() {
+            return Ok(None);
+        }
+        match std::str::from_utf8(b) {
+            Ok(n) if n.len() <= MAX_MEMBER_NAME => Ok(Some(n.to_owned())),
+            _ => Err(invalid("malformed member name in HELLO")),
+        }
+    };
     match auth {
-        None => write_frame(s, Op::Ready, &[], limit).await,
+        None => {
+            let name = name_of(&body)?;
+            write_frame(s, Op::Ready, &[], limit).await?;
+            Ok(name)
+        }
         Some(key) => {
-            let Ok(theirs) = <[u8; NONCE_LEN]>::try_from(body.as_slice()) else {
+            let parsed = (body.len() > NONCE_LEN)
+                .then(|| <[u8; NONCE_LEN]>::try_from(&body[..NONCE_LEN]).ok())
+                .flatten()
+                .and_then(|n| Some((n, name_of(&body[NONCE_LEN..]).ok()??)));
+            let Some((theirs, name)) = parsed else {
                 write_frame(s, Op::Refused, b"authentication required", limit).await?;
                 return Err(io::Error::new(
                     io::ErrorKind::PermissionDenied,
                     format!("{peer}: no credentials"),
                 ));
             };
-            let (hs, nonce, proof) = ResponderHandshake::answer(key, AUTH_CONTEXT, &theirs);
-            let mut answer = nonce.to_vec();
-            answer.extend_from_slice(&proof);
+            let ctx = member_context(&name);
+            let ours = te_base::auth::nonce();
+            let mut answer = ours.to_vec();
+            answer.extend_from_slice(&key.prove(Role::Responder, &ctx, &theirs, &ours));
             write_frame(s, Op::Challenge, &answer, limit).await?;
             let (op, body) = read_frame(s, limit, limit).await?;
-            if op != Op::Proof || hs.check(&body, peer).is_err() {
+            if op != Op::Proof || !key.verify(Role::Initiator, &ctx, &theirs, &ours, &body) {
                 let _ = write_frame(s, Op::Refused, b"refused", limit).await;
                 return Err(io::Error::new(
                     io::ErrorKind::PermissionDenied,
                     format!("{peer}: wrong key"),
                 ));
             }
-            write_frame(s, Op::Ready, &[], limit).await
+            write_frame(s, Op::Ready, &[], limit).await?;
+            Ok(Some(name))
         }
     }
 }
 
 /// Idle control connections to other peers, by peer name (at most 8 each), shared by the read
-/// path (RESOLVE, VALIDATE) and the sharded directory (PUBLISH, LOOKUP).
+/// path (RESOLVE, VALIDATE) and the sharded directory (PUBLISH, LOOKUP); and the peers that
+/// lately did not answer in time (suspects), which callers pass over at once.
 pub(crate) struct ConnPool {
-    idle: parking_lot::Mutex<std::collections::HashMap<std::sync::Arc<str>, Vec<Conn>>>,
+    idle: Mutex<HashMap<Arc<str>, Vec<Conn>>>,
     auth: Option<AuthKey>,
+    /// This peer's member name, bound into every connection's handshake.
+    me: Arc<str>,
     timeout: Duration,
+    /// Peer name to when it last failed to answer in time.
+    suspects: Mutex<HashMap<Arc<str>, Instant>>,
 }
 
 /// One request of [`ConnPool::exchange`]: the peer, its address, and the frame to send.
 pub(crate) struct Request {
-    pub(crate) peer: std::sync::Arc<str>,
+    pub(crate) peer: Arc<str>,
     pub(crate) addr: SocketAddr,
     pub(crate) op: Op,
     pub(crate) body: Vec<u8>,
 }
 
 impl ConnPool {
-    pub(crate) fn new(auth: Option<AuthKey>, timeout: Duration) -> ConnPool {
+    pub(crate) fn new(auth: Option<AuthKey>, me: Arc<str>, timeout: Duration) -> ConnPool {
         ConnPool {
             idle: Default::default(),
             auth,
+            me,
             timeout,
+            suspects: Default::default(),
         }
     }
 
@@ -226,16 +301,25 @@ impl ConnPool {
         self.idle.lock().get_mut(peer).and_then(Vec::pop)
     }
 
-    /// A pooled connection to `peer`, or a new one.
-    pub(crate) fn get(&self, peer: &str, addr: SocketAddr) -> io::Result<(Conn, bool)> {
+    /// A pooled connection to `peer`, or a new one connected by `end`; either is bounded by
+    /// `end` until [`ConnPool::put`] takes it back.
+    pub(crate) fn get(&self, peer: &str, addr: SocketAddr, end: Instant) -> io::Result<(Conn, bool)> {
         match self.take(peer) {
-            Some(c) => Ok((c, true)),
-            None => Conn::connect(addr, self.auth.as_ref(), self.timeout).map(|c| (c, false)),
+            Some(mut c) => {
+                c.set_deadline(Some(end));
+                Ok((c, true))
+            }
+            None => {
+                let mut c = Conn::connect(addr, self.auth.as_ref(), &self.me, self.timeout, end)?;
+                c.set_deadline(Some(end));
+                Ok((c, false))
+            }
         }
     }
 
     /// Returns a healthy connection to the pool.
-    pub(crate) fn put(&self, peer: std::sync::Arc<str>, c: Conn) {
+    pub(crate) fn put(&self, peer: Arc<str>, mut c: Conn) {
+        c.set_deadline(None);
         let mut idle = self.idle.lock();
         let v = idle.entry(peer).or_default();
         if v.len() < 8 {
@@ -248,22 +332,60 @@ impl ConnPool {
         self.idle.lock().remove(peer);
     }
 
+    /// Drops the idle connections to every peer `keep` refuses (a membership change: a peer
+    /// that left, or came back as a new instance, is not reached over its old connections), and
+    /// its suspicion with them.
+    pub(crate) fn retain_peers(&self, keep: impl Fn(&str) -> bool) {
+        self.idle.lock().retain(|n, _| keep(n));
+        self.suspects.lock().retain(|n, _| keep(n));
+    }
+
+    /// Marks `peer` as not answering in time: callers pass it over for a while.
+    pub(crate) fn suspect(&self, peer: &Arc<str>) {
+        self.suspects.lock().insert(peer.clone(), Instant::now());
+    }
+
+    /// Whether `peer` failed to answer in time within the last `within`.
+    pub(crate) fn is_suspect(&self, peer: &str, within: Duration) -> bool {
+        self.suspects.lock().get(peer).is_some_and(|at| at.elapsed() < within)
+    }
+
+    /// The peers that failed to answer in time within the last `within` (one lock per call).
+    pub(crate) fn suspects(&self, within: Duration) -> Vec<Arc<str>> {
+        let s = self.suspects.lock();
+        s.iter()
+            .filter(|(_, at)| at.elapsed() < within)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
     /// Sends every request before reading any answer, so the peers work at once; each answer
-    /// is the peer's frame or why there is none. A pooled connection that turns out dead (the
-    /// peer restarted) is replaced once by a fresh one. Blocking, bounded by the timeout per
-    /// frame.
-    pub(crate) fn exchange(&self, reqs: &[Request]) -> Vec<Result<(Op, Vec<u8>), String>> {
+    /// is the peer's frame or why there is none. Blocking; nothing waits past `end`. A pooled
+    /// connection that turns out dead (the peer restarted: reset or closed, not silent) is
+    /// replaced once by a fresh one, which spends what is left until `end`, never a new timeout.
+    /// A peer that does not answer by `end` is marked suspect.
+    pub(crate) fn exchange(&self, reqs: &[Request], end: Instant) -> Vec<Result<(Op, Vec<u8>), String>> {
         let mut open: Vec<Result<(Conn, bool), String>> = reqs
             .iter()
             .map(|r| {
-                let (mut c, pooled) = self.get(&r.peer, r.addr).map_err(|e| format!("connecting: {e}"))?;
+                let (mut c, pooled) = self.get(&r.peer, r.addr, end).map_err(|e| {
+                    if e.kind() == io::ErrorKind::TimedOut {
+                        self.suspect(&r.peer);
+                    }
+                    format!("connecting: {e}")
+                })?;
                 match c.send(r.op, &r.body) {
                     Ok(()) => Ok((c, pooled)),
-                    Err(e) if pooled => self
-                        .fresh_send(r)
+                    Err(e) if pooled && e.kind() != io::ErrorKind::TimedOut => self
+                        .fresh_send(r, end)
                         .map(|c| (c, false))
                         .map_err(|_| format!("sending: {e}")),
-                    Err(e) => Err(format!("sending: {e}")),
+                    Err(e) => {
+                        if e.kind() == io::ErrorKind::TimedOut {
+                            self.suspect(&r.peer);
+                        }
+                        Err(format!("sending: {e}"))
+                    }
                 }
             })
             .collect();
@@ -273,24 +395,34 @@ impl ConnPool {
                 let (mut c, pooled) = std::mem::replace(o, Err(String::new()))?;
                 let answer = match c.recv() {
                     Ok(a) => Ok(a),
-                    Err(_) if pooled => {
-                        c = self.fresh_send(r)?;
-                        c.recv().map_err(|e| format!("reading the answer: {e}"))
+                    Err(e) if pooled && e.kind() != io::ErrorKind::TimedOut => {
+                        c = self.fresh_send(r, end)?;
+                        c.recv()
                     }
-                    Err(e) => Err(format!("reading the answer: {e}")),
+                    Err(e) => Err(e),
                 };
-                match &answer {
-                    Ok(_) => self.put(r.peer.clone(), c),
-                    Err(_) => self.forget(&r.peer),
+                match answer {
+                    Ok(a) => {
+                        self.put(r.peer.clone(), c);
+                        Ok(a)
+                    }
+                    Err(e) => {
+                        self.forget(&r.peer);
+                        if e.kind() == io::ErrorKind::TimedOut {
+                            self.suspect(&r.peer);
+                        }
+                        Err(format!("reading the answer: {e}"))
+                    }
                 }
-                answer
             })
             .collect()
     }
 
-    fn fresh_send(&self, r: &Request) -> Result<Conn, String> {
+    fn fresh_send(&self, r: &Request, end: Instant) -> Result<Conn, String> {
         self.forget(&r.peer);
-        let mut c = Conn::connect(r.addr, self.auth.as_ref(), self.timeout).map_err(|e| format!("connecting: {e}"))?;
+        let mut c = Conn::connect(r.addr, self.auth.as_ref(), &self.me, self.timeout, end)
+            .map_err(|e| format!("connecting: {e}"))?;
+        c.set_deadline(Some(end));
         c.send(r.op, &r.body).map_err(|e| format!("sending: {e}"))?;
         Ok(c)
     }

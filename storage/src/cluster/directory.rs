@@ -29,6 +29,7 @@ use tokio::task::JoinHandle;
 
 use super::config::{ClusterConfig, DirectoryMode};
 use super::conn::ConnPool;
+use super::guard::Guard;
 use super::sharded::{Membership, Sharded};
 
 /// Most operations in one etcd transaction (etcd's default `--max-txn-ops`).
@@ -50,6 +51,9 @@ pub(crate) type LocalKeys = Box<dyn Fn() -> Vec<String> + Send + Sync>;
 pub(crate) type FreeBytes = Box<dyn Fn() -> u64 + Send + Sync>;
 
 pub(crate) struct Directory {
+    /// Control connections: those to a peer that left or restarted are dropped when the watch
+    /// sees it.
+    pool: Arc<ConnPool>,
     client: Client,
     cfg: ClusterConfig,
     name: Arc<str>,
@@ -126,9 +130,18 @@ impl Directory {
             // by when it has left the membership or come back under a new lease.
             let settle = 2 * cfg.timeout;
             let suspect_for = Duration::from_secs(cfg.lease_ttl_s as u64);
-            Arc::new(Sharded::new(name.clone(), pool, settle, suspect_for))
+            let guard = Guard::new(cfg.max_entries_per_source, cfg.lookup_keys_per_s);
+            Arc::new(Sharded::new(
+                name.clone(),
+                pool.clone(),
+                settle,
+                suspect_for,
+                cfg.timeout,
+                guard,
+            ))
         });
         let d = Arc::new(Directory {
+            pool,
             client,
             cfg,
             name,
@@ -246,10 +259,15 @@ impl Directory {
                 let addr = w.next()?.parse().ok()?;
                 Some((addr, w.next().and_then(|f| f.parse().ok()).unwrap_or(0), lease))
             });
-            match entry {
+            let old = match entry {
                 Some(e) => view.peers.insert(Arc::from(peer), e),
                 None => view.peers.remove(peer),
             };
+            // A new lease under the name is a restarted peer, none a departed one: connections
+            // pooled to the old instance are dead (a request on one would fail or wait).
+            if old.is_some_and(|o| entry.is_none_or(|e| e.2 != o.2)) {
+                self.pool.forget(peer);
+            }
         } else if let Some(k) = key.strip_prefix(&self.keys_prefix()) {
             match value.and_then(|(v, _)| std::str::from_utf8(v).ok()) {
                 Some(owner) if !owner.is_empty() => {
@@ -280,9 +298,9 @@ impl Directory {
     /// The owner and its control address of each key (`None`: not in the directory, owned by
     /// this peer, or its owner is not a live member). Etcd mode: one read lock for the batch;
     /// sharded: one LOOKUP per directory peer (blocking, bounded by the timeout).
-    pub(crate) fn owners(&self, keys: &[&str]) -> Vec<Option<(Arc<str>, SocketAddr)>> {
+    pub(crate) fn owners(&self, keys: &[&str], end: std::time::Instant) -> Vec<Option<(Arc<str>, SocketAddr)>> {
         if let Some(sh) = &self.sharded {
-            return sh.owners(keys);
+            return sh.owners(keys, end);
         }
         let view = self.view.read();
         keys.iter()
@@ -309,7 +327,7 @@ impl Directory {
     /// The owner of `key` as the directory says (for visibility checks; sharded: a lookup).
     pub(crate) fn owner_of(&self, key: &str) -> Option<Arc<str>> {
         if let Some(sh) = &self.sharded {
-            return sh.lookup(&[key]).pop().flatten();
+            return sh.lookup(&[key], sh.deadline()).pop().flatten();
         }
         self.view.read().keys.get(key).cloned()
     }
@@ -320,6 +338,13 @@ impl Directory {
             Some(sh) => sh.shard.len() as u64,
             None => self.view.read().keys.len() as u64,
         }
+    }
+
+    /// One of the sharded directory's refusal counters (0 in etcd mode).
+    pub(crate) fn guard_count(&self, f: impl Fn(&super::guard::GuardCounters) -> &AtomicU64) -> u64 {
+        self.sharded
+            .as_ref()
+            .map_or(0, |sh| f(&sh.guard.counters).load(Ordering::Relaxed))
     }
 
     /// Directory messages sent to other peers (sharded mode).
@@ -371,7 +396,7 @@ impl Directory {
     async fn write_keys(&self, keys: &[String]) -> Result<(), String> {
         if let Some(sh) = &self.sharded {
             let (sh, keys) = (sh.clone(), keys.to_vec());
-            return tokio::task::spawn_blocking(move || sh.publish(&keys))
+            return tokio::task::spawn_blocking(move || sh.publish(&keys, sh.deadline()))
                 .await
                 .map_err(|e| format!("publishing: {e}"))?;
         }

@@ -20,6 +20,7 @@
 pub mod config;
 pub(crate) mod conn;
 pub(crate) mod directory;
+pub mod guard;
 pub(crate) mod leases;
 pub(crate) mod owner;
 mod peer;
@@ -109,7 +110,7 @@ impl Cluster {
             .await
             .map_err(|e| StoreError::Cluster(format!("starting the control listener: {e}")))?
             .map_err(|e| StoreError::io(format!("binding the control listener on {}", cfg.listen), e))?;
-        let pool = Arc::new(ConnPool::new(cfg.auth.clone(), cfg.timeout));
+        let pool = Arc::new(ConnPool::new(cfg.auth.clone(), Arc::from(name), cfg.timeout));
         let dir = rt
             .spawn(Directory::join(
                 cfg.clone(),
@@ -216,7 +217,7 @@ impl Cluster {
         }
         if let Some(sh) = self.dir.sharded() {
             // Blocking on this thread: the messages go out from here, no hand-off.
-            if let Err(e) = sh.publish(&keys) {
+            if let Err(e) = sh.publish(&keys, sh.deadline()) {
                 self.dir.mark_dirty();
                 tracing::warn!(
                     "umbp cluster: publishing {} keys: {e}; retried within a lease period",
@@ -304,6 +305,9 @@ impl Cluster {
             remote_errors: l(&c.remote_errors),
             directory_entries: self.dir.entries(),
             directory_messages: self.dir.messages(),
+            directory_refused_identity: self.dir.guard_count(|g| &g.refused_identity),
+            directory_refused_capped: self.dir.guard_count(|g| &g.refused_capped),
+            directory_lookups_throttled: self.dir.guard_count(|g| &g.lookups_throttled),
         }
     }
 }

@@ -10,6 +10,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use te_base::{Phase, SegmentId};
 use te_core::TransferRequest;
@@ -90,14 +91,17 @@ impl Cluster {
         if missed.is_empty() || !self.dir.is_live() {
             return out;
         }
+        // One deadline for the whole call: the lookup, every round trip, the reads and a second
+        // pass all spend what is left of it.
+        let end = Instant::now() + self.cfg.timeout;
         let mut retry = Vec::new();
-        self.pass(core, items, missed, true, errors, hits, &mut out, &mut retry);
+        self.pass(core, items, missed, true, end, errors, hits, &mut out, &mut retry);
         if !retry.is_empty() {
             for &k in &retry {
                 errors[k] = None;
             }
             let mut again = Vec::new();
-            self.pass(core, items, &retry, false, errors, hits, &mut out, &mut again);
+            self.pass(core, items, &retry, false, end, errors, hits, &mut out, &mut again);
         }
         let c = &self.counters;
         c.remote_hits.fetch_add(out.hits, Ordering::Relaxed);
@@ -119,13 +123,14 @@ impl Cluster {
         items: &[RangedGet<'_>],
         keys: &[usize],
         use_cache: bool,
+        end: Instant,
         errors: &mut [Option<StoreError>],
         hits: &mut Vec<usize>,
         out: &mut RemoteOutcome,
         retry: &mut Vec<usize>,
     ) {
         let mut work: Vec<OwnerWork> = Vec::new();
-        for (&k, o) in keys.iter().zip(self.locate(items, keys, use_cache)) {
+        for (&k, o) in keys.iter().zip(self.locate(items, keys, use_cache, end)) {
             let Some(Located { owner, addr, cached }) = o else {
                 continue;
             };
@@ -154,8 +159,23 @@ impl Cluster {
         // RESOLVE: sent to every owner before any answer is read, so the owners work at once.
         let mut sent: Vec<Option<(Conn, SegmentId, u64, bool)>> = Vec::with_capacity(work.len());
         for w in &work {
-            let r = self.segment_for(core, &w.owner).and_then(|seg| {
-                let mut conn = self.conn_to(&w.owner, w.addr)?;
+            if self.pool.is_suspect(&w.owner, timeout) {
+                // It did not answer in time lately: its keys fail now rather than wait again.
+                for &k in &w.keys {
+                    errors[k] = Some(remote_err(
+                        items[k].key,
+                        &w.owner,
+                        format!(
+                            "it did not answer within the last {} ms; passed over",
+                            timeout.as_millis()
+                        ),
+                    ));
+                }
+                sent.push(None);
+                continue;
+            }
+            let r = self.segment_for(core, &w.owner, end).and_then(|seg| {
+                let mut conn = self.conn_to(&w.owner, w.addr, end)?;
                 let fresh = w.keys.iter().zip(&w.cached).filter(|(_, c)| c.is_none());
                 if fresh.clone().next().is_none() {
                     return Ok((conn, seg, 0, false));
@@ -167,7 +187,7 @@ impl Cluster {
                         .into_iter(),
                 );
                 conn.send(Op::Resolve, &body)
-                    .map_err(|e| format!("sending RESOLVE: {e}"))?;
+                    .map_err(|e| self.io_failure(&w.owner, "sending RESOLVE", e))?;
                 Ok((conn, seg, (body.len() + wire::HEAD) as u64, true))
             });
             sent.push(self.keep_or_fail(r, w, items, errors));
@@ -178,7 +198,9 @@ impl Cluster {
             let resolved = s.map(|(mut conn, segment, out_bytes, asked)| {
                 let (mut lease, mut fresh, mut in_bytes) = (0, Vec::new().into_iter(), 0);
                 if asked {
-                    let (op, answer) = conn.recv().map_err(|e| format!("reading PLACES: {e}"))?;
+                    let (op, answer) = conn
+                        .recv()
+                        .map_err(|e| self.io_failure(&w.owner, "reading PLACES", e))?;
                     if op != Op::Places {
                         return Err(format!("RESOLVE answered {op:?}"));
                     }
@@ -236,7 +258,7 @@ impl Cluster {
                 retry.extend(again);
             }
             if let Some(batch) = batch {
-                match batch.wait_blocking(Some(timeout)) {
+                match batch.wait_blocking(Some(end.saturating_duration_since(Instant::now()))) {
                     Some(Ok(_)) => {}
                     Some(Err(e)) => {
                         self.forget(&w.owner);
@@ -259,6 +281,7 @@ impl Cluster {
                     None => {
                         batch.cancel();
                         self.forget(&w.owner);
+                        self.pool.suspect(&w.owner);
                         for k in read.iter().map(|x| x.k) {
                             errors[k].get_or_insert_with(|| {
                                 remote_err(
@@ -268,11 +291,20 @@ impl Cluster {
                                 )
                             });
                         }
+                        // The call's deadline has passed: no VALIDATE waits on the owner again
+                        // (a staging lease it holds ends at its own deadline).
+                        self.counters.remote_requests.fetch_add(requests, Ordering::Relaxed);
+                        continue;
                     }
                 }
             }
             self.counters.remote_requests.fetch_add(requests, Ordering::Relaxed);
             let checked: Vec<ReadKey> = read.into_iter().filter(|x| errors[x.k].is_none()).collect();
+            if checked.is_empty() && r.lease == 0 {
+                // Nothing to check and nothing to release.
+                self.put_conn(w.owner.clone(), r.conn);
+                continue;
+            }
             let body = wire::encode_validate(r.lease, checked.iter().map(|x| (items[x.k].key, x.generation)));
             let Resolved {
                 mut conn,
@@ -282,9 +314,10 @@ impl Cluster {
             match conn.send(Op::Validate, &body) {
                 Ok(()) => validating.push((wi, checked, conn, control_bytes + (body.len() + wire::HEAD) as u64)),
                 Err(e) => {
+                    let e = self.io_failure(&w.owner, "sending VALIDATE", e);
                     self.forget(&w.owner);
                     for x in &checked {
-                        errors[x.k] = Some(remote_err(items[x.k].key, &w.owner, format!("sending VALIDATE: {e}")));
+                        errors[x.k] = Some(remote_err(items[x.k].key, &w.owner, &e));
                     }
                 }
             }
@@ -296,7 +329,7 @@ impl Cluster {
             let w = &work[wi];
             let verdicts = conn
                 .recv()
-                .map_err(|e| format!("reading VERDICTS: {e}"))
+                .map_err(|e| self.io_failure(&w.owner, "reading VERDICTS", e))
                 .and_then(|(op, a)| {
                     control += bytes + (wire::HEAD + a.len()) as u64;
                     match op {
@@ -351,7 +384,7 @@ impl Cluster {
     /// The owner of each of `keys`: a remembered placement's owner while it is a live member,
     /// with the placement (VALIDATE still checks the read), the directory's answer for the rest
     /// (one lookup). One read lock of the placements and one of the membership per call.
-    fn locate(&self, items: &[RangedGet<'_>], keys: &[usize], use_cache: bool) -> Vec<Option<Located>> {
+    fn locate(&self, items: &[RangedGet<'_>], keys: &[usize], use_cache: bool, end: Instant) -> Vec<Option<Located>> {
         let mut out: Vec<Option<Located>> = (0..keys.len()).map(|_| None).collect();
         let mut remembered: Vec<(usize, Remembered)> = Vec::new();
         if use_cache {
@@ -375,7 +408,7 @@ impl Cluster {
         let ask: Vec<usize> = (0..keys.len()).filter(|&j| out[j].is_none()).collect();
         if !ask.is_empty() {
             let names: Vec<&str> = ask.iter().map(|&j| items[keys[j]].key).collect();
-            for (j, o) in ask.into_iter().zip(self.dir.owners(&names)) {
+            for (j, o) in ask.into_iter().zip(self.dir.owners(&names, end)) {
                 out[j] = o.map(|(owner, addr)| Located {
                     owner,
                     addr,
@@ -407,23 +440,33 @@ impl Cluster {
         }
     }
 
-    /// A pooled control connection to `owner`, or a new one.
-    pub(crate) fn conn_to(&self, owner: &Arc<str>, addr: SocketAddr) -> Result<Conn, String> {
+    /// A pooled control connection to `owner`, or a new one, bounded by `end` until it is
+    /// returned to the pool.
+    pub(crate) fn conn_to(&self, owner: &Arc<str>, addr: SocketAddr, end: Instant) -> Result<Conn, String> {
         self.pool
-            .get(owner, addr)
+            .get(owner, addr, end)
             .map(|(c, _)| c)
-            .map_err(|e| format!("control connection: {e}"))
+            .map_err(|e| self.io_failure(owner, "control connection", e))
     }
 
-    /// `owner`'s engine segment, opened (on the control runtime, bounded) the first time.
-    pub(crate) fn segment_for(&self, core: &Core, owner: &Arc<str>) -> Result<SegmentId, String> {
+    /// Describes a failed control round trip with `owner`; one that timed out marks it suspect
+    /// (the next calls pass it over at once instead of waiting again).
+    pub(crate) fn io_failure(&self, owner: &Arc<str>, what: &str, e: std::io::Error) -> String {
+        if e.kind() == std::io::ErrorKind::TimedOut {
+            self.pool.suspect(owner);
+        }
+        format!("{what}: {e}")
+    }
+
+    /// `owner`'s engine segment, opened (on the control runtime, by `end`) the first time.
+    pub(crate) fn segment_for(&self, core: &Core, owner: &Arc<str>, end: Instant) -> Result<SegmentId, String> {
         if let Some(s) = self.segment(owner) {
             return Ok(s);
         }
         let (engine, name) = (core.engine().clone(), owner.to_string());
         let opened = self.run(
             async move { engine.open_segment(&name).await.map(|h| h.id()) },
-            self.cfg.timeout,
+            end.saturating_duration_since(Instant::now()),
         );
         let s = opened
             .ok_or_else(|| "opening its segment timed out".to_string())?

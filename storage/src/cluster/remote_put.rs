@@ -44,8 +44,10 @@ impl Cluster {
         owner: &Arc<str>,
         addr: std::net::SocketAddr,
     ) -> Result<Vec<usize>, String> {
-        let seg = self.segment_for(core, owner)?;
-        let mut conn = self.conn_to(owner, addr)?;
+        // One deadline for the whole remote put: ALLOCATE, the writes and COMMIT.
+        let end = std::time::Instant::now() + self.cfg.timeout;
+        let seg = self.segment_for(core, owner, end)?;
+        let mut conn = self.conn_to(owner, addr, end)?;
         let objs: Vec<(&str, u64, u32)> = keys
             .iter()
             .map(|&k| (items[k].key, items[k].object_len, items[k].depth))
@@ -90,7 +92,7 @@ impl Cluster {
         let mut failed = vec![false; keys.len()];
         if !requests.is_empty() {
             let batch = core.engine().submit(&requests).map_err(|e| format!("writing: {e}"))?;
-            match batch.wait_blocking(Some(self.cfg.timeout)) {
+            match batch.wait_blocking(Some(end.saturating_duration_since(std::time::Instant::now()))) {
                 Some(Ok(_)) => {}
                 Some(Err(e)) => {
                     for (i, _) in e.failures {

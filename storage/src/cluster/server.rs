@@ -9,7 +9,9 @@
 //! weakly, so a store that is dropped stops serving.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use te_base::auth::AuthKey;
 use te_base::listener::{accept_admitted, log_refusal, AcceptBackoff, ConnectionGate, ListenerLimits};
@@ -17,6 +19,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 use super::conn::{accept_handshake, read_frame, write_frame};
+use super::guard::DirectoryRefusal;
 use super::owner::Owner;
 use super::wire::{self, Op};
 
@@ -76,7 +79,8 @@ async fn serve(
     limits: ListenerLimits,
     owner: Arc<Owner>,
 ) -> std::io::Result<()> {
-    accept_handshake(&mut s, auth.as_ref(), &from.to_string(), limits.handshake_timeout).await?;
+    // The member this connection speaks for (proved with the key when one is set).
+    let member = accept_handshake(&mut s, auth.as_ref(), &from.to_string(), limits.handshake_timeout).await?;
     loop {
         let (op, body) = match read_frame(&mut s, limits.idle_timeout, limits.frame_timeout).await {
             Ok(f) => f,
@@ -117,7 +121,7 @@ async fn serve(
             },
             Op::Publish | Op::Unpublish | Op::Lookup => {
                 drop(core);
-                directory_request(&owner, op, &body)
+                directory_request(&owner, op, &body, member.as_deref(), &limits).await
             }
             other => (Op::Refused, format!("unexpected {other:?}").into_bytes()),
         };
@@ -128,19 +132,52 @@ async fn serve(
     }
 }
 
-/// PUBLISH, UNPUBLISH and LOOKUP against this peer's shard of the directory.
-fn directory_request(owner: &Owner, op: Op, body: &[u8]) -> (Op, Vec<u8>) {
+/// PUBLISH, UNPUBLISH and LOOKUP against this peer's shard of the directory, from a connection
+/// that proved it speaks for `member` (see `guard.rs`: a member speaks only for itself, holds
+/// at most so many entries here, and looks up at most so many keys per second).
+async fn directory_request(
+    owner: &Owner,
+    op: Op,
+    body: &[u8],
+    member: Option<&str>,
+    limits: &ListenerLimits,
+) -> (Op, Vec<u8>) {
     let Some(sh) = owner.dir.get().and_then(|d| d.sharded().cloned()) else {
         return (Op::Refused, b"this peer's directory is not sharded".to_vec());
     };
+    let refuse = |r: DirectoryRefusal| {
+        tracing::debug!("{NAME}: refused: {r}");
+        (Op::Refused, r.to_string().into_bytes())
+    };
     match op {
         Op::Publish | Op::Unpublish => match wire::decode_owned_keys(body) {
-            Ok((peer, keys)) => {
+            Ok((named, keys)) => {
+                let what = if op == Op::Publish { "PUBLISH" } else { "UNPUBLISH" };
+                // A member that just joined may reach this peer before the watch shows it here:
+                // it is given a short while to appear.
+                let mut is_member = member.is_some_and(|m| sh.is_member(m));
+                let until = tokio::time::Instant::now() + limits.frame_timeout / 4;
+                while !is_member && member == Some(named.as_str()) && tokio::time::Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    is_member = member.is_some_and(|m| sh.is_member(m));
+                }
+                if let Err(r) = sh.guard.check_owner(what, &named, member, is_member) {
+                    return refuse(r);
+                }
                 let keys = keys.iter().map(String::as_str);
                 if op == Op::Publish {
-                    sh.shard.publish(&peer, keys);
+                    let cap = sh.guard.max_entries_per_source;
+                    let refused = sh.shard.publish(&named, keys, cap);
+                    if refused > 0 {
+                        sh.guard.counters.refused_capped.fetch_add(1, Ordering::Relaxed);
+                        return refuse(DirectoryRefusal::EntriesCapped {
+                            source_name: named,
+                            cap,
+                            refused,
+                        });
+                    }
                 } else {
-                    sh.shard.unpublish(&peer, keys);
+                    sh.shard.unpublish(&named, keys);
                 }
                 (Op::Verdicts, wire::encode_verdicts(&[]))
             }
@@ -148,6 +185,15 @@ fn directory_request(owner: &Owner, op: Op, body: &[u8]) -> (Op, Vec<u8>) {
         },
         _ => match wire::decode_lookup(body) {
             Ok(keys) => {
+                let (source, members) = sh.source(member);
+                match sh
+                    .guard
+                    .lookup_tokens(&source, keys.len(), limits.frame_timeout, members)
+                {
+                    Ok(wait) if !wait.is_zero() => tokio::time::sleep(wait).await,
+                    Ok(_) => {}
+                    Err(r) => return refuse(r),
+                }
                 let owners = sh.shard.lookup(keys.iter().map(String::as_str));
                 (Op::Owners, wire::encode_owners(sh.shard.settled(), &owners))
             }

@@ -18,6 +18,8 @@ struct Entries {
     keys: HashMap<String, Arc<str>>,
     /// Owner names, one allocation per peer rather than per key.
     names: HashSet<Arc<str>>,
+    /// Entries held per owner (capped per source: a member may store only so much here).
+    counts: HashMap<Arc<str>, usize>,
 }
 
 impl Entries {
@@ -48,28 +50,56 @@ impl Shard {
         }
     }
 
-    /// Indexes `keys` as owned by `owner` (a later publication of a key wins, as a later put does).
-    pub(crate) fn publish<'k>(&self, owner: &str, keys: impl IntoIterator<Item = &'k str>) {
+    /// Indexes `keys` as owned by `owner` (a later publication of a key wins, as a later put
+    /// does), while `owner` holds fewer than `cap` entries here; returns how many keys the cap
+    /// refused.
+    pub(crate) fn publish<'k>(&self, owner: &str, keys: impl IntoIterator<Item = &'k str>, cap: usize) -> usize {
         let mut e = self.entries.write();
         let owner = e.intern(owner);
+        let Entries { keys: map, counts, .. } = &mut *e;
+        let mut held = counts.get(&owner).copied().unwrap_or(0);
+        let mut refused = 0;
         for k in keys {
-            match e.keys.get_mut(k) {
-                Some(o) => *o = owner.clone(),
-                None => {
-                    e.keys.insert(k.to_owned(), owner.clone());
+            match map.get_mut(k) {
+                Some(o) if *o == owner => {}
+                Some(o) if held < cap => {
+                    if let Some(c) = counts.get_mut(&**o) {
+                        *c = c.saturating_sub(1);
+                    }
+                    *o = owner.clone();
+                    held += 1;
                 }
+                None if held < cap => {
+                    map.insert(k.to_owned(), owner.clone());
+                    held += 1;
+                }
+                _ => refused += 1,
             }
         }
+        counts.insert(owner, held);
+        refused
     }
 
     /// Forgets those of `keys` that `owner` still owns here (a newer owner's entry stays).
     pub(crate) fn unpublish<'k>(&self, owner: &str, keys: impl IntoIterator<Item = &'k str>) {
         let mut e = self.entries.write();
+        let Entries { keys: map, counts, .. } = &mut *e;
+        let mut removed = 0;
         for k in keys {
-            if e.keys.get(k).is_some_and(|o| **o == *owner) {
-                e.keys.remove(k);
+            if map.get(k).is_some_and(|o| **o == *owner) {
+                map.remove(k);
+                removed += 1;
             }
         }
+        if let Some(c) = counts.get_mut(owner) {
+            *c = c.saturating_sub(removed);
+        }
+    }
+
+    /// Entries `owner` holds here.
+    #[cfg(test)]
+    pub(crate) fn held_by(&self, owner: &str) -> usize {
+        self.entries.read().counts.get(owner).copied().unwrap_or(0)
     }
 
     /// The owner of each key, as published here.
@@ -95,10 +125,16 @@ impl Shard {
         *self.changed_at.lock() = Instant::now();
         let live: HashSet<&str> = members.iter().map(|m| &*m.name).collect();
         let mut e = self.entries.write();
-        e.keys.retain(|k, owner| {
-            live.contains(&**owner) && rendezvous::indexes(rendezvous::stable_hash(k.as_bytes()), members, me)
+        let Entries { keys, names, counts } = &mut *e;
+        counts.clear();
+        keys.retain(|k, owner| {
+            let keep =
+                live.contains(&**owner) && rendezvous::indexes(rendezvous::stable_hash(k.as_bytes()), members, me);
+            if keep {
+                *counts.entry(owner.clone()).or_default() += 1;
+            }
+            keep
         });
-        let Entries { keys, names } = &mut *e;
         names.retain(|n| live.contains(&**n));
         if keys.capacity() > 4 * keys.len().max(1024) {
             keys.shrink_to_fit();
@@ -117,8 +153,8 @@ mod tests {
     #[test]
     fn a_later_owner_wins_and_an_old_owner_cannot_remove_its_entry() {
         let s = Shard::new(Duration::ZERO);
-        s.publish("a", ["k1", "k2"]);
-        s.publish("b", ["k2"]);
+        s.publish("a", ["k1", "k2"], usize::MAX);
+        s.publish("b", ["k2"], usize::MAX);
         s.unpublish("a", ["k1", "k2"]);
         let got: Vec<Option<String>> = s
             .lookup(["k1", "k2", "k3"])
@@ -127,6 +163,21 @@ mod tests {
             .collect();
         assert_eq!(got, [None, Some("b".into()), None]);
         assert_eq!(s.len(), 1);
+    }
+
+    #[test]
+    fn entries_per_source_are_capped_and_counted_back_down() {
+        let s = Shard::new(Duration::ZERO);
+        let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+        assert_eq!(s.publish("a", keys.iter().map(String::as_str), 4), 6);
+        assert_eq!((s.len(), s.held_by("a")), (4, 4));
+        // Re-publishing what it holds costs nothing; a takeover counts for the new owner only.
+        assert_eq!(s.publish("a", keys[..4].iter().map(String::as_str), 4), 0);
+        assert_eq!(s.publish("b", ["k0", "k1"], 4), 0);
+        assert_eq!((s.held_by("a"), s.held_by("b")), (2, 2));
+        assert_eq!(s.publish("a", keys[4..].iter().map(String::as_str), 4), 4);
+        s.unpublish("a", keys.iter().map(String::as_str));
+        assert_eq!((s.held_by("a"), s.len()), (0, 2));
     }
 
     #[test]
@@ -140,8 +191,8 @@ mod tests {
             .filter(|k| rendezvous::indexes(rendezvous::stable_hash(k.as_bytes()), &all, "me"))
             .collect();
         let (by_a, by_b) = mine.split_at(mine.len() / 2);
-        s.publish("a", by_a.iter().copied());
-        s.publish("b", by_b.iter().copied());
+        s.publish("a", by_a.iter().copied(), usize::MAX);
+        s.publish("b", by_b.iter().copied(), usize::MAX);
         assert!(!s.settled());
         // "a" leaves: its keys go; "b"'s stay where "me" still indexes them.
         let after = members(&["me", "b", "c"]);

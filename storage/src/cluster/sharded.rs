@@ -19,9 +19,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 
 use super::conn::{ConnPool, Request};
+use super::guard::Guard;
 use super::rendezvous::{self, Member, REPLICAS};
 use super::shard::Shard;
 use super::wire::{self, Op};
@@ -71,29 +72,55 @@ pub(crate) struct Sharded {
     pub(crate) shard: Shard,
     pool: Arc<ConnPool>,
     membership: RwLock<Arc<Membership>>,
-    /// Peers that failed a request lately: asked last and not waited for until they leave,
-    /// come back under a new lease, or this period passes.
-    suspects: Mutex<HashMap<Arc<str>, Instant>>,
+    /// Peers that failed a request lately (the pool's suspects) are asked last and not waited
+    /// for until they leave, come back under a new lease, or this period passes.
     suspect_for: Duration,
+    /// The bound of one directory call (`UMBP_CLUSTER_TIMEOUT_MS`).
+    timeout: Duration,
     settle: Duration,
     /// Directory messages sent to other peers.
     pub(crate) messages: AtomicU64,
+    /// What other members may do to this peer's shard.
+    pub(crate) guard: Guard,
 }
 
 impl Sharded {
     /// `settle`: how long after a membership change an "unknown" answer is not trusted (owners
     /// are still re-publishing); `suspect_for`: how long a failed peer is passed over.
-    pub(crate) fn new(me: Arc<str>, pool: Arc<ConnPool>, settle: Duration, suspect_for: Duration) -> Sharded {
+    pub(crate) fn new(
+        me: Arc<str>,
+        pool: Arc<ConnPool>,
+        settle: Duration,
+        suspect_for: Duration,
+        timeout: Duration,
+        guard: Guard,
+    ) -> Sharded {
         Sharded {
             me,
             shard: Shard::new(settle),
             pool,
             membership: RwLock::new(Arc::new(Membership::new([]))),
-            suspects: Mutex::default(),
             suspect_for,
+            timeout,
             settle,
             messages: AtomicU64::new(0),
+            guard,
         }
+    }
+
+    /// Whether `name` is a current member.
+    pub(crate) fn is_member(&self, name: &str) -> bool {
+        self.membership.read().peers.contains_key(name)
+    }
+
+    /// The name a directory request from `name` is accounted under: the member's own, shared,
+    /// or `""` for every non-member.
+    pub(crate) fn source(&self, name: Option<&str>) -> (Arc<str>, usize) {
+        let m = self.membership.read();
+        let n = name
+            .and_then(|n| m.peers.get_key_value(n))
+            .map_or_else(|| Arc::from(""), |(n, _)| n.clone());
+        (n, m.members.len())
     }
 
     pub(crate) fn membership(&self) -> Arc<Membership> {
@@ -108,19 +135,19 @@ impl Sharded {
             return None;
         }
         let m = Arc::new(m);
-        self.suspects.lock().retain(|n, _| cur.unchanged(&m, n));
+        // A peer that left or came back as a new instance: its pooled connections (to the old
+        // instance) and its suspicion go.
+        self.pool.retain_peers(|n| cur.unchanged(&m, n));
         Some(std::mem::replace(&mut *cur, m))
     }
 
     /// The peers passed over now (one lock per call, not per key).
     fn suspects(&self) -> Vec<Arc<str>> {
-        let mut s = self.suspects.lock();
-        s.retain(|_, at| at.elapsed() < self.suspect_for);
-        s.keys().cloned().collect()
+        self.pool.suspects(self.suspect_for)
     }
 
     fn suspect(&self, name: &Arc<str>) {
-        self.suspects.lock().insert(name.clone(), Instant::now());
+        self.pool.suspect(name);
     }
 
     /// After a membership change from `old`: drops what this peer no longer indexes, then sends
@@ -128,22 +155,28 @@ impl Sharded {
     pub(crate) fn rebalance(&self, old: &Membership, local_keys: &[String]) -> Result<(), String> {
         let now = self.membership();
         self.shard.membership_changed(&now.members, &self.me);
-        self.publish_since(local_keys, Some(old))
+        self.publish_since(local_keys, Some(old), None)
     }
 
-    /// Indexes `keys` as owned here at every directory peer; `Err` when some key reached none of
-    /// its directory peers (the caller re-publishes later).
-    pub(crate) fn publish(&self, keys: &[String]) -> Result<(), String> {
-        self.publish_since(keys, None)
+    /// Indexes `keys` as owned here at every directory peer, all of it by `end`; `Err` when
+    /// some key reached none of its directory peers (the caller re-publishes later).
+    pub(crate) fn publish(&self, keys: &[String], end: Instant) -> Result<(), String> {
+        self.publish_since(keys, None, Some(end))
+    }
+
+    /// The end of a directory call started now.
+    pub(crate) fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
     }
 
     /// As [`Sharded::publish`], skipping directory peers that already indexed a key under `old`.
-    /// A membership change while it runs sends again under the new view.
-    fn publish_since(&self, keys: &[String], old: Option<&Membership>) -> Result<(), String> {
+    /// A membership change while it runs sends again under the new view (by the same `end`;
+    /// `None`: each round of messages within the timeout, for a rebalance's many rounds).
+    fn publish_since(&self, keys: &[String], old: Option<&Membership>, end: Option<Instant>) -> Result<(), String> {
         let mut m = self.membership();
         let mut old = old;
         for _ in 0..3 {
-            let r = self.publish_under(&m, keys, old);
+            let r = self.publish_under(&m, keys, old, end);
             let now = self.membership();
             if Arc::ptr_eq(&now, &m) {
                 return r;
@@ -152,10 +185,16 @@ impl Sharded {
             old = None;
             m = now;
         }
-        self.publish_under(&m, keys, old)
+        self.publish_under(&m, keys, old, end)
     }
 
-    fn publish_under(&self, m: &Membership, keys: &[String], old: Option<&Membership>) -> Result<(), String> {
+    fn publish_under(
+        &self,
+        m: &Membership,
+        keys: &[String],
+        old: Option<&Membership>,
+        end: Option<Instant>,
+    ) -> Result<(), String> {
         if keys.is_empty() || m.members.is_empty() {
             return Ok(());
         }
@@ -184,7 +223,7 @@ impl Sharded {
                 }
             }
         }
-        self.shard.publish(&self.me, local);
+        self.shard.publish(&self.me, local, usize::MAX);
         // Rounds of at most one message per peer.
         let mut groups: Vec<(Arc<str>, SocketAddr, Vec<usize>)> = groups
             .into_iter()
@@ -207,12 +246,22 @@ impl Sharded {
                 })
                 .collect();
             self.messages.fetch_add(reqs.len() as u64, Ordering::Relaxed);
-            for ((req, chunk), answer) in reqs.iter().zip(sent).zip(self.pool.exchange(&reqs)) {
+            let round_end = end.unwrap_or_else(|| self.deadline());
+            for ((req, chunk), answer) in reqs.iter().zip(sent).zip(self.pool.exchange(&reqs, round_end)) {
                 match answer {
                     Ok((Op::Verdicts, _)) => {
                         for i in chunk {
                             took[i] += 1;
                         }
+                    }
+                    Ok((Op::Refused, why)) => {
+                        tracing::warn!(
+                            "umbp cluster: {} refused PUBLISH: {}",
+                            req.peer,
+                            String::from_utf8_lossy(&why[..why.len().min(200)])
+                        );
+                        // The refusal closed the connection: the rest of this call goes without it.
+                        suspects.push(req.peer.clone());
                     }
                     Ok((op, _)) => tracing::warn!("umbp cluster: {} answered PUBLISH with {op:?}", req.peer),
                     Err(e) => {
@@ -223,6 +272,9 @@ impl Sharded {
                 }
             }
             groups.retain(|(p, _, ks)| !ks.is_empty() && !suspects.contains(p));
+            if end.is_some_and(|e| Instant::now() >= e) {
+                break;
+            }
         }
         let lost = asked.iter().zip(&took).filter(|&(&a, &t)| a > 0 && t == 0).count();
         if lost > 0 {
@@ -262,7 +314,7 @@ impl Sharded {
             })
             .collect();
         self.messages.fetch_add(reqs.len() as u64, Ordering::Relaxed);
-        for (req, answer) in reqs.iter().zip(self.pool.exchange(&reqs)) {
+        for (req, answer) in reqs.iter().zip(self.pool.exchange(&reqs, self.deadline())) {
             if answer.is_err() {
                 self.suspect(&req.peer);
             }
@@ -271,9 +323,9 @@ impl Sharded {
 
     /// The owner of each key and its control address; `None`: unknown, owned here, or its owner
     /// is not a live member.
-    pub(crate) fn owners(&self, keys: &[&str]) -> Vec<Option<(Arc<str>, SocketAddr)>> {
+    pub(crate) fn owners(&self, keys: &[&str], end: Instant) -> Vec<Option<(Arc<str>, SocketAddr)>> {
         let m = self.membership();
-        self.lookup(keys)
+        self.lookup(keys, end)
             .into_iter()
             .map(|o| o.filter(|o| *o != self.me).and_then(|o| m.addr(&o)))
             .collect()
@@ -281,8 +333,10 @@ impl Sharded {
 
     /// The owner of each key as its directory peers say (this peer included); `None`: unknown,
     /// or its owner is not a live member. At most [`REPLICAS`] rounds of one LOOKUP per
-    /// directory peer.
-    pub(crate) fn lookup(&self, keys: &[&str]) -> Vec<Option<Arc<str>>> {
+    /// directory peer, all of it by `end`: a round that still has one after it ends by half of
+    /// what is left, so a silent first directory peer leaves the second half of the budget to
+    /// the second (and is marked suspect: the next calls ask the other first).
+    pub(crate) fn lookup(&self, keys: &[&str], end: Instant) -> Vec<Option<Arc<str>>> {
         let m = self.membership();
         let view_settled = m.since.elapsed() >= self.settle;
         let suspects = self.suspects();
@@ -342,9 +396,28 @@ impl Sharded {
             let (reqs, asked): (Vec<Request>, Vec<Vec<usize>>) = reqs.into_iter().unzip();
             self.messages.fetch_add(reqs.len() as u64, Ordering::Relaxed);
             let mut done = vec![false; keys.len()];
-            for ((req, ks), answer) in reqs.iter().zip(asked).zip(self.pool.exchange(&reqs)) {
+            let now = Instant::now();
+            let round_end = if round + 1 < REPLICAS && next.iter().any(|(_, c)| c.len() > round + 1) {
+                now + end.saturating_duration_since(now) / 2
+            } else {
+                end
+            };
+            let answers = if reqs.is_empty() {
+                Vec::new()
+            } else {
+                self.pool.exchange(&reqs, round_end)
+            };
+            for ((req, ks), answer) in reqs.iter().zip(asked).zip(answers) {
                 let decoded = match answer {
                     Ok((Op::Owners, body)) => wire::decode_owners(&body).map_err(|e| format!("malformed OWNERS: {e}")),
+                    Ok((Op::Refused, why)) => {
+                        tracing::debug!(
+                            "umbp cluster: {} refused LOOKUP: {}",
+                            req.peer,
+                            String::from_utf8_lossy(&why[..why.len().min(200)])
+                        );
+                        continue;
+                    }
                     Ok((op, _)) => Err(format!("LOOKUP answered {op:?}")),
                     Err(e) => Err(e),
                 };
@@ -376,7 +449,7 @@ impl Sharded {
             }
             next.retain(|(i, _)| !done[*i] && out[*i].is_none());
             pending = next;
-            if pending.is_empty() {
+            if pending.is_empty() || Instant::now() >= end {
                 break;
             }
         }

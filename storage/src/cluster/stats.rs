@@ -20,4 +20,11 @@ pub struct ClusterStats {
     pub directory_entries: u64,
     /// Directory messages (PUBLISH, UNPUBLISH, LOOKUP) this peer sent to other peers.
     pub directory_messages: u64,
+    /// PUBLISH/UNPUBLISH this peer refused because they named an owner other than the member
+    /// the connection proved, came from no member, or from one not in the membership.
+    pub directory_refused_identity: u64,
+    /// PUBLISH this peer refused (wholly or partly) at `UMBP_CLUSTER_MAX_ENTRIES_PER_SOURCE`.
+    pub directory_refused_capped: u64,
+    /// LOOKUPs this peer delayed or refused at `UMBP_CLUSTER_LOOKUP_KEYS_PER_S`.
+    pub directory_lookups_throttled: u64,
 }

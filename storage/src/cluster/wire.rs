@@ -2,9 +2,11 @@
 //! without sockets.
 //!
 //! A frame is an 8-byte little-endian head (`u32` body length, `u8` opcode, 3 zero bytes) and a
-//! body of at most [`MAX_BODY`] bytes. A connection opens with HELLO (the initiator's nonce, or
-//! nothing without a key), answered by CHALLENGE (the responder's nonce and proof) and PROOF, or by
-//! READY when neither side has a key. Then each RESOLVE is answered by PLACES, each VALIDATE by
+//! body of at most [`MAX_BODY`] bytes. A connection opens with HELLO (the initiator's nonce, then
+//! its member name; the name alone without a key), answered by CHALLENGE (the responder's nonce
+//! and proof) and PROOF, or by READY when neither side has a key. Both proofs are HMACs over a
+//! context that includes the member name, so the connection proves the key and who it speaks
+//! for; PUBLISH and UNPUBLISH must name that member as owner (`guard.rs`). Then each RESOLVE is answered by PLACES, each VALIDATE by
 //! VERDICTS, and anything refused by REFUSED (a reason that reveals nothing).
 //!
 //! Bodies (all integers little-endian):
