@@ -731,7 +731,7 @@ impl PyBatch {
     }
 }
 
-fn notification(py: Python<'_>, n: te_base::Notification) -> PyNotification {
+pub(crate) fn notification(py: Python<'_>, n: te_base::Notification) -> PyNotification {
     PyNotification {
         sender: n.from,
         payload: PyBytes::new(py, &n.payload).unbind(),
@@ -740,10 +740,19 @@ fn notification(py: Python<'_>, n: te_base::Notification) -> PyNotification {
 
 impl PyNotifications {
     fn recv(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<PyNotification>> {
+        let limit = match timeout {
+            None => None,
+            Some(t) if t.is_finite() && t >= 0.0 => Some(Duration::from_secs_f64(t)),
+            Some(t) => {
+                return Err(invalid(
+                    "InvalidArgument",
+                    format!("timeout={t}: must be a number of seconds >= 0, or None to wait forever"),
+                ))
+            }
+        };
         if let Some(n) = self.inbox.try_recv() {
             return Ok(Some(notification(py, n)));
         }
-        let limit = timeout.map(Duration::from_secs_f64);
         let started = std::time::Instant::now();
         loop {
             // Slices of 50 ms so Ctrl-C (and other signals) are seen.
@@ -778,13 +787,10 @@ impl PyNotifications {
         self.recv(py, timeout)
     }
 
-    /// The next notification, as an awaitable (None once the engine shut down).
+    /// The next notification, as an awaitable (None once the engine shut down). Cancelling it
+    /// (task cancel, `asyncio.wait_for` timing out) never consumes a notification.
     fn recv_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let inbox = self.inbox.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let n = inbox.recv().await;
-            Python::attach(|py| Ok(n.map(|n| notification(py, n))))
-        })
+        crate::notify_future::next(py, self.inbox.clone(), false)
     }
 
     /// Notifications waiting.
@@ -805,13 +811,7 @@ impl PyNotifications {
     }
 
     fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let inbox = self.inbox.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            match inbox.recv().await {
-                Some(n) => Python::attach(|py| Ok(notification(py, n))),
-                None => Err(PyStopAsyncIteration::new_err(())),
-            }
-        })
+        crate::notify_future::next(py, self.inbox.clone(), true)
     }
 }
 

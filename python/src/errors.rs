@@ -146,6 +146,11 @@ pub fn engine_error(py: Python<'_>, e: &Error) -> PyErr {
             )],
         ),
         Error::Closed(_) => ("ClosedError", "closed", vec![]),
+        Error::SegmentNameTaken(name) => (
+            "SegmentNameTakenError",
+            "segment_name_taken",
+            vec![("name", text(py, name))],
+        ),
         Error::NotificationQueueFull { peer } => (
             "NotificationQueueFullError",
             "notification_queue_full",

@@ -11,6 +11,7 @@ mod bench;
 mod engine;
 mod errors;
 mod memory;
+mod notify_future;
 mod runtime;
 mod store;
 

@@ -156,6 +156,19 @@ fn from_buffer(obj: &Bound<'_, PyAny>, device: Option<MemoryLocation>) -> PyResu
             "the buffer is not contiguous: register the array it is a view of, or a contiguous copy",
         ));
     }
+    let objects = !view.format.is_null() && {
+        // SAFETY: with PyBUF_FORMAT requested, a non-null `format` is a NUL-terminated string the
+        // exporter keeps alive until the view is released (below, or by the owner).
+        holds_objects(unsafe { CStr::from_ptr(view.format) }.to_bytes())
+    };
+    if objects {
+        release(view);
+        return Err(invalid(
+            "DtypeError",
+            "the buffer holds Python object references (dtype=object): their storage is pointers the \
+             interpreter owns, not data; register an array of a numeric dtype",
+        ));
+    }
     let len = view.len as u64;
     let addr = view.buf as u64;
     if len == 0 {
@@ -167,6 +180,18 @@ fn from_buffer(obj: &Bound<'_, PyAny>, device: Option<MemoryLocation>) -> PyResu
         len,
         location: device.unwrap_or(MemoryLocation::HOST),
         owner: Owner::new(obj.clone().unbind(), Some(View(view))),
+    })
+}
+
+/// True when a buffer-protocol format string (the `struct` module's syntax, as numpy writes it)
+/// has an object-reference item (`O`), field names (`:name:`) aside.
+fn holds_objects(format: &[u8]) -> bool {
+    let mut in_name = false;
+    format.iter().any(|&c| {
+        if c == b':' {
+            in_name = !in_name;
+        }
+        !in_name && c == b'O'
     })
 }
 

@@ -2,7 +2,7 @@
 //! ranged calls taking numpy arrays; and `Server`, a standalone `umbp-server` in this process.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -14,7 +14,7 @@ use umbp::{Range, RangedGet, RangedPut, Store, StoreError};
 
 use crate::arrays::{common_len, U64s};
 use crate::errors::{invalid, store_error, IntoPyResult};
-use crate::memory::{acquire, release_pending, Owner};
+use crate::memory::{acquire, release_pending};
 use crate::runtime::block_on;
 
 /// A UMBP store (local, standalone or distributed, chosen by its configuration).
@@ -23,11 +23,14 @@ pub struct PyStore {
     pub(crate) store: Store,
 }
 
-/// Caller memory registered with a store; `close()` (or collection) deregisters it.
+/// Caller memory registered with a store; `close()` (or collection) deregisters it. The store
+/// holds the memory's owner (the array and its buffer export) until the buffer is deregistered
+/// and the last call using it has ended, so no order of close, del, gc and threads can free
+/// memory a get still writes into.
 #[pyclass(module = "te._native", name = "StoreBuffer", frozen)]
 pub struct PyStoreBuffer {
     store: Store,
-    owner: Mutex<Option<Owner>>,
+    open: AtomicBool,
     #[pyo3(get)]
     addr: u64,
     #[pyo3(get)]
@@ -429,22 +432,23 @@ impl PyStore {
     }
 
     /// Registers caller memory (a writable buffer-protocol object, `__dlpack__` host tensor...)
-    /// so ranged calls can read into and write from it. The returned handle keeps the memory
-    /// alive; `close()` (or its collection) deregisters it.
+    /// so ranged calls can read into and write from it. The store keeps the memory alive until
+    /// the returned handle is closed (or collected) and the last call using it has ended.
     fn register(&self, py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<PyStoreBuffer> {
         release_pending(py);
         let a = acquire(obj, None)?;
         if !a.location.is_host() {
             return Err(invalid("WrongMemoryKindError", "the store registers host memory only"));
         }
-        let (addr, len) = (a.addr, a.len);
+        let (addr, len, owner) = (a.addr, a.len, a.owner);
         let store = self.store.clone();
-        // SAFETY: the owner kept in the handle holds the memory alive until it is deregistered.
-        py.detach(|| block_on(unsafe { store.register_buffer(addr, len) }))
+        // SAFETY: `owner` holds the object and its buffer export, so the memory stays valid while
+        // the store holds `owner` (until deregistered and no transfer uses it).
+        py.detach(|| block_on(unsafe { store.register_buffer_owned(addr, len, Box::new(owner)) }))
             .py()?;
         Ok(PyStoreBuffer {
             store: self.store.clone(),
-            owner: Mutex::new(Some(a.owner)),
+            open: AtomicBool::new(true),
             addr,
             length: len,
         })
@@ -622,15 +626,14 @@ impl PyStore {
 }
 
 impl Drop for PyStoreBuffer {
-    /// Collected without `close()`: deregister on the runtime, dropping the memory's owner only
-    /// after that.
+    /// Collected without `close()`: deregistered on the runtime; the store drops the memory's
+    /// owner once no call uses it.
     fn drop(&mut self) {
-        if let Some(owner) = self.owner.lock().take() {
+        if self.open.swap(false, Ordering::AcqRel) {
             let store = self.store.clone();
             let addr = self.addr;
             crate::runtime::runtime().spawn(async move {
                 let _ = store.deregister_buffer(addr).await;
-                drop(owner);
             });
         }
     }
@@ -638,17 +641,30 @@ impl Drop for PyStoreBuffer {
 
 #[pymethods]
 impl PyStoreBuffer {
-    /// Deregisters; closing twice does nothing.
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
-        let Some(owner) = self.owner.lock().take() else {
-            return Ok(());
-        };
+    /// Deregisters. True when released now; False when a call on another thread still uses the
+    /// buffer: it then refuses new calls at once, and its memory is released when that call
+    /// ends. Closing twice does nothing.
+    fn close(&self, py: Python<'_>) -> PyResult<bool> {
+        if !self.open.swap(false, Ordering::AcqRel) {
+            return Ok(true);
+        }
         let store = self.store.clone();
         let addr = self.addr;
         let out = py.detach(move || block_on(async move { store.deregister_buffer(addr).await }));
-        drop(owner);
         release_pending(py);
-        out.py().map(|_| ())
+        match out {
+            Ok(_) => Ok(true),
+            Err(StoreError::Engine(te_base::Error::InFlight { .. })) => Ok(false),
+            // Closed with the store: its registrations went with it.
+            Err(StoreError::Closed) => Ok(true),
+            Err(e) => Err(e).py(),
+        }
+    }
+
+    /// True until closed.
+    #[getter]
+    fn open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -711,6 +727,8 @@ impl PyStore {
     /// Releases a KV buffer from `alloc_buffer` (deregistering it); refused while a view of it
     /// exists.
     fn free_kv(&self, py: Python<'_>, buf: &Bound<'_, PyKvBuffer>) -> PyResult<()> {
+        // Views the store let go of (closed registrations) release their exports first.
+        release_pending(py);
         let b = buf.get();
         if b.exports.load(Ordering::Acquire) > 0 {
             return Err(invalid(

@@ -18,7 +18,7 @@ __all__ = [
     "ConfigError", "NotAvailableError", "UnauthenticatedError", "PeerGoneError", "PeerRestartedError",
     "TimeoutError", "WaitTimeoutError", "SegmentClosedError", "CancelledError", "InvalidDescriptorError",
     "RefusedError", "RegistrationFailedError", "TransportError", "BatchFailedError", "MetadataError", "IoError",
-    "ClosedError", "NotificationQueueFullError", "NotificationTooLargeError",
+    "ClosedError", "SegmentNameTakenError", "NotificationQueueFullError", "NotificationTooLargeError",
     "StoreError", "RangeError", "StoreUnregisteredError", "BadKeyError", "NotFoundError", "CorruptError",
     "NoSpaceError", "BufferTooSmallError", "WriteConflictError", "TooLargeError", "StoreIoError", "ServerGoneError",
     "NotShareableError", "ProtocolError", "StoreRefusedError", "ServerError", "RemoteError", "ClusterError",
@@ -165,6 +165,10 @@ class IoError(TeError, OSError):
 
 class ClosedError(TeError):
     """The engine, store, registration or buffer is closed."""
+
+
+class SegmentNameTakenError(TeError, ValueError):
+    """Another live engine of this process holds the segment name (``name``)."""
 
 
 class NotificationQueueFullError(TeError):

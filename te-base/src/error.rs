@@ -174,6 +174,11 @@ pub enum Error {
     #[error("{0} is closed")]
     Closed(String),
 
+    /// Another engine of this process that is not shut down holds this segment name; a second
+    /// one would shadow it.
+    #[error("segment name '{0}' is taken by a live engine in this process: shut that one down first, or choose another name")]
+    SegmentNameTaken(String),
+
     /// The target's notification inbox is full (`TE_NOTIFY_QUEUE_DEPTH` undelivered messages);
     /// the notification was not queued. Retry once the target has read some.
     #[error("peer '{peer}' refused a notification: its inbox is full")]

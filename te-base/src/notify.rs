@@ -254,6 +254,14 @@ impl NotifyInbox {
         self.queue.lock().pop_front()
     }
 
+    /// Puts back, as the oldest waiting, a notification taken by a receive that could not hand
+    /// it over (its waiter was cancelled meanwhile): a cancelled wait never consumes a message.
+    /// Not bounded by the queue depth (it was counted when it arrived), and wakes a receiver.
+    pub fn put_back(&self, note: Notification) {
+        self.queue.lock().push_front(note);
+        self.arrived.notify(1);
+    }
+
     /// Waits for the next notification; `None` once the inbox is closed and empty.
     pub async fn recv(&self) -> Option<Notification> {
         loop {
@@ -450,6 +458,21 @@ mod tests {
         assert_eq!(inbox.try_recv(), Some(note("b", b"2")));
         assert_eq!(inbox.try_recv(), Some(note("c", b"3")));
         assert_eq!(inbox.try_recv(), None);
+    }
+
+    #[test]
+    fn a_note_put_back_is_the_next_received_and_wakes_a_waiter() {
+        let inbox = NotifyInbox::new(NotifyLimits::default());
+        inbox.deliver(note("a", b"1")).unwrap();
+        inbox.deliver(note("a", b"2")).unwrap();
+        let first = inbox.try_recv().unwrap();
+        inbox.put_back(first.clone());
+        assert_eq!(inbox.try_recv(), Some(first.clone()));
+        assert_eq!(inbox.try_recv(), Some(note("a", b"2")));
+        let rx = inbox.clone();
+        let t = std::thread::spawn(move || rx.recv_blocking(std::time::Duration::from_secs(30)));
+        inbox.put_back(first.clone());
+        assert_eq!(t.join().unwrap(), Some(first));
     }
 
     #[test]

@@ -197,19 +197,54 @@ impl Core {
     /// [`Core::deregister_buffer`] or [`Core::close`], and the caller must not read bytes a
     /// running get writes into, nor change bytes a running put reads.
     pub(crate) async unsafe fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.register_caller(addr, len, None) }.await
+    }
+
+    /// Registers caller host memory that `owner` keeps alive: the engine holds `owner` until the
+    /// region is deregistered and the last transfer using it has ended, so memory is never freed
+    /// under a running get or put (see `Store::register_buffer_owned`).
+    ///
+    /// # Safety
+    ///
+    /// `[addr, addr + len)` must be host memory that stays valid while `owner` is alive, and the
+    /// caller must not read bytes a running get writes into, nor change bytes a running put reads.
+    pub(crate) async unsafe fn register_buffer_owned(
+        &self,
+        addr: u64,
+        len: u64,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Result<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.register_caller(addr, len, Some(owner)) }.await
+    }
+
+    /// # Safety
+    ///
+    /// As [`Core::register_buffer`], or with `owner`, as [`Core::register_buffer_owned`].
+    async unsafe fn register_caller(
+        &self,
+        addr: u64,
+        len: u64,
+        owner: Option<Box<dyn std::any::Any + Send + Sync>>,
+    ) -> Result<()> {
         self.check_open()?;
         // Without the engine's registration cache: the store keeps its caller buffers disjoint and
         // by base address, so a buffer registered twice (or inside another) is still refused.
-        // SAFETY: forwarded contract: the caller keeps the memory valid while registered.
-        let registration = unsafe {
-            self.engine.register_raw(
-                addr,
-                len,
-                MemoryLocation::HOST,
-                RegisterOptions::local_only().without_cache(),
-            )
-        }
-        .await?;
+        let opts = RegisterOptions::local_only().without_cache();
+        let registration = match owner {
+            // SAFETY: forwarded contract: the memory stays valid while `owner` lives, and the
+            // engine keeps `owner` until the region is released and no transfer uses it.
+            Some(owner) => {
+                unsafe {
+                    self.engine
+                        .register_raw_owned(addr, len, MemoryLocation::HOST, opts, owner)
+                }
+                .await?
+            }
+            // SAFETY: forwarded contract: the caller keeps the memory valid while registered.
+            None => unsafe { self.engine.register_raw(addr, len, MemoryLocation::HOST, opts) }.await?,
+        };
         self.callers.write().insert(CallerRegion {
             base: addr,
             len,
@@ -356,9 +391,14 @@ impl Core {
         }
         // Registrations are released and the engine shut down even when the flush fails.
         let flushed = self.flush();
+        // A region a running call still uses is released (its owner with it) when that call's
+        // transfers end: not an error of the close.
         let regions = self.callers.write().drain();
         for r in regions {
-            r.registration.deregister().await?;
+            match r.registration.deregister().await {
+                Ok(()) | Err(te_core::Error::InFlight { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         if self.owns_engine {
             self.engine.shutdown().await?;

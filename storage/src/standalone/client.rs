@@ -145,11 +145,14 @@ struct SessionState {
     delay: Duration,
 }
 
-/// A memfd buffer this process allocated, and whether it is registered with the server.
+/// A memfd buffer this process allocated, whether it is registered with the server, and the
+/// caller's registrations inside it (start -> length): the whole buffer, or views of it such as
+/// one layer's part. The server maps the whole buffer while any view is registered.
 struct Shared {
     len: u64,
     fd: OwnedFd,
     registered: bool,
+    views: BTreeMap<u64, u64>,
 }
 
 /// The standalone client behind a `Store`.
@@ -373,20 +376,22 @@ impl Client {
                 len: len as u64,
                 fd,
                 registered: false,
+                views: BTreeMap::new(),
             },
         );
         Ok(buf)
     }
 
-    /// Forgets a buffer (deregistering it first if registered).
+    /// Forgets a buffer (deregistering it and every view of it first).
     pub fn free(&self, buf: KvBuffer) -> Result<()> {
-        let res = self.deregister(buf.addr()).map(|_| ());
+        let res = self.unmap_on_server(buf.addr(), true).map(|_| ());
         self.buffers.lock().remove(&buf.addr());
         res
     }
 
-    /// Registers `[addr, addr + len)`, which must be a buffer from [`Client::alloc`]: its memfd
-    /// travels to the server, which maps it.
+    /// Registers `[addr, addr + len)`, which must lie inside one buffer from [`Client::alloc`]
+    /// (the whole buffer, or a view of it such as one layer's part): the buffer's memfd travels
+    /// to the server, which maps it, once for all its views.
     pub fn register(&self, addr: u64, len: u64) -> Result<()> {
         let not_shareable = |reason: &str| StoreError::NotShareable {
             addr,
@@ -402,12 +407,13 @@ impl Client {
                 "not a buffer from Store::alloc_buffer (device memory and framework tensors would need IPC handles)",
             ));
         };
-        if base != addr || len != b.len {
+        if len == 0 || addr - base >= b.len || len > b.len - (addr - base) {
             return Err(not_shareable(
-                "register a whole buffer from Store::alloc_buffer, at its start",
+                "not inside one buffer from Store::alloc_buffer (register the buffer or a view inside it)",
             ));
         }
         if b.registered {
+            b.views.insert(addr, len);
             return Ok(());
         }
         let generation = st.generation;
@@ -419,6 +425,7 @@ impl Client {
         let r = register_on(&mut live.control, base, b.len, &b.fd);
         if r.is_ok() {
             b.registered = true;
+            b.views.insert(addr, len);
         }
         drop(buffers);
         drop(st);
@@ -428,13 +435,30 @@ impl Client {
         r
     }
 
-    /// Deregisters the buffer at `addr`; false if none was registered there.
+    /// Deregisters the registration (buffer or view) that starts at `addr`; false if none did.
+    /// The server unmaps the buffer once its last registered view is gone.
     pub fn deregister(&self, addr: u64) -> Result<bool> {
+        self.unmap_on_server(addr, false)
+    }
+
+    /// Drops the registration at `addr` (with `all`, every view of its buffer) and, when none is
+    /// left, the server's mapping of the buffer.
+    fn unmap_on_server(&self, addr: u64, all: bool) -> Result<bool> {
         let mut st = self.session.lock();
         let mut buffers = self.buffers.lock();
-        let Some(b) = buffers.get_mut(&addr).filter(|b| b.registered) else {
+        let Some((&base, b)) = buffers.range_mut(..=addr).next_back() else {
             return Ok(false);
         };
+        let had = if all {
+            let had = !b.views.is_empty();
+            b.views.clear();
+            had
+        } else {
+            b.views.remove(&addr).is_some()
+        };
+        if !had || !b.views.is_empty() || !b.registered {
+            return Ok(had);
+        }
         b.registered = false;
         drop(buffers);
         let Some(live) = st.live.as_mut() else {
@@ -443,7 +467,7 @@ impl Client {
         };
         let c = &mut live.control;
         wire::begin(&mut c.tx, Op::Deregister);
-        c.tx.u64(addr);
+        c.tx.u64(base);
         wire::finish(&mut c.tx)?;
         let (op, ()) = c.round_trip(None)?;
         if op != Op::Ok {

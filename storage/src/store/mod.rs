@@ -33,6 +33,10 @@ struct Standalone {
     client: Client,
     engine: TransferEngine,
     closed: AtomicBool,
+    /// What keeps each registered buffer's memory alive (`Store::register_buffer_owned`), by
+    /// base, until it is deregistered. The server writes through its own mapping of the memfd,
+    /// so this process's memory is never written under a call here.
+    owners: parking_lot::Mutex<std::collections::HashMap<u64, Box<dyn std::any::Any + Send + Sync>>>,
 }
 
 impl Standalone {
@@ -162,6 +166,7 @@ impl Store {
             client,
             engine,
             closed: AtomicBool::new(false),
+            owners: Default::default(),
         })
     }
 
@@ -175,6 +180,14 @@ impl Store {
             weak.upgrade().map(|inner| Store { inner }.stats())
         });
         store
+    }
+
+    /// Every call after [`Store::close`] fails with [`StoreError::Closed`], in every mode.
+    fn check_open(&self) -> Result<()> {
+        match self.target() {
+            Target::Server(s) => s.check_open(),
+            Target::Core(core) => core.check_open(),
+        }
     }
 
     fn target(&self) -> Target<'_> {
@@ -195,6 +208,7 @@ impl Store {
     /// the only memory the server can map; in the other modes an ordinary buffer. Register it
     /// with [`Store::register_buffer`] and release it with [`Store::free_buffer`].
     pub fn alloc_buffer(&self, len: usize) -> Result<KvBuffer> {
+        self.check_open()?;
         match self.target() {
             Target::Server(s) => {
                 s.check_open()?;
@@ -262,14 +276,48 @@ impl Store {
     /// Deregisters the caller buffer that starts at `addr`. False if none does.
     pub async fn deregister_buffer(&self, addr: u64) -> Result<bool> {
         match self.target() {
-            Target::Server(s) => s.client.deregister(addr),
+            Target::Server(s) => {
+                let out = s.client.deregister(addr);
+                s.owners.lock().remove(&addr);
+                out
+            }
             Target::Core(core) => core.deregister_buffer(addr).await,
+        }
+    }
+
+    /// Registers caller host memory that `owner` keeps alive, as [`Store::register_buffer`]
+    /// does, but the store holds `owner` until the buffer is deregistered (or the store closed)
+    /// *and* the last transfer using it has ended: a deregistration while a call still writes
+    /// into the buffer returns [`StoreError::Engine`] with `InFlight` and the memory is released
+    /// when that call's transfers end, never before. This is what language bindings use, where
+    /// the caller cannot be trusted to keep memory alive.
+    ///
+    /// # Safety
+    ///
+    /// `[addr, addr + len)` must be host memory that stays valid while `owner` is alive, and the
+    /// caller must not read bytes a running get writes into, nor change bytes a running put reads.
+    pub async unsafe fn register_buffer_owned(
+        &self,
+        addr: u64,
+        len: u64,
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Result<()> {
+        match self.target() {
+            Target::Server(s) => {
+                s.check_open()?;
+                s.client.register(addr, len)?;
+                s.owners.lock().insert(addr, owner);
+                Ok(())
+            }
+            // SAFETY: forwarded contract.
+            Target::Core(core) => unsafe { core.register_buffer_owned(addr, len, owner) }.await,
         }
     }
 
     /// True if `key` is in any tier. In standalone mode an unreachable server is an error, never
     /// a `false`.
     pub fn exists(&self, key: &str) -> Result<bool> {
+        self.check_open()?;
         match self.target() {
             Target::Server(s) => s.client.exists(key),
             Target::Core(core) => core.exists(key),
@@ -280,6 +328,7 @@ impl Store {
     /// Resolves under one shared lock per tier. In standalone mode an unreachable server is an
     /// error, never a `0`.
     pub fn batch_exists_consecutive<K: AsRef<str>>(&self, keys: &[K]) -> Result<usize> {
+        self.check_open()?;
         match self.target() {
             Target::Server(s) => {
                 let keys: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
@@ -293,6 +342,7 @@ impl Store {
     /// was in none. Both tiers drop the key under the DRAM lock, so no promotion or demotion can
     /// bring the removed version back; the SSD record is marked dead on disk before this returns.
     pub fn remove(&self, key: &str) -> Result<bool> {
+        self.check_open()?;
         match &self.inner.mode {
             Mode::Local(core) => core.remove(key),
             Mode::Standalone(s) => {
@@ -317,6 +367,7 @@ impl Store {
     /// and the bytes come from one lookup, so a concurrent put never yields a truncated or mixed
     /// object. In distributed mode only this peer's tiers are read.
     pub fn batch_get(&self, items: &[(&str, u64, u64)]) -> Result<Vec<Result<u64>>> {
+        self.check_open()?;
         match self.target() {
             Target::Server(s) => {
                 s.check_open()?;
@@ -330,6 +381,7 @@ impl Store {
     /// The object lengths of `keys` (None where absent), under one shared lock per tier. In
     /// standalone mode an unreachable server is an error, never a row of `None`.
     pub fn object_lens<'a>(&self, keys: impl Iterator<Item = &'a str>) -> Result<Vec<Option<u64>>> {
+        self.check_open()?;
         match self.target() {
             Target::Server(s) => {
                 let keys: Vec<&str> = keys.collect();
@@ -405,6 +457,7 @@ impl Store {
     /// segment whose live fraction is below `UMBP_SSD_COMPACT_BELOW`, or with `force` every one
     /// with any dead byte. Returns the number of segments compacted.
     pub fn compact(&self, force: bool) -> Result<u64> {
+        self.check_open()?;
         match self.target() {
             Target::Server(s) => {
                 s.check_open()?;
@@ -418,6 +471,7 @@ impl Store {
     /// (they stay in DRAM), then every segment and directory is fsynced. Without an SSD tier
     /// there is nothing to make durable.
     pub fn flush(&self) -> Result<()> {
+        self.check_open()?;
         match self.target() {
             Target::Server(s) => s.client.flush(),
             Target::Core(core) => core.flush(),
@@ -435,6 +489,7 @@ impl Store {
                     return Ok(());
                 }
                 s.client.close();
+                s.owners.lock().clear();
                 Ok(s.engine.shutdown().await?)
             }
             #[cfg(feature = "cluster")]
@@ -445,6 +500,7 @@ impl Store {
     /// Counters since open: the tiers', and the section of the mode in use. In standalone mode
     /// they are the server's, and an unreachable server is an error, never a zeroed report.
     pub fn stats(&self) -> Result<StoreStats> {
+        self.check_open()?;
         Ok(match &self.inner.mode {
             Mode::Local(core) => StoreStats {
                 core: core.stats(),
@@ -462,6 +518,7 @@ impl Store {
 
     /// Per-phase timings of ranged calls (`None` unless `UMBP_RANGED_CALL_DEBUG=1`).
     pub fn phase_report(&self) -> Result<Option<PhaseReport>> {
+        self.check_open()?;
         match self.target() {
             Target::Server(s) => s.client.phase_report(),
             Target::Core(core) => Ok(core.phase_report()),
@@ -470,6 +527,7 @@ impl Store {
 
     /// Clears the phase timings.
     pub fn reset_phase_report(&self) -> Result<()> {
+        self.check_open()?;
         match self.target() {
             Target::Server(s) => s.client.reset_phase_report(),
             Target::Core(core) => {
@@ -519,6 +577,7 @@ impl Store {
     /// # Ok(()) }
     /// ```
     pub fn batch_get_ranges(&self, items: &[RangedGet<'_>]) -> Result<Vec<Result<u64>>> {
+        self.check_open()?;
         match &self.inner.mode {
             Mode::Local(core) => core.batch_get_ranges(items, None, &mut NoMisses),
             Mode::Standalone(s) => {
@@ -585,6 +644,7 @@ impl Store {
     /// # Ok(()) }
     /// ```
     pub fn batch_put_ranges(&self, items: &[RangedPut<'_>]) -> Result<Vec<Result<()>>> {
+        self.check_open()?;
         match &self.inner.mode {
             Mode::Local(core) => core.batch_put_ranges(items, &mut NoOverflow),
             Mode::Standalone(s) => {

@@ -33,6 +33,7 @@ pub use handle::{RegisterOptions, Registration};
 pub use notify::{Notifications, NotifiedBatch};
 pub(crate) use registration::registration_cache;
 use registration::PendingRegion;
+mod live_names;
 pub use registration::RawRegion;
 pub use registration::REGISTRATION_CACHE_VAR;
 pub use submit::SubmitOptions;
@@ -124,6 +125,14 @@ impl EngineInner {
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
+
+    /// [`Error::Closed`] once the engine shut down: every call after `shutdown` says so.
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if self.is_closed() {
+            return Err(Error::Closed(format!("engine '{}'", self.name)));
+        }
+        Ok(())
+    }
 }
 
 impl TransferEngine {
@@ -180,6 +189,7 @@ impl TransferEngine {
             _env: env,
             inbox,
         });
+        live_names::claim(&inner)?;
         inner.publish().await?;
         Ok(TransferEngine { inner })
     }
@@ -336,6 +346,7 @@ impl TransferEngine {
     /// store and connects the best transport that can reach it. Opening the same name again
     /// returns the same id, reconnecting if the peer restarted or its connection failed.
     pub async fn open_segment(&self, name: &str) -> Result<SegmentHandle> {
+        self.inner.check_open()?;
         self.inner.open_segment(name).await
     }
 

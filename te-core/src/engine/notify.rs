@@ -102,6 +102,13 @@ impl Notifications {
         self.inbox.try_recv()
     }
 
+    /// Puts a received notification back as the oldest waiting one: for a receiver that took
+    /// it but could not hand it on (a binding whose waiter was cancelled), so that cancelling a
+    /// wait never consumes a message.
+    pub fn put_back(&self, note: Notification) {
+        self.inbox.put_back(note)
+    }
+
     /// Notifications waiting.
     pub fn len(&self) -> usize {
         self.inbox.len()
@@ -141,12 +148,14 @@ impl TransferEngine {
         payload: impl Into<Vec<u8>>,
         opts: &SubmitOptions,
     ) -> Result<NotifiedBatch> {
+        self.inner.check_open()?;
         self.inner.submit_notified(requests, payload.into(), opts)
     }
 
     /// Sends `payload` to `segment` on its own, ordered after the notified batches to it that
     /// already completed. Returns once the target queued it, or with its refusal.
     pub async fn notify(&self, segment: &SegmentHandle, payload: impl Into<Vec<u8>>) -> Result<()> {
+        self.inner.check_open()?;
         let peers = self.inner.notify_routes(segment.id())?;
         let state = BatchState::new(vec![0].into());
         let note = self.inner.note(payload.into())?;

@@ -55,6 +55,7 @@ impl EngineInner {
         items: Vec<PendingRegion>,
         reg: RegisterOptions,
     ) -> Result<Vec<Registration>> {
+        self.check_open()?;
         let _control = self.control.lock().await;
         let share = reg.reuse_covering && self.registration_cache;
         let weak = Arc::downgrade(self);

@@ -65,6 +65,7 @@ impl TransferEngine {
     /// route that fails ends the call with its error; warming many segments concurrently is the
     /// caller's (one call per segment, joined).
     pub async fn warm_up(&self, segment: &SegmentHandle) -> Result<WarmUpReport> {
+        self.inner.check_open()?;
         self.inner.warm_up(segment.id().0).await
     }
 }
