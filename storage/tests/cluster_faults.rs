@@ -264,14 +264,15 @@ fn a_member_speaks_only_for_itself_and_stores_only_so_much() {
     // UNPUBLISH "as r2" are refused at every directory peer; so is a PUBLISH from a non-member
     // naming itself.
     for addr in &addrs {
-        let forged = wire::encode_owned_keys("r0", keys.iter().map(String::as_str));
+        // A very new version, so only the owner check stands between it and the directory.
+        let forged = wire::encode_publish("r0", keys.iter().map(|k| (k.as_str(), u64::MAX - 1)));
         let (op, why) = Hostile::ask(addr, "r1", Op::Publish, &forged);
         assert_eq!(op, Op::Refused, "forged PUBLISH at {addr}: {why}");
         assert!(why.contains("\"r0\"") && why.contains("\"r1\""), "{why}");
         let forged = wire::encode_owned_keys("r2", keys.iter().map(String::as_str));
         let (op, why) = Hostile::ask(addr, "r1", Op::Unpublish, &forged);
         assert_eq!(op, Op::Refused, "forged UNPUBLISH at {addr}: {why}");
-        let outsider = wire::encode_owned_keys("intruder", keys.iter().map(String::as_str));
+        let outsider = wire::encode_publish("intruder", keys.iter().map(|k| (k.as_str(), u64::MAX - 1)));
         let (op, why) = Hostile::ask(addr, "intruder", Op::Publish, &outsider);
         assert_eq!(op, Op::Refused, "a non-member's PUBLISH at {addr}: {why}");
         assert!(why.contains("not a current member"), "{why}");
@@ -291,7 +292,7 @@ fn a_member_speaks_only_for_itself_and_stores_only_so_much() {
         &addrs[0],
         "r1",
         Op::Publish,
-        &wire::encode_owned_keys("r1", flood.iter().map(String::as_str)),
+        &wire::encode_publish("r1", flood.iter().map(|k| (k.as_str(), 1))),
     );
     assert_eq!(op, Op::Refused, "{why}");
     assert!(why.contains("UMBP_CLUSTER_MAX_ENTRIES_PER_SOURCE"), "{why}");
@@ -323,4 +324,111 @@ fn a_member_speaks_only_for_itself_and_stores_only_so_much() {
     // A normal reader is not starved by it.
     let a = p[0].ok(&format!("sweep v 0 {N} 0:4096"));
     assert_eq!(field(&a, "ok"), N, "{a}");
+}
+
+/// One key's history: (when the put's acknowledgement was seen, its seed); seeds rise.
+type History = std::sync::Arc<std::sync::Mutex<Vec<(Instant, u64)>>>;
+
+/// The newest seed of `h` acknowledged before `t`.
+fn acked_before(h: &History, t: Instant) -> u64 {
+    h.lock()
+        .unwrap()
+        .iter()
+        .filter(|(at, _)| *at < t)
+        .map(|&(_, s)| s)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Checks one get answer against `h`: the seed read must be at least the newest acknowledged
+/// before the get began (`t0`), or the get a miss. Returns the seed (0: a miss).
+fn check_get(answer: &str, h: &History, t0: Instant, who: &str, key: &str) -> u64 {
+    if answer == "MISS" {
+        return 0;
+    }
+    let seed: u64 = answer
+        .strip_prefix("OK 4096 ")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{who}: get {key} answered {answer:?}"));
+    let floor = acked_before(h, t0);
+    assert!(
+        seed >= floor,
+        "{who}: get {key} returned version {seed}, older than version {floor} acknowledged before it began"
+    );
+    seed
+}
+
+#[test]
+fn the_last_acknowledged_put_wins_across_peers() {
+    let Some(cl) = Cluster::start("faults-lww", false) else {
+        return;
+    };
+    let names = ["q0", "q1", "q2", "q3"];
+    let mut p: Vec<Node> = names.iter().map(|n| cl.peer(n, &[])).collect();
+    {
+        let mut all: Vec<&mut Node> = p.iter_mut().collect();
+        converge(&mut all, &names);
+    }
+    const KEYS: usize = 4;
+    const ROUNDS: u64 = 30;
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("lww{i}")).collect();
+    let hist: Vec<History> = (0..KEYS).map(|_| History::default()).collect();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut readers = p.split_off(2);
+    let mut writers = p;
+    // q2 and q3 read every key in a loop while q0 and q1 write; each get is checked against the
+    // history recorded so far.
+    let handles: Vec<_> = readers
+        .drain(..)
+        .enumerate()
+        .map(|(r, mut node)| {
+            let (keys, hist, done) = (keys.clone(), hist.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut gets = 0u64;
+                while !done.load(std::sync::atomic::Ordering::Acquire) {
+                    for (k, h) in keys.iter().zip(&hist) {
+                        let t0 = Instant::now();
+                        let a = node.cmd(&format!("get {k} 0:4096")).unwrap();
+                        check_get(&a, h, t0, &format!("reader q{}", r + 2), k);
+                        gets += 1;
+                    }
+                }
+                (node, gets)
+            })
+        })
+        .collect();
+    // The writers alternate: put i of a key is acknowledged before put i + 1 starts, so seed
+    // order is acknowledgement order. After each put the other writer (which holds the previous
+    // version locally) reads the key: it must see this version, not its own older copy.
+    let mut seed = 0;
+    for round in 0..ROUNDS {
+        for (k, h) in keys.iter().zip(&hist) {
+            seed += 1;
+            let (w, other) = if round % 2 == 0 { (0, 1) } else { (1, 0) };
+            writers[w].ok(&format!("put {k} 4096 {seed}"));
+            h.lock().unwrap().push((Instant::now(), seed));
+            let t0 = Instant::now();
+            let a = writers[other].cmd(&format!("get {k} 0:4096")).unwrap();
+            let got = check_get(&a, h, t0, &format!("writer q{other}"), k);
+            assert_eq!(
+                got, seed,
+                "writer q{other} read {k} right after version {seed} was acknowledged: {a}"
+            );
+        }
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let mut all: Vec<Node> = writers;
+    for h in handles {
+        let (node, gets) = h.join().expect("reader");
+        assert!(gets > 0);
+        all.push(node);
+    }
+    // After the writers stopped, every peer reads every key's last acknowledged version.
+    for (i, node) in all.iter_mut().enumerate() {
+        for (k, h) in keys.iter().zip(&hist) {
+            let last = h.lock().unwrap().last().unwrap().1;
+            let a = node.cmd(&format!("get {k} 0:4096")).unwrap();
+            assert_eq!(a, format!("OK 4096 {last}"), "final read of {k} at peer {i}");
+        }
+    }
 }

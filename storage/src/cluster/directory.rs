@@ -114,6 +114,7 @@ impl Directory {
     /// Joins (membership under a fresh lease) on `client` (the engine's etcd connection), lists
     /// the directory and starts the watch and keep-alive tasks on the current runtime. `pool`
     /// carries the sharded directory's messages.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn join(
         cfg: ClusterConfig,
         client: Client,
@@ -122,6 +123,7 @@ impl Directory {
         addr: SocketAddr,
         local_keys: LocalKeys,
         free_bytes: FreeBytes,
+        owner: std::sync::Weak<super::owner::Owner>,
     ) -> Result<Arc<Directory>, String> {
         let name: Arc<str> = Arc::from(name.as_str());
         let sharded = (cfg.directory == DirectoryMode::Sharded).then(|| {
@@ -138,6 +140,7 @@ impl Directory {
                 suspect_for,
                 cfg.timeout,
                 guard,
+                owner,
             ))
         });
         let d = Arc::new(Directory {
@@ -383,8 +386,10 @@ impl Directory {
     /// Writes `keys` as owned by this peer, in transactions of at most [`MAX_TXN_OPS`]. On
     /// failure the directory is marked for a full re-publication, which the keep-alive loop does
     /// within a lease period (at once when etcd answers again after an outage).
-    pub(crate) async fn publish(&self, keys: &[String]) {
-        if let Err(e) = self.write_keys(keys).await {
+    /// `fresh`: the keys were just written here (a new version each; the sharded directory's
+    /// last write wins), else a re-publication of keys held (their recorded versions).
+    pub(crate) async fn publish(&self, keys: &[String], fresh: bool) {
+        if let Err(e) = self.write_keys(keys, fresh).await {
             self.dirty.store(true, Ordering::Release);
             tracing::warn!(
                 "umbp cluster: publishing {} keys failed ({e}); retried when etcd is back",
@@ -393,12 +398,21 @@ impl Directory {
         }
     }
 
-    async fn write_keys(&self, keys: &[String]) -> Result<(), String> {
+    async fn write_keys(&self, keys: &[String], fresh: bool) -> Result<(), String> {
         if let Some(sh) = &self.sharded {
             let (sh, keys) = (sh.clone(), keys.to_vec());
-            return tokio::task::spawn_blocking(move || sh.publish(&keys, sh.deadline()))
-                .await
-                .map_err(|e| format!("publishing: {e}"))?;
+            return tokio::task::spawn_blocking(move || {
+                // A fresh write (a remote put's COMMIT) gets a new version; a re-publication
+                // keeps the one recorded.
+                let versions = match sh.owner_side() {
+                    Some(o) if fresh => o.versions.stamp(&keys, o.core().as_deref()),
+                    Some(o) => o.versions.recorded(&keys),
+                    None => vec![0; keys.len()],
+                };
+                sh.publish(&keys, &versions, fresh, sh.deadline())
+            })
+            .await
+            .map_err(|e| format!("publishing: {e}"))?;
         }
         let prefix = self.keys_prefix();
         for chunk in keys.chunks(MAX_TXN_OPS) {
@@ -455,7 +469,7 @@ impl Directory {
         self.announce().await?;
         if lease_expired || self.dirty.swap(false, Ordering::AcqRel) {
             let keys = (self.local_keys)();
-            if let Err(e) = self.write_keys(&keys).await {
+            if let Err(e) = self.write_keys(&keys, false).await {
                 self.dirty.store(true, Ordering::Release);
                 return Err(e);
             }

@@ -46,6 +46,12 @@ pub enum DirectoryRefusal {
         /// The member the handshake proved.
         name: String,
     },
+    /// A RETIRE from a peer that is not a directory peer of every key it names.
+    #[error("RETIRE from {name:?}, which is not a directory peer of every key it names")]
+    NotDirectoryPeer {
+        /// The member the handshake proved (empty: none).
+        name: String,
+    },
     /// The source holds as many entries here as one source may.
     #[error("{source_name:?} may hold at most {cap} directory entries here (UMBP_CLUSTER_MAX_ENTRIES_PER_SOURCE); {refused} keys refused")]
     EntriesCapped {

@@ -73,6 +73,8 @@ pub(crate) struct Cluster {
     pub(crate) dir: Arc<Directory>,
     server: Option<Server>,
     pool: Arc<ConnPool>,
+    /// This peer's owner side (its keys' versions, retirement).
+    pub(crate) owner: Arc<Owner>,
     segments: RwLock<HashMap<Arc<str>, SegmentId>>,
     /// Placements of remote DRAM objects read before (owner, extents, generation): a later read
     /// of the same key skips RESOLVE; VALIDATE still checks it, and a stale one is resolved again.
@@ -120,6 +122,7 @@ impl Cluster {
                 server.addr,
                 local_keys,
                 free_bytes,
+                Arc::downgrade(&owner),
             ))
             .await
             .map_err(|e| StoreError::Cluster(format!("joining: {e}")))?
@@ -131,6 +134,7 @@ impl Cluster {
             dir,
             server: Some(server),
             pool,
+            owner,
             segments: RwLock::new(HashMap::new()),
             placements: RwLock::new(HashMap::new()),
             counters: ClusterCounters::default(),
@@ -217,7 +221,9 @@ impl Cluster {
         }
         if let Some(sh) = self.dir.sharded() {
             // Blocking on this thread: the messages go out from here, no hand-off.
-            if let Err(e) = sh.publish(&keys, sh.deadline()) {
+            // A new version for this write, recorded per key.
+            let versions = self.owner.versions.stamp(&keys, self.owner.core().as_deref());
+            if let Err(e) = sh.publish(&keys, &versions, true, sh.deadline()) {
                 self.dir.mark_dirty();
                 tracing::warn!(
                     "umbp cluster: publishing {} keys: {e}; retried within a lease period",
@@ -228,7 +234,7 @@ impl Cluster {
         }
         let dir = self.dir.clone();
         let limit = self.cfg.timeout + Duration::from_millis(100);
-        if self.run(async move { dir.publish(&keys).await }, limit).is_none() {
+        if self.run(async move { dir.publish(&keys, true).await }, limit).is_none() {
             self.dir.mark_dirty();
             tracing::warn!(
                 "umbp cluster: publishing keys timed out; every local key is written again within a lease period"

@@ -16,6 +16,7 @@
 //! first. The tiers are touched only through the core's named operations (`core::exported`).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,77 @@ pub(crate) struct Owner {
     reservations: Mutex<HashMap<u64, Instant>>,
     /// Set once the directory is joined: COMMIT writes committed keys there.
     pub(crate) dir: OnceLock<Arc<Directory>>,
+    /// The versions of the keys this peer wrote (sharded directory: the last write wins).
+    pub(crate) versions: Versions,
+}
+
+/// The versions this peer minted for its writes: a hybrid clock (wall-clock milliseconds in the
+/// high bits, a counter below, never repeating or going back in this process), one version per
+/// put call, recorded per key for re-publication and retirement. Versions order writes of one
+/// key across peers by their writers' clocks (ties by owner name, `shard::newer`).
+#[derive(Default)]
+pub(crate) struct Versions {
+    last: AtomicU64,
+    keys: Mutex<VersionMap>,
+}
+
+#[derive(Default)]
+struct VersionMap {
+    of: HashMap<String, u64>,
+    /// Size at which entries of keys the core no longer holds (evicted) are pruned.
+    prune_at: usize,
+}
+
+/// Bits of a version below the milliseconds: about a million versions per millisecond.
+const COUNTER_BITS: u32 = 20;
+
+impl Versions {
+    /// A new version, above every one minted here before.
+    pub(crate) fn mint(&self) -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+            << COUNTER_BITS;
+        let prev = self
+            .last
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| Some(now.max(l + 1)))
+            .unwrap_or_else(|l| l);
+        now.max(prev + 1)
+    }
+
+    /// Moves the clock past `seen` (a version another peer minted): the next write here is newer.
+    pub(crate) fn observe(&self, seen: u64) {
+        self.last.fetch_max(seen, Ordering::AcqRel);
+    }
+
+    /// Mints one version for a put of `keys` and records it for each (one lock per call).
+    pub(crate) fn stamp(&self, keys: &[String], core: Option<&Core>) -> Vec<u64> {
+        let v = self.mint();
+        let mut m = self.keys.lock();
+        if m.of.len() + keys.len() > m.prune_at {
+            if let Some(core) = core {
+                let held: std::collections::HashSet<String> = core.keys().into_iter().collect();
+                m.of.retain(|k, _| held.contains(k));
+            }
+            m.prune_at = (2 * m.of.len()).max(4096);
+        }
+        for k in keys {
+            m.of.insert(k.clone(), v);
+        }
+        vec![v; keys.len()]
+    }
+
+    /// The recorded version of each of `keys` (0: none recorded, as for keys a restarted peer
+    /// found in its SSD log: any write since supersedes them).
+    pub(crate) fn recorded(&self, keys: &[String]) -> Vec<u64> {
+        let m = self.keys.lock();
+        keys.iter().map(|k| m.of.get(k).copied().unwrap_or(0)).collect()
+    }
+
+    /// Forgets `key`'s version (removed here).
+    pub(crate) fn forget(&self, key: &str) {
+        self.keys.lock().of.remove(key);
+    }
 }
 
 impl Owner {
@@ -47,7 +119,23 @@ impl Owner {
             leases: Leases::default(),
             reservations: Mutex::new(HashMap::new()),
             dir: OnceLock::new(),
+            versions: Versions::default(),
         }
+    }
+
+    /// RETIRE: drops the copies of `keys` this peer still holds at the given (superseded)
+    /// versions; a copy written here since (a newer version) stays. Returns how many went.
+    pub(crate) fn retire(&self, core: &Core, keys: &[(String, u64)]) -> usize {
+        let mut m = self.versions.keys.lock();
+        let mut gone = 0;
+        for (k, v) in keys {
+            let held = m.of.get(k).copied().unwrap_or(0);
+            if held <= *v && core.remove(k).unwrap_or(false) {
+                m.of.remove(k);
+                gone += 1;
+            }
+        }
+        gone
     }
 
     /// The core, while the store is open.

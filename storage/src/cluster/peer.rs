@@ -35,7 +35,7 @@ impl Peer {
         let free_bytes: FreeBytes = Box::new(move || free.upgrade().map(|c| c.dram_free()).unwrap_or(0));
         let owner = Arc::new(Owner::new(weak.clone(), cc.timeout));
         let cluster = Cluster::start(rt, etcd, cc, name, owner.clone(), local_keys, free_bytes).await?;
-        cluster.dir.publish(&core.keys()).await;
+        cluster.dir.publish(&core.keys(), false).await;
         // Frees staging slots and DRAM reservations whose holder died, at half the deadline's
         // granularity; ends with the core.
         let period = (cluster.cfg.timeout / 2).max(std::time::Duration::from_millis(10));
@@ -92,6 +92,7 @@ impl Peer {
     /// Removes `key` here and, if it was here, from the directory.
     pub(crate) fn remove(&self, key: &str) -> Result<bool> {
         let found = self.core.remove(key)?;
+        self.cluster.owner.versions.forget(key);
         if found {
             self.cluster.unpublish(key);
         }

@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 use super::conn::{accept_handshake, read_frame, write_frame};
 use super::guard::DirectoryRefusal;
 use super::owner::Owner;
+use super::rendezvous;
 use super::wire::{self, Op};
 
 const NAME: &str = "umbp cluster control listener";
@@ -113,13 +114,13 @@ async fn serve(
                     drop(core);
                     // Routable before the writer's put returns.
                     if let Some(dir) = owner.dir.get() {
-                        dir.publish(&committed).await;
+                        dir.publish(&committed, true).await;
                     }
                     (Op::Verdicts, wire::encode_verdicts(&verdicts))
                 }
                 Err(e) => (Op::Refused, format!("malformed COMMIT: {e}").into_bytes()),
             },
-            Op::Publish | Op::Unpublish | Op::Lookup => {
+            Op::Publish | Op::Unpublish | Op::Lookup | Op::Retire => {
                 drop(core);
                 directory_request(&owner, op, &body, member.as_deref(), &limits).await
             }
@@ -149,39 +150,85 @@ async fn directory_request(
         tracing::debug!("{NAME}: refused: {r}");
         (Op::Refused, r.to_string().into_bytes())
     };
+    // A member that just joined may reach this peer before the watch shows it here: it is
+    // given a short while to appear.
+    let member_now = || async {
+        let mut is_member = member.is_some_and(|m| sh.is_member(m));
+        let until = tokio::time::Instant::now() + limits.frame_timeout / 4;
+        while !is_member && member.is_some() && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            is_member = member.is_some_and(|m| sh.is_member(m));
+        }
+        is_member
+    };
     match op {
-        Op::Publish | Op::Unpublish => match wire::decode_owned_keys(body) {
+        Op::Publish => match wire::decode_publish(body) {
             Ok((named, keys)) => {
-                let what = if op == Op::Publish { "PUBLISH" } else { "UNPUBLISH" };
-                // A member that just joined may reach this peer before the watch shows it here:
-                // it is given a short while to appear.
-                let mut is_member = member.is_some_and(|m| sh.is_member(m));
-                let until = tokio::time::Instant::now() + limits.frame_timeout / 4;
-                while !is_member && member == Some(named.as_str()) && tokio::time::Instant::now() < until {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    is_member = member.is_some_and(|m| sh.is_member(m));
-                }
-                if let Err(r) = sh.guard.check_owner(what, &named, member, is_member) {
+                let is_member = if member == Some(named.as_str()) {
+                    member_now().await
+                } else {
+                    false
+                };
+                if let Err(r) = sh.guard.check_owner("PUBLISH", &named, member, is_member) {
                     return refuse(r);
                 }
-                let keys = keys.iter().map(String::as_str);
-                if op == Op::Publish {
-                    let cap = sh.guard.max_entries_per_source;
-                    let refused = sh.shard.publish(&named, keys, cap);
-                    if refused > 0 {
-                        sh.guard.counters.refused_capped.fetch_add(1, Ordering::Relaxed);
-                        return refuse(DirectoryRefusal::EntriesCapped {
-                            source_name: named,
-                            cap,
-                            refused,
-                        });
-                    }
+                let cap = sh.guard.max_entries_per_source;
+                let done = sh
+                    .shard
+                    .publish(&named, keys.iter().map(|(k, v)| (k.as_str(), *v)), cap);
+                // The owners of superseded entries drop those copies before the writer's put
+                // is acknowledged (bounded by the frame timeout).
+                if !done.superseded.is_empty() {
+                    let (sh, superseded) = (sh.clone(), done.superseded);
+                    let end = std::time::Instant::now() + limits.frame_timeout;
+                    let _ = tokio::task::spawn_blocking(move || sh.retire(superseded, end)).await;
+                }
+                if done.capped > 0 {
+                    sh.guard.counters.refused_capped.fetch_add(1, Ordering::Relaxed);
+                    return refuse(DirectoryRefusal::EntriesCapped {
+                        source_name: named,
+                        cap,
+                        refused: done.capped,
+                    });
+                }
+                (Op::Versions, wire::encode_versions(&done.taken))
+            }
+            Err(e) => (Op::Refused, format!("malformed PUBLISH: {e}").into_bytes()),
+        },
+        Op::Unpublish => match wire::decode_owned_keys(body) {
+            Ok((named, keys)) => {
+                let is_member = if member == Some(named.as_str()) {
+                    member_now().await
                 } else {
-                    sh.shard.unpublish(&named, keys);
+                    false
+                };
+                if let Err(r) = sh.guard.check_owner("UNPUBLISH", &named, member, is_member) {
+                    return refuse(r);
+                }
+                sh.shard.unpublish(&named, keys.iter().map(String::as_str));
+                (Op::Verdicts, wire::encode_verdicts(&[]))
+            }
+            Err(e) => (Op::Refused, format!("malformed UNPUBLISH: {e}").into_bytes()),
+        },
+        Op::Retire => match wire::decode_validate(body) {
+            Ok((_, keys)) => {
+                // Only a key's directory peer may retire this peer's copy of it.
+                let m = sh.membership();
+                let from_directory = member.is_some_and(|p| {
+                    keys.iter()
+                        .all(|(k, _)| rendezvous::indexes(rendezvous::stable_hash(k.as_bytes()), &m.members, p))
+                });
+                if !from_directory {
+                    return refuse(DirectoryRefusal::NotDirectoryPeer {
+                        name: member.unwrap_or_default().to_owned(),
+                    });
+                }
+                if let Some(core) = owner.core() {
+                    owner.retire(&core, &keys);
                 }
                 (Op::Verdicts, wire::encode_verdicts(&[]))
             }
-            Err(e) => (Op::Refused, format!("malformed {op:?}: {e}").into_bytes()),
+            Err(e) => (Op::Refused, format!("malformed RETIRE: {e}").into_bytes()),
         },
         _ => match wire::decode_lookup(body) {
             Ok(keys) => {

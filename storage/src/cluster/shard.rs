@@ -14,8 +14,8 @@ use super::rendezvous::{self, Member};
 
 #[derive(Default)]
 struct Entries {
-    /// Key to owner name.
-    keys: HashMap<String, Arc<str>>,
+    /// Key to owner name and the version its owner minted for it (see [`newer`]).
+    keys: HashMap<String, (Arc<str>, u64)>,
     /// Owner names, one allocation per peer rather than per key.
     names: HashSet<Arc<str>>,
     /// Entries held per owner (capped per source: a member may store only so much here).
@@ -32,6 +32,27 @@ impl Entries {
         n
     }
 }
+
+/// Whether version `v` of `owner` supersedes version `w` of `other`: versions compare first
+/// (hybrid clocks minted by the writers, `Cluster::mint`), ties break by owner name.
+pub(crate) fn newer(v: u64, owner: &str, w: u64, other: &str) -> bool {
+    (v, owner) > (w, other)
+}
+
+/// What one PUBLISH did: per key [`TAKEN`], [`CAPPED`] or the newer version indexed instead;
+/// how many the cap refused; and the entries of other owners it superseded (key, owner,
+/// version: their copies are to be retired).
+#[derive(Debug, Default)]
+pub(crate) struct Published {
+    pub(crate) taken: Vec<u64>,
+    pub(crate) capped: usize,
+    pub(crate) superseded: Vec<(String, Arc<str>, u64)>,
+}
+
+/// A published key is indexed now.
+pub(crate) const TAKEN: u64 = 0;
+/// A published key was refused by the entries-per-source cap.
+pub(crate) const CAPPED: u64 = u64::MAX;
 
 pub(crate) struct Shard {
     entries: RwLock<Entries>,
@@ -50,34 +71,53 @@ impl Shard {
         }
     }
 
-    /// Indexes `keys` as owned by `owner` (a later publication of a key wins, as a later put
-    /// does), while `owner` holds fewer than `cap` entries here; returns how many keys the cap
-    /// refused.
-    pub(crate) fn publish<'k>(&self, owner: &str, keys: impl IntoIterator<Item = &'k str>, cap: usize) -> usize {
+    /// Indexes `keys` (each with the version its owner minted) as owned by `owner` where that
+    /// is newer than the entry held (the last acknowledged write wins), while `owner` holds fewer
+    /// than `cap` entries here.
+    pub(crate) fn publish<'k>(
+        &self,
+        owner: &str,
+        keys: impl IntoIterator<Item = (&'k str, u64)>,
+        cap: usize,
+    ) -> Published {
         let mut e = self.entries.write();
         let owner = e.intern(owner);
         let Entries { keys: map, counts, .. } = &mut *e;
         let mut held = counts.get(&owner).copied().unwrap_or(0);
-        let mut refused = 0;
-        for k in keys {
-            match map.get_mut(k) {
-                Some(o) if *o == owner => {}
-                Some(o) if held < cap => {
+        let mut out = Published::default();
+        for (k, v) in keys {
+            let taken = match map.get_mut(k) {
+                // Its own entry: the newest of its versions stands.
+                Some((o, w)) if *o == owner => {
+                    *w = (*w).max(v);
+                    TAKEN
+                }
+                // Never 0 (TAKEN): a version is at least 1 once minted; 0 only for keys found in
+                // an SSD log, which any write supersedes.
+                Some((o, w)) if !newer(v, &owner, *w, o) => (*w).max(1),
+                Some(_) | None if held >= cap => {
+                    out.capped += 1;
+                    CAPPED
+                }
+                Some((o, w)) => {
                     if let Some(c) = counts.get_mut(&**o) {
                         *c = c.saturating_sub(1);
                     }
-                    *o = owner.clone();
+                    out.superseded.push((k.to_owned(), o.clone(), *w));
+                    (*o, *w) = (owner.clone(), v);
                     held += 1;
+                    TAKEN
                 }
-                None if held < cap => {
-                    map.insert(k.to_owned(), owner.clone());
+                None => {
+                    map.insert(k.to_owned(), (owner.clone(), v));
                     held += 1;
+                    TAKEN
                 }
-                _ => refused += 1,
-            }
+            };
+            out.taken.push(taken);
         }
         counts.insert(owner, held);
-        refused
+        out
     }
 
     /// Forgets those of `keys` that `owner` still owns here (a newer owner's entry stays).
@@ -86,7 +126,7 @@ impl Shard {
         let Entries { keys: map, counts, .. } = &mut *e;
         let mut removed = 0;
         for k in keys {
-            if map.get(k).is_some_and(|o| **o == *owner) {
+            if map.get(k).is_some_and(|(o, _)| **o == *owner) {
                 map.remove(k);
                 removed += 1;
             }
@@ -105,7 +145,9 @@ impl Shard {
     /// The owner of each key, as published here.
     pub(crate) fn lookup<'k>(&self, keys: impl IntoIterator<Item = &'k str>) -> Vec<Option<Arc<str>>> {
         let e = self.entries.read();
-        keys.into_iter().map(|k| e.keys.get(k).cloned()).collect()
+        keys.into_iter()
+            .map(|k| e.keys.get(k).map(|(o, _)| o.clone()))
+            .collect()
     }
 
     /// Whether an unknown key here means the directory does not know it.
@@ -127,7 +169,7 @@ impl Shard {
         let mut e = self.entries.write();
         let Entries { keys, names, counts } = &mut *e;
         counts.clear();
-        keys.retain(|k, owner| {
+        keys.retain(|k, (owner, _)| {
             let keep =
                 live.contains(&**owner) && rendezvous::indexes(rendezvous::stable_hash(k.as_bytes()), members, me);
             if keep {
@@ -153,8 +195,8 @@ mod tests {
     #[test]
     fn a_later_owner_wins_and_an_old_owner_cannot_remove_its_entry() {
         let s = Shard::new(Duration::ZERO);
-        s.publish("a", ["k1", "k2"], usize::MAX);
-        s.publish("b", ["k2"], usize::MAX);
+        s.publish("a", [("k1", 1), ("k2", 1)], usize::MAX);
+        s.publish("b", [("k2", 2)], usize::MAX);
         s.unpublish("a", ["k1", "k2"]);
         let got: Vec<Option<String>> = s
             .lookup(["k1", "k2", "k3"])
@@ -166,16 +208,40 @@ mod tests {
     }
 
     #[test]
+    fn the_newest_version_wins_whatever_the_order_it_arrives_in() {
+        let s = Shard::new(Duration::ZERO);
+        let owner = |k| s.lookup([k]).pop().flatten().map(|o| o.to_string());
+        let p = s.publish("q1", [("k", 20)], usize::MAX);
+        assert_eq!((p.taken, p.superseded.len()), (vec![TAKEN], 0));
+        // An older version of another owner arrives late: refused with the newer version,
+        // nothing retired.
+        let p = s.publish("q0", [("k", 10)], usize::MAX);
+        assert_eq!((p.taken, p.superseded.len()), (vec![20], 0));
+        assert_eq!(owner("k").as_deref(), Some("q1"));
+        // A newer one supersedes q1's entry, which is reported for retirement.
+        let p = s.publish("q0", [("k", 30)], usize::MAX);
+        assert_eq!(p.taken, [TAKEN]);
+        assert_eq!(p.superseded.len(), 1);
+        assert_eq!((&*p.superseded[0].1, p.superseded[0].2), ("q1", 20));
+        assert_eq!(owner("k").as_deref(), Some("q0"));
+        // Equal versions break by owner name.
+        assert!(newer(5, "b", 5, "a") && !newer(5, "a", 5, "b"));
+    }
+
+    #[test]
     fn entries_per_source_are_capped_and_counted_back_down() {
         let s = Shard::new(Duration::ZERO);
         let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
-        assert_eq!(s.publish("a", keys.iter().map(String::as_str), 4), 6);
+        let v1 = |ks: &'static [String]| ks.iter().map(|k| (k.as_str(), 1));
+        let keys: &'static [String] = keys.leak();
+        assert_eq!(s.publish("a", v1(keys), 4).capped, 6);
         assert_eq!((s.len(), s.held_by("a")), (4, 4));
         // Re-publishing what it holds costs nothing; a takeover counts for the new owner only.
-        assert_eq!(s.publish("a", keys[..4].iter().map(String::as_str), 4), 0);
-        assert_eq!(s.publish("b", ["k0", "k1"], 4), 0);
+        assert_eq!(s.publish("a", v1(&keys[..4]), 4).capped, 0);
+        let p = s.publish("b", [("k0", 2), ("k1", 2)], 4);
+        assert_eq!((p.capped, p.superseded.len()), (0, 2));
         assert_eq!((s.held_by("a"), s.held_by("b")), (2, 2));
-        assert_eq!(s.publish("a", keys[4..].iter().map(String::as_str), 4), 4);
+        assert_eq!(s.publish("a", v1(&keys[4..]), 4).capped, 4);
         s.unpublish("a", keys.iter().map(String::as_str));
         assert_eq!((s.held_by("a"), s.len()), (0, 2));
     }
@@ -191,8 +257,8 @@ mod tests {
             .filter(|k| rendezvous::indexes(rendezvous::stable_hash(k.as_bytes()), &all, "me"))
             .collect();
         let (by_a, by_b) = mine.split_at(mine.len() / 2);
-        s.publish("a", by_a.iter().copied(), usize::MAX);
-        s.publish("b", by_b.iter().copied(), usize::MAX);
+        s.publish("a", by_a.iter().map(|k| (*k, 1)), usize::MAX);
+        s.publish("b", by_b.iter().map(|k| (*k, 1)), usize::MAX);
         assert!(!s.settled());
         // "a" leaves: its keys go; "b"'s stay where "me" still indexes them.
         let after = members(&["me", "b", "c"]);

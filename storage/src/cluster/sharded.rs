@@ -3,6 +3,9 @@
 //!
 //! - A put's owner sends its keys, grouped per directory peer (one PUBLISH per peer per call,
 //!   all peers at once), and returns once they answered: a committed put is routable at once.
+//!   Each key carries the version its writer minted; a directory peer keeps the newest, and has
+//!   the owner of an entry it superseded retire that copy before it answers (docs/umbp.md,
+//!   "the last acknowledged write wins").
 //! - A miss asks the key's first directory peer (itself when it is one, without a message), and
 //!   the second when the first is unreachable, or answers "unknown" while it is still settling
 //!   after a membership change.
@@ -16,15 +19,16 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 
 use super::conn::{ConnPool, Request};
 use super::guard::Guard;
+use super::owner::Owner;
 use super::rendezvous::{self, Member, REPLICAS};
-use super::shard::Shard;
+use super::shard::{Shard, CAPPED, TAKEN};
 use super::wire::{self, Op};
 
 /// Most keys in one PUBLISH (a rebalance sends in rounds of one message per peer).
@@ -82,6 +86,8 @@ pub(crate) struct Sharded {
     pub(crate) messages: AtomicU64,
     /// What other members may do to this peer's shard.
     pub(crate) guard: Guard,
+    /// This peer's owner side: its copies are retired through it.
+    owner: Weak<Owner>,
 }
 
 impl Sharded {
@@ -94,6 +100,7 @@ impl Sharded {
         suspect_for: Duration,
         timeout: Duration,
         guard: Guard,
+        owner: Weak<Owner>,
     ) -> Sharded {
         Sharded {
             me,
@@ -105,7 +112,13 @@ impl Sharded {
             settle,
             messages: AtomicU64::new(0),
             guard,
+            owner,
         }
+    }
+
+    /// This peer's owner side, while the store is open.
+    pub(crate) fn owner_side(&self) -> Option<Arc<Owner>> {
+        self.owner.upgrade()
     }
 
     /// Whether `name` is a current member.
@@ -155,13 +168,105 @@ impl Sharded {
     pub(crate) fn rebalance(&self, old: &Membership, local_keys: &[String]) -> Result<(), String> {
         let now = self.membership();
         self.shard.membership_changed(&now.members, &self.me);
-        self.publish_since(local_keys, Some(old), None)
+        let versions = self
+            .owner
+            .upgrade()
+            .map_or_else(|| vec![0; local_keys.len()], |o| o.versions.recorded(local_keys));
+        let mut newer = Vec::new();
+        let r = self.publish_since(local_keys, &versions, Some(old), None, &mut newer);
+        self.settle_newer(local_keys, &versions, false, newer, self.deadline());
+        r
     }
 
-    /// Indexes `keys` as owned here at every directory peer, all of it by `end`; `Err` when
-    /// some key reached none of its directory peers (the caller re-publishes later).
-    pub(crate) fn publish(&self, keys: &[String], end: Instant) -> Result<(), String> {
-        self.publish_since(keys, None, Some(end))
+    /// Indexes `keys` (with the versions this peer minted for them) as owned here at every
+    /// directory peer, all of it by `end`; `Err` when some key reached none of its directory
+    /// peers (the caller re-publishes later). A directory peer that holds a newer version of a
+    /// key keeps it, and this peer's copy is retired; one whose entry this supersedes has the
+    /// older owner retire its copy before it answers.
+    ///
+    /// `fresh`: the keys were just written here, so where a directory peer holds a newer version
+    /// (another peer's write, or a clock behind another peer's) this peer's clock moves past it
+    /// and the keys are published again under new versions, within `end`: a write acknowledged
+    /// later gets the higher version. Otherwise (a re-publication of held copies) such a copy is
+    /// retired: a newer write elsewhere superseded it.
+    pub(crate) fn publish(&self, keys: &[String], versions: &[u64], fresh: bool, end: Instant) -> Result<(), String> {
+        let mut newer = Vec::new();
+        let r = self.publish_since(keys, versions, None, Some(end), &mut newer);
+        self.settle_newer(keys, versions, fresh, newer, end);
+        r
+    }
+
+    /// Handles the keys a directory peer holds newer versions of (`(index, version)`).
+    fn settle_newer(&self, keys: &[String], versions: &[u64], fresh: bool, newer: Vec<(usize, u64)>, end: Instant) {
+        if newer.is_empty() {
+            return;
+        }
+        let Some(owner) = self.owner.upgrade() else { return };
+        let (mut keys, mut versions, mut newer) = (keys.to_vec(), versions.to_vec(), newer);
+        for round in 0.. {
+            if newer.is_empty() {
+                return;
+            }
+            if !fresh || round == 3 || Instant::now() >= end {
+                let lost: Vec<(String, u64)> = newer.iter().map(|&(i, _)| (keys[i].clone(), versions[i])).collect();
+                self.retire_here(&lost);
+                return;
+            }
+            owner.versions.observe(newer.iter().map(|&(_, v)| v).max().unwrap_or(0));
+            let again: Vec<String> = newer.iter().map(|&(i, _)| keys[i].clone()).collect();
+            let vs = owner.versions.stamp(&again, None);
+            let mut still = Vec::new();
+            let _ = self.publish_since(&again, &vs, None, Some(end), &mut still);
+            (keys, versions, newer) = (again, vs, still);
+        }
+    }
+
+    /// Has each owner of a superseded entry drop its copy of that version (this peer's own
+    /// without a message), all owners at once, by `end`. Best effort: an owner that does not
+    /// answer in time keeps a copy no directory routes to (its VALIDATE still passes for a reader
+    /// that remembered its placement; see docs/umbp.md).
+    pub(crate) fn retire(&self, superseded: Vec<(String, Arc<str>, u64)>, end: Instant) {
+        if superseded.is_empty() {
+            return;
+        }
+        let m = self.membership();
+        let mut groups: HashMap<Arc<str>, Vec<(String, u64)>> = HashMap::new();
+        for (k, o, v) in superseded {
+            groups.entry(o).or_default().push((k, v));
+        }
+        if let Some(mine) = groups.remove(&self.me) {
+            self.retire_here(&mine);
+        }
+        let reqs: Vec<Request> = groups
+            .into_iter()
+            .filter_map(|(p, ks)| {
+                let (peer, addr) = m.addr(&p)?;
+                Some(Request {
+                    peer,
+                    addr,
+                    op: Op::Retire,
+                    body: wire::encode_validate(0, ks.iter().map(|(k, v)| (k.as_str(), *v))),
+                })
+            })
+            .collect();
+        if reqs.is_empty() {
+            return;
+        }
+        self.messages.fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        for (req, answer) in reqs.iter().zip(self.pool.exchange(&reqs, end)) {
+            if let Err(e) = answer {
+                tracing::debug!("umbp cluster: retiring superseded copies at {}: {e}", req.peer);
+            }
+        }
+    }
+
+    /// Drops this peer's copies of `keys` still at these versions.
+    fn retire_here(&self, keys: &[(String, u64)]) {
+        if let Some(owner) = self.owner.upgrade() {
+            if let Some(core) = owner.core() {
+                owner.retire(&core, keys);
+            }
+        }
     }
 
     /// The end of a directory call started now.
@@ -172,11 +277,18 @@ impl Sharded {
     /// As [`Sharded::publish`], skipping directory peers that already indexed a key under `old`.
     /// A membership change while it runs sends again under the new view (by the same `end`;
     /// `None`: each round of messages within the timeout, for a rebalance's many rounds).
-    fn publish_since(&self, keys: &[String], old: Option<&Membership>, end: Option<Instant>) -> Result<(), String> {
+    fn publish_since(
+        &self,
+        keys: &[String],
+        versions: &[u64],
+        old: Option<&Membership>,
+        end: Option<Instant>,
+        newer: &mut Vec<(usize, u64)>,
+    ) -> Result<(), String> {
         let mut m = self.membership();
         let mut old = old;
         for _ in 0..3 {
-            let r = self.publish_under(&m, keys, old, end);
+            let r = self.publish_under(&m, keys, versions, old, end, newer);
             let now = self.membership();
             if Arc::ptr_eq(&now, &m) {
                 return r;
@@ -185,15 +297,17 @@ impl Sharded {
             old = None;
             m = now;
         }
-        self.publish_under(&m, keys, old, end)
+        self.publish_under(&m, keys, versions, old, end, newer)
     }
 
     fn publish_under(
         &self,
         m: &Membership,
         keys: &[String],
+        versions: &[u64],
         old: Option<&Membership>,
         end: Option<Instant>,
+        newer: &mut Vec<(usize, u64)>,
     ) -> Result<(), String> {
         if keys.is_empty() || m.members.is_empty() {
             return Ok(());
@@ -201,7 +315,7 @@ impl Sharded {
         // Per key: directory peers asked, and those that took it.
         let mut asked = vec![0u8; keys.len()];
         let mut took = vec![0u8; keys.len()];
-        let mut local: Vec<&str> = Vec::new();
+        let mut local: Vec<usize> = Vec::new();
         let mut groups: HashMap<Arc<str>, Vec<usize>> = HashMap::new();
         let mut suspects = self.suspects();
         for (i, k) in keys.iter().enumerate() {
@@ -216,14 +330,26 @@ impl Sharded {
                 }
                 asked[i] += 1;
                 if p.name == self.me {
-                    local.push(k);
+                    local.push(i);
                     took[i] += 1;
                 } else if !suspects.contains(&p.name) {
                     groups.entry(p.name.clone()).or_default().push(i);
                 }
             }
         }
-        self.shard.publish(&self.me, local, usize::MAX);
+        // Keys a directory peer holds a newer version of go to `newer`.
+        let here = self.shard.publish(
+            &self.me,
+            local.iter().map(|&i| (keys[i].as_str(), versions[i])),
+            usize::MAX,
+        );
+        for (&i, &v) in local.iter().zip(&here.taken) {
+            if v != TAKEN {
+                newer.push((i, v));
+            }
+        }
+        let round_end = end.unwrap_or_else(|| self.deadline());
+        self.retire(here.superseded, round_end);
         // Rounds of at most one message per peer.
         let mut groups: Vec<(Arc<str>, SocketAddr, Vec<usize>)> = groups
             .into_iter()
@@ -235,7 +361,7 @@ impl Sharded {
                 .iter_mut()
                 .map(|(p, a, ks)| {
                     let chunk: Vec<usize> = ks.drain(..ks.len().min(KEYS_PER_MESSAGE)).collect();
-                    let body = wire::encode_owned_keys(&self.me, chunk.iter().map(|&i| keys[i].as_str()));
+                    let body = wire::encode_publish(&self.me, chunk.iter().map(|&i| (keys[i].as_str(), versions[i])));
                     sent.push(chunk);
                     Request {
                         peer: p.clone(),
@@ -249,9 +375,14 @@ impl Sharded {
             let round_end = end.unwrap_or_else(|| self.deadline());
             for ((req, chunk), answer) in reqs.iter().zip(sent).zip(self.pool.exchange(&reqs, round_end)) {
                 match answer {
-                    Ok((Op::Verdicts, _)) => {
-                        for i in chunk {
+                    Ok((Op::Versions, body)) => {
+                        let held = wire::decode_versions(&body).unwrap_or_default();
+                        for (j, i) in chunk.into_iter().enumerate() {
                             took[i] += 1;
+                            match held.get(j) {
+                                Some(&v) if v != TAKEN && v != CAPPED => newer.push((i, v)),
+                                _ => {}
+                            }
                         }
                     }
                     Ok((Op::Refused, why)) => {
@@ -276,9 +407,9 @@ impl Sharded {
                 break;
             }
         }
-        let lost = asked.iter().zip(&took).filter(|&(&a, &t)| a > 0 && t == 0).count();
-        if lost > 0 {
-            return Err(format!("{lost} keys reached none of their directory peers"));
+        let unreached = asked.iter().zip(&took).filter(|&(&a, &t)| a > 0 && t == 0).count();
+        if unreached > 0 {
+            return Err(format!("{unreached} keys reached none of their directory peers"));
         }
         Ok(())
     }

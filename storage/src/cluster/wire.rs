@@ -6,8 +6,9 @@
 //! its member name; the name alone without a key), answered by CHALLENGE (the responder's nonce
 //! and proof) and PROOF, or by READY when neither side has a key. Both proofs are HMACs over a
 //! context that includes the member name, so the connection proves the key and who it speaks
-//! for; PUBLISH and UNPUBLISH must name that member as owner (`guard.rs`). Then each RESOLVE is answered by PLACES, each VALIDATE by
-//! VERDICTS, and anything refused by REFUSED (a reason that reveals nothing).
+//! for; PUBLISH and UNPUBLISH must name that member as owner (`guard.rs`). Then each RESOLVE is
+//! answered by PLACES, each VALIDATE by VERDICTS, and anything refused by REFUSED (a reason that
+//! reveals nothing).
 //!
 //! Bodies (all integers little-endian):
 //! - RESOLVE: `u32 n`, then per key `u16 key_len, key, u32 ranges, (u64 offset, u64 len)*`.
@@ -20,8 +21,15 @@
 //! - VERDICTS: `u32 n`, then one byte per key (1: the generation read is still the committed one).
 //!
 //! The sharded directory (`rendezvous.rs`, `shard.rs`) adds:
-//! - PUBLISH and UNPUBLISH: `u16 owner_len, owner`, `u32 n`, then per key `u16 key_len, key`;
-//!   answered by VERDICTS with no entries (done).
+//! - PUBLISH: `u16 owner_len, owner`, `u32 n`, then per key `u16 key_len, key, u64 version` (the
+//!   version the owner minted for its write: the newest wins); answered by VERSIONS: `u32 n`, then
+//!   per key `u64` (0: indexed; otherwise the newer version indexed instead: a fresh write is
+//!   published again above it, a re-published copy is retired).
+//! - UNPUBLISH: `u16 owner_len, owner`, `u32 n`, then per key `u16 key_len, key`; answered by
+//!   VERDICTS with no entries (done).
+//! - RETIRE (directory peer to a superseded owner): VALIDATE's body (lease 0, key and the
+//!   superseded version); the owner drops its copy if it still holds that version. Answered by
+//!   VERDICTS with no entries.
 //! - LOOKUP: `u32 n`, then per key `u16 key_len, key`; answered by OWNERS: `u8 settled` (1: this
 //!   peer's index has seen no membership change lately, so an unknown key is unknown), `u32 n`,
 //!   then per key `u16 owner_len, owner` (length 0: not indexed here).
@@ -72,6 +80,11 @@ pub enum Op {
     Lookup = 14,
     /// The answer to LOOKUP.
     Owners = 15,
+    /// Drop these keys' copies if they are still these versions (a newer write elsewhere
+    /// superseded them); sent by a key's directory peer. Answered by VERDICTS.
+    Retire = 16,
+    /// The answer to PUBLISH: per key 0 (indexed) or the newer version indexed instead.
+    Versions = 17,
 }
 
 impl Op {
@@ -92,6 +105,8 @@ impl Op {
             13 => Op::Unpublish,
             14 => Op::Lookup,
             15 => Op::Owners,
+            16 => Op::Retire,
+            17 => Op::Versions,
             _ => return None,
         })
     }
@@ -486,6 +501,53 @@ pub fn decode_owned_keys(body: &[u8]) -> Result<(String, Vec<String>), WireError
     Ok((owner, keys))
 }
 
+/// Encodes a PUBLISH body: the owner and its keys, each with its version.
+pub fn encode_publish<'a>(owner: &str, keys: impl ExactSizeIterator<Item = (&'a str, u64)>) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_key(&mut out, owner);
+    out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+    for (k, v) in keys {
+        put_key(&mut out, k);
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+/// Decodes a PUBLISH body.
+pub fn decode_publish(body: &[u8]) -> Result<(String, Vec<(String, u64)>), WireError> {
+    let mut r = Reader { b: body };
+    let owner = r.key()?;
+    let n = r.count(11, "key count")?;
+    let mut keys = Vec::with_capacity(n);
+    for _ in 0..n {
+        keys.push((r.key()?, r.u64("version")?));
+    }
+    r.end()?;
+    Ok((owner, keys))
+}
+
+/// Encodes a VERSIONS body.
+pub fn encode_versions(v: &[u64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + 8 * v.len());
+    out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+    for x in v {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out
+}
+
+/// Decodes a VERSIONS body.
+pub fn decode_versions(body: &[u8]) -> Result<Vec<u64>, WireError> {
+    let mut r = Reader { b: body };
+    let n = r.count(8, "version count")?;
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(r.u64("version")?);
+    }
+    r.end()?;
+    Ok(v)
+}
+
 /// Encodes a LOOKUP body.
 pub fn encode_lookup<'a>(keys: impl ExactSizeIterator<Item = &'a str>) -> Vec<u8> {
     let mut out = Vec::new();
@@ -579,6 +641,8 @@ mod tests {
             let _ = decode_verdicts(&b);
             let _ = decode_allocate(&b);
             let _ = decode_owned_keys(&b);
+            let _ = decode_publish(&b);
+            let _ = decode_versions(&b);
             let _ = decode_lookup(&b);
             let _ = decode_owners(&b);
             if b.len() >= HEAD {
@@ -631,6 +695,18 @@ mod tests {
             prop_assert_eq!(decode_owned_keys(&body).unwrap(), (owner.clone(), keys.clone()));
             for cut in 0..body.len() {
                 prop_assert!(decode_owned_keys(&body[..cut]).is_err());
+            }
+            let versioned: Vec<(String, u64)> = keys.iter().enumerate().map(|(i, k)| (k.clone(), (i as u64) << 40 | 7)).collect();
+            let body = encode_publish(&owner, versioned.iter().map(|(k, v)| (k.as_str(), *v)));
+            prop_assert_eq!(decode_publish(&body).unwrap(), (owner.clone(), versioned.clone()));
+            for cut in 0..body.len() {
+                prop_assert!(decode_publish(&body[..cut]).is_err());
+            }
+            let vs: Vec<u64> = versioned.iter().map(|(_, v)| *v).collect();
+            let body = encode_versions(&vs);
+            prop_assert_eq!(decode_versions(&body).unwrap(), vs);
+            for cut in 0..body.len() {
+                prop_assert!(decode_versions(&body[..cut]).is_err());
             }
             let body = encode_lookup(keys.iter().map(String::as_str));
             prop_assert_eq!(decode_lookup(&body).unwrap(), keys.clone());
