@@ -128,6 +128,10 @@ bash scripts/run-examples.sh
 # input, GIL and asyncio, the store's three modes, the README's Python examples, a bench smoke).
 echo "== python package (scripts/python-tests.sh)"
 bash scripts/python-tests.sh
+# The wheel as users install it: manylinux_2_28 (auditwheel show), alone in clean venvs of each
+# CPython 3.11+ found here, a two-process transfer and a store put/get from it.
+echo "== python wheel (scripts/python-wheel.sh)"
+bash scripts/python-wheel.sh
 
 # The rdma transport on a real verbs stack: soft-RoCE (rdma_rxe) in a QEMU VM booting Debian's own
 # kernel (scripts/rdma-vm.sh; this host's kernel has no RDMA). The conformance suite's binary built

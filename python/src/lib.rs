@@ -26,5 +26,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     bench::add(m)?;
     m.add("COMPILED_TRANSPORTS", te_core::COMPILED_TRANSPORTS.to_vec())?;
     m.add("DISTRIBUTED", cfg!(feature = "distributed"))?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    runtime::install_exit_hook(m)?;
     Ok(())
 }

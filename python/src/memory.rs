@@ -68,9 +68,9 @@ impl Drop for Owner {
             _object: self.object.take(),
         });
         if !ANY_PENDING.swap(true, Ordering::AcqRel) {
-            // `try_attach`: nothing to do once the interpreter is finalizing (the process is
-            // ending; the views go with it).
-            crate::runtime::runtime().spawn_blocking(|| Python::try_attach(release_pending));
+            // Nothing to do once the interpreter is exiting (the process is ending; the views go
+            // with it): see `attach_from_runtime`.
+            crate::runtime::runtime().spawn_blocking(|| crate::runtime::attach_from_runtime(release_pending));
         }
     }
 }

@@ -47,7 +47,7 @@ fn hand_over(
         got: Mutex::new(Some(got)),
         stop_at_end,
     };
-    Python::try_attach(move |py| -> PyResult<()> {
+    crate::runtime::attach_from_runtime(move |py| -> PyResult<()> {
         let deliver = Py::new(py, deliver)?;
         event_loop.bind(py).call_method1("call_soon_threadsafe", (deliver,))?;
         Ok(())

@@ -3,6 +3,7 @@
 //! pyo3-async-runtimes) resolve on it.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -66,4 +67,43 @@ pub fn wait_batch(py: Python<'_>, batch: &Batch, timeout: Option<f64>) -> PyResu
         }
         py.check_signals()?;
     }
+}
+
+/// Threads of the runtime that are taking (or hold) the GIL to hand something to Python.
+static ATTACHING: AtomicUsize = AtomicUsize::new(0);
+/// Set by the interpreter's exit hook: from then on no runtime thread takes the GIL.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// Runs `f` with the GIL from one of the runtime's threads, unless the interpreter is exiting
+/// (then `None`, and what `f` would have released is left to the process's end). A thread still
+/// waiting for the GIL when the interpreter finalizes is ended by CPython with a forced unwind,
+/// which Rust frames cannot survive (a crash at exit); the exit hook below waits for every such
+/// thread to be done before finalization starts, and no new one starts after it.
+pub fn attach_from_runtime<R>(f: impl FnOnce(Python<'_>) -> R) -> Option<R> {
+    ATTACHING.fetch_add(1, Ordering::AcqRel);
+    let out = if EXITING.load(Ordering::Acquire) {
+        None
+    } else {
+        Python::try_attach(f)
+    };
+    ATTACHING.fetch_sub(1, Ordering::AcqRel);
+    out
+}
+
+/// The interpreter's exit hook (`atexit`): stops runtime threads from taking the GIL and lets
+/// those already waiting for it finish, with the GIL released, for at most a second.
+#[pyfunction]
+pub fn _at_exit(py: Python<'_>) {
+    EXITING.store(true, Ordering::Release);
+    let until = std::time::Instant::now() + Duration::from_secs(1);
+    while ATTACHING.load(Ordering::Acquire) > 0 && std::time::Instant::now() < until {
+        py.detach(|| std::thread::sleep(Duration::from_millis(1)));
+    }
+}
+
+/// Registers [`_at_exit`] with `atexit`.
+pub fn install_exit_hook(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let hook = wrap_pyfunction!(_at_exit, m)?;
+    m.py().import("atexit")?.call_method1("register", (hook,))?;
+    Ok(())
 }

@@ -17,7 +17,7 @@ of :mod:`te.errors`.
 
 from __future__ import annotations
 
-from . import errors
+from . import _native, errors
 from ._native import (
     COMPILED_TRANSPORTS,
     Batch,
@@ -32,6 +32,9 @@ from ._native import (
     device_plugins,
 )
 from .errors import *  # noqa: F401,F403 - the exception classes at top level: te.TimeoutError...
+
+#: The package's version (the Rust crates').
+__version__: str = _native.__version__
 
 __all__ = [
     "COMPILED_TRANSPORTS",

@@ -14,6 +14,7 @@ import numpy.typing as npt
 COMPILED_TRANSPORTS: list[str]
 #: True when UMBP's distributed mode is compiled in.
 DISTRIBUTED: bool
+__version__: str
 
 #: A 1-D C-contiguous array of 8-byte integers (numpy uint64, or int64), or one int that
 #: applies to every request/range.
@@ -227,11 +228,18 @@ class Store:
     def __exit__(self, *exc: object) -> bool: ...
 
 class StoreBuffer:
+    """Memory registered with a store. The store keeps the array alive until the buffer is
+    closed (or collected) and the last call using it ended."""
+
     @property
     def addr(self) -> int: ...
     @property
     def length(self) -> int: ...
-    def close(self) -> None: ...
+    @property
+    def open(self) -> bool: ...
+    def close(self) -> bool:
+        """True when released now; False when a running call still uses it (released when it
+        ends; the buffer refuses new calls at once)."""
     def __enter__(self) -> StoreBuffer: ...
     def __exit__(self, *exc: object) -> bool: ...
 
