@@ -44,6 +44,8 @@ pub fn known_vars() -> Vec<String> {
     vars.extend(te_transport_local::config::ENV_VARS.iter().map(|v| v.to_string()));
     #[cfg(feature = "tcp")]
     vars.extend(te_transport_tcp::ENV_VARS.iter().map(|v| v.to_string()));
+    #[cfg(feature = "shm")]
+    vars.extend(te_transport_shm::ENV_VARS.iter().map(|v| v.to_string()));
     #[cfg(feature = "rdma")]
     vars.extend(te_transport_rdma::config::ENV_VARS.iter().map(|v| v.to_string()));
     #[cfg(feature = "efa")]
@@ -72,6 +74,8 @@ pub(crate) fn check(env: &dyn Env) -> Result<Vec<UnknownVar>> {
     te_transport_local::config::LocalConfig::from_env(env)?;
     #[cfg(feature = "tcp")]
     te_transport_tcp::TcpConfig::from_env(env)?;
+    #[cfg(feature = "shm")]
+    te_transport_shm::ShmConfig::from_env(env)?;
     #[cfg(feature = "rdma")]
     te_transport_rdma::config::RdmaConfig::from_env(env)?;
     #[cfg(feature = "efa")]

@@ -9,6 +9,8 @@ use te_base::{InstallContext, Result, Transport};
 pub const COMPILED_TRANSPORTS: &[&str] = &[
     #[cfg(feature = "local")]
     "local",
+    #[cfg(feature = "shm")]
+    "shm",
     #[cfg(feature = "rdma")]
     "rdma",
     #[cfg(feature = "efa")]
@@ -28,6 +30,10 @@ pub(crate) async fn install_all(ctx: &InstallContext, only: Option<&[String]>) -
     #[cfg(feature = "local")]
     if wanted("local") {
         out.push(("local", te_transport_local::install(ctx).await));
+    }
+    #[cfg(feature = "shm")]
+    if wanted("shm") {
+        out.push(("shm", te_transport_shm::install(ctx).await));
     }
     #[cfg(feature = "rdma")]
     if wanted("rdma") {

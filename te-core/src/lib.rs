@@ -1,7 +1,7 @@
 //! The transfer engine.
 //!
 //! Register memory, publish it as a segment, open other engines' segments and move bytes
-//! between them in batches. Transports are chosen with cargo features (`local`, `tcp`, `efa`,
+//! between them in batches. Transports are chosen with cargo features (`local`, `shm`, `tcp`, `efa`,
 //! `rdma`); the engine installs every compiled-in transport that works on this host and reports
 //! the others with the reason.
 //!

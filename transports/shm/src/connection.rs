@@ -1,0 +1,512 @@
+//! The initiator's connection to one target instance: the handshake, the target's live export
+//! list (kept current by its updates), notifications, and the copy loop itself.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use te_base::auth::{AuthKey, InitiatorHandshake, NONCE_LEN};
+use te_base::notify::{Outcome, MAX_PAYLOAD_LIMIT};
+use te_base::{BatchState, Error, ResolvedRequest, Result, TransferOp};
+
+use crate::cma::{self, IOV_MAX};
+use crate::endpoint::ShmEndpoint;
+use crate::serve::AUTH_CONTEXT;
+use crate::socket::{address, peer_cred, read_frame, write_frame};
+use crate::wire::{decode_ranges, refusal, Header, Opcode};
+
+/// Largest number of bytes one system call is asked to move (the kernel caps a call near 2 GiB).
+const MAX_CALL_BYTES: u64 = 1 << 30;
+
+/// A notification waiting for the target's answer.
+struct PendingNote {
+    done: Arc<BatchState>,
+    index: usize,
+    len: usize,
+}
+
+/// An open control connection to one target instance, shared by every peer opened on it.
+pub(crate) struct Connection {
+    /// The target segment's name (for errors).
+    pub name: String,
+    /// The target's pid, as the kernel reported it for the socket.
+    pub pid: u32,
+    writer: Mutex<UnixStream>,
+    /// The ranges the target exports right now, sorted by base. Copies hold the read lock for
+    /// their whole duration, so applying a revocation (write lock) waits for them and, once it
+    /// is acknowledged, no byte of the revoked range is touched again.
+    exports: RwLock<Vec<(u64, u64)>>,
+    killed: AtomicBool,
+    error: Mutex<Option<Error>>,
+    notes: Mutex<HashMap<u64, PendingNote>>,
+    next_note: AtomicU64,
+}
+
+/// Why a connection attempt failed.
+pub(crate) enum ConnectError {
+    /// Cross-memory attach is not permitted with this peer (uid, Yama, probe): fall back.
+    NotPermitted(String),
+    /// The socket's owner is another instance (the target restarted).
+    Restarted(String),
+    /// The key check failed.
+    Unauthenticated(String),
+    /// Anything else (no such socket, timeout, protocol error).
+    Other(String),
+}
+
+impl ConnectError {
+    pub fn into_error(self, peer: &str) -> Error {
+        match self {
+            ConnectError::NotPermitted(r) => Error::not_available(format!("shm route to {peer}"), r),
+            ConnectError::Restarted(r) => Error::PeerGone {
+                peer: peer.to_string(),
+                reason: r,
+            },
+            ConnectError::Unauthenticated(r) => Error::Unauthenticated {
+                peer: peer.to_string(),
+                reason: r,
+            },
+            ConnectError::Other(r) => Error::PeerGone {
+                peer: peer.to_string(),
+                reason: format!("shm: {r}"),
+            },
+        }
+    }
+}
+
+/// Settings of a connection attempt.
+pub(crate) struct ConnectSettings {
+    pub timeout: Duration,
+    pub auth: Option<AuthKey>,
+    pub allow_uids: Vec<u32>,
+    pub fault_probe_errno: Option<i32>,
+}
+
+impl Connection {
+    /// Connects to `ep`, checks who answered, authenticates, reads the exported ranges and
+    /// probes the permission to attach. Blocking; bounded by `s.timeout` per step.
+    pub fn open(
+        name: &str,
+        ep: &ShmEndpoint,
+        s: &ConnectSettings,
+    ) -> std::result::Result<Arc<Connection>, ConnectError> {
+        let other = |e: std::io::Error| ConnectError::Other(format!("{}: {e}", ep.socket));
+        let addr = address(&ep.socket).map_err(other)?;
+        let mut stream = UnixStream::connect_addr(&addr).map_err(other)?;
+        stream.set_read_timeout(Some(s.timeout)).map_err(other)?;
+        stream.set_write_timeout(Some(s.timeout)).map_err(other)?;
+        let cred = peer_cred(&stream).map_err(other)?;
+        let own = cma::euid();
+        if cred.uid != own && !s.allow_uids.contains(&cred.uid) {
+            return Err(ConnectError::NotPermitted(format!(
+                "the target runs as uid {}, this engine as uid {own} (cross-memory attach follows the uid; TE_SHM_ALLOW_UIDS)",
+                cred.uid
+            )));
+        }
+        if cred.pid != ep.pid {
+            return Err(ConnectError::Restarted(format!(
+                "process {} listens on {}, not {} as the descriptor says (the target restarted)",
+                cred.pid, ep.socket, ep.pid
+            )));
+        }
+        let pending = s.auth.as_ref().map(|k| InitiatorHandshake::start(k, AUTH_CONTEXT));
+        let hello = Header {
+            a: ep.token,
+            b: pending.is_some() as u64,
+            ..Header::new(Opcode::Hello)
+        };
+        let nonce: &[u8] = pending.as_ref().map(|(_, n)| &n[..]).unwrap_or(&[]);
+        write_frame(&mut stream, hello, nonce).map_err(other)?;
+        let (mut h, mut body) = read_frame(&mut stream).map_err(other)?;
+        if let Some((handshake, _)) = pending {
+            if h.op == Opcode::Welcome {
+                return Err(ConnectError::Unauthenticated(
+                    "the target does not authenticate (it has no key)".into(),
+                ));
+            }
+            if h.op == Opcode::Challenge && body.len() == 2 * NONCE_LEN {
+                let theirs: [u8; NONCE_LEN] = body[..NONCE_LEN].try_into().expect("nonce length");
+                let proof = handshake
+                    .finish(&theirs, &body[NONCE_LEN..], name)
+                    .map_err(|_| ConnectError::Unauthenticated("the target does not hold this engine's key".into()))?;
+                write_frame(&mut stream, Header::new(Opcode::Proof), &proof).map_err(other)?;
+                (h, body) = read_frame(&mut stream).map_err(other)?;
+            }
+        }
+        match h.op {
+            Opcode::Welcome if h.a == ep.token && body.len() >= 8 => {}
+            Opcode::Refuse => {
+                let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+                return Err(match h.code {
+                    refusal::WRONG_INSTANCE => ConnectError::Restarted(text),
+                    refusal::UNAUTHENTICATED => ConnectError::Unauthenticated(text),
+                    refusal::UID => ConnectError::NotPermitted(text),
+                    _ => ConnectError::Other(text),
+                });
+            }
+            op => return Err(ConnectError::Other(format!("unexpected {op:?} reply to HELLO"))),
+        }
+        let mut exports = decode_ranges(&body[8..]).map_err(|e| ConnectError::Other(format!("bad welcome: {e}")))?;
+        exports.sort_unstable();
+        // The permission itself: one byte read from the target's probe address.
+        cma::probe(ep.pid, h.b, s.fault_probe_errno).map_err(|e| {
+            ConnectError::NotPermitted(format!(
+                "process_vm_readv of process {} refused: {e} (cross-memory attach needs ptrace permission: same uid, Yama ptrace_scope 0 or 1, no seccomp filter denying it)",
+                ep.pid
+            ))
+        })?;
+        let reader = stream.try_clone().map_err(other)?;
+        reader.set_read_timeout(None).map_err(other)?;
+        let conn = Arc::new(Connection {
+            name: name.to_string(),
+            pid: ep.pid,
+            writer: Mutex::new(stream),
+            exports: RwLock::new(exports),
+            killed: AtomicBool::new(false),
+            error: Mutex::new(None),
+            notes: Mutex::new(HashMap::new()),
+            next_note: AtomicU64::new(1),
+        });
+        let weak = Arc::downgrade(&conn);
+        std::thread::Builder::new()
+            .name("te-shm-control".into())
+            .spawn(move || read_loop(weak, reader))
+            .map_err(|e| ConnectError::Other(format!("starting the control thread: {e}")))?;
+        Ok(conn)
+    }
+
+    /// True until the connection was cut.
+    pub fn is_healthy(&self) -> bool {
+        !self.killed.load(Ordering::Acquire)
+    }
+
+    /// The error requests fail with once the connection is cut.
+    fn cut_error(&self) -> Error {
+        self.error
+            .lock()
+            .clone()
+            .unwrap_or_else(|| self.gone("the connection was cut"))
+    }
+
+    fn gone(&self, reason: &str) -> Error {
+        Error::PeerGone {
+            peer: self.name.clone(),
+            reason: format!("shm (process {}): {reason}", self.pid),
+        }
+    }
+
+    /// Cuts the connection: later and queued copies fail with `err`, pending notifications too.
+    /// A copy inside a system call finishes that call first (it never blocks on the peer).
+    pub fn kill(&self, err: Error) {
+        if self.killed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        *self.error.lock() = Some(err.clone());
+        // SAFETY: shutting down the open socket's fd; the stream stays owned by `writer`.
+        unsafe { libc::shutdown(self.writer.lock().as_raw_fd(), libc::SHUT_RDWR) };
+        let pending: Vec<PendingNote> = self.notes.lock().drain().map(|(_, p)| p).collect();
+        for p in pending {
+            p.done.fail(p.index, err.clone());
+        }
+    }
+
+    /// Sends a notification; its answer settles `done[index]`.
+    pub fn notify(&self, body: &[u8], payload_len: usize, done: &Arc<BatchState>, index: usize) -> Result<()> {
+        if !self.is_healthy() {
+            return Err(self.cut_error());
+        }
+        let seq = self.next_note.fetch_add(1, Ordering::Relaxed);
+        self.notes.lock().insert(
+            seq,
+            PendingNote {
+                done: done.clone(),
+                index,
+                len: payload_len,
+            },
+        );
+        let h = Header {
+            a: seq,
+            ..Header::new(Opcode::Note)
+        };
+        let written = write_frame(&mut self.writer.lock(), h, body);
+        if let Err(e) = written {
+            self.kill(self.gone(&format!("sending a notification: {e}")));
+        }
+        Ok(())
+    }
+
+    fn error_of(&self, e: &std::io::Error, r: &ResolvedRequest) -> (Error, bool) {
+        match e.raw_os_error() {
+            Some(libc::ESRCH) => (self.gone("the process exited"), true),
+            Some(libc::EFAULT) => (
+                Error::Refused {
+                    peer: self.name.clone(),
+                    reason: format!(
+                        "[{:#x}, +{}) is not mapped in the target process any more",
+                        r.remote_addr, r.len
+                    ),
+                },
+                false,
+            ),
+            Some(libc::EPERM) => (
+                Error::Refused {
+                    peer: self.name.clone(),
+                    reason: format!("the kernel refused cross-memory attach: {e}"),
+                },
+                true,
+            ),
+            _ => (
+                Error::transport("shm", format!("process_vm_{}v: {e}", verb(r.op))),
+                false,
+            ),
+        }
+    }
+
+    /// Copies every request of `reqs` (already checked against the descriptor and local
+    /// registrations) and settles each on `batch`. One read lock of the export list, and one
+    /// system call per up to [`IOV_MAX`] requests of one direction (adjacent ones coalesced).
+    pub fn run(&self, reqs: &[ResolvedRequest], batch: &BatchState) {
+        let exports = self.exports.read();
+        SCRATCH.with(|cell| {
+            let mut guard = cell.borrow_mut();
+            let s = &mut *guard;
+            let mut i = 0;
+            while i < reqs.len() {
+                if !self.is_healthy() {
+                    let err = self.cut_error();
+                    batch.fail_many(reqs[i..].iter().map(|r| r.index as usize), &err);
+                    return;
+                }
+                let op = reqs[i].op;
+                s.clear();
+                let mut total = 0u64;
+                while i < reqs.len() && reqs[i].op == op && s.local.len() < IOV_MAX {
+                    let r = &reqs[i];
+                    if !exported(&exports, r.remote_addr, r.len) {
+                        batch.fail(
+                            r.index as usize,
+                            Error::Refused {
+                                peer: self.name.clone(),
+                                reason: format!(
+                                    "[{:#x}, +{}) is not exported by the target any more (deregistered)",
+                                    r.remote_addr, r.len
+                                ),
+                            },
+                        );
+                        i += 1;
+                        continue;
+                    }
+                    if !s.members.is_empty() && total + r.len > MAX_CALL_BYTES {
+                        break;
+                    }
+                    let (l, rm) = (s.local.last_mut(), s.remote.last_mut());
+                    match (l, rm) {
+                        (Some(l), Some(rm))
+                            if l.iov_base as u64 + l.iov_len as u64 == r.local_addr
+                                && rm.iov_base as u64 + rm.iov_len as u64 == r.remote_addr =>
+                        {
+                            l.iov_len += r.len as usize;
+                            rm.iov_len += r.len as usize;
+                        }
+                        _ => {
+                            s.local.push(cma::iovec(r.local_addr, r.len));
+                            s.remote.push(cma::iovec(r.remote_addr, r.len));
+                        }
+                    }
+                    s.members.push(i);
+                    total += r.len;
+                    i += 1;
+                }
+                if s.members.is_empty() {
+                    continue;
+                }
+                match cma::vm_copy(self.pid, op, &s.local, &s.remote) {
+                    Ok(n) if n as u64 == total => {
+                        batch.complete_many(s.members.iter().map(|&m| reqs[m].index as usize));
+                    }
+                    first => self.settle_one_by_one(reqs, &s.members, first, batch),
+                }
+            }
+        });
+    }
+
+    /// After a short or failed call: completes what the call moved, then copies each remaining
+    /// request on its own so a failure settles only its own request.
+    fn settle_one_by_one(
+        &self,
+        reqs: &[ResolvedRequest],
+        members: &[usize],
+        first: std::io::Result<usize>,
+        batch: &BatchState,
+    ) {
+        let mut moved = first.as_ref().map(|n| *n as u64).unwrap_or(0);
+        for &m in members {
+            let r = &reqs[m];
+            if moved >= r.len {
+                moved -= r.len;
+                batch.complete(r.index as usize);
+                continue;
+            }
+            moved = 0;
+            if !self.is_healthy() {
+                batch.fail(r.index as usize, self.cut_error());
+                continue;
+            }
+            let mut off = 0u64;
+            let outcome = loop {
+                if off == r.len {
+                    break Ok(());
+                }
+                let len = (r.len - off).min(MAX_CALL_BYTES);
+                let l = [cma::iovec(r.local_addr + off, len)];
+                let rm = [cma::iovec(r.remote_addr + off, len)];
+                match cma::vm_copy(self.pid, r.op, &l, &rm) {
+                    Ok(0) => break Err(std::io::Error::from_raw_os_error(libc::EFAULT)),
+                    Ok(n) => off += n as u64,
+                    Err(e) => break Err(e),
+                }
+            };
+            match outcome {
+                Ok(()) => batch.complete(r.index as usize),
+                Err(e) => {
+                    let (err, fatal) = self.error_of(&e, r);
+                    if fatal {
+                        self.kill(err.clone());
+                    }
+                    batch.fail(r.index as usize, err);
+                }
+            }
+        }
+    }
+
+    fn apply(&self, revoke: bool, ranges: &[(u64, u64)]) {
+        let mut ex = self.exports.write();
+        for &range in ranges {
+            let at = ex.partition_point(|r| *r < range);
+            if revoke {
+                if ex.get(at) == Some(&range) {
+                    ex.remove(at);
+                }
+            } else if ex.get(at) != Some(&range) {
+                ex.insert(at, range);
+            }
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // Ends the control thread (it holds only a weak reference).
+        // SAFETY: shutting down the open socket's fd, owned by `writer`.
+        unsafe { libc::shutdown(self.writer.get_mut().as_raw_fd(), libc::SHUT_RDWR) };
+    }
+}
+
+fn verb(op: TransferOp) -> &'static str {
+    match op {
+        TransferOp::Write => "write",
+        TransferOp::Read => "read",
+    }
+}
+
+/// True if `[addr, addr + len)` lies inside one range of `exports` (sorted by base).
+fn exported(exports: &[(u64, u64)], addr: u64, len: u64) -> bool {
+    let idx = exports.partition_point(|r| r.0 <= addr);
+    idx > 0 && {
+        let (base, size) = exports[idx - 1];
+        len <= size && addr - base <= size - len
+    }
+}
+
+/// Per-thread iovec arrays, reused by every batch the thread copies (no allocation per batch
+/// once warm).
+struct Scratch {
+    local: Vec<libc::iovec>,
+    remote: Vec<libc::iovec>,
+    members: Vec<usize>,
+}
+
+impl Scratch {
+    fn clear(&mut self) {
+        self.local.clear();
+        self.remote.clear();
+        self.members.clear();
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch {
+        local: Vec::with_capacity(IOV_MAX),
+        remote: Vec::with_capacity(IOV_MAX),
+        members: Vec::with_capacity(IOV_MAX),
+    });
+}
+
+/// The control thread: applies the target's region updates (and confirms them), settles
+/// notifications, and cuts the connection when the target goes away.
+fn read_loop(conn: Weak<Connection>, mut stream: UnixStream) {
+    let why = loop {
+        let (h, body) = match read_frame(&mut stream) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                break "the target closed the connection".to_string()
+            }
+            Err(e) => break format!("control connection: {e}"),
+        };
+        let Some(c) = conn.upgrade() else { return };
+        match h.op {
+            Opcode::Regions => {
+                let Ok(ranges) = decode_ranges(&body) else {
+                    break "malformed region update".into();
+                };
+                c.apply(h.code == 1, &ranges);
+                let ack = Header {
+                    a: h.a,
+                    ..Header::new(Opcode::Ack)
+                };
+                if write_frame(&mut c.writer.lock(), ack, &[]).is_err() {
+                    break "cannot confirm a region update".into();
+                }
+            }
+            Opcode::NoteAck => {
+                let pending = c.notes.lock().remove(&h.a);
+                if let Some(p) = pending {
+                    let outcome = Outcome::from_code(h.code).unwrap_or(Outcome::Malformed);
+                    outcome.settle(
+                        &p.done,
+                        p.index,
+                        (&c.name, p.len, (h.b as usize).min(MAX_PAYLOAD_LIMIT)),
+                        || Error::transport("shm", "the target could not decode the notification"),
+                    );
+                }
+            }
+            op => break format!("unexpected {op:?} frame"),
+        }
+    };
+    if let Some(c) = conn.upgrade() {
+        let err = c.gone(&why);
+        c.kill(err);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exported;
+
+    #[test]
+    fn export_checks_are_overflow_safe() {
+        let ex = [(0x1000, 0x100), (0x3000, 0x10)];
+        assert!(exported(&ex, 0x1000, 0x100));
+        assert!(exported(&ex, 0x30ff - 0xf0, 1));
+        assert!(!exported(&ex, 0x10ff, 2));
+        assert!(!exported(&ex, 0x2000, 1));
+        assert!(!exported(&ex, 0xfff, 1));
+        assert!(!exported(&ex, 0x1001, u64::MAX));
+        assert!(!exported(&ex, u64::MAX, 1));
+    }
+}

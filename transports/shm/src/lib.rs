@@ -1,0 +1,37 @@
+//! Same-host transport: two processes on one host move bytes with one copy, by the kernel's
+//! cross-memory attach (`process_vm_writev` / `process_vm_readv`), instead of through the TCP
+//! stack.
+//!
+//! - Every engine binds a Unix control socket (`TE_SHM_SOCKET`, default an abstract name) and
+//!   advertises its host identity (boot id, pid namespace), pid, uid, socket and a random
+//!   instance token in its segment descriptor. Only engines with the same identity reach it.
+//! - `connect` opens the control socket, checks the kernel's peer credentials (`SO_PEERCRED`:
+//!   the pid the descriptor names, our uid or one of `TE_SHM_ALLOW_UIDS`), proves the shared key
+//!   when one is configured, learns the target's exported ranges and reads one probe byte from it
+//!   by `process_vm_readv`. If any of this is not permitted the connect fails with
+//!   `NotAvailable` and the reason (logged once), and the engine carries the peer on its next
+//!   route (tcp).
+//! - A batch is copied with one system call per up to 1,024 requests of one direction (adjacent
+//!   ones coalesced) on the submitting thread, or on the transport's copy thread when larger
+//!   than `TE_SHM_INLINE_BYTES`. Each request is checked against the descriptor, the local
+//!   registrations and the target's live export list.
+//! - Deregistration on the target is pushed to every connected initiator and returns once each
+//!   confirmed it (copies in flight on it finish first) or was cut at `TE_SHM_TIMEOUT_MS`.
+//! - Notifications travel on the control socket after the batch they follow.
+//!
+//! See `docs/shm.md` for the design, the measurements and the trust model.
+
+mod cma;
+mod config;
+mod connection;
+mod endpoint;
+mod peer;
+mod serve;
+mod socket;
+mod transport;
+pub mod wire;
+
+pub use cma::PtraceScope;
+pub use config::{ShmConfig, ENV_VARS};
+pub use endpoint::{HostIdentity, ShmEndpoint};
+pub use transport::{install, ShmTransport};

@@ -1,0 +1,89 @@
+//! The control socket: binding and connecting (abstract or filesystem names), peer credentials,
+//! and blocking frame I/O with per-frame deadlines.
+
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::path::Path;
+
+use crate::wire::{Header, HEADER_LEN};
+
+/// The kernel's word on who is at the other end of a Unix socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    /// Its process id (at connect time).
+    pub pid: u32,
+    /// Its effective user id.
+    pub uid: u32,
+}
+
+/// `SO_PEERCRED` of a connected Unix socket.
+pub fn peer_cred(stream: &UnixStream) -> io::Result<PeerCred> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are live locals of the sizes the call is told; the fd is open.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(PeerCred {
+        pid: cred.pid as u32,
+        uid: cred.uid,
+    })
+}
+
+/// The socket address for a descriptor's `socket` field: `@name` is abstract, anything else a
+/// path.
+pub fn address(name: &str) -> io::Result<SocketAddr> {
+    match name.strip_prefix('@') {
+        Some(abs) => SocketAddr::from_abstract_name(abs.as_bytes()),
+        None => SocketAddr::from_pathname(Path::new(name)),
+    }
+}
+
+/// Binds `name`. A path left behind by an engine that exited is replaced; one another process
+/// still listens on is an error.
+pub fn bind(name: &str) -> io::Result<UnixListener> {
+    let addr = address(name)?;
+    match UnixListener::bind_addr(&addr) {
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse && !name.starts_with('@') => {
+            if UnixStream::connect_addr(&addr).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{name}: another process listens there"),
+                ));
+            }
+            std::fs::remove_file(name)?;
+            UnixListener::bind_addr(&addr)
+        }
+        other => other,
+    }
+}
+
+/// Reads one frame: header and body.
+pub fn read_frame(stream: &mut UnixStream) -> io::Result<(Header, Vec<u8>)> {
+    let mut raw = [0u8; HEADER_LEN];
+    stream.read_exact(&mut raw)?;
+    let h = Header::decode(&raw).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    let mut body = vec![0u8; h.len as usize];
+    stream.read_exact(&mut body)?;
+    Ok((h, body))
+}
+
+/// Writes one frame (header with `len` set to the body's length, then the body) in one call.
+pub fn write_frame(stream: &mut UnixStream, mut h: Header, body: &[u8]) -> io::Result<()> {
+    h.len = body.len() as u32;
+    let mut buf = Vec::with_capacity(HEADER_LEN + body.len());
+    buf.extend_from_slice(&h.encode());
+    buf.extend_from_slice(body);
+    stream.write_all(&buf)
+}

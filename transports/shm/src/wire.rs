@@ -1,0 +1,214 @@
+//! The control connection's frames: pure encoding and decoding, no I/O.
+//!
+//! Every frame is a 24-byte header (opcode, code, 2 reserved bytes, body length, two 64-bit
+//! arguments, little-endian) and a body of at most [`MAX_BODY`] bytes.
+
+/// Header bytes.
+pub const HEADER_LEN: usize = 24;
+/// Largest body a peer may send (a region update of [`MAX_RANGES`] ranges, 1 MiB).
+pub const MAX_BODY: u32 = 1 << 20;
+/// Ranges per region-update frame.
+pub const MAX_RANGES: usize = (MAX_BODY as usize - 8) / 16;
+
+/// What a frame is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Opcode {
+    /// Initiator: `a` = the token it expects, `b` = 1 when the body is an auth nonce.
+    Hello = 1,
+    /// Target: its nonce and proof (body), when it has a key.
+    Challenge = 2,
+    /// Initiator: its proof.
+    Proof = 3,
+    /// Target: accepted; `a` = its token, `b` = the address of its probe byte.
+    Welcome = 4,
+    /// Target: refused; `code` says why, the body is a message.
+    Refuse = 5,
+    /// Target: exported ranges added (`code` 0) or revoked (`code` 1) at epoch `a`; body: ranges.
+    Regions = 6,
+    /// Initiator: every region update up to epoch `a` is applied.
+    Ack = 7,
+    /// Initiator: a notification; `a` = its sequence number, body per `te_base::notify`.
+    Note = 8,
+    /// Target: the answer to notification `a`; `code` = `te_base::notify::Outcome`, `b` = its
+    /// largest accepted payload.
+    NoteAck = 9,
+}
+
+impl Opcode {
+    fn from_u8(v: u8) -> Option<Opcode> {
+        Some(match v {
+            1 => Opcode::Hello,
+            2 => Opcode::Challenge,
+            3 => Opcode::Proof,
+            4 => Opcode::Welcome,
+            5 => Opcode::Refuse,
+            6 => Opcode::Regions,
+            7 => Opcode::Ack,
+            8 => Opcode::Note,
+            9 => Opcode::NoteAck,
+            _ => return None,
+        })
+    }
+}
+
+/// Why a target refused a connection (the code of a [`Opcode::Refuse`] frame).
+pub mod refusal {
+    /// The socket's owner is not the instance the initiator asked for (it restarted).
+    pub const WRONG_INSTANCE: u8 = 1;
+    /// Authentication failed or was required.
+    pub const UNAUTHENTICATED: u8 = 2;
+    /// The initiator's uid is not allowed.
+    pub const UID: u8 = 3;
+    /// Too many connections.
+    pub const BUSY: u8 = 4;
+}
+
+/// A frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// What it is.
+    pub op: Opcode,
+    /// Opcode-specific small value.
+    pub code: u8,
+    /// Body length.
+    pub len: u32,
+    /// First argument.
+    pub a: u64,
+    /// Second argument.
+    pub b: u64,
+}
+
+/// A header that cannot be decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Unknown opcode.
+    Opcode(u8),
+    /// Body above [`MAX_BODY`].
+    TooLong(u32),
+    /// A region body whose length is not 8 + 16 n.
+    Ranges(usize),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::Opcode(o) => write!(f, "unknown opcode {o}"),
+            DecodeError::TooLong(n) => write!(f, "body of {n} bytes (max {MAX_BODY})"),
+            DecodeError::Ranges(n) => write!(f, "region body of {n} bytes"),
+        }
+    }
+}
+
+impl Header {
+    /// A header with no body and zero arguments.
+    pub fn new(op: Opcode) -> Header {
+        Header {
+            op,
+            code: 0,
+            len: 0,
+            a: 0,
+            b: 0,
+        }
+    }
+
+    /// Its bytes.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut out = [0u8; HEADER_LEN];
+        out[0] = self.op as u8;
+        out[1] = self.code;
+        out[4..8].copy_from_slice(&self.len.to_le_bytes());
+        out[8..16].copy_from_slice(&self.a.to_le_bytes());
+        out[16..24].copy_from_slice(&self.b.to_le_bytes());
+        out
+    }
+
+    /// Decodes and bounds-checks a header.
+    pub fn decode(raw: &[u8; HEADER_LEN]) -> Result<Header, DecodeError> {
+        let op = Opcode::from_u8(raw[0]).ok_or(DecodeError::Opcode(raw[0]))?;
+        let len = u32::from_le_bytes(raw[4..8].try_into().expect("4 bytes"));
+        if len > MAX_BODY {
+            return Err(DecodeError::TooLong(len));
+        }
+        Ok(Header {
+            op,
+            code: raw[1],
+            len,
+            a: u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes")),
+            b: u64::from_le_bytes(raw[16..24].try_into().expect("8 bytes")),
+        })
+    }
+}
+
+/// Encodes `(base, len)` ranges as a region-update body.
+pub fn encode_ranges(ranges: &[(u64, u64)], out: &mut Vec<u8>) {
+    out.reserve(ranges.len() * 16);
+    for (base, len) in ranges {
+        out.extend_from_slice(&base.to_le_bytes());
+        out.extend_from_slice(&len.to_le_bytes());
+    }
+}
+
+/// Decodes a region-update body; ranges of zero length or that overflow are errors.
+pub fn decode_ranges(body: &[u8]) -> Result<Vec<(u64, u64)>, DecodeError> {
+    if !body.len().is_multiple_of(16) {
+        return Err(DecodeError::Ranges(body.len()));
+    }
+    body.chunks_exact(16)
+        .map(|c| {
+            let base = u64::from_le_bytes(c[..8].try_into().expect("8 bytes"));
+            let len = u64::from_le_bytes(c[8..].try_into().expect("8 bytes"));
+            if len == 0 || base.checked_add(len).is_none() {
+                Err(DecodeError::Ranges(body.len()))
+            } else {
+                Ok((base, len))
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_bad_ones_are_errors() {
+        let h = Header {
+            op: Opcode::Regions,
+            code: 1,
+            len: 32,
+            a: 7,
+            b: u64::MAX,
+        };
+        assert_eq!(Header::decode(&h.encode()).unwrap(), h);
+        let mut raw = h.encode();
+        raw[0] = 0;
+        assert_eq!(Header::decode(&raw), Err(DecodeError::Opcode(0)));
+        let mut raw = h.encode();
+        raw[4..8].copy_from_slice(&(MAX_BODY + 1).to_le_bytes());
+        assert!(matches!(Header::decode(&raw), Err(DecodeError::TooLong(_))));
+        // Any 24 bytes decode or fail, never panic.
+        for seed in 0..2000u64 {
+            let mut raw = [0u8; HEADER_LEN];
+            for (i, b) in raw.iter_mut().enumerate() {
+                *b = (seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (i % 8 * 8)) as u8 ^ i as u8;
+            }
+            let _ = Header::decode(&raw);
+        }
+    }
+
+    #[test]
+    fn ranges_round_trip_and_bad_ones_are_errors() {
+        let r = vec![(0x1000, 10), (u64::MAX - 5, 5)];
+        let mut body = Vec::new();
+        encode_ranges(&r, &mut body);
+        assert_eq!(decode_ranges(&body).unwrap(), r);
+        assert!(decode_ranges(&body[..17]).is_err());
+        let mut zero = Vec::new();
+        encode_ranges(&[(1, 0)], &mut zero);
+        assert!(decode_ranges(&zero).is_err());
+        let mut over = Vec::new();
+        encode_ranges(&[(u64::MAX, 2)], &mut over);
+        assert!(decode_ranges(&over).is_err());
+    }
+}
