@@ -432,3 +432,67 @@ fn the_last_acknowledged_put_wins_across_peers() {
         }
     }
 }
+
+/// The sharded directory's weighing of a key against a member (cluster::rendezvous, fixed
+/// across builds): CRC-32C seeded twice, then SplitMix64's finaliser.
+fn stable_hash(b: &[u8]) -> u64 {
+    let lo = crc32c::crc32c(b) as u64;
+    let hi = crc32c::crc32c_append(0x9e37_79b9, b) as u64;
+    mix(lo | (hi << 32))
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The two directory peers of `key` among `members`.
+fn directory_peers<'m>(key: &str, members: &[&'m str]) -> [&'m str; 2] {
+    let h = stable_hash(key.as_bytes());
+    let mut w: Vec<(u64, &str)> = members
+        .iter()
+        .map(|m| (mix(h ^ stable_hash(m.as_bytes())), *m))
+        .collect();
+    w.sort_by(|a, b| b.cmp(a));
+    [w[0].1, w[1].1]
+}
+
+#[test]
+fn the_first_get_after_an_owner_restarts_reaches_the_new_instance() {
+    let Some(cl) = Cluster::start("faults-restart", false) else {
+        return;
+    };
+    let names = ["s0", "s1", "s2"];
+    let mut p: Vec<Node> = names.iter().map(|n| cl.peer(n, &[])).collect();
+    {
+        let mut all: Vec<&mut Node> = p.iter_mut().collect();
+        converge(&mut all, &names);
+    }
+    // s1 reads one of s0's keys: it now holds pooled connections to s0 and its segment.
+    p[0].ok("put warm 4096 7");
+    p[1].ok("wait-owner warm s0 20000");
+    assert_eq!(p[1].ok("get warm 0:4096"), "OK 4096 7");
+    // s0 dies and comes back under the same name (a new lease, a new control address).
+    let dead = p.remove(0);
+    dead.kill();
+    let mut s0 = cl.peer("s0", &[]);
+    // A key of the new instance indexed by s1 and s2 only: s1's lookup needs no message to s0,
+    // so the first request to s0 is the read's RESOLVE.
+    let fresh = (0..)
+        .map(|i| format!("fresh{i}"))
+        .find(|k| !directory_peers(k, &names).contains(&"s0"))
+        .unwrap();
+    s0.ok(&format!("put {fresh} 4096 8"));
+    let addr = s0.p2p_addr.clone();
+    // Waits for the event: s1's membership shows the new instance.
+    let end = Instant::now() + Duration::from_secs(30);
+    while p[0].ok("member-addr s0") != format!("OK {addr}") {
+        assert!(Instant::now() < end, "s1 did not see s0's new instance");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    p[0].ok(&format!("wait-owner {fresh} s0 20000"));
+    // The first get goes to the new instance: no pooled connection or segment of the dead one
+    // is used.
+    assert_eq!(p[0].ok(&format!("get {fresh} 0:4096")), "OK 4096 8");
+}

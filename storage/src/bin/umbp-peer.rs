@@ -20,6 +20,7 @@
 //! - `churn KEY LEN N`: overwrite KEY N times, seeds 1, 2, 3 in rotation (the consistency
 //!   test's writer).
 //! - `owner KEY`: `OK <owner or none>`; `wait-owner KEY OWNER MS`: poll until it matches.
+//! - `member-addr NAME`: `OK <control address of NAME as this peer sees it, or none>`.
 //! - `remove KEY`, `stats`, `members`, `quit`.
 
 use std::io::{BufRead, Write};
@@ -307,6 +308,14 @@ async fn main() {
                 m.sort();
                 format!("OK {}", m.join(","))
             }
+            ["member-addr", name] => format!(
+                "OK {}",
+                store
+                    .cluster_members()
+                    .into_iter()
+                    .find(|(n, _)| n == name)
+                    .map_or_else(|| "none".to_string(), |(_, a)| a.to_string())
+            ),
             ["quit"] => break,
             _ => format!("ERR unknown command {line:?}"),
         };

@@ -54,6 +54,9 @@ pub(crate) struct Directory {
     /// Control connections: those to a peer that left or restarted are dropped when the watch
     /// sees it.
     pool: Arc<ConnPool>,
+    /// Peers seen leaving or restarting since the read path last asked ([`Directory::take_restarted`]).
+    restarted: parking_lot::Mutex<Vec<Arc<str>>>,
+    any_restarted: AtomicBool,
     client: Client,
     cfg: ClusterConfig,
     name: Arc<str>,
@@ -145,6 +148,8 @@ impl Directory {
         });
         let d = Arc::new(Directory {
             pool,
+            restarted: Default::default(),
+            any_restarted: AtomicBool::new(false),
             client,
             cfg,
             name,
@@ -270,6 +275,9 @@ impl Directory {
             // pooled to the old instance are dead (a request on one would fail or wait).
             if old.is_some_and(|o| entry.is_none_or(|e| e.2 != o.2)) {
                 self.pool.forget(peer);
+                // The read path forgets its segment and remembered placements at its next call.
+                self.restarted.lock().push(Arc::from(peer));
+                self.any_restarted.store(true, Ordering::Release);
             }
         } else if let Some(k) = key.strip_prefix(&self.keys_prefix()) {
             match value.and_then(|(v, _)| std::str::from_utf8(v).ok()) {
@@ -287,6 +295,15 @@ impl Directory {
                 }
             }
         }
+    }
+
+    /// The peers seen leaving or coming back under a new lease since the last call (one atomic
+    /// load when there are none).
+    pub(crate) fn take_restarted(&self) -> Vec<Arc<str>> {
+        if !self.any_restarted.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.restarted.lock())
     }
 
     /// True while the watch is established; logs once per outage when it is not.

@@ -204,6 +204,14 @@ impl Cluster {
         self.placements.write().retain(|_, (o, _)| **o != *owner);
     }
 
+    /// Forgets the segments, connections and remembered placements of peers the membership saw
+    /// leave or restart (a new instance has a new segment and new placements).
+    pub(crate) fn forget_restarted(&self) {
+        for peer in self.dir.take_restarted() {
+            self.forget(&peer);
+        }
+    }
+
     /// Writes `keys` to the directory as owned here, unless it already says so; waits at most
     /// the cluster timeout (an etcd outage is logged, and the keys are written again when it is
     /// back).

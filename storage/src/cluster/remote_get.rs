@@ -91,6 +91,7 @@ impl Cluster {
         if missed.is_empty() || !self.dir.is_live() {
             return out;
         }
+        self.forget_restarted();
         // One deadline for the whole call: the lookup, every round trip, the reads and a second
         // pass all spend what is left of it.
         let end = Instant::now() + self.cfg.timeout;

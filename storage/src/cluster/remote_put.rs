@@ -23,6 +23,7 @@ impl Cluster {
             return Vec::new();
         }
         let need: u64 = keys.iter().map(|&k| items[k].object_len).sum();
+        self.forget_restarted();
         let Some((owner, addr)) = self.dir.roomiest_peer(need) else {
             return Vec::new();
         };
