@@ -24,7 +24,8 @@ fi
 out=target/wheels
 rm -rf "$out"
 echo "== wheel: maturin build --zig ${profile[*]:-(dev profile)}"
-PATH="$PWD/$tools/bin:$PATH" maturin build -q --zig -m python/Cargo.toml -i python3 -o "$out" "${profile[@]}"
+PATH="$PWD/$tools/bin:$PATH" maturin build -q --zig --compatibility manylinux_2_28 -m python/Cargo.toml -i python3 \
+  -o "$out" "${profile[@]}"
 wheel=$(ls "$out"/*.whl)
 echo "$wheel: $(du -h "$wheel" | cut -f1)"
 shown=$("$tools/bin/auditwheel" show "$wheel")

@@ -162,24 +162,34 @@ impl PyEngine {
         notify: Option<Vec<u8>>,
     ) -> PyResult<PyBatch> {
         release_pending(py);
-        let reqs = requests(write, segment_id(segment)?, local, remote, lengths)?;
+        let id = segment_id(segment)?;
+        let reqs = requests(write, id, local, remote, lengths)?;
         let opts = SubmitOptions {
             background,
             deadline: deadline_from(deadline)?,
             ..SubmitOptions::default()
         };
-        match notify {
-            None => Ok(PyBatch {
-                data: self.engine.submit_with(&reqs, &opts).py()?,
+        let submit = |notify: Option<Vec<u8>>| match notify {
+            None => self.engine.submit_with(&reqs, &opts).map(|data| PyBatch {
+                data,
                 notification: None,
             }),
-            Some(payload) => {
-                let nb = self.engine.submit_notified(&reqs, payload, &opts).py()?;
-                Ok(PyBatch {
-                    data: nb.data,
-                    notification: Some(nb.notification),
-                })
+            Some(payload) => self.engine.submit_notified(&reqs, payload, &opts).map(|nb| PyBatch {
+                data: nb.data,
+                notification: Some(nb.notification),
+            }),
+        };
+        match submit(notify.clone()) {
+            // Beyond the buffers the segment had when we last read its descriptor: the peer may
+            // have registered more since. Read it again once (one metadata round trip, only on
+            // this path), then submit again; still out of bounds is the caller's error.
+            Err(te_base::Error::OutOfBounds { .. }) => {
+                let engine = self.engine.clone();
+                py.detach(move || block_on(async move { engine.refresh_segment(id).await }))
+                    .py()?;
+                submit(notify).py()
             }
+            other => other.py(),
         }
     }
 

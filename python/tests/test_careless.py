@@ -276,3 +276,38 @@ def test_a_second_engine_under_a_live_name_is_refused_by_name():
     second = te.TransferEngine(name)  # free again once the first shut down
     assert second.segment_name == name
     second.shutdown()
+
+
+# --- Segments follow their peer: memory registered after the open is reachable ------------------
+
+
+@pytest.mark.parametrize("metadata", ["in-process", "p2p"])
+def test_a_buffer_the_peer_registers_after_the_open_is_reachable_at_once(metadata):
+    from conftest import free_port
+    if metadata == "p2p":
+        port = free_port()
+        env_b = {"TE_METADATA": "p2p", "TE_P2P_LISTEN": f"127.0.0.1:{port}", "TE_TRANSPORTS": "tcp",
+                 "TE_TCP_LISTEN": "127.0.0.1:0", "TE_TCP_ADVERTISE": "127.0.0.1"}
+        env_a = {**env_b, "TE_P2P_LISTEN": "127.0.0.1:0"}
+        b = te.TransferEngine(unique("late-b"), env=env_b)
+        a = te.TransferEngine(unique("late-a"), env=env_a)
+        name = f"{b.segment_name}@127.0.0.1:{port}"
+    else:
+        a, b = te.TransferEngine(unique("late-a")), te.TransferEngine(unique("late-b"))
+        name = b.segment_name
+    src = np.arange(4096, dtype=np.uint8)
+    rs = a.register(src)
+    first = np.zeros(4096, dtype=np.uint8)
+    b.register(first)
+    seg = a.open_segment(name)
+    for i in range(ROUNDS):
+        late = np.zeros(4096, dtype=np.uint8)
+        rl = b.register(late)  # after the open: the descriptor a holds does not have it
+        assert a.write(seg, rs.addr, rl.addr, 4096).bytes == 4096, i
+        assert np.array_equal(late, src), i
+        rl.close()
+    # Truly out of bounds is still the caller's error, after one refresh.
+    with pytest.raises(te.OutOfBoundsError):
+        a.write(seg, rs.addr, 8, 4096)
+    a.shutdown()
+    b.shutdown()

@@ -350,6 +350,33 @@ impl TransferEngine {
         self.inner.open_segment(name).await
     }
 
+    /// Fetches the descriptor of open segment `segment` from the metadata store again and applies
+    /// it, as opening it by name again does: memory its peer registered since the open is
+    /// reachable afterwards. A submit refused with [`Error::OutOfBounds`] for a range the peer
+    /// may have registered since calls this and submits again (the Python binding does so once
+    /// per call). Metadata stores that watch (in-process, etcd) apply changes by themselves too,
+    /// within their notification delay; peer-to-peer metadata learns of them only this way.
+    /// [`Error::UnknownSegment`] if it is not open, [`Error::SegmentClosed`] if it was closed.
+    pub async fn refresh_segment(&self, segment: te_base::SegmentId) -> Result<SegmentHandle> {
+        self.inner.check_open()?;
+        {
+            let segs = self.inner.segments.read();
+            let seg = segs
+                .get(segment.0 as usize)
+                .ok_or_else(|| Error::UnknownSegment(format!("#{}", segment.0)))?;
+            if seg.closed {
+                return Err(Error::SegmentClosed(seg.descriptor.name.clone()));
+            }
+        }
+        // By the name it was opened by (a p2p address carries where to ask).
+        let name = self
+            .inner
+            .live
+            .opened_as(segment.0)
+            .ok_or_else(|| Error::UnknownSegment(format!("#{}", segment.0)))?;
+        self.inner.open_segment(&name).await
+    }
+
     /// Closes a segment opened by [`TransferEngine::open_segment`]: drops its connections
     /// (requests already in flight on them finish), forgets its descriptor and stops following
     /// it. Later submits to its id fail with [`Error::SegmentClosed`]; opening the name again

@@ -37,6 +37,13 @@ pub(crate) struct LiveSegments {
     apply: tokio::sync::Mutex<()>,
 }
 
+impl LiveSegments {
+    /// The name segment `id` was opened by, if it is open.
+    pub(crate) fn opened_as(&self, id: u32) -> Option<String> {
+        self.followers.lock().get(&id).map(|f| f.name.clone())
+    }
+}
+
 struct Follower {
     /// The name the segment was opened by (a p2p address, or the segment name).
     name: String,
