@@ -201,6 +201,29 @@ mod tests {
     use te_base::config::MapEnv;
 
     #[test]
+    fn the_control_listeners_limits_are_known_and_read() {
+        // Issue 38: these were read but warned as unknown ("did you mean UMBP_SERVER_...").
+        let env = MapEnv(
+            [
+                ("UMBP_CLUSTER_MAX_CONNECTIONS", "100"),
+                ("UMBP_CLUSTER_MAX_CONNECTIONS_PER_SOURCE", "4"),
+                ("UMBP_CLUSTER_HANDSHAKE_TIMEOUT_MS", "700"),
+                ("UMBP_CLUSTER_IDLE_TIMEOUT_MS", "9000"),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        );
+        assert_eq!(crate::config::unknown_vars(&env), []);
+        let l = te_base::listener::ListenerLimits::from_env(&env, "UMBP_CLUSTER", Duration::from_secs(1)).unwrap();
+        assert_eq!((l.max_connections, l.max_per_source), (100, 4));
+        assert_eq!(
+            (l.handshake_timeout, l.idle_timeout),
+            (Duration::from_millis(700), Duration::from_millis(9000))
+        );
+    }
+
+    #[test]
     fn parses_endpoints_prefix_and_refuses_malformed_values() {
         let c = ClusterConfig::parse("etcd://10.0.0.1:2379,10.0.0.2:2379/kv/a").unwrap();
         assert_eq!(c.endpoints, ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]);
