@@ -311,3 +311,27 @@ def test_a_buffer_the_peer_registers_after_the_open_is_reachable_at_once(metadat
         a.write(seg, rs.addr, 8, 4096)
     a.shutdown()
     b.shutdown()
+
+
+def test_memory_freed_under_register_ptr_is_blamed_on_this_process_not_the_peer():
+    import ctypes
+    import mmap
+    a = te.TransferEngine(unique("freed-a"), transports=["tcp"])
+    b = te.TransferEngine(unique("freed-b"), transports=["tcp"])
+    dst = np.zeros(MiB, dtype=np.uint8)
+    rd = b.register(dst)
+    seg = a.open_segment(b.segment_name)
+    m = mmap.mmap(-1, MiB)
+    view = ctypes.c_char.from_buffer(m)
+    addr = ctypes.addressof(view)
+    del view
+    reg = a.register_ptr(addr, MiB)  # the caller promised to keep it mapped...
+    m.close()  # ...and did not: unmapped under the registration
+    with pytest.raises(te.BatchFailedError) as e:
+        a.write(seg, addr, rd.addr, MiB)
+    errors = [err for _, err in e.value.failures]
+    assert all(isinstance(err, te.IoError) and not isinstance(err, te.PeerGoneError) for err in errors), errors
+    assert "not mapped" in str(errors[0])
+    reg.close()
+    a.shutdown()
+    b.shutdown()

@@ -209,6 +209,22 @@ impl Lane {
         plan.batch.fail_many(indices, err);
     }
 
+    /// The error a failed socket call ends the lane with: `EFAULT` means the kernel found our
+    /// own memory unmapped (a region freed while still registered, e.g. under `register_raw`),
+    /// which is this process's fault, not the peer's; anything else means the peer is gone.
+    fn io_failed(&self, what: &str, e: io::Error) -> Error {
+        if e.raw_os_error() == Some(libc::EFAULT) {
+            return Error::io(
+                format!(
+                    "{what} to/from '{}': local memory of a registered region is not mapped (freed while still registered?)",
+                    self.peer
+                ),
+                e,
+            );
+        }
+        self.gone(format!("{what} failed: {e}"))
+    }
+
     fn gone(&self, reason: impl Into<String>) -> Error {
         Error::PeerGone {
             peer: self.peer.clone(),
@@ -351,7 +367,7 @@ async fn send_loop(lane: &Lane, mut w: OwnedWriteHalf) {
             // payloads lie in local memory the engine keeps registered and pinned until the batch
             // completes, which cannot happen before these bytes are acknowledged.
             if let Err(e) = unsafe { write_all_raw(&mut w, &parts).await } {
-                lane.kill(lane.gone(format!("send failed: {e}")));
+                lane.kill(lane.io_failed("send", e));
                 return;
             }
             lane.progress.fetch_add(1, Ordering::Relaxed);
@@ -361,11 +377,11 @@ async fn send_loop(lane: &Lane, mut w: OwnedWriteHalf) {
 
 async fn receive_loop(lane: &Lane, r: OwnedReadHalf) {
     let mut reader = FrameReader::new(r);
-    let reason = match receive_frames(lane, &mut reader).await {
-        Ok(()) => "connection closed by the peer".to_string(),
-        Err(e) => e.to_string(),
+    let err = match receive_frames(lane, &mut reader).await {
+        Ok(()) => lane.gone("connection closed by the peer"),
+        Err(e) => lane.io_failed("receive", e),
     };
-    lane.kill(lane.gone(reason));
+    lane.kill(err);
 }
 
 struct Current {
