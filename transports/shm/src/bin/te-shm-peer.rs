@@ -4,7 +4,8 @@
 //! prints its segment descriptor as one JSON line, then answers commands on standard input, one
 //! per line, until it closes:
 //!
-//! - `check OFF LEN SEED`: prints how many bytes of `[OFF, OFF + LEN)` differ from pattern SEED;
+//! - `check OFF LEN SEED [FIRST]`: prints how many bytes of `[OFF, OFF + LEN)` differ from
+//!   pattern SEED at positions FIRST.. (default OFF..);
 //! - `fill SEED`: refills the buffer with pattern SEED, prints `ok`;
 //! - `deregister`: deregisters the buffer (revoking it from every initiator), prints `ok`;
 //! - `recv MS`: prints the payload of the next notification (UTF-8), or `none` after MS ms;
@@ -78,11 +79,12 @@ fn run() -> Result<(), String> {
         match words.first().copied() {
             Some("check") => {
                 let (off, len, seed) = (num(1) as usize, num(2) as usize, num(3));
+                let first = if words.len() > 4 { num(4) } else { off as u64 };
                 let end = off.saturating_add(len).min(bytes);
                 let bad = view()[off.min(end)..end]
                     .iter()
                     .enumerate()
-                    .filter(|(i, b)| **b != te_base::pattern::pattern(seed, (off + i) as u64))
+                    .filter(|(i, b)| **b != te_base::pattern::pattern(seed, first + *i as u64))
                     .count();
                 say(&mut out, bad.to_string());
             }

@@ -1,0 +1,80 @@
+//! The whole engine choosing its route to a same-host peer: shm first when it is permitted, tcp
+//! when cross-memory attach is not (a refused permission probe, a restrictive Yama setting),
+//! with the reason reported.
+
+use std::sync::Arc;
+
+use te_base::config::MapEnv;
+use te_core::metadata::InProcessStore;
+use te_core::{HostBufferOptions, TransferEngine, TransferRequest};
+
+async fn engine(name: &str, store: &Arc<InProcessStore>, extra: &[(&str, &str)]) -> TransferEngine {
+    let mut env = MapEnv::new([("TE_TCP_LISTEN", "127.0.0.1:0")]);
+    for (k, v) in extra {
+        env.0.insert(k.to_string(), v.to_string());
+    }
+    TransferEngine::builder()
+        .segment_name(name)
+        .metadata(store.clone())
+        .env(Arc::new(env))
+        .transports(["shm", "tcp"])
+        .build()
+        .await
+        .unwrap()
+}
+
+/// Opens the target from the initiator, writes 1 MiB verified, returns the route names.
+async fn routes_and_transfer(target: &TransferEngine, initiator: &TransferEngine) -> Vec<&'static str> {
+    let dst = target.allocate(1 << 20, HostBufferOptions::default()).await.unwrap();
+    let src = initiator.allocate(1 << 20, HostBufferOptions::default()).await.unwrap();
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + 3) as u8).collect();
+    src.write_at(0, &data).unwrap();
+    let seg = initiator.open_segment(target.segment_name()).await.unwrap();
+    let remote = seg.buffers().iter().find(|b| b.base == dst.addr()).unwrap().base;
+    initiator
+        .transfer(&[TransferRequest::write(src.addr(), seg.id(), remote, 1 << 20)])
+        .await
+        .unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    dst.read_at(0, &mut back).unwrap();
+    assert!(back == data, "the bytes arrived");
+    initiator.routes(&seg).unwrap().iter().map(|r| r.transport).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_is_chosen_before_tcp_on_one_host() {
+    let store = Arc::new(InProcessStore::new());
+    let target = engine("shm-fallback-target-a", &store, &[]).await;
+    let initiator = engine("shm-fallback-initiator-a", &store, &[]).await;
+    let routes = routes_and_transfer(&target, &initiator).await;
+    assert_eq!(routes.first(), Some(&"shm"), "{routes:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_permission_probe_falls_back_to_tcp() {
+    let store = Arc::new(InProcessStore::new());
+    let target = engine("shm-fallback-target-b", &store, &[]).await;
+    let initiator = engine("shm-fallback-initiator-b", &store, &[("TE_SHM_FAULT_PROBE_ERRNO", "1")]).await;
+    let routes = routes_and_transfer(&target, &initiator).await;
+    assert_eq!(routes, vec!["tcp"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restrictive_ptrace_scope_falls_back_to_tcp_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let scope = dir.path().join("ptrace_scope");
+    std::fs::write(&scope, "3\n").unwrap();
+    let store = Arc::new(InProcessStore::new());
+    let target = engine("shm-fallback-target-c", &store, &[]).await;
+    let initiator = engine(
+        "shm-fallback-initiator-c",
+        &store,
+        &[("TE_SHM_PTRACE_SCOPE_FILE", scope.to_str().unwrap())],
+    )
+    .await;
+    let shm = initiator.transports().iter().find(|t| t.name == "shm").unwrap();
+    let why = shm.unavailable.as_deref().expect("shm is reported unusable");
+    assert!(why.contains("ptrace_scope is 3"), "{why}");
+    let routes = routes_and_transfer(&target, &initiator).await;
+    assert_eq!(routes, vec!["tcp"]);
+}
