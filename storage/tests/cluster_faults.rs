@@ -496,3 +496,98 @@ fn the_first_get_after_an_owner_restarts_reaches_the_new_instance() {
     // is used.
     assert_eq!(p[0].ok(&format!("get {fresh} 0:4096")), "OK 4096 8");
 }
+
+/// Sixteen peers (issue 38's scale), bounded to well under a minute: two writers overwrite keys
+/// in alternation while four readers check every get against the keys' histories, and meanwhile
+/// one member is frozen (a reader's gets of other owners' keys keep the deadline) and another is
+/// SIGKILLed (only its own keys go).
+#[test]
+fn sixteen_peers_keep_deadlines_and_histories_under_a_frozen_and_a_killed_member() {
+    let Some(cl) = Cluster::start("faults-sixteen", false) else {
+        return;
+    };
+    let names: Vec<String> = (0..16).map(|i| format!("n{i:02}")).collect();
+    let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut p: Vec<Node> = names
+        .iter()
+        .map(|n| cl.peer(n, &[("UMBP_DRAM_CAPACITY", "8M")]))
+        .collect();
+    {
+        let mut all: Vec<&mut Node> = p.iter_mut().collect();
+        converge(&mut all, &name_refs);
+    }
+    // n06 owns 64 static keys, n14 (to be killed) 16.
+    const N: u64 = 64;
+    assert_eq!(p[6].ok(&format!("fill s 0 {N} 4096")), "OK failed=0");
+    assert_eq!(p[14].ok("fill k 0 16 4096"), "OK failed=0");
+    wait_routed(&mut p[7], "s", N, "n06");
+    wait_routed(&mut p[7], "k", 16, "n14");
+
+    const KEYS: usize = 8;
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("h{i}")).collect();
+    let hist: Vec<History> = (0..KEYS).map(|_| History::default()).collect();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut rest = p.split_off(2);
+    let mut writers = p;
+    let readers: Vec<Node> = rest.drain(..4).collect();
+    let handles: Vec<_> = readers
+        .into_iter()
+        .enumerate()
+        .map(|(r, mut node)| {
+            let (keys, hist, done) = (keys.clone(), hist.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut gets = 0u64;
+                while !done.load(std::sync::atomic::Ordering::Acquire) {
+                    for (k, h) in keys.iter().zip(&hist) {
+                        let t0 = Instant::now();
+                        let a = node.cmd(&format!("get {k} 0:4096")).unwrap();
+                        check_get(&a, h, t0, &format!("reader n{:02}", r + 2), k);
+                        gets += 1;
+                    }
+                }
+                (node, gets)
+            })
+        })
+        .collect();
+    // rest: n06..n15 (n06 at 0, n07 at 1, n14 at 8, n15 at 9).
+    let writer = {
+        let (keys, hist) = (keys.clone(), hist.clone());
+        std::thread::spawn(move || {
+            let mut seed = 0;
+            for round in 0..12 {
+                for (k, h) in keys.iter().zip(&hist) {
+                    seed += 1;
+                    writers[round % 2].ok(&format!("put {k} 4096 {seed}"));
+                    h.lock().unwrap().push((Instant::now(), seed));
+                }
+            }
+            writers
+        })
+    };
+    let bound = TIMEOUT_MS + SLACK_MS;
+    rest[9].freeze();
+    let a = rest[1].ok(&format!("sweep-timed s 0 {N} 0:4096"));
+    assert_eq!(field(&a, "ok"), N, "n06's keys with n15 frozen: {a}");
+    assert!(field(&a, "max_ms") <= bound, "a get took longer than {bound} ms: {a}");
+    let killed = rest.remove(8);
+    killed.kill();
+    // n14's keys fail (or miss once its lease is gone), each within the deadline; n06's are
+    // unaffected.
+    let a = rest[1].ok("sweep-timed k 0 16 0:4096");
+    assert_eq!(field(&a, "ok"), 0, "{a}");
+    assert!(
+        field(&a, "max_ms") <= bound,
+        "a get of a dead owner's key took longer than {bound} ms: {a}"
+    );
+    let a = rest[1].ok(&format!("sweep-timed s 0 {N} 0:4096"));
+    assert_eq!(field(&a, "ok"), N, "{a}");
+    assert!(field(&a, "max_ms") <= bound, "{a}");
+    rest[8].signal("CONT");
+    let writers = writer.join().expect("writer");
+    done.store(true, std::sync::atomic::Ordering::Release);
+    for h in handles {
+        let (_, gets) = h.join().expect("reader");
+        assert!(gets > 0);
+    }
+    drop(writers);
+}

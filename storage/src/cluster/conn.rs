@@ -317,6 +317,45 @@ impl ConnPool {
         }
     }
 
+    /// A connection to each of `peers`, bounded by `end`: pooled ones at once, the others
+    /// connected in parallel (a scoped thread each when more than one is needed), so a silent
+    /// peer's handshake does not hold up the requests to the others.
+    pub(crate) fn get_many(&self, peers: &[(&str, SocketAddr)], end: Instant) -> Vec<io::Result<(Conn, bool)>> {
+        let mut out: Vec<Option<io::Result<(Conn, bool)>>> = peers
+            .iter()
+            .map(|(p, _)| {
+                self.take(p).map(|mut c| {
+                    c.set_deadline(Some(end));
+                    Ok((c, true))
+                })
+            })
+            .collect();
+        let need: Vec<usize> = (0..peers.len()).filter(|&i| out[i].is_none()).collect();
+        let connect = |i: usize| {
+            Conn::connect(peers[i].1, self.auth.as_ref(), &self.me, self.timeout, end).map(|mut c| {
+                c.set_deadline(Some(end));
+                (c, false)
+            })
+        };
+        match need.as_slice() {
+            [] => {}
+            [i] => out[*i] = Some(connect(*i)),
+            _ => std::thread::scope(|s| {
+                let connect = &connect;
+                let running: Vec<_> = need.iter().map(|&i| (i, s.spawn(move || connect(i)))).collect();
+                for (i, h) in running {
+                    out[i] = Some(
+                        h.join()
+                            .unwrap_or_else(|_| Err(io::Error::other("the connecting thread failed"))),
+                    );
+                }
+            }),
+        }
+        out.into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(io::Error::other("no connection"))))
+            .collect()
+    }
+
     /// Returns a healthy connection to the pool.
     pub(crate) fn put(&self, peer: Arc<str>, mut c: Conn) {
         c.set_deadline(None);
@@ -365,10 +404,12 @@ impl ConnPool {
     /// replaced once by a fresh one, which spends what is left until `end`, never a new timeout.
     /// A peer that does not answer by `end` is marked suspect.
     pub(crate) fn exchange(&self, reqs: &[Request], end: Instant) -> Vec<Result<(Op, Vec<u8>), String>> {
+        let peers: Vec<(&str, SocketAddr)> = reqs.iter().map(|r| (&*r.peer, r.addr)).collect();
         let mut open: Vec<Result<(Conn, bool), String>> = reqs
             .iter()
-            .map(|r| {
-                let (mut c, pooled) = self.get(&r.peer, r.addr, end).map_err(|e| {
+            .zip(self.get_many(&peers, end))
+            .map(|(r, got)| {
+                let (mut c, pooled) = got.map_err(|e| {
                     if e.kind() == io::ErrorKind::TimedOut {
                         self.suspect(&r.peer);
                     }

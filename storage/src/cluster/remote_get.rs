@@ -159,8 +159,17 @@ impl Cluster {
         let timeout = self.cfg.timeout;
         // RESOLVE: sent to every owner before any answer is read, so the owners work at once.
         let mut sent: Vec<Option<(Conn, SegmentId, u64, bool)>> = Vec::with_capacity(work.len());
-        for w in &work {
-            if self.pool.is_suspect(&w.owner, timeout) {
+        // Connections first, all owners at once (a silent owner's handshake holds up no other).
+        let live: Vec<bool> = work.iter().map(|w| !self.pool.is_suspect(&w.owner, timeout)).collect();
+        let targets: Vec<(&str, SocketAddr)> = work
+            .iter()
+            .zip(&live)
+            .filter(|(_, &l)| l)
+            .map(|(w, _)| (&*w.owner, w.addr))
+            .collect();
+        let mut conns = self.pool.get_many(&targets, end).into_iter();
+        for (w, live) in work.iter().zip(live) {
+            if !live {
                 // It did not answer in time lately: its keys fail now rather than wait again.
                 for &k in &w.keys {
                     errors[k] = Some(remote_err(
@@ -175,8 +184,13 @@ impl Cluster {
                 sent.push(None);
                 continue;
             }
+            let conn = conns
+                .next()
+                .unwrap_or_else(|| Err(std::io::Error::other("no connection")))
+                .map(|(c, _)| c)
+                .map_err(|e| self.io_failure(&w.owner, "control connection", e));
             let r = self.segment_for(core, &w.owner, end).and_then(|seg| {
-                let mut conn = self.conn_to(&w.owner, w.addr, end)?;
+                let mut conn = conn?;
                 let fresh = w.keys.iter().zip(&w.cached).filter(|(_, c)| c.is_none());
                 if fresh.clone().next().is_none() {
                     return Ok((conn, seg, 0, false));
