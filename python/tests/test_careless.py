@@ -335,3 +335,78 @@ def test_memory_freed_under_register_ptr_is_blamed_on_this_process_not_the_peer(
     reg.close()
     a.shutdown()
     b.shutdown()
+
+
+def test_a_deadline_fails_only_its_own_batch():
+    a = te.TransferEngine(unique("dl-a"), transports=["tcp"])
+    b = te.TransferEngine(unique("dl-b"), transports=["tcp"])
+    size = 128 * MiB
+    src = (np.arange(size, dtype=np.uint64) % 251).astype(np.uint8)
+    dst = np.zeros(size, dtype=np.uint8)
+    small, small_dst = np.ones(4096, dtype=np.uint8), np.zeros(4096, dtype=np.uint8)
+    rs, rd, rsm, rsd = a.register(src), b.register(dst), a.register(small), b.register(small_dst)
+    seg = a.open_segment(b.segment_name)
+    for _ in range(3):
+        dst[:] = 0
+        big = a.submit_write(seg, rs.addr, rd.addr, size)  # no deadline
+        # Queued behind the big one on the same connection, with a deadline it cannot meet
+        # while it waits there (or met, on a machine fast enough: either way it is its own).
+        quick = a.submit_write(seg, rsm.addr, rsd.addr, 4096, deadline=0.001)
+        try:
+            quick.wait(timeout=60)
+        except te.BatchFailedError as e:
+            assert all(isinstance(err, te.TimeoutError) for _, err in e.failures), e.failures
+        assert big.wait(timeout=120).bytes == size  # untouched by the other batch's deadline
+        assert np.array_equal(dst, src)
+    a.shutdown()
+    b.shutdown()
+
+
+def test_a_kv_buffer_freed_during_another_threads_get_is_refused_until_the_get_is_done():
+    with tempfile.TemporaryDirectory() as d:
+        sock = os.path.join(d, "umbp.sock")
+        with umbp.Server(sock, dram_capacity=96 << 20, ssd_dirs=[]):
+            with umbp.Store(connect=sock) as store:
+                size = 16 * MiB
+                kv = store.alloc_buffer(size)
+                view = np.frombuffer(kv, dtype=np.uint8)
+                view[:] = 3
+                reg = store.register(view)
+                assert store.batch_put_ranges(["kv"], size, 0, 0, size, reg.addr) == [None]
+                for _ in range(ROUNDS):
+                    started, results = threading.Event(), []
+                    t = threading.Thread(target=_getter, args=(store, "kv", size, reg.addr, started, results))
+                    t.start()
+                    started.wait()
+                    with pytest.raises(te.InFlightError):
+                        store.free_buffer(kv)  # a view (registered, in use) still exists
+                    t.join(timeout=60)
+                    assert results and all(r == [size] for r in results), results
+                reg.close()
+                del view
+                store.free_buffer(kv)
+
+
+def test_closing_or_dropping_a_segment_during_another_threads_batch_keeps_the_batch_whole():
+    a = te.TransferEngine(unique("seg-a"), transports=["tcp"])
+    b = te.TransferEngine(unique("seg-b"), transports=["tcp"])
+    size = 32 * MiB
+    src = (np.arange(size, dtype=np.uint64) % 241).astype(np.uint8)
+    dst = np.zeros(size, dtype=np.uint8)
+    rs, rd = a.register(src), b.register(dst)
+    for how in ("close", "del"):
+        for _ in range(ROUNDS // 4 + 1):
+            dst[:] = 0
+            seg = a.open_segment(b.segment_name)
+            batch = a.submit_write(seg, rs.addr, rd.addr, size)
+            if how == "close":
+                a.close_segment(seg)  # in-flight requests finish; later submits are refused
+                with pytest.raises(te.TeError):
+                    a.write(seg, rs.addr, rd.addr, 16)
+            else:
+                del seg
+                gc.collect()
+            assert batch.wait(timeout=120).bytes == size
+            assert np.array_equal(dst, src)
+    a.shutdown()
+    b.shutdown()

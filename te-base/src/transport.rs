@@ -114,6 +114,16 @@ pub trait Peer: Send + Sync + 'static {
         false
     }
 
+    /// Cuts short the requests of one batch (its deadline passed), failing them with `err` under
+    /// the same guarantee as [`Peer::abort`], and leaving other batches' requests alone wherever
+    /// the transport can: a deadline is the batch's own. Returns false when nothing could be cut
+    /// short. The default cuts the whole connection ([`Peer::abort`]); tcp fails the batch's
+    /// requests that have not started and cuts only a connection that is carrying one of them.
+    fn abort_batch(&self, batch: &Arc<crate::batch::BatchState>, err: crate::error::Error) -> bool {
+        let _ = batch;
+        self.abort(err)
+    }
+
     /// Sends one notification to this peer's inbox, ordered after every batch this peer already
     /// completed. Must not block: settles request `index` of `done` once the target queued the message
     /// (done), or refused it (failed with [`crate::Error::NotificationQueueFull`],

@@ -108,7 +108,7 @@ pub(crate) fn arm(runtime: &tokio::runtime::Handle, batch: &Arc<BatchState>, pee
                 ),
                 after_ms: after.as_millis() as u64,
             };
-            if !peer.abort(err) {
+            if !peer.abort_batch(&batch, err) {
                 tracing::debug!(
                     peer = %peer.descriptor().name,
                     "batch deadline passed; the transport lets its requests finish"

@@ -1,6 +1,8 @@
-//! The segment names of the engines alive in this process: a second engine under a name a live
-//! one holds would shadow it in every metadata store this process shares (its descriptor
-//! replaces the first's), so it is refused by name instead.
+//! The segment names of the engines alive in this process, per metadata store: a second engine
+//! publishing a name a live one holds in the same store would shadow it (its descriptor replaces
+//! the first's), so it is refused by name instead. Stores are told apart by identity (the
+//! in-process store every engine shares by default is one; each engine's peer-to-peer store is
+//! its own, and names there are reached through their own listener, so nothing is shadowed).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -10,18 +12,22 @@ use te_base::{Error, Result};
 
 use super::EngineInner;
 
-static LIVE: Mutex<Option<HashMap<String, Weak<EngineInner>>>> = Mutex::new(None);
+type Key = (usize, String);
 
-/// Records `engine` under its name, or refuses it when an engine of this process that is not
-/// shut down holds the name.
+static LIVE: Mutex<Option<HashMap<Key, Weak<EngineInner>>>> = Mutex::new(None);
+
+/// Records `engine` under its store and name, or refuses it when an engine of this process that
+/// is not shut down holds the name in the same store.
 pub(super) fn claim(engine: &Arc<EngineInner>) -> Result<()> {
+    let store = Arc::as_ptr(&engine.metadata) as *const () as usize;
     let mut live = LIVE.lock();
     let live = live.get_or_insert_with(HashMap::new);
     // Entries of engines dropped or shut down are stale: forget them as we pass.
     live.retain(|_, w| w.upgrade().is_some_and(|e| !e.is_closed()));
-    if live.contains_key(&engine.name) {
+    let key = (store, engine.name.clone());
+    if live.contains_key(&key) {
         return Err(Error::SegmentNameTaken(engine.name.clone()));
     }
-    live.insert(engine.name.clone(), Arc::downgrade(engine));
+    live.insert(key, Arc::downgrade(engine));
     Ok(())
 }

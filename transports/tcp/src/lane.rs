@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use te_base::{Error, TransferOp};
+use te_base::{BatchState, Error, TransferOp};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
@@ -53,6 +53,9 @@ struct Queues {
     queued: VecDeque<Job>,
     in_flight: VecDeque<Job>,
     dead: Option<Error>,
+    /// The lane was cut to stop this batch (its deadline passed while it was on the wire): its
+    /// requests fail with this error, the others the lane carried with `dead`.
+    cut_for: Option<(Arc<BatchState>, Error)>,
 }
 
 /// One connection to a peer.
@@ -86,16 +89,19 @@ impl Drop for TaskExit {
         if lane.running.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        let (jobs, err) = {
+        let (jobs, err, cut_for) = {
             let mut q = lane.queues.lock();
             let err = q.dead.get_or_insert_with(|| lane.gone("connection closed")).clone();
             lane.alive.store(false, Ordering::Release);
             let q = &mut *q;
             let jobs: Vec<Job> = q.in_flight.drain(..).chain(q.queued.drain(..)).collect();
-            (jobs, err)
+            (jobs, err, q.cut_for.take())
         };
         for job in &jobs {
-            lane.fail(job, &err);
+            match (&cut_for, job) {
+                (Some((batch, own)), Job::Data(d)) if Arc::ptr_eq(&d.plan.batch, batch) => lane.fail(job, own),
+                _ => lane.fail(job, &err),
+            }
         }
         if let Some(w) = lane.watchdog.lock().take() {
             w.abort();
@@ -175,6 +181,44 @@ impl Lane {
         q.queued.push_back(job);
         drop(q);
         self.wake.notify_one();
+    }
+
+    /// A deadline passed for `batch`: its jobs that have not started fail now with `err` (no byte
+    /// of them was sent, so none will land); if one of its jobs is on the wire, the lane is cut,
+    /// that batch's requests failing with `err` and the others it carries with an error that
+    /// names the cut, once both I/O tasks stopped. True if anything of the batch was here.
+    pub fn abort_batch(&self, batch: &Arc<BatchState>, err: &Error) -> bool {
+        let (removed, on_wire) = {
+            let mut q = self.queues.lock();
+            if q.dead.is_some() {
+                return false;
+            }
+            let mut removed = Vec::new();
+            q.queued.retain(|j| match j {
+                Job::Data(d) if Arc::ptr_eq(&d.plan.batch, batch) => {
+                    removed.push(j.clone());
+                    false
+                }
+                _ => true,
+            });
+            let on_wire = q
+                .in_flight
+                .iter()
+                .any(|j| matches!(j, Job::Data(d) if Arc::ptr_eq(&d.plan.batch, batch)));
+            if on_wire {
+                q.cut_for = Some((batch.clone(), err.clone()));
+            }
+            (removed, on_wire)
+        };
+        for job in &removed {
+            self.fail(job, err);
+        }
+        if on_wire {
+            self.kill(self.gone(format!(
+                "the connection was cut to stop another batch whose deadline passed while it was on the wire ({err})"
+            )));
+        }
+        on_wire || !removed.is_empty()
     }
 
     fn fail(&self, job: &Job, err: &Error) {

@@ -126,6 +126,16 @@ impl Peer for TcpPeer {
         true
     }
 
+    /// Only the batch's own requests: those not started fail at once, and only a lane carrying
+    /// one of them on the wire is cut (`Lane::abort_batch`).
+    fn abort_batch(&self, batch: &Arc<BatchState>, err: Error) -> bool {
+        let mut any = false;
+        for lane in &self.connection.lanes {
+            any |= lane.abort_batch(batch, &err);
+        }
+        any
+    }
+
     /// Rides the first lane, behind whatever it carries already; the engine calls it only once
     /// the batch it follows was acknowledged.
     fn notify(&self, note: te_base::Notification, done: &Arc<BatchState>, index: usize) -> Result<()> {
