@@ -233,9 +233,9 @@ impl Core {
         // by base address, so a buffer registered twice (or inside another) is still refused.
         let opts = RegisterOptions::local_only().without_cache();
         let registration = match owner {
-            // SAFETY: forwarded contract: the memory stays valid while `owner` lives, and the
-            // engine keeps `owner` until the region is released and no transfer uses it.
             Some(owner) => {
+                // SAFETY: forwarded contract: the memory stays valid while `owner` lives, and the
+                // engine keeps `owner` until the region is released and no transfer uses it.
                 unsafe {
                     self.engine
                         .register_raw_owned(addr, len, MemoryLocation::HOST, opts, owner)
