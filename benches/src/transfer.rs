@@ -95,6 +95,17 @@ pub struct Args {
     /// A baseline tool run in the same invocation.
     #[arg(long, value_enum)]
     baseline: Option<Baseline>,
+    /// A second baseline, run right after the first after each of our runs (e.g. `--baseline
+    /// cma --also-baseline memcpy`: the kernel's copy loop and a memcpy loop in one run); the
+    /// row adds `baseline_also`, `ratio_gbps_best` (ours / the better of the two) and the
+    /// per-request nanoseconds of each.
+    #[arg(long, value_enum, requires = "baseline")]
+    also_baseline: Option<Baseline>,
+    /// Block i goes to a remote slot a fixed permutation names instead of slot i, so no
+    /// neighbouring blocks are adjacent remotely and nothing can coalesce them (KV fragments);
+    /// the cma and memcpy baselines use the same slots.
+    #[arg(long)]
+    scatter: bool,
     /// Instead of one engine: two initiator engines to the same target, one exporting metrics
     /// (TE_METRICS_LISTEN on loopback) and one not, repetitions interleaved; reports the ratio.
     #[arg(long)]
@@ -337,6 +348,8 @@ struct Measured {
     /// The first `open_segment`: the metadata fetch, then the transport's connection set-up
     /// (with `TE_AUTH_KEY_FILE` set, its authentication handshake).
     open_us: f64,
+    /// `--also-baseline`'s runs, one after each of ours.
+    also: Option<BaselineResult>,
 }
 
 /// The initiator's buffer of `--total-bytes`, registered with `engine`; filled for writes.
@@ -356,10 +369,12 @@ async fn local_buffer(args: &Args, engine: &TransferEngine) -> Result<Registrati
 /// `--total-bytes` in `--block-bytes` requests of `--op` between `local` and the remote buffer at
 /// `remote_base`.
 fn block_requests(args: &Args, local: &Registration, seg: SegmentId, remote_base: u64) -> Vec<TransferRequest> {
-    (0..args.total_bytes / args.block_bytes)
+    let blocks = args.total_bytes / args.block_bytes;
+    (0..blocks)
         .map(|i| {
             let off = i * args.block_bytes;
-            let (l, r) = (local.addr() + off, remote_base + off);
+            let roff = cma::slot(i, blocks, args.scatter) * args.block_bytes;
+            let (l, r) = (local.addr() + off, remote_base + roff);
             match args.op {
                 TransferOp::Write => TransferRequest::write(l, seg, r, args.block_bytes),
                 TransferOp::Read => TransferRequest::read(l, seg, r, args.block_bytes),
@@ -379,6 +394,23 @@ async fn verify_transfer(
     written_seed: u64,
 ) -> Result<u64, String> {
     Ok(match args.op {
+        TransferOp::Read if args.scatter => {
+            let blocks = args.total_bytes / args.block_bytes;
+            let mut chunk = vec![0u8; args.block_bytes as usize];
+            let mut bad = 0u64;
+            for i in 0..blocks {
+                local
+                    .read_at(i * args.block_bytes, &mut chunk)
+                    .map_err(|e| e.to_string())?;
+                let first = args.remote_offset + cma::slot(i, blocks, true) * args.block_bytes;
+                bad += chunk
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, b)| **b != pattern(args.target_seed, first + *j as u64))
+                    .count() as u64;
+            }
+            bad
+        }
         TransferOp::Read => mismatches(local, args.target_seed, args.remote_offset)?,
         TransferOp::Write => {
             // Read the target's buffer back into a second buffer and check it.
@@ -423,6 +455,8 @@ struct Session {
     remote_base: u64,
     /// The buffers and process of the cma baseline (loopback target only).
     cma_pair: Option<cma::CmaPair>,
+    /// The memcpy baseline's second buffer (kept alive for `cma_pair.memcpy_dst`).
+    _memcpy_dst: Option<Registration>,
     open_us: f64,
 }
 
@@ -462,10 +496,23 @@ async fn attach(
         ));
     }
     let local = local_buffer(args, &engine).await?;
+    let memcpy_dst = if [args.baseline, args.also_baseline].contains(&Some(Baseline::Memcpy)) {
+        let dst = engine
+            .allocate(args.total_bytes as usize, HostBufferOptions::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        // Touched, as the target's buffer is, so neither side copies into the zero page.
+        fill(&dst, TARGET_SEED)?;
+        Some(dst)
+    } else {
+        None
+    };
     let cma_pair = target.map(|t| cma::CmaPair {
         pid: t.child.id(),
         local: local.addr(),
         remote: remote.base,
+        memcpy_dst: memcpy_dst.as_ref().map_or(0, |d| d.addr()),
+        scatter: args.scatter,
     });
     Ok(Session {
         engine,
@@ -473,13 +520,18 @@ async fn attach(
         seg: seg.id(),
         remote_base: remote.base + args.remote_offset,
         cma_pair,
+        _memcpy_dst: memcpy_dst,
         open_us,
     })
 }
 
 async fn measure(args: &Args) -> Result<(), String> {
-    if args.baseline == Some(Baseline::Cma) && args.peer.is_some() {
-        return Err("--baseline cma copies into the loopback target process; it cannot be used with --peer".into());
+    let local_only = [Some(Baseline::Cma), Some(Baseline::Memcpy)];
+    if (local_only.contains(&args.baseline) || local_only.contains(&args.also_baseline)) && args.peer.is_some() {
+        return Err(
+            "--baseline cma/memcpy copy into the loopback target process or this one; they cannot be used with --peer"
+                .into(),
+        );
     }
     let (target, peer_addr) = match &args.peer {
         Some(p) => (None, p.clone()),
@@ -527,6 +579,7 @@ async fn measure_point(
     // Our runs and the baseline's alternate, so both see the same machine conditions.
     let mut times = Vec::with_capacity(args.repeat);
     let mut base_samples = Vec::new();
+    let mut also_samples = Vec::new();
     for _ in 0..args.repeat {
         let t0 = Instant::now();
         for _ in 0..args.batches {
@@ -536,7 +589,13 @@ async fn measure_point(
         if let Some(b) = args.baseline {
             base_samples.push(run_baseline_once(b, args, s.cma_pair)?);
         }
+        if let Some(b) = args.also_baseline {
+            also_samples.push(run_baseline_once(b, args, s.cma_pair)?);
+        }
     }
+    let also = args
+        .also_baseline
+        .map(|b| BaselineResult::from_samples(b, args, also_samples));
     let per_run = args.total_bytes as f64 * args.batches as f64;
     let gbps_runs: Vec<f64> = times.iter().map(|t| per_run / t.as_secs_f64() / 1e9).collect();
     let ratio_paired = (!base_samples.is_empty()).then(|| {
@@ -561,6 +620,7 @@ async fn measure_point(
         gbps_runs,
         ratio_paired,
         open_us: s.open_us,
+        also,
     };
     let baseline = args
         .baseline
@@ -609,6 +669,7 @@ fn row(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResult>)
         "verified": m.mismatched_bytes.is_some(),
         "mismatched_bytes": m.mismatched_bytes.unwrap_or(0),
         "open_us": m.open_us,
+        "scatter": args.scatter,
         "authenticated": std::env::var_os(te_core::auth::KEY_FILE_VAR).is_some(),
     });
     if let Some(b) = baseline {
@@ -625,6 +686,26 @@ fn row(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResult>)
         }
         if let Some(p) = m.ratio_paired {
             v["ratio_gbps_paired"] = serde_json::json!(p);
+        }
+        // Nanoseconds per request: ours from the median run, each baseline's from its GB/s.
+        let ns = |g: f64| args.block_bytes as f64 / g;
+        v["ns_per_request"] = serde_json::json!(ns(gbps));
+        if let Some(bg) = b.gbps {
+            v["baseline"]["ns_per_request"] = serde_json::json!(ns(bg));
+        }
+        if let Some(a) = &m.also {
+            v["baseline_also"] = serde_json::json!({
+                "tool": a.tool,
+                "command": a.command,
+                "gbps": a.gbps,
+                "gbps_runs": a.gbps_runs,
+                "ns_per_request": a.gbps.map(ns),
+            });
+            if let (Some(bg), Some(ag)) = (b.gbps, a.gbps) {
+                let best = bg.max(ag);
+                v["ratio_gbps_best"] = serde_json::json!(gbps / best);
+                v["overhead_ns_per_request_vs_best"] = serde_json::json!(ns(gbps) - ns(best));
+            }
         }
         if let Some(br) = b.requests_per_s {
             v["ratio_requests_per_s"] = serde_json::json!(m.requests_per_s / br);
@@ -685,6 +766,17 @@ fn report(args: &Args, peer: &str, m: &Measured, baseline: Option<&BaselineResul
             .flatten()
             .collect::<Vec<_>>()
             .join(", ")
+        );
+    }
+    if let Some(a) = &m.also {
+        println!(
+            "also baseline {}: {} -> ours / the better baseline {}, {} ns per request more than it",
+            a.tool,
+            a.gbps.map_or_else(|| "-".into(), |g| format!("{g:.3} GB/s")),
+            v.get("ratio_gbps_best")
+                .map_or_else(|| "-".into(), |r| format!("{:.2}x", r.as_f64().unwrap_or(0.0))),
+            v.get("overhead_ns_per_request_vs_best")
+                .map_or_else(|| "-".into(), |r| format!("{:.0}", r.as_f64().unwrap_or(0.0))),
         );
     }
 }

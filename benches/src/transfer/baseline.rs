@@ -22,6 +22,9 @@ pub enum Baseline {
     /// process_vm_writev/readv of the same bytes between the same two buffers (loopback target,
     /// Linux): the single copy a shared-memory provider makes.
     Cma,
+    /// A memcpy loop of the same blocks between the initiator's buffer and a second buffer in
+    /// its own process: what a transport that maps the peer's memory could at best reach.
+    Memcpy,
 }
 
 pub(super) struct BaselineResult {
@@ -145,6 +148,13 @@ fn baseline_command(b: Baseline, args: &Args) -> (&'static str, String) {
                 args.batches
             ),
         ),
+        Baseline::Memcpy => (
+            "memcpy loop",
+            format!(
+                "memcpy of the same {} bytes in {size} B pieces between two buffers of this process, {} time(s)",
+                args.total_bytes, args.batches
+            ),
+        ),
         Baseline::FiPingpong => (
             "fi_pingpong (rdm)",
             format!(
@@ -170,6 +180,14 @@ pub(super) fn run_baseline_once(
             let pair = cma_pair.ok_or("--baseline cma needs the loopback target process")?;
             Ok(BaselineSample {
                 gbps: cma::run(pair, args.op, args.block_bytes, args.total_bytes, args.batches)?,
+                requests_per_s: None,
+                latency_us: None,
+            })
+        }
+        Baseline::Memcpy => {
+            let pair = cma_pair.ok_or("--baseline memcpy needs the loopback target process")?;
+            Ok(BaselineSample {
+                gbps: cma::memcpy_run(pair, args.op, args.block_bytes, args.total_bytes, args.batches)?,
                 requests_per_s: None,
                 latency_us: None,
             })

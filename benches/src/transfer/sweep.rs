@@ -110,6 +110,17 @@ pub(super) async fn run(args: &Args, peer: &str, s: &Session, sizes: &BlockSizes
                 m.mismatched_bytes.map_or_else(|| "-".into(), |n| n.to_string())
             );
         }
+        if !args.json {
+            if let Some(r) = v.get("ratio_gbps_best") {
+                println!(
+                    "{:>10} also {}: {:.3} GB/s; ours / the better baseline {:.2}x",
+                    "",
+                    m.also.as_ref().map_or("-", |a| a.tool),
+                    m.also.as_ref().and_then(|a| a.gbps).unwrap_or(0.0),
+                    r.as_f64().unwrap_or(0.0)
+                );
+            }
+        }
         mismatched += m.mismatched_bytes.unwrap_or(0);
         baseline_tool = b.map(|b| b.tool);
         points.push(point);

@@ -12,7 +12,8 @@
 //!   `NotAvailable` and the reason (logged once), and the engine carries the peer on its next
 //!   route (tcp).
 //! - A batch is copied with one system call per up to 1,024 requests of one direction (adjacent
-//!   ones coalesced) on the submitting thread, or on the transport's copy thread when larger
+//!   ones coalesced) on the submitting thread, or cut into one share per copy thread
+//!   (`TE_SHM_COPY_THREADS`, default 2) when larger
 //!   than `TE_SHM_INLINE_BYTES`. Each request is checked against the descriptor, the local
 //!   registrations and the target's live export list.
 //! - Deregistration on the target is pushed to every connected initiator and returns once each

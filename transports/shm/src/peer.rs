@@ -1,7 +1,8 @@
-//! A connected target segment, as one descriptor describes it, and the copy thread that takes
+//! A connected target segment, as one descriptor describes it, and the copy threads that take
 //! batches too large to copy on the submitting thread.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -13,44 +14,84 @@ use crate::connection::Connection;
 /// The initiator's registered host regions, by id.
 pub(crate) type LocalTable = RwLock<HashMap<RegionId, (u64, u64)>>;
 
-/// A batch handed to the copy thread.
+/// One share of a batch handed to a copy thread.
 pub(crate) struct Job {
     conn: Arc<Connection>,
-    requests: Vec<ResolvedRequest>,
+    requests: Arc<[ResolvedRequest]>,
+    range: Range<usize>,
     batch: Arc<BatchState>,
 }
 
-/// The transport's persistent copy thread (started once, at install).
-pub(crate) struct CopyThread {
-    tx: Mutex<Option<mpsc::Sender<Job>>>,
+impl Job {
+    fn run(&self) {
+        self.conn.run(&self.requests[self.range.clone()], &self.batch);
+    }
 }
 
-impl CopyThread {
-    pub fn start() -> Result<CopyThread> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("te-shm-copy".into())
-            .spawn(move || {
-                for job in rx {
-                    job.conn.run(&job.requests, &job.batch);
-                }
-            })
-            .map_err(|e| Error::io("shm: starting the copy thread", e))?;
-        Ok(CopyThread {
-            tx: Mutex::new(Some(tx)),
-        })
+/// The transport's persistent copy threads (started once, at install). The kernel's copy of one
+/// thread reaches about half of what a memcpy loop does here (it pins the target's pages one by
+/// one), so a large batch is cut into one share per thread.
+pub(crate) struct CopyThreads {
+    txs: Mutex<Vec<mpsc::Sender<Job>>>,
+}
+
+impl CopyThreads {
+    pub fn start(threads: usize) -> Result<CopyThreads> {
+        let mut txs = Vec::with_capacity(threads);
+        for i in 0..threads {
+            let (tx, rx) = mpsc::channel::<Job>();
+            std::thread::Builder::new()
+                .name(format!("te-shm-copy-{i}"))
+                .spawn(move || {
+                    for job in rx {
+                        job.run();
+                    }
+                })
+                .map_err(|e| Error::io("shm: starting a copy thread", e))?;
+            txs.push(tx);
+        }
+        Ok(CopyThreads { txs: Mutex::new(txs) })
     }
 
-    fn push(&self, job: Job) -> std::result::Result<(), Job> {
-        match self.tx.lock().as_ref() {
-            Some(tx) => tx.send(job).map_err(|e| e.0),
-            None => Err(job),
+    /// Cuts `requests` (of `total` bytes) into one share per thread, by bytes, and hands them
+    /// out; shares no thread takes (the transport is stopping) are copied here.
+    fn push(&self, conn: &Arc<Connection>, requests: Vec<ResolvedRequest>, total: u64, batch: &Arc<BatchState>) {
+        let requests: Arc<[ResolvedRequest]> = requests.into();
+        let txs = self.txs.lock().clone();
+        let shares = txs.len().min(requests.len()).max(1);
+        let mut start = 0usize;
+        let mut bytes = 0u64;
+        for k in 0..shares {
+            let goal = total / shares as u64 * (k as u64 + 1);
+            let mut end = start;
+            while end < requests.len() && (bytes < goal || k + 1 == shares) {
+                bytes += requests[end].len;
+                end += 1;
+            }
+            if end == start {
+                continue;
+            }
+            let job = Job {
+                conn: conn.clone(),
+                requests: requests.clone(),
+                range: start..end,
+                batch: batch.clone(),
+            };
+            start = end;
+            match txs.get(k) {
+                Some(tx) => {
+                    if let Err(e) = tx.send(job) {
+                        e.0.run();
+                    }
+                }
+                None => job.run(),
+            }
         }
     }
 
-    /// Lets the thread finish what it holds and exit.
+    /// Lets the threads finish what they hold and exit.
     pub fn stop(&self) {
-        self.tx.lock().take();
+        self.txs.lock().clear();
     }
 }
 
@@ -60,7 +101,7 @@ pub(crate) struct ShmPeer {
     pub local: Arc<LocalTable>,
     pub conn: Arc<Connection>,
     pub inline_bytes: u64,
-    pub copier: Arc<CopyThread>,
+    pub copier: Arc<CopyThreads>,
 }
 
 impl Peer for ShmPeer {
@@ -127,15 +168,7 @@ impl Peer for ShmPeer {
         if total <= self.inline_bytes || ctx.background {
             self.conn.run(&requests, batch);
         } else {
-            let job = Job {
-                conn: self.conn.clone(),
-                requests,
-                batch: batch.clone(),
-            };
-            if let Err(job) = self.copier.push(job) {
-                // The transport is shutting down: copy here rather than drop the batch.
-                job.conn.run(&job.requests, &job.batch);
-            }
+            self.copier.push(&self.conn, requests, total, batch);
         }
         ctx.timer.lap(te_base::Phase::Submit, t0);
         Ok(())

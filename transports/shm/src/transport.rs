@@ -16,7 +16,7 @@ use crate::cma::{self, PtraceScope};
 use crate::config::ShmConfig;
 use crate::connection::{ConnectError, ConnectSettings, Connection};
 use crate::endpoint::{HostIdentity, ShmEndpoint};
-use crate::peer::{CopyThread, LocalTable, ShmPeer};
+use crate::peer::{CopyThreads, LocalTable, ShmPeer};
 use crate::serve::{accept_loop, Server};
 use crate::socket;
 
@@ -28,7 +28,7 @@ pub struct ShmTransport {
     listener_fd: i32,
     local: Arc<LocalTable>,
     pool: Mutex<HashMap<(u32, u64), Weak<Connection>>>,
-    copier: Arc<CopyThread>,
+    copier: Arc<CopyThreads>,
     auth: Option<AuthKey>,
     /// Target instances already reported as unreachable (each is reported once).
     reported: Mutex<HashSet<(u32, u64)>>,
@@ -76,6 +76,7 @@ impl ShmTransport {
             inbox,
             scope,
         ));
+        let copier = Arc::new(CopyThreads::start(config.copy_threads)?);
         let listener_fd = listener.as_raw_fd();
         let srv = server.clone();
         std::thread::Builder::new()
@@ -96,7 +97,7 @@ impl ShmTransport {
             listener_fd,
             local: Arc::new(LocalTable::default()),
             pool: Mutex::new(HashMap::new()),
-            copier: Arc::new(CopyThread::start()?),
+            copier,
             auth,
             reported: Mutex::new(HashSet::new()),
         })

@@ -38,15 +38,15 @@ async fn run_each(inline: &str, opts: &ConformanceOptions) {
     deregistered_target_is_refused(&pair(inline), opts).await;
 }
 
-/// Batches up to 1 MiB copied on the submitting thread, larger ones on the copy thread.
+/// Batches up to 1 MiB copied on the submitting thread, larger ones shared by the copy threads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_inline_threshold() {
     run_each("1M", &ConformanceOptions::default()).await;
 }
 
-/// Every batch on the copy thread.
+/// Every batch shared by the copy threads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn everything_on_the_copy_thread() {
+async fn everything_on_the_copy_threads() {
     let opts = ConformanceOptions {
         max_bytes: 16 << 20,
         ..ConformanceOptions::default()

@@ -63,7 +63,7 @@ fn writes_and_reads_between_processes_byte_for_byte() {
             "fragment {i}"
         );
     }
-    // The whole buffer in 1 MiB writes (one batch, on the copy thread), then read back.
+    // The whole buffer in 1 MiB writes (one batch, shared by the copy threads), then read back.
     target.ask("fill 1");
     let whole = |op| {
         (0..64u64)
