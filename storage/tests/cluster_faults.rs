@@ -591,3 +591,104 @@ fn sixteen_peers_keep_deadlines_and_histories_under_a_frozen_and_a_killed_member
     }
     drop(writers);
 }
+
+/// A network partition (issue 38 item 5): four peers in network namespaces (separate network
+/// stacks on a bridge, etcd on the bridge); one host's link is cut, so its packets vanish
+/// silently (no reset), unlike a killed process. Others' gets and puts keep the deadline, the
+/// cut-off member's keys fail within it and leave the membership with its lease; healed, it
+/// rejoins and its keys are read again. Needs root and iproute2 (skips otherwise; fails when
+/// TE_REQUIRE names netns).
+#[test]
+fn a_partitioned_member_costs_others_one_timeout_and_rejoins_when_healed() {
+    use te_tests::netns::{network_or_skip, Network};
+    let Some(net) = network_or_skip(4) else { return };
+    let etcd = match EtcdServer::start(&net.bridge_ns(), &net.bridge_ip()) {
+        Ok(e) => e,
+        Err(e) => {
+            te_tests::skip_or_fail("etcd", &e);
+            return;
+        }
+    };
+    let names = ["m0", "m1", "m2", "m3"];
+    let start = |h: usize| {
+        let ip = net.host_ip(h);
+        let mut c = Network::command_in(&net.host_ns(h), env!("CARGO_BIN_EXE_umbp-peer"));
+        c.args(["--name", names[h]])
+            .env(
+                "UMBP_CLUSTER",
+                format!("etcd://{}:2379/faults-partition", net.bridge_ip()),
+            )
+            .env("UMBP_CLUSTER_LISTEN", format!("{ip}:7100"))
+            .env("UMBP_CLUSTER_LEASE_TTL_S", "3")
+            .env("UMBP_CLUSTER_TIMEOUT_MS", TIMEOUT_MS.to_string())
+            .env("TE_TCP_LISTEN", format!("{ip}:0"))
+            .env("TE_TCP_TIMEOUT_MS", TIMEOUT_MS.to_string())
+            .env("UMBP_DRAM_CAPACITY", "32M")
+            .env_remove("UMBP_SSD_DIRS")
+            .env_remove("UMBP_CLUSTER_DIRECTORY")
+            .env_remove("TE_AUTH_KEY_FILE");
+        Node::start(c).unwrap_or_else(|e| panic!("{}: {e}", names[h]))
+    };
+    let mut p: Vec<Node> = (0..4).map(start).collect();
+    {
+        let mut all: Vec<&mut Node> = p.iter_mut().collect();
+        converge(&mut all, &names);
+    }
+    const N: u64 = 48;
+    assert_eq!(p[0].ok(&format!("fill a 0 {N} 4096")), "OK failed=0");
+    assert_eq!(p[3].ok("fill z 0 16 4096"), "OK failed=0");
+    wait_routed(&mut p[1], "a", N, "m0");
+    wait_routed(&mut p[1], "z", 16, "m3");
+    assert_eq!(field(&p[1].ok("sweep z 0 16 0:4096"), "ok"), 16);
+
+    let link = |state: &str| {
+        let ok = Command::new("ip")
+            .args(["-n", &net.bridge_ns(), "link", "set", "v3", state])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "ip link set v3 {state}");
+    };
+    link("down");
+    let bound = TIMEOUT_MS + SLACK_MS;
+    let a = p[1].ok(&format!("sweep-timed a 0 {N} 0:4096"));
+    assert_eq!(field(&a, "ok"), N, "m0's keys with m3 cut off: {a}");
+    assert!(field(&a, "max_ms") <= bound, "a get took longer than {bound} ms: {a}");
+    let a = p[2].ok(&format!("fill-timed b 0 {N} 4096"));
+    assert_eq!(field(&a, "failed"), 0, "{a}");
+    assert!(field(&a, "max_ms") <= bound, "a put took longer than {bound} ms: {a}");
+    let a = p[1].ok(&format!("sweep-timed b 0 {N} 0:4096"));
+    assert_eq!(field(&a, "ok"), N, "{a}");
+    assert!(field(&a, "max_ms") <= bound, "{a}");
+    let a = p[1].ok("sweep-timed z 0 16 0:4096");
+    assert_eq!(field(&a, "ok"), 0, "{a}");
+    assert!(
+        field(&a, "max_ms") <= bound,
+        "a get of the cut-off member's key took longer than {bound} ms: {a}"
+    );
+    // Its lease expires: the others see it leave (an event).
+    {
+        let mut rest: Vec<&mut Node> = p[..3].iter_mut().collect();
+        converge(&mut rest, &names[..3]);
+    }
+    // Healed, it rejoins under a new lease and re-publishes its keys.
+    link("up");
+    {
+        let mut all: Vec<&mut Node> = p.iter_mut().collect();
+        converge(&mut all, &names);
+    }
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let a = p[1].ok("sweep z 0 16 0:4096");
+        if field(&a, "ok") == 16 {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "m3's keys did not come back after the partition healed: {a}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(p);
+    drop(etcd);
+}

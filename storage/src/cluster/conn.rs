@@ -171,6 +171,9 @@ impl Conn {
 
     fn fill(&mut self, buf: &mut [u8], end: Instant) -> io::Result<()> {
         use std::io::Read;
+        // An answer that arrived while the caller waited on another peer is still read: reads
+        // may take up to this much past the deadline, never blocking longer.
+        let end = end + READ_GRACE;
         let mut at = 0;
         while at < buf.len() {
             self.stream.set_read_timeout(Some(left(end)?))?;
@@ -187,6 +190,9 @@ impl Conn {
         Ok(())
     }
 }
+
+/// How far past its deadline a read may go to take bytes already received.
+const READ_GRACE: Duration = Duration::from_millis(2);
 
 /// What is left until `end` (never zero, which would mean "no timeout" to the socket).
 fn left(end: Instant) -> io::Result<Duration> {
@@ -399,64 +405,107 @@ impl ConnPool {
     }
 
     /// Sends every request before reading any answer, so the peers work at once; each answer
-    /// is the peer's frame or why there is none. Blocking; nothing waits past `end`. A pooled
-    /// connection that turns out dead (the peer restarted: reset or closed, not silent) is
-    /// replaced once by a fresh one, which spends what is left until `end`, never a new timeout.
-    /// A peer that does not answer by `end` is marked suspect.
+    /// is the peer's frame or why there is none. Blocking; nothing waits past `end`. A request
+    /// that needs a new connection makes its whole round trip on a scoped thread of its own, so a
+    /// silent peer's handshake holds up no request to another. A pooled connection that turns out
+    /// dead (the peer restarted: reset or closed, not silent) is replaced once by a fresh one,
+    /// which spends what is left until `end`, never a new timeout. A peer that does not answer in
+    /// time is marked suspect.
     pub(crate) fn exchange(&self, reqs: &[Request], end: Instant) -> Vec<Result<(Op, Vec<u8>), String>> {
-        let peers: Vec<(&str, SocketAddr)> = reqs.iter().map(|r| (&*r.peer, r.addr)).collect();
-        let mut open: Vec<Result<(Conn, bool), String>> = reqs
+        let mut pooled: Vec<Option<Conn>> = reqs
             .iter()
-            .zip(self.get_many(&peers, end))
-            .map(|(r, got)| {
-                let (mut c, pooled) = got.map_err(|e| {
-                    if e.kind() == io::ErrorKind::TimedOut {
-                        self.suspect(&r.peer);
-                    }
-                    format!("connecting: {e}")
-                })?;
-                match c.send(r.op, &r.body) {
-                    Ok(()) => Ok((c, pooled)),
-                    Err(e) if pooled && e.kind() != io::ErrorKind::TimedOut => self
-                        .fresh_send(r, end)
-                        .map(|c| (c, false))
-                        .map_err(|_| format!("sending: {e}")),
-                    Err(e) => {
-                        if e.kind() == io::ErrorKind::TimedOut {
-                            self.suspect(&r.peer);
-                        }
-                        Err(format!("sending: {e}"))
-                    }
-                }
+            .map(|r| {
+                self.take(&r.peer).map(|mut c| {
+                    c.set_deadline(Some(end));
+                    c
+                })
             })
             .collect();
-        reqs.iter()
-            .zip(open.iter_mut())
-            .map(|(r, o)| {
-                let (mut c, pooled) = std::mem::replace(o, Err(String::new()))?;
-                let answer = match c.recv() {
-                    Ok(a) => Ok(a),
-                    Err(e) if pooled && e.kind() != io::ErrorKind::TimedOut => {
-                        c = self.fresh_send(r, end)?;
-                        c.recv()
-                    }
-                    Err(e) => Err(e),
-                };
-                match answer {
-                    Ok(a) => {
-                        self.put(r.peer.clone(), c);
-                        Ok(a)
-                    }
-                    Err(e) => {
-                        self.forget(&r.peer);
-                        if e.kind() == io::ErrorKind::TimedOut {
+        type Answer = Result<(Op, Vec<u8>), String>;
+        std::thread::scope(|s| {
+            let fresh: Vec<Option<std::thread::ScopedJoinHandle<'_, Answer>>> = reqs
+                .iter()
+                .zip(&pooled)
+                .map(|(r, c)| c.is_none().then(|| s.spawn(move || self.round_trip_fresh(r, end))))
+                .collect();
+            // Pooled connections: every request sent, then every answer read.
+            let mut open: Vec<Option<Result<(Conn, bool), String>>> = reqs
+                .iter()
+                .zip(pooled.iter_mut())
+                .map(|(r, c)| {
+                    let mut c = c.take()?;
+                    Some(match c.send(r.op, &r.body) {
+                        Ok(()) => Ok((c, true)),
+                        Err(e) if e.kind() != io::ErrorKind::TimedOut => self
+                            .fresh_send(r, end)
+                            .map(|c| (c, false))
+                            .map_err(|_| format!("sending: {e}")),
+                        Err(e) => {
                             self.suspect(&r.peer);
+                            Err(format!("sending: {e}"))
                         }
-                        Err(format!("reading the answer: {e}"))
+                    })
+                })
+                .collect();
+            reqs.iter()
+                .zip(open.iter_mut())
+                .zip(fresh)
+                .map(|((r, o), f)| {
+                    if let Some(h) = f {
+                        return h
+                            .join()
+                            .unwrap_or_else(|_| Err("the request's thread failed".to_string()));
                     }
+                    let (mut c, pooled) = o.take().unwrap_or_else(|| Err("no connection".to_string()))?;
+                    let answer = match c.recv() {
+                        Ok(a) => Ok(a),
+                        Err(e) if pooled && e.kind() != io::ErrorKind::TimedOut => {
+                            c = self.fresh_send(r, end)?;
+                            c.recv()
+                        }
+                        Err(e) => Err(e),
+                    };
+                    self.settle(r, c, answer)
+                })
+                .collect()
+        })
+    }
+
+    /// One request on a new connection: connect, send, read the answer, all by `end`.
+    fn round_trip_fresh(&self, r: &Request, end: Instant) -> Result<(Op, Vec<u8>), String> {
+        let mut c = Conn::connect(r.addr, self.auth.as_ref(), &self.me, self.timeout, end).map_err(|e| {
+            if e.kind() == io::ErrorKind::TimedOut {
+                self.suspect(&r.peer);
+            }
+            format!("connecting: {e}")
+        })?;
+        c.set_deadline(Some(end));
+        if let Err(e) = c.send(r.op, &r.body) {
+            if e.kind() == io::ErrorKind::TimedOut {
+                self.suspect(&r.peer);
+            }
+            return Err(format!("sending: {e}"));
+        }
+        let answer = c.recv();
+        self.settle(r, c, answer)
+    }
+
+    /// Pools the connection after an answer; after a failure drops the peer's connections and,
+    /// if it did not answer in time, marks it suspect.
+    fn settle(&self, r: &Request, c: Conn, answer: io::Result<(Op, Vec<u8>)>) -> Result<(Op, Vec<u8>), String> {
+        match answer {
+            Ok(a) => {
+                self.put(r.peer.clone(), c);
+                Ok(a)
+            }
+            Err(e) => {
+                self.forget(&r.peer);
+                if e.kind() == io::ErrorKind::TimedOut {
+                    self.suspect(&r.peer);
                 }
-            })
-            .collect()
+                Err(format!("reading the answer: {e}"))
+            }
+        }
     }
 
     fn fresh_send(&self, r: &Request, end: Instant) -> Result<Conn, String> {
