@@ -593,7 +593,10 @@ impl PyStore {
                         remote_stale,
                         remote_errors,
                         directory_entries,
-                        directory_messages
+                        directory_messages,
+                        directory_refused_identity,
+                        directory_refused_capped,
+                        directory_lookups_throttled
                     ]
                 ),
             )?,
