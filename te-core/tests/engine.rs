@@ -507,6 +507,7 @@ fn every_variable_in_the_sources_is_known() {
         ("te-core/src", true),
         ("transports/local/src", cfg!(feature = "local")),
         ("transports/tcp/src", cfg!(feature = "tcp")),
+        ("transports/shm/src", cfg!(feature = "shm")),
         ("transports/rdma/src", cfg!(feature = "rdma")),
         ("transports/efa/src", cfg!(feature = "efa")),
         ("plugins/cuda/src", cfg!(feature = "cuda")),

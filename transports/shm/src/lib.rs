@@ -33,6 +33,6 @@ mod transport;
 pub mod wire;
 
 pub use cma::PtraceScope;
-pub use config::{ShmConfig, ENV_VARS};
+pub use config::{ShmConfig, DEFAULT_PTRACE_SCOPE_FILE, ENV_VARS};
 pub use endpoint::{HostIdentity, ShmEndpoint};
 pub use transport::{install, ShmTransport};
