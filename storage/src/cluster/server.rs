@@ -177,10 +177,11 @@ async fn directory_request(
                     .shard
                     .publish(&named, keys.iter().map(|(k, v)| (k.as_str(), *v)), cap);
                 // The owners of superseded entries drop those copies before the writer's put
-                // is acknowledged (bounded by the frame timeout).
+                // is acknowledged, within a quarter of the frame timeout (the writer waits on
+                // this answer within its own deadline).
                 if !done.superseded.is_empty() {
                     let (sh, superseded) = (sh.clone(), done.superseded);
-                    let end = std::time::Instant::now() + limits.frame_timeout;
+                    let end = std::time::Instant::now() + limits.frame_timeout / 4;
                     let _ = tokio::task::spawn_blocking(move || sh.retire(superseded, end)).await;
                 }
                 if done.capped > 0 {

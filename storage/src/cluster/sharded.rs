@@ -230,9 +230,13 @@ impl Sharded {
             return;
         }
         let m = self.membership();
+        let suspects = self.suspects();
         let mut groups: HashMap<Arc<str>, Vec<(String, u64)>> = HashMap::new();
         for (k, o, v) in superseded {
-            groups.entry(o).or_default().push((k, v));
+            // A peer that did not answer lately is not waited for (its copy stays; see above).
+            if !suspects.contains(&o) {
+                groups.entry(o).or_default().push((k, v));
+            }
         }
         if let Some(mine) = groups.remove(&self.me) {
             self.retire_here(&mine);
