@@ -79,6 +79,13 @@ impl Cluster {
 
 const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
 
+/// These tests run one at a time: each starts up to sixteen peer processes, and the deadlines
+/// they check should measure the code, not four clusters sharing two cores.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Waits until every node sees exactly `names` as members (an event; the bound only guards a
 /// hang).
 fn converge(nodes: &mut [&mut Node], names: &[&str]) {
@@ -128,6 +135,7 @@ fn wait_routed(node: &mut Node, prefix: &str, count: u64, owner: &str) {
 
 #[test]
 fn a_frozen_member_costs_other_owners_calls_one_timeout_at_most() {
+    let _serial = serial();
     let Some(cl) = Cluster::start("faults-freeze", false) else {
         return;
     };
@@ -239,6 +247,7 @@ impl Hostile {
 
 #[test]
 fn a_member_speaks_only_for_itself_and_stores_only_so_much() {
+    let _serial = serial();
     let Some(cl) = Cluster::start("faults-trust", true) else {
         return;
     };
@@ -360,6 +369,7 @@ fn check_get(answer: &str, h: &History, t0: Instant, who: &str, key: &str) -> u6
 
 #[test]
 fn the_last_acknowledged_put_wins_across_peers() {
+    let _serial = serial();
     let Some(cl) = Cluster::start("faults-lww", false) else {
         return;
     };
@@ -460,6 +470,7 @@ fn directory_peers<'m>(key: &str, members: &[&'m str]) -> [&'m str; 2] {
 
 #[test]
 fn the_first_get_after_an_owner_restarts_reaches_the_new_instance() {
+    let _serial = serial();
     let Some(cl) = Cluster::start("faults-restart", false) else {
         return;
     };
@@ -503,6 +514,7 @@ fn the_first_get_after_an_owner_restarts_reaches_the_new_instance() {
 /// SIGKILLed (only its own keys go).
 #[test]
 fn sixteen_peers_keep_deadlines_and_histories_under_a_frozen_and_a_killed_member() {
+    let _serial = serial();
     let Some(cl) = Cluster::start("faults-sixteen", false) else {
         return;
     };
@@ -600,6 +612,7 @@ fn sixteen_peers_keep_deadlines_and_histories_under_a_frozen_and_a_killed_member
 /// TE_REQUIRE names netns).
 #[test]
 fn a_partitioned_member_costs_others_one_timeout_and_rejoins_when_healed() {
+    let _serial = serial();
     use te_tests::netns::{network_or_skip, Network};
     let Some(net) = network_or_skip(4) else { return };
     let etcd = match EtcdServer::start(&net.bridge_ns(), &net.bridge_ip()) {
