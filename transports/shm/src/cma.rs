@@ -147,6 +147,31 @@ pub fn vm_copy(pid: u32, op: TransferOp, local: &[libc::iovec], remote: &[libc::
     }
 }
 
+/// A pidfd of process `pid` (Linux 5.3+): it stays bound to that process, so a later check
+/// cannot be fooled by the pid being given to a new process. `None` where the kernel lacks it.
+pub fn pidfd_open(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    Some(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) })
+}
+
+/// True once the process behind `pidfd` exited (its pidfd polls readable then). One `poll`
+/// with a zero timeout.
+pub fn exited(pidfd: &std::os::fd::OwnedFd) -> bool {
+    let mut p = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(pidfd),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, a count of 1, no waiting.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents != 0
+}
+
 /// An iovec for `[addr, addr + len)`.
 pub fn iovec(addr: u64, len: u64) -> libc::iovec {
     libc::iovec {
@@ -172,6 +197,21 @@ mod tests {
         assert_eq!(PtraceScope::read(&dir.join("absent")), PtraceScope::NoYama);
         assert!(PtraceScope::Scope(0).refusal().is_none());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_pidfd_tells_an_exited_process() {
+        let mut child = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        let Some(fd) = pidfd_open(child.id()) else {
+            eprintln!("skipped: this kernel has no pidfd_open");
+            let _ = child.kill();
+            let _ = child.wait();
+            return;
+        };
+        assert!(!exited(&fd));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(exited(&fd));
     }
 
     #[test]

@@ -37,6 +37,13 @@ pub(crate) struct Connection {
     /// The target's pid, as the kernel reported it for the socket.
     pub pid: u32,
     writer: Mutex<UnixStream>,
+    /// The socket's descriptor (owned by `writer`), to shut it down without waiting for a
+    /// writer that is blocked on it.
+    fd: i32,
+    /// A pidfd of the target, checked before every system call: a pid given to a new process
+    /// after the target exited is never written to (`None` on kernels before 5.3: the control
+    /// socket's closing is the only sign then).
+    pidfd: Option<std::os::fd::OwnedFd>,
     /// The ranges the target exports right now, sorted by base. Copies hold the read lock for
     /// their whole duration, so applying a revocation (write lock) waits for them and, once it
     /// is acknowledged, no byte of the revoked range is touched again.
@@ -114,6 +121,8 @@ impl Connection {
                 cred.pid, ep.socket, ep.pid
             )));
         }
+        // Opened before the probe below, which then proves this pid is the process that answered.
+        let pidfd = cma::pidfd_open(cred.pid);
         let pending = s.auth.as_ref().map(|k| InitiatorHandshake::start(k, AUTH_CONTEXT));
         let hello = Header {
             a: ep.token,
@@ -165,6 +174,8 @@ impl Connection {
         let conn = Arc::new(Connection {
             name: name.to_string(),
             pid: ep.pid,
+            fd: stream.as_raw_fd(),
+            pidfd,
             writer: Mutex::new(stream),
             exports: RwLock::new(exports),
             killed: AtomicBool::new(false),
@@ -183,6 +194,18 @@ impl Connection {
     /// True until the connection was cut.
     pub fn is_healthy(&self) -> bool {
         !self.killed.load(Ordering::Acquire)
+    }
+
+    /// Before a system call: still connected, and the target process still alive (its pidfd).
+    fn may_copy(&self) -> bool {
+        if !self.is_healthy() {
+            return false;
+        }
+        if self.pidfd.as_ref().is_some_and(cma::exited) {
+            self.kill(self.gone("the process exited"));
+            return false;
+        }
+        true
     }
 
     /// The error requests fail with once the connection is cut.
@@ -207,8 +230,9 @@ impl Connection {
             return;
         }
         *self.error.lock() = Some(err.clone());
-        // SAFETY: shutting down the open socket's fd; the stream stays owned by `writer`.
-        unsafe { libc::shutdown(self.writer.lock().as_raw_fd(), libc::SHUT_RDWR) };
+        // SAFETY: `fd` is the open socket `writer` owns for as long as `self` lives; shutting it
+        // down wakes every thread blocked on it and closes nothing.
+        unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
         let pending: Vec<PendingNote> = self.notes.lock().drain().map(|(_, p)| p).collect();
         for p in pending {
             p.done.fail(p.index, err.clone());
@@ -277,7 +301,7 @@ impl Connection {
             let s = &mut *guard;
             let mut i = 0;
             while i < reqs.len() {
-                if !self.is_healthy() {
+                if !self.may_copy() {
                     let err = self.cut_error();
                     batch.fail_many(reqs[i..].iter().map(|r| r.index as usize), &err);
                     return;
@@ -353,7 +377,7 @@ impl Connection {
                 continue;
             }
             moved = 0;
-            if !self.is_healthy() {
+            if !self.may_copy() {
                 batch.fail(r.index as usize, self.cut_error());
                 continue;
             }
@@ -402,8 +426,8 @@ impl Connection {
 impl Drop for Connection {
     fn drop(&mut self) {
         // Ends the control thread (it holds only a weak reference).
-        // SAFETY: shutting down the open socket's fd, owned by `writer`.
-        unsafe { libc::shutdown(self.writer.get_mut().as_raw_fd(), libc::SHUT_RDWR) };
+        // SAFETY: `fd` is still the open socket `writer` owns (it is closed after this body).
+        unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
     }
 }
 

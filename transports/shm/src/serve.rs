@@ -35,6 +35,8 @@ struct Exports {
 /// One accepted, authenticated connection.
 pub(crate) struct Served {
     writer: Mutex<UnixStream>,
+    /// The socket's descriptor (owned by `writer`), to cut it without waiting for its lock.
+    fd: i32,
     /// The last region epoch the initiator confirmed.
     acked: tokio::sync::watch::Sender<u64>,
     alive: AtomicBool,
@@ -44,8 +46,9 @@ pub(crate) struct Served {
 impl Served {
     fn cut(&self) {
         self.alive.store(false, Ordering::SeqCst);
-        // SAFETY: shutting down an open socket's fd; the stream stays owned by `writer`.
-        unsafe { libc::shutdown(self.writer.lock().as_raw_fd(), libc::SHUT_RDWR) };
+        // SAFETY: `fd` is the open socket `writer` owns for as long as `self` lives; shutting it
+        // down wakes threads blocked on it and closes nothing.
+        unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
     }
 }
 
@@ -148,11 +151,11 @@ impl Server {
     }
 
     /// Cuts every connection and stops accepting.
-    pub fn stop(&self, listener_fd: i32) {
+    pub fn stop(&self, listener: &UnixListener) {
         self.stopped.store(true, Ordering::SeqCst);
-        // SAFETY: shutting down the listening socket's fd wakes the blocked accept; the listener
-        // itself is closed by its owner thread.
-        unsafe { libc::shutdown(listener_fd, libc::SHUT_RDWR) };
+        // SAFETY: the listener is borrowed, so its fd is open; shutting it down wakes the blocked
+        // accept and closes nothing.
+        unsafe { libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR) };
         for c in self.conns.lock().drain(..) {
             c.cut();
         }
@@ -176,7 +179,7 @@ fn send_ranges(c: &Served, epoch: u64, revoke: bool, ranges: &[(u64, u64)]) -> s
 
 /// Accepts connections until the server stops; each is served on its own thread (bounded by
 /// `max_connections`).
-pub(crate) fn accept_loop(listener: UnixListener, server: Arc<Server>) {
+pub(crate) fn accept_loop(listener: Arc<UnixListener>, server: Arc<Server>) {
     let mut backoff = Duration::from_millis(1);
     loop {
         match listener.accept() {
@@ -290,6 +293,7 @@ fn serve(mut stream: UnixStream, server: &Arc<Server>) {
     let Ok(writer) = stream.try_clone() else { return };
     let (acked, _) = tokio::sync::watch::channel(0u64);
     let conn = Arc::new(Served {
+        fd: writer.as_raw_fd(),
         writer: Mutex::new(writer),
         acked,
         alive: AtomicBool::new(true),

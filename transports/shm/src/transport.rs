@@ -1,7 +1,6 @@
 //! The `Transport` implementation: the control listener, the pool of connections, install.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Weak};
 
 use async_trait::async_trait;
@@ -25,7 +24,7 @@ pub struct ShmTransport {
     config: ShmConfig,
     endpoint: ShmEndpoint,
     server: Arc<Server>,
-    listener_fd: i32,
+    listener: Arc<std::os::unix::net::UnixListener>,
     local: Arc<LocalTable>,
     pool: Mutex<HashMap<(u32, u64), Weak<Connection>>>,
     copier: Arc<CopyThreads>,
@@ -77,11 +76,11 @@ impl ShmTransport {
             scope,
         ));
         let copier = Arc::new(CopyThreads::start(config.copy_threads)?);
-        let listener_fd = listener.as_raw_fd();
-        let srv = server.clone();
+        let listener = Arc::new(listener);
+        let (srv, accepting) = (server.clone(), listener.clone());
         std::thread::Builder::new()
             .name("te-shm-accept".into())
-            .spawn(move || accept_loop(listener, srv))
+            .spawn(move || accept_loop(accepting, srv))
             .map_err(|e| Error::io("shm: starting the accept thread", e))?;
         Ok(ShmTransport {
             endpoint: ShmEndpoint {
@@ -94,7 +93,7 @@ impl ShmTransport {
             },
             config,
             server,
-            listener_fd,
+            listener,
             local: Arc::new(LocalTable::default()),
             pool: Mutex::new(HashMap::new()),
             copier,
@@ -166,7 +165,7 @@ impl ShmTransport {
 
 impl Drop for ShmTransport {
     fn drop(&mut self) {
-        self.server.stop(self.listener_fd);
+        self.server.stop(&self.listener);
         self.copier.stop();
         for c in self.live_connections() {
             c.kill(Error::Closed("shm transport".into()));
@@ -247,7 +246,7 @@ impl Transport for ShmTransport {
     }
 
     async fn shutdown(&self) {
-        self.server.stop(self.listener_fd);
+        self.server.stop(&self.listener);
         for c in self.live_connections() {
             c.kill(Error::Closed("shm transport".into()));
         }
