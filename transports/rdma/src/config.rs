@@ -92,6 +92,10 @@ pub struct RdmaConfig {
     pub abort_flush_grace: Duration,
     /// How the progress thread waits for completions (`TE_RDMA_POLL_SPIN_US`).
     pub poll: PollMode,
+    /// Requests longer than this are striped across the rails both sides share, in proportion
+    /// to their link rates; shorter ones take one rail, rotating (`TE_STRIPE_MIN_BYTES`,
+    /// te-base's topology policy variable).
+    pub stripe_min_bytes: u64,
 }
 
 /// How the progress thread waits for completions.
@@ -137,6 +141,7 @@ impl Default for RdmaConfig {
             poll: PollMode::Adaptive {
                 spin: DEFAULT_POLL_SPIN,
             },
+            stripe_min_bytes: te_base::topology::DEFAULT_STRIPE_MIN_BYTES,
         }
     }
 }
@@ -180,6 +185,9 @@ impl RdmaConfig {
         let cqe = parse_var_with_alias::<u32>(env, "TE_RDMA_CQ_DEPTH", "MC_MAX_CQE")?;
         if let Some(v) = ranged("TE_RDMA_CQ_DEPTH", cqe, 16, 1 << 22)? {
             c.cq_depth = v;
+        }
+        if let Some(v) = parse_bytes(env, te_base::topology::STRIPE_MIN_BYTES_VAR)? {
+            c.stripe_min_bytes = v;
         }
         if let Some(v) = parse_bytes(env, "TE_RDMA_SLICE_SIZE")? {
             if !(4096..=1 << 30).contains(&v) {

@@ -518,7 +518,7 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
             slots,
             qps_per_pair: q,
             rotation: AtomicUsize::new(0),
-            planner: StripePlanner::default(),
+            planner: StripePlanner::new(shared.config.stripe_min_bytes),
             notify,
             notes_in: Mutex::new(VecDeque::new()),
             abort: OnceLock::new(),

@@ -344,6 +344,54 @@ async fn large_registrations_are_split_and_each_rail_uses_its_own_keys() {
     assert_eq!(rails_used, [true, true], "striped across both rails");
 }
 
+/// `TE_STRIPE_MIN_BYTES` decides whether one request is striped over the rails: a 512 KiB write
+/// goes over both rails under the default threshold (128 KiB) and over one above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stripe_threshold_decides_whether_a_request_uses_every_rail() {
+    use te_base::config::MapEnv;
+    let from_env = RdmaConfig::from_env(&MapEnv::new([("TE_STRIPE_MIN_BYTES", "1M")])).unwrap();
+    assert_eq!(from_env.stripe_min_bytes, 1 << 20);
+    assert!(RdmaConfig::from_env(&MapEnv::new([("TE_STRIPE_MIN_BYTES", "12Q")])).is_err());
+    for (threshold, rails) in [(None, 2), (Some(from_env.stripe_min_bytes), 1)] {
+        let verbs = fabric(vec![
+            FakeDevice::roce("mlx5_0", [10, 0, 0, 1]),
+            FakeDevice::roce("mlx5_1", [10, 0, 1, 1]),
+            FakeDevice::roce("mlx5_2", [10, 0, 0, 2]),
+            FakeDevice::roce("mlx5_3", [10, 0, 1, 2]),
+        ]);
+        let mut cfg = RdmaConfig {
+            qps_per_peer: 1,
+            ..config()
+        };
+        if let Some(t) = threshold {
+            cfg.stripe_min_bytes = t;
+        }
+        let a = transport(&verbs, &["mlx5_0", "mlx5_1"], "a", cfg.clone()).await;
+        let b = transport(&verbs, &["mlx5_2", "mlx5_3"], "b", cfg).await;
+        let len = 512 << 10;
+        let dst = region(&b, len, true, 3).await;
+        let src = region(&a, len, false, 4).await;
+        let peer = a.connect(&descriptor(&b, "b", &[&dst])).await.unwrap();
+        let qpns = qps_created(&verbs.calls());
+        let initiator_qp_rail = |qpn: u32| qpns.iter().position(|&q| q == qpn).filter(|&i| i < 2);
+        verbs.clear_calls();
+        let statuses = run(&peer, vec![write(0, &src, 0, &dst, 0, 0, len as u64)]).await;
+        assert!(matches!(statuses[0], RequestStatus::Done { .. }), "{statuses:?}");
+        assert_eq!(bytes(&dst)[..len], bytes(&src)[..len]);
+        let mut used = [false; 2];
+        for c in verbs.calls() {
+            if let Call::PostSend { qpn, .. } = c {
+                used[initiator_qp_rail(qpn).expect("posted on an initiator QP")] = true;
+            }
+        }
+        assert_eq!(
+            used.iter().filter(|u| **u).count(),
+            rails,
+            "threshold {threshold:?}: 512 KiB on {rails} rail(s)"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_failed_verb_keeps_its_errno_as_the_error_source() {
     let verbs = fabric(vec![FakeDevice::roce("mlx5_0", [10, 0, 0, 1])]);
