@@ -264,17 +264,6 @@ impl StoreError {
             source: Arc::new(source),
         }
     }
-
-    /// True for errors that concern one key's data rather than the shape of the call.
-    pub fn is_data_error(&self) -> bool {
-        matches!(
-            self,
-            StoreError::NotFound { .. }
-                | StoreError::Corrupt { .. }
-                | StoreError::NoSpace { .. }
-                | StoreError::Io { .. }
-        )
-    }
 }
 
 #[cfg(test)]

@@ -117,11 +117,6 @@ impl BatchState {
         self.total_bytes
     }
 
-    /// Length of request `index`.
-    pub fn request_len(&self, index: usize) -> u64 {
-        self.lens[index]
-    }
-
     /// Keeps `value` alive until every request has completed (region pins, connections).
     /// Dropped at once if the batch already completed.
     pub fn keep_alive(&self, value: Box<dyn Any + Send + Sync>) {

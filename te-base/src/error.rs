@@ -279,11 +279,6 @@ impl Error {
         matches!(self, Error::Timeout { .. })
     }
 
-    /// True when the peer is unreachable as opened: it went away or restarted.
-    pub fn is_peer_lost(&self) -> bool {
-        matches!(self, Error::PeerGone { .. } | Error::PeerRestarted { .. })
-    }
-
     /// Wraps an I/O error with what was being done.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {

@@ -128,7 +128,7 @@ pub trait Peer: Send + Sync + 'static {
     /// completed. Must not block: settles request `index` of `done` once the target queued the message
     /// (done), or refused it (failed with [`crate::Error::NotificationQueueFull`],
     /// [`crate::Error::NotificationTooLarge`], or the connection's error). An `Err` means nothing
-    /// was sent. The default says the transport cannot (efa and rdma today; local and tcp implement it).
+    /// was sent. The default says the transport cannot; every transport of this workspace implements it.
     fn notify(&self, note: crate::notify::Notification, done: &Arc<BatchState>, index: usize) -> Result<()> {
         let _ = (note, done, index);
         Err(crate::Error::not_available(

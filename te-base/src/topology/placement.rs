@@ -99,15 +99,6 @@ impl NicPlacement {
         Ok(placement)
     }
 
-    /// Installs a priority matrix (an override), checking that every NIC it names exists.
-    pub fn set_matrix(&mut self, matrix: PriorityMatrix) -> Result<()> {
-        matrix
-            .check_nics(&self.topology)
-            .map_err(|reason| Error::config(PRIORITY_MATRIX_VAR, "(in memory)", reason))?;
-        self.matrix = Some(matrix);
-        Ok(())
-    }
-
     /// The device plugin's ordinal -> bus id mapping for `kind` (`Cuda` or `Rocm`), as the runtime
     /// reports it after its visible-devices filtering. Replaces the sysfs-derived guess.
     pub fn set_gpu_ordinals(&mut self, kind: MemoryKind, bus_ids: Vec<PciAddress>) -> Result<()> {

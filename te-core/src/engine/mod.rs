@@ -413,17 +413,6 @@ impl TransferEngine {
         self.inner.submit(requests, &SubmitOptions::default())
     }
 
-    /// Like [`TransferEngine::submit`], for work nobody waits on: the local copy stays inline
-    /// instead of borrowing helper threads.
-    pub fn submit_background(&self, requests: &[TransferRequest]) -> Result<Batch> {
-        self.inner.submit(
-            requests,
-            &SubmitOptions {
-                background: true,
-                ..SubmitOptions::default()
-            },
-        )
-    }
 
     /// Like [`TransferEngine::submit`], with per-call options: a caller's own phase timer (so a
     /// consumer such as a store can attribute the engine's resolve/plan/submit to its own call),
