@@ -558,6 +558,25 @@ fn an_async_get_waiting_on_a_stopped_server_does_not_stall_other_tasks() {
     rt.block_on(store.put("k", &[1u8; 4096], 0)).unwrap();
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(server.pid() as i32, libc::SIGSTOP) }, 0);
+    // The stop is delivered asynchronously: a server thread running when it was sent may still
+    // answer the get. Wait until every thread of the server is stopped (hang guard: 30 s).
+    let tasks = format!("/proc/{}/task", server.pid());
+    let stopped = || {
+        std::fs::read_dir(&tasks).ok().is_some_and(|dir| {
+            dir.flatten().all(|t| {
+                // The state follows the parenthesized command name in /proc/PID/task/TID/stat.
+                std::fs::read_to_string(t.path().join("stat"))
+                    .ok()
+                    .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+                    .unwrap_or(false)
+            })
+        })
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while !stopped() {
+        assert!(std::time::Instant::now() < until, "the server did not stop");
+        std::thread::yield_now();
+    }
     let (tx, rx) = std::sync::mpsc::channel();
     let (s, t) = (store.clone(), tx.clone());
     rt.spawn(async move { t.send(("get", s.get("k").await.is_ok())).unwrap() });
