@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use te_base::auth::{AuthKey, InitiatorHandshake, NONCE_LEN};
 use te_base::notify::{Outcome, MAX_PAYLOAD_LIMIT};
 use te_base::{BatchState, Error, ResolvedRequest, Result, TransferOp};
@@ -20,8 +20,11 @@ use crate::serve::AUTH_CONTEXT;
 use crate::socket::{address, peer_cred, read_frame, write_frame};
 use crate::wire::{decode_ranges, refusal, Header, Opcode};
 
-/// Largest number of bytes one system call is asked to move (the kernel caps a call near 2 GiB).
-const MAX_CALL_BYTES: u64 = 1 << 30;
+/// Largest number of bytes one system call is asked to move: the export list's read lock is
+/// offered to a waiting revocation between calls, so this bounds how long a revocation waits
+/// for a running copy (64 MiB: a few tens of milliseconds; the per-call cost is nothing at this
+/// size).
+const MAX_CALL_BYTES: u64 = 64 << 20;
 
 /// A notification waiting for the target's answer.
 struct PendingNote {
@@ -44,9 +47,10 @@ pub(crate) struct Connection {
     /// after the target exited is never written to (`None` on kernels before 5.3: the control
     /// socket's closing is the only sign then).
     pidfd: Option<std::os::fd::OwnedFd>,
-    /// The ranges the target exports right now, sorted by base. Copies hold the read lock for
-    /// their whole duration, so applying a revocation (write lock) waits for them and, once it
-    /// is acknowledged, no byte of the revoked range is touched again.
+    /// The ranges the target exports right now, sorted by base. A copy holds the read lock
+    /// from its check through its system call and yields it to a waiting revocation between
+    /// calls, so applying a revocation (write lock) waits for the calls in flight only and, once
+    /// it is acknowledged, no byte of the revoked range is touched again.
     exports: RwLock<Vec<(u64, u64)>>,
     killed: AtomicBool,
     error: Mutex<Option<Error>>,
@@ -292,15 +296,18 @@ impl Connection {
     }
 
     /// Copies every request of `reqs` (already checked against the descriptor and local
-    /// registrations) and settles each on `batch`. One read lock of the export list, and one
-    /// system call per up to [`IOV_MAX`] requests of one direction (adjacent ones coalesced).
+    /// registrations) and settles each on `batch`. One read lock of the export list (offered to
+    /// a waiting revocation between calls), and one system call per up to [`IOV_MAX`] requests
+    /// of one direction (adjacent ones coalesced).
     pub fn run(&self, reqs: &[ResolvedRequest], batch: &BatchState) {
-        let exports = self.exports.read();
+        let mut exports = self.exports.read();
         SCRATCH.with(|cell| {
             let mut guard = cell.borrow_mut();
             let s = &mut *guard;
             let mut i = 0;
             while i < reqs.len() {
+                // A revocation waiting for the lock applies here, before the next check.
+                RwLockReadGuard::bump(&mut exports);
                 if !self.may_copy() {
                     let err = self.cut_error();
                     batch.fail_many(reqs[i..].iter().map(|r| r.index as usize), &err);

@@ -106,6 +106,59 @@ fn a_deregistered_region_is_never_touched_again() {
 }
 
 #[test]
+fn a_revocation_during_a_long_batch_is_confirmed_and_stops_it() {
+    let _t = turn();
+    let len = 64u64 << 20;
+    let mut target = PeerProcess::start(len, 1, &[]);
+    let a = initiator(&[]);
+    let local = Local::new(&a, 1, len as usize, 2);
+    let peer = block_on(a.connect(&target.descriptor)).unwrap();
+    let base = target.base();
+    // 64 GiB over the target's buffer: still running when the revocation comes, on any machine.
+    let n: u32 = 1 << 20;
+    let reqs = (0..n)
+        .map(|i| {
+            let off = (u64::from(i) * 65_536) % len;
+            request(i, TransferOp::Write, &local, off, base + off, 65_536)
+        })
+        .collect();
+    let batch = submit(&peer, reqs);
+    let started = Instant::now();
+    loop {
+        let p = batch.poll();
+        assert_eq!(p.failed, 0, "failures before the revocation");
+        if p.done > 0 {
+            break;
+        }
+        assert!(started.elapsed() < HANG_GUARD, "no progress before the revocation");
+        std::thread::yield_now();
+    }
+    // Returns once this initiator confirmed it (between two of its system calls), not by
+    // cutting the connection at the deadline.
+    assert_eq!(target.ask("deregister"), "ok");
+    assert_eq!(
+        target.ask("connections"),
+        "1",
+        "the initiator confirmed in time, it was not cut"
+    );
+    target.ask("fill 9");
+    let _ = batch.wait_blocking(Some(HANG_GUARD)).expect("the batch settles");
+    // (`status` looks a failure up linearly: ask for the one request that surely came after.)
+    assert!(batch.poll().failed > 0, "the rest of the batch was refused");
+    let last = batch.status(n as usize - 1);
+    assert!(
+        matches!(&last, Some(RequestStatus::Failed(Error::Refused { .. }))),
+        "{last:?}"
+    );
+    assert_eq!(
+        target.mismatched(0, len, 9),
+        0,
+        "no byte written after the revocation returned"
+    );
+    assert!(peer.is_healthy());
+}
+
+#[test]
 fn notifications_reach_the_other_process_after_their_data() {
     let _t = turn();
     let mut target = PeerProcess::start(1 << 20, 1, &[]);
@@ -160,6 +213,7 @@ fn a_target_killed_mid_batch_fails_the_batch_and_nothing_hangs() {
     // Wait for the event "copies are landing", then kill the target.
     let started = Instant::now();
     while batch.poll().done == 0 {
+        assert_eq!(batch.poll().failed, 0, "failures before the kill");
         assert!(started.elapsed() < HANG_GUARD, "no progress before the kill");
         std::thread::yield_now();
     }
