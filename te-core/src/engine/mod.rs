@@ -413,7 +413,6 @@ impl TransferEngine {
         self.inner.submit(requests, &SubmitOptions::default())
     }
 
-
     /// Like [`TransferEngine::submit`], with per-call options: a caller's own phase timer (so a
     /// consumer such as a store can attribute the engine's resolve/plan/submit to its own call),
     /// and the background flag.

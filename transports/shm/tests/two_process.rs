@@ -293,9 +293,20 @@ fn a_target_of_another_uid_is_not_reached() {
         eprintln!("skipped: starting a peer as another uid needs root");
         return;
     }
+    use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
-    let mut target = PeerProcess::start_with(1 << 20, 1, &[], |cmd| {
-        cmd.uid(65534).gid(65534);
+    // The build directory may be private (a clone under a 0700 temporary directory): the other
+    // uid runs a copy of the peer binary from a directory it can reach.
+    let reachable = tempfile::Builder::new()
+        .prefix("te-shm-uid")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(reachable.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let program = reachable.path().join("te-shm-peer");
+    std::fs::copy(env!("CARGO_BIN_EXE_te-shm-peer"), &program).unwrap();
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut target = PeerProcess::start_program(&program, 1 << 20, 1, &[], |cmd| {
+        cmd.uid(65534).gid(65534).current_dir(reachable.path());
     });
     assert_eq!(target.ask("connections"), "0");
     let a = initiator(&[]);

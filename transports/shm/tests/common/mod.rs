@@ -33,7 +33,19 @@ impl PeerProcess {
 
     /// As [`PeerProcess::start`], with a hook to adjust the command (e.g. run it as another uid).
     pub fn start_with(bytes: u64, seed: u64, env: &[(&str, &str)], adjust: impl FnOnce(&mut Command)) -> PeerProcess {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_te-shm-peer"));
+        PeerProcess::start_program(env!("CARGO_BIN_EXE_te-shm-peer").as_ref(), bytes, seed, env, adjust)
+    }
+
+    /// As [`PeerProcess::start_with`], running the peer binary at `program` (a copy another uid
+    /// can reach when the build directory is private).
+    pub fn start_program(
+        program: &std::path::Path,
+        bytes: u64,
+        seed: u64,
+        env: &[(&str, &str)],
+        adjust: impl FnOnce(&mut Command),
+    ) -> PeerProcess {
+        let mut cmd = Command::new(program);
         cmd.args(["serve", &bytes.to_string(), &seed.to_string()])
             .envs(env.iter().copied())
             .stdin(Stdio::piped())
