@@ -29,6 +29,15 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// Backend name for reports (`in-process`, `p2p`, `etcd`).
     fn name(&self) -> &'static str;
 
+    /// Which namespace of names this store publishes into, as seen inside this process: engines
+    /// whose stores give the same value see each other's descriptors under one name (clones of
+    /// one in-process store), so a second live engine under a taken name would shadow the first
+    /// and is refused. `None` (the default): no such check (a peer-to-peer store is one engine's
+    /// own; names there are reached through their listener).
+    fn scope(&self) -> Option<usize> {
+        None
+    }
+
     /// Publishes (or replaces) `descriptor` under its name.
     async fn publish(&self, descriptor: &SegmentDescriptor) -> Result<()>;
 

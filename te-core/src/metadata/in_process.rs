@@ -65,6 +65,11 @@ impl MetadataStore for InProcessStore {
         "in-process"
     }
 
+    /// Clones share one map: its address.
+    fn scope(&self) -> Option<usize> {
+        Some(Arc::as_ptr(&self.map) as *const () as usize)
+    }
+
     async fn publish(&self, descriptor: &SegmentDescriptor) -> Result<()> {
         descriptor.validate()?;
         self.map.write().insert(descriptor.name.clone(), descriptor.clone());
