@@ -201,8 +201,8 @@ def test_ctrl_c_during_a_blocking_receive_keeps_the_notification():
     a, b, seg = _pair()
     for i in range(3):
         timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
         with pytest.raises(KeyboardInterrupt):
+            timer.start()  # inside: however late the signal lands, it lands in this block
             b.recv_notification(timeout=None)
         timer.join()
         a.notify(seg, f"k{i}".encode())

@@ -189,40 +189,18 @@ impl Core {
         &self.engine
     }
 
-    /// Registers caller host memory through the engine (see `Store::register_buffer`).
+    /// Registers caller host memory through the engine (see `Store::register_buffer`). With an
+    /// `owner`, the engine holds it until the region is deregistered and the last transfer using
+    /// it has ended, so memory is never freed under a running get or put
+    /// (`Store::register_buffer_owned`).
     ///
     /// # Safety
     ///
     /// `[addr, addr + len)` must be host memory that stays valid until
-    /// [`Core::deregister_buffer`] or [`Core::close`], and the caller must not read bytes a
-    /// running get writes into, nor change bytes a running put reads.
-    pub(crate) async unsafe fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
-        // SAFETY: forwarded contract.
-        unsafe { self.register_caller(addr, len, None) }.await
-    }
-
-    /// Registers caller host memory that `owner` keeps alive: the engine holds `owner` until the
-    /// region is deregistered and the last transfer using it has ended, so memory is never freed
-    /// under a running get or put (see `Store::register_buffer_owned`).
-    ///
-    /// # Safety
-    ///
-    /// `[addr, addr + len)` must be host memory that stays valid while `owner` is alive, and the
-    /// caller must not read bytes a running get writes into, nor change bytes a running put reads.
-    pub(crate) async unsafe fn register_buffer_owned(
-        &self,
-        addr: u64,
-        len: u64,
-        owner: Box<dyn std::any::Any + Send + Sync>,
-    ) -> Result<()> {
-        // SAFETY: forwarded contract.
-        unsafe { self.register_caller(addr, len, Some(owner)) }.await
-    }
-
-    /// # Safety
-    ///
-    /// As [`Core::register_buffer`], or with `owner`, as [`Core::register_buffer_owned`].
-    async unsafe fn register_caller(
+    /// [`Core::deregister_buffer`] or [`Core::close`] (with an `owner`: while it is alive), and
+    /// the caller must not read bytes a running get writes into, nor change bytes a running put
+    /// reads.
+    pub(crate) async unsafe fn register_buffer(
         &self,
         addr: u64,
         len: u64,
@@ -270,7 +248,7 @@ impl Core {
         }
         // SAFETY: the callers (whole-object put and get) pass a live slice they borrow for the
         // whole call, and release the registration before the call returns.
-        unsafe { self.register_buffer(addr, len) }.await?;
+        unsafe { self.register_buffer(addr, len, None) }.await?;
         Ok(Some(addr))
     }
 

@@ -210,10 +210,7 @@ impl Store {
     pub fn alloc_buffer(&self, len: usize) -> Result<KvBuffer> {
         self.check_open()?;
         match self.target() {
-            Target::Server(s) => {
-                s.check_open()?;
-                s.client.alloc(len)
-            }
+            Target::Server(s) => s.client.alloc(len),
             Target::Core(core) => {
                 core.check_open()?;
                 KvBuffer::new(len)
@@ -269,7 +266,7 @@ impl Store {
                 s.client.register(addr, len)
             }
             // SAFETY: forwarded contract.
-            Target::Core(core) => unsafe { core.register_buffer(addr, len) }.await,
+            Target::Core(core) => unsafe { core.register_buffer(addr, len, None) }.await,
         }
     }
 
@@ -310,7 +307,7 @@ impl Store {
                 Ok(())
             }
             // SAFETY: forwarded contract.
-            Target::Core(core) => unsafe { core.register_buffer_owned(addr, len, owner) }.await,
+            Target::Core(core) => unsafe { core.register_buffer(addr, len, Some(owner)) }.await,
         }
     }
 
@@ -346,7 +343,6 @@ impl Store {
         match &self.inner.mode {
             Mode::Local(core) => core.remove(key),
             Mode::Standalone(s) => {
-                s.check_open()?;
                 check_keys(std::iter::once(key))?;
                 s.client.remove(key)
             }
@@ -370,7 +366,6 @@ impl Store {
         self.check_open()?;
         match self.target() {
             Target::Server(s) => {
-                s.check_open()?;
                 check_keys(items.iter().map(|i| i.0))?;
                 s.client.get_whole(items)
             }
@@ -459,10 +454,7 @@ impl Store {
     pub fn compact(&self, force: bool) -> Result<u64> {
         self.check_open()?;
         match self.target() {
-            Target::Server(s) => {
-                s.check_open()?;
-                s.client.compact(force)
-            }
+            Target::Server(s) => s.client.compact(force),
             Target::Core(core) => core.compact(force),
         }
     }
@@ -581,7 +573,6 @@ impl Store {
         match &self.inner.mode {
             Mode::Local(core) => core.batch_get_ranges(items, None, &mut NoMisses),
             Mode::Standalone(s) => {
-                s.check_open()?;
                 check_keys(items.iter().map(|i| i.key))?;
                 s.client.get_ranges(items)
             }
@@ -648,7 +639,6 @@ impl Store {
         match &self.inner.mode {
             Mode::Local(core) => core.batch_put_ranges(items, &mut NoOverflow),
             Mode::Standalone(s) => {
-                s.check_open()?;
                 // Keys are checked here in every mode: a bad key is BadKey, never a wire error.
                 check_keys(items.iter().map(|i| i.key))?;
                 s.client.put_ranges(items)
