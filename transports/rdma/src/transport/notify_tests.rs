@@ -570,10 +570,7 @@ async fn hostile_messages_are_answered_malformed_or_cut_only_their_qp() {
     let new_ring = *qps_created(&verbs.calls()).last().unwrap();
     // Longer than a receive buffer (8 + 256 + 4096 bytes): fails the target's receive and QP.
     verbs.post_send(&Handle(slot0), &[raw(8192)]).unwrap();
-    eventually("the target's ring QP failed", || {
-        verbs.qp_state(new_ring) == Some(QpState::Error)
-    })
-    .await;
+    eventually("the target's ring QP failed", || verbs.entered_error(new_ring)).await;
     reestablished(&verbs, slot0, 2).await;
     notify_one(&peer, "a", b"after").await.unwrap();
     let got: Vec<Vec<u8>> = std::iter::from_fn(|| rx.try_recv()).map(|n| n.payload).collect();

@@ -158,6 +158,8 @@ struct State {
     no_flush: Vec<u32>,
     /// Flush completions generated so far.
     flushed: u64,
+    /// Every QP that ever entered ERROR (kept after it is destroyed).
+    errored: std::collections::HashSet<u32>,
     /// Each CQ's channel (the writing end), the armed CQs, and the events raised so far.
     cq_channel: HashMap<u32, std::os::unix::net::UnixStream>,
     armed: std::collections::HashSet<u32>,
@@ -280,6 +282,12 @@ impl RecordingVerbs {
     /// The state of QP `qpn`, if it exists.
     pub fn qp_state(&self, qpn: u32) -> Option<QpState> {
         self.state.lock().qps.get(&qpn).map(|q| q.machine.state())
+    }
+
+    /// Whether QP `qpn` ever entered ERROR, even if it was destroyed since (a transport replaces
+    /// a failed QP at once, so its ERROR state may last too briefly to be seen by polling).
+    pub fn entered_error(&self, qpn: u32) -> bool {
+        self.state.lock().errored.contains(&qpn)
     }
 
     /// The library behaves as rdma-core < 34: `reg_dmabuf_mr` is not available.
@@ -422,6 +430,9 @@ fn receive(state: &mut State, qpn: u32, wr: &WorkRequest, imm: Option<u32>) -> W
 /// `WR_FLUSH_ERR` (unless its device never flushes), one completion each, as hardware does.
 fn enter_error(state: &mut State, qpn: u32) {
     let no_flush = state.device_of.get(&qpn).is_some_and(|d| state.no_flush.contains(d));
+    if state.qps.contains_key(&qpn) {
+        state.errored.insert(qpn);
+    }
     let Some(q) = state.qps.get_mut(&qpn) else { return };
     q.machine.mark_error();
     q.fail_next = None;
