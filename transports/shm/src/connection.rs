@@ -14,6 +14,7 @@ use te_base::auth::{AuthKey, InitiatorHandshake, NONCE_LEN};
 use te_base::notify::{Outcome, MAX_PAYLOAD_LIMIT};
 use te_base::{BatchState, Error, ResolvedRequest, Result, TransferOp};
 
+use crate::aborts::BatchAborts;
 use crate::cma::{self, IOV_MAX};
 use crate::endpoint::ShmEndpoint;
 use crate::serve::AUTH_CONTEXT;
@@ -56,6 +57,8 @@ pub(crate) struct Connection {
     error: Mutex<Option<Error>>,
     notes: Mutex<HashMap<u64, PendingNote>>,
     next_note: AtomicU64,
+    /// Batches cut short by their deadline (checked between system calls).
+    aborts: BatchAborts,
 }
 
 /// Why a connection attempt failed.
@@ -186,6 +189,7 @@ impl Connection {
             error: Mutex::new(None),
             notes: Mutex::new(HashMap::new()),
             next_note: AtomicU64::new(1),
+            aborts: BatchAborts::default(),
         });
         let weak = Arc::downgrade(&conn);
         std::thread::Builder::new()
@@ -241,6 +245,12 @@ impl Connection {
         for p in pending {
             p.done.fail(p.index, err.clone());
         }
+    }
+
+    /// Cuts `batch` short: its copies (queued, or running on any thread) stop before their next
+    /// system call and fail what is left with `err`; other batches go on, the connection stays.
+    pub fn abort_batch(&self, batch: &Arc<BatchState>, err: Error) {
+        self.aborts.abort(batch, err);
     }
 
     /// Sends a notification; its answer settles `done[index]`.
@@ -310,6 +320,10 @@ impl Connection {
                 RwLockReadGuard::bump(&mut exports);
                 if !self.may_copy() {
                     let err = self.cut_error();
+                    batch.fail_many(reqs[i..].iter().map(|r| r.index as usize), &err);
+                    return;
+                }
+                if let Some(err) = self.aborts.error_of(batch) {
                     batch.fail_many(reqs[i..].iter().map(|r| r.index as usize), &err);
                     return;
                 }
@@ -386,6 +400,10 @@ impl Connection {
             moved = 0;
             if !self.may_copy() {
                 batch.fail(r.index as usize, self.cut_error());
+                continue;
+            }
+            if let Some(err) = self.aborts.error_of(batch) {
+                batch.fail(r.index as usize, err);
                 continue;
             }
             let mut off = 0u64;

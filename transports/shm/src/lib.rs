@@ -22,6 +22,7 @@
 //!
 //! See `docs/shm.md` for the design, the measurements and the trust model.
 
+mod aborts;
 mod cma;
 mod config;
 mod connection;

@@ -186,6 +186,14 @@ impl Peer for ShmPeer {
         true
     }
 
+    /// Only `batch`: its copies stop before their next system call (one call moves at most 64
+    /// MiB), so it fails within that of its deadline while the connection and other batches on
+    /// it go on.
+    fn abort_batch(&self, batch: &Arc<BatchState>, err: Error) -> bool {
+        self.conn.abort_batch(batch, err);
+        true
+    }
+
     /// Over the control socket, after the batch it follows completed (its bytes were in the
     /// target's memory when the system call returned).
     fn notify(&self, note: te_base::Notification, done: &Arc<BatchState>, index: usize) -> Result<()> {

@@ -159,6 +159,77 @@ fn a_revocation_during_a_long_batch_is_confirmed_and_stops_it() {
 }
 
 #[test]
+fn a_deadline_cuts_only_its_own_batch_and_the_connection_stays() {
+    let _t = turn();
+    let len = 64u64 << 20;
+    let spare = 8u64 << 20;
+    let mut target = PeerProcess::start(len + spare, 1, &[]);
+    let a = initiator(&[]);
+    let local = Local::new(&a, 1, len as usize, 2);
+    let peer = block_on(a.connect(&target.descriptor)).unwrap();
+    let base = target.base();
+    // 64 GiB over the first 64 MiB of the target: still running when its deadline comes.
+    let n: u32 = 1 << 20;
+    let reqs = (0..n)
+        .map(|i| {
+            let off = (u64::from(i) * 65_536) % len;
+            request(i, TransferOp::Write, &local, off, base + off, 65_536)
+        })
+        .collect();
+    let long = submit(&peer, reqs);
+    let started = Instant::now();
+    while long.poll().done == 0 {
+        assert!(started.elapsed() < HANG_GUARD, "no progress before the deadline");
+        std::thread::yield_now();
+    }
+    // Queued on the copy threads behind it, to the 8 MiB the long one never touches.
+    let queued = submit(
+        &peer,
+        (0..8)
+            .map(|i| {
+                request(
+                    i,
+                    TransferOp::Write,
+                    &local,
+                    u64::from(i) << 20,
+                    base + len + (u64::from(i) << 20),
+                    1 << 20,
+                )
+            })
+            .collect(),
+    );
+    let timeout = Error::Timeout {
+        what: "the long batch (its deadline)".into(),
+        after_ms: 1,
+    };
+    assert!(peer.abort_batch(long.state(), timeout));
+    let _ = long.wait_blocking(Some(HANG_GUARD)).expect("the aborted batch settles");
+    let report = queued
+        .wait_blocking(Some(HANG_GUARD))
+        .expect("the queued batch settles");
+    assert!(report.is_ok(), "the batch queued behind it is not cut: {report:?}");
+    assert_eq!(target.mismatched_from(len, spare, 2, 0), 0, "the queued batch's bytes");
+    // Settled means no byte of it moves any more: what is written now stays.
+    target.ask("fill 9");
+    let p = long.poll();
+    assert!(p.failed > 0 && p.done + p.failed == n as usize, "{p:?}");
+    let last = long.status(n as usize - 1);
+    assert!(
+        matches!(&last, Some(RequestStatus::Failed(Error::Timeout { .. }))),
+        "{last:?}"
+    );
+    assert!(peer.is_healthy(), "the connection was not cut");
+    let after = run(&peer, vec![request(0, TransferOp::Write, &local, 0, base + len, 4096)]);
+    assert!(all_done(&after), "the connection serves the next batch: {after:?}");
+    assert_eq!(
+        target.mismatched(0, len, 9),
+        0,
+        "no byte of the aborted batch after it settled"
+    );
+    assert_eq!(target.ask("connections"), "1", "still the one connection");
+}
+
+#[test]
 fn notifications_reach_the_other_process_after_their_data() {
     let _t = turn();
     let mut target = PeerProcess::start(1 << 20, 1, &[]);
