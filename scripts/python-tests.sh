@@ -30,6 +30,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "== python: installing ${missing[*]} into $venv"
   "$venv/bin/python" -m pip install -q "${missing[@]}"
 fi
+# The released Mooncake wheel, the oracle of te.compat's differential tests
+# (python/tests/test_compat_mooncake.py): pinned here only. Without PyPI the install fails and
+# those tests skip, saying so.
+mooncake_pin=mooncake-transfer-engine-non-cuda==0.3.13.post1
+if ! "$venv/bin/python" -m pip show "${mooncake_pin%%==*}" 2>/dev/null | grep -qx "Version: ${mooncake_pin##*==}"; then
+  echo "== python: installing $mooncake_pin into $venv (te.compat's reference)"
+  "$venv/bin/python" -m pip install -q --timeout 20 --retries 1 "$mooncake_pin" \
+    || echo "== python: $mooncake_pin not installed (PyPI unreachable?): the differential tests skip"
+fi
 echo "== python: maturin develop ${profile[*]:-(dev profile)}"
 VIRTUAL_ENV="$PWD/$venv" PATH="$PWD/$venv/bin:$PATH" \
   maturin develop -q -m python/Cargo.toml "${profile[@]}"
