@@ -60,6 +60,7 @@ mod peer;
 mod refusal;
 mod registry;
 mod reply_book;
+mod signals;
 mod transport;
 pub mod wire;
 mod worker;

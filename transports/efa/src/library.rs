@@ -178,7 +178,11 @@ fn open(candidate: &str) -> std::result::Result<Opened, Failed> {
     let mut err = [0 as c_char; 512];
     // SAFETY: `c` is a NUL-terminated path and `err` a writable buffer of the length passed; the
     // shim writes a NUL-terminated message into it. Calls are serialised by LOADED's OnceLock.
-    let rc = unsafe { ffi::te_fi_load(c.as_ptr(), err.as_mut_ptr(), err.len()) };
+    let (rc, restored) =
+        crate::signals::keeping_dispositions(|| unsafe { ffi::te_fi_load(c.as_ptr(), err.as_mut_ptr(), err.len()) });
+    if !restored.is_empty() {
+        tracing::debug!(library = candidate, signals = ?restored, "loading libfabric changed signal handlers; restored");
+    }
     if rc != 0 {
         // SAFETY: the shim NUL-terminated `err` (snprintf) before returning non-zero.
         let why = unsafe { CStr::from_ptr(err.as_ptr()) }.to_string_lossy().into_owned();
