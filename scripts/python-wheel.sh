@@ -3,7 +3,8 @@
 # glibc 2.28, so pip takes it on RHEL 8, Debian 10+, Ubuntu 18.10+), stripped; `auditwheel show`
 # must report the manylinux_2_28 tag; then installed alone into a clean venv of every CPython
 # 3.11+ found here (this machine's python3, and pyenv's 3.12 / 3.13 when present), where it runs a
-# two-process transfer and a store put/get (python/tests/wheel_smoke.py) and `umbp-server --help`.
+# two-process transfer, an efa transfer on libfabric's tcp;ofi_rxm provider (libfabric opened at
+# run time) and a store put/get (python/tests/wheel_smoke.py), and `umbp-server --help`.
 #
 # `--release` builds the release profile (what is published); the default dev profile shares the
 # build with scripts/python-tests.sh and checks the same packaging.

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import te
-from conftest import free_port, unique
+from conftest import free_port, skip_or_fail, unique
 
 MiB = 1 << 20
 
@@ -453,8 +453,55 @@ def test_engine_reports_its_transports():
     names = [n for n, _ in e.transports()]
     assert "local" in names and "tcp" in names
     assert set(names) <= set(te.COMPILED_TRANSPORTS)
-    assert "efa" not in te.COMPILED_TRANSPORTS  # the default wheel links no libfabric
+    assert "efa" in te.COMPILED_TRANSPORTS  # compiled in; libfabric is opened at run time
     assert isinstance(te.device_plugins(), list)
+
+
+def test_efa_moves_bytes_over_a_software_provider_when_libfabric_is_here():
+    """The efa transport from Python, on libfabric's tcp;ofi_rxm provider (as on any host without
+    an EFA device): a write and a scattered read, byte-verified."""
+    env = {"TE_FABRIC_PROVIDER": "tcp;ofi_rxm"}
+    try:
+        a = te.TransferEngine(unique("efa-a"), transports=["efa"], env=env)
+        b = te.TransferEngine(unique("efa-b"), transports=["efa"], env=env)
+    except te.NotAvailableError as e:
+        skip_or_fail("libfabric", str(e))
+    src, dst, back = pattern(4 * MiB, 11), np.zeros(4 * MiB, dtype=np.uint8), np.zeros(4 * MiB, dtype=np.uint8)
+    rs, rd, rb = a.register(src), b.register(dst), a.register(back)
+    seg = a.open_segment(b.segment_name)
+    assert [t for t, _, _ in a.warm_up(seg)] == ["efa"]
+    assert a.write(seg, rs.addr, rd.addr, 4 * MiB).bytes == 4 * MiB
+    assert np.array_equal(src, dst)
+    offs = np.arange(64, dtype=np.uint64) * 65536
+    a.read(seg, rb.addr + offs, rd.addr + offs, 4096)
+    for o in offs.tolist():
+        assert np.array_equal(back[o:o + 4096], src[o:o + 4096])
+    a.shutdown()
+    b.shutdown()
+
+
+SIGNALS_CHILD = """
+import os, signal, sys, time, te
+e = te.TransferEngine("signals-child")  # every compiled transport: libfabric is opened if here
+print([n for n, why in e.transports() if why is None], flush=True)
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+    print("no KeyboardInterrupt", flush=True)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(30)
+"""
+
+
+def test_ctrl_c_and_sigterm_behave_as_python_says_with_every_transport_loaded():
+    # Debian's libfabric pulled in a library that took SIGINT and SIGTERM when loaded: the
+    # process exited with status 1 on Ctrl-C, no KeyboardInterrupt.
+    child = subprocess.run([sys.executable, "-c", SIGNALS_CHILD], capture_output=True, text=True, timeout=120)
+    lines = child.stdout.splitlines()
+    assert lines[1:] == ["KeyboardInterrupt"], (child.stdout, child.stderr)
+    assert child.returncode == -15, ("SIGTERM's default action ends the process", child.returncode, child.stderr)
 
 
 def test_the_extension_links_no_vendor_library_and_no_libpython():

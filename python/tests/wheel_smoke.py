@@ -1,9 +1,11 @@
 """The installed wheel, alone in a clean venv (scripts/python-wheel.sh): a two-process transfer
-over TCP with p2p metadata, byte-verified, and a store put/get. Not a pytest file: it runs
-against whatever `te` the interpreter imports, and exits non-zero on any mismatch."""
+over TCP with p2p metadata, byte-verified, an efa transfer on a software provider, and a store
+put/get. Not a pytest file: it runs against whatever `te` the interpreter imports, and exits
+non-zero on any mismatch."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -31,6 +33,29 @@ print("MISMATCHED", int((dst != want).sum()), note.payload.decode() if note else
 """
 
 
+def efa_smoke() -> None:
+    """The efa transport from the wheel, on libfabric's tcp;ofi_rxm provider, when the host has
+    libfabric (opened at run time; TE_REQUIRE=libfabric makes its absence a failure)."""
+    env = {"TE_FABRIC_PROVIDER": "tcp;ofi_rxm"}
+    try:
+        a = te.TransferEngine("wheel-efa-a", transports=["efa"], env=env)
+        b = te.TransferEngine("wheel-efa-b", transports=["efa"], env=env)
+    except te.NotAvailableError as e:
+        if "libfabric" in os.environ.get("TE_REQUIRE", "").split(","):
+            raise
+        print(f"wheel smoke: efa not available here, not tried: {e}")
+        return
+    src = (np.arange(MiB, dtype=np.uint64) * 13 % 251).astype(np.uint8)
+    dst = np.zeros(MiB, dtype=np.uint8)
+    rs, rd = a.register(src), b.register(dst)
+    seg = a.open_segment(b.segment_name)
+    a.write(seg, rs.addr, rd.addr, MiB)
+    assert np.array_equal(src, dst), "efa write"
+    a.shutdown()
+    b.shutdown()
+    print("wheel smoke: efa (tcp;ofi_rxm) transfer ok")
+
+
 def main() -> int:
     assert te.__version__, "te.__version__"
     with socket.socket() as s:
@@ -50,6 +75,7 @@ def main() -> int:
         e.shutdown()
     finally:
         child.kill()
+    efa_smoke()
     with umbp.Store(dram_capacity=16 << 20, ssd_dirs=[]) as store:
         page = (np.arange(8192, dtype=np.uint64) % 253).astype(np.uint8)
         back = np.zeros_like(page)
