@@ -194,6 +194,94 @@ fn a_frozen_member_costs_other_owners_calls_one_timeout_at_most() {
     }
 }
 
+/// The value `mget` answered for `key` (`KEY=SEED`, `KEY=miss`, `KEY=err`, `KEY=bad`).
+fn mget_result<'a>(answer: &'a str, key: &str) -> &'a str {
+    answer
+        .split(' ')
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("{key} in {answer}"))
+}
+
+/// Checks one `mget` answer: every key of `live` (prefix, owner) returns its own version
+/// (`fill` writes seed i + 1 into key i), every key of `silent` fails, the call within `bound`.
+fn check_mget(answer: &str, live: &[&str], silent: &str, n: u64, bound: u64) {
+    for i in 0..n {
+        for prefix in live {
+            let key = format!("{prefix}{i}");
+            assert_eq!(
+                mget_result(answer, &key),
+                (i + 1).to_string(),
+                "{key} of a live owner in a call with a frozen owner: {answer}"
+            );
+        }
+        let key = format!("{silent}{i}");
+        assert_eq!(mget_result(answer, &key), "err", "{key} of the frozen owner: {answer}");
+    }
+    assert!(
+        field(answer, "ms") <= bound,
+        "the call took longer than {bound} ms: {answer}"
+    );
+}
+
+/// The keys `prefix<i>` for i in 0..n, comma-separated.
+fn key_list(prefix: &str, n: u64) -> String {
+    (0..n).map(|i| format!("{prefix}{i}")).collect::<Vec<_>>().join(",")
+}
+
+#[test]
+fn a_get_across_owners_with_one_frozen_fails_only_that_owners_keys() {
+    let _serial = serial();
+    let Some(cl) = Cluster::start("faults-mget", false) else {
+        return;
+    };
+    let names = ["g0", "g1", "g2", "g3"];
+    let mut p: Vec<Node> = names.iter().map(|n| cl.peer(n, &[])).collect();
+    {
+        let mut all: Vec<&mut Node> = p.iter_mut().collect();
+        converge(&mut all, &names);
+    }
+    // g1 reads keys of g0 ("a", "c"), g2 ("b") and g3 ("z", "y"; g3 is the member to freeze).
+    const N: u64 = 8;
+    for (node, prefix, owner) in [
+        (0, "a", "g0"),
+        (0, "c", "g0"),
+        (2, "b", "g2"),
+        (3, "z", "g3"),
+        (3, "y", "g3"),
+    ] {
+        assert_eq!(p[node].ok(&format!("fill {prefix} 0 {N} 4096")), "OK failed=0");
+        wait_routed(&mut p[1], prefix, N, owner);
+    }
+    // "a", "b" and "z" are read once: their placements are remembered (a get reads them at
+    // once, no RESOLVE); "c" and "y" are not (lookup, RESOLVE, read, VALIDATE).
+    for prefix in ["a", "b", "z"] {
+        assert_eq!(field(&p[1].ok(&format!("sweep {prefix} 0 {N} 0:4096")), "ok"), N);
+    }
+    let bound = TIMEOUT_MS + SLACK_MS;
+    // The frozen owner's keys first in the call: its part must not hold up the others'.
+    p[3].freeze();
+    let a = p[1].ok(&format!(
+        "mget {},{},{} 0:4096",
+        key_list("z", N),
+        key_list("a", N),
+        key_list("b", N)
+    ));
+    check_mget(&a, &["a", "b"], "z", N, bound);
+
+    // Thawed, it serves again (once its suspicion lapses); frozen again, a call whose keys all
+    // need RESOLVE: the frozen owner never answers it.
+    p[3].signal("CONT");
+    let end = Instant::now() + Duration::from_secs(30);
+    while field(&p[1].ok(&format!("sweep z 0 {N} 0:4096")), "ok") != N {
+        assert!(Instant::now() < end, "g3's keys did not come back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    p[3].freeze();
+    let a = p[1].ok(&format!("mget {},{} 0:4096", key_list("y", N), key_list("c", N)));
+    check_mget(&a, &["c"], "y", N, bound);
+    p[3].signal("CONT");
+}
+
 /// A hostile client of a peer's control listener: it holds the cluster key and speaks the
 /// protocol, naming whatever member it likes in its handshake.
 struct Hostile {

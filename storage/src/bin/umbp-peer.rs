@@ -17,6 +17,7 @@
 //! - `fill-timed PREFIX FIRST COUNT LEN` and `sweep-timed PREFIX FIRST COUNT OFF:LEN[,...]`: as
 //!   `fill` and `sweep`, each answer adding `max_ms=..`, the slowest single call (the fault
 //!   tests' deadline check).
+//! - `mget KEY,KEY,... OFF:LEN[,...]`: one get naming all the keys: `OK ms=.. KEY=SEED|miss|err|bad ...`.
 //! - `churn KEY LEN N`: overwrite KEY N times, seeds 1, 2, 3 in rotation (the consistency
 //!   test's writer).
 //! - `owner KEY`: `OK <owner or none>`; `wait-owner KEY OWNER MS`: poll until it matches.
@@ -77,42 +78,68 @@ enum Got {
 
 impl Landing {
     fn get(&mut self, store: &Store, key: &str, ranges: &[(u64, u64)]) -> Got {
-        let total: u64 = ranges.iter().map(|r| r.1).sum();
+        self.get_many(store, &[key], ranges).remove(0)
+    }
+
+    /// One ranged get of `ranges` of every key in `keys` (one call, per-key results), each
+    /// key's bytes checked.
+    fn get_many(&mut self, store: &Store, keys: &[&str], ranges: &[(u64, u64)]) -> Vec<Got> {
+        let per_key: u64 = ranges.iter().map(|r| r.1).sum();
+        let total = per_key * keys.len() as u64;
         if total > self.buf.len() as u64 {
-            return Got::Err(format!("ranges exceed the {}-byte landing buffer", self.buf.len()));
+            let why = format!("ranges exceed the {}-byte landing buffer", self.buf.len());
+            return keys.iter().map(|_| Got::Err(why.clone())).collect();
         }
         let base = self.buf.as_mut_ptr() as u64;
         let mut at = 0u64;
-        let rs: Vec<Range> = ranges
+        let rs: Vec<Vec<Range>> = keys
             .iter()
-            .map(|&(o, l)| {
-                let r = Range::new(o, l, base + at);
-                at += l;
-                r
+            .map(|_| {
+                ranges
+                    .iter()
+                    .map(|&(o, l)| {
+                        let r = Range::new(o, l, base + at);
+                        at += l;
+                        r
+                    })
+                    .collect()
             })
             .collect();
         self.buf[..total as usize].fill(0);
-        let got = match store.batch_get_ranges(&[RangedGet { key, ranges: &rs }]) {
-            Ok(mut v) => v.remove(0),
-            Err(e) => return Got::Err(e.to_string()),
+        let gets: Vec<RangedGet> = keys
+            .iter()
+            .zip(&rs)
+            .map(|(&key, r)| RangedGet { key, ranges: r })
+            .collect();
+        let results = match store.batch_get_ranges(&gets) {
+            Ok(v) => v,
+            Err(e) => return keys.iter().map(|_| Got::Err(e.to_string())).collect(),
         };
-        match got {
-            Ok(n) => {
-                let mut at = 0usize;
-                let mut seed = None;
-                for &(o, l) in ranges {
-                    match check(o, &self.buf[at..at + l as usize]) {
-                        Ok(s) if seed.is_none_or(|x| x == s) => seed = Some(s),
-                        Ok(_) => return Got::Bad(o),
-                        Err(bad) => return Got::Bad(bad),
+        let mut at = 0usize;
+        results
+            .into_iter()
+            .map(|got| {
+                let start = at;
+                at += per_key as usize;
+                match got {
+                    Ok(n) => {
+                        let mut at = start;
+                        let mut seed = None;
+                        for &(o, l) in ranges {
+                            match check(o, &self.buf[at..at + l as usize]) {
+                                Ok(s) if seed.is_none_or(|x| x == s) => seed = Some(s),
+                                Ok(_) => return Got::Bad(o),
+                                Err(bad) => return Got::Bad(bad),
+                            }
+                            at += l as usize;
+                        }
+                        Got::Ok(n, seed.unwrap_or(0))
                     }
-                    at += l as usize;
+                    Err(umbp::StoreError::NotFound { .. }) => Got::Miss,
+                    Err(e) => Got::Err(e.to_string()),
                 }
-                Got::Ok(n, seed.unwrap_or(0))
-            }
-            Err(umbp::StoreError::NotFound { .. }) => Got::Miss,
-            Err(e) => Got::Err(e.to_string()),
-        }
+            })
+            .collect()
     }
 }
 
@@ -259,6 +286,27 @@ async fn main() {
                     _ => "ERR usage: sweep PREFIX FIRST COUNT OFF:LEN,...".into(),
                 }
             }
+            ["mget", keys, spec] => match parse_ranges(spec) {
+                // One call naming several keys (of several owners, say): per key `KEY=SEED`,
+                // `KEY=miss`, `KEY=bad` or `KEY=err`, and how long the call took.
+                Some(r) => {
+                    let keys: Vec<&str> = keys.split(',').collect();
+                    let t = Instant::now();
+                    let got = landing.get_many(&store, &keys, &r);
+                    let ms = t.elapsed().as_millis();
+                    let mut answer = format!("OK ms={ms}");
+                    for (k, g) in keys.iter().zip(got) {
+                        match g {
+                            Got::Ok(_, seed) => answer += &format!(" {k}={seed}"),
+                            Got::Miss => answer += &format!(" {k}=miss"),
+                            Got::Err(_) => answer += &format!(" {k}=err"),
+                            Got::Bad(_) => answer += &format!(" {k}=bad"),
+                        }
+                    }
+                    answer
+                }
+                None => "ERR ranges: OFF:LEN,... (multiples of 8)".into(),
+            },
             ["churn", key, len, n] => match (len.parse::<usize>(), n.parse::<u64>()) {
                 (Ok(len), Ok(n)) => {
                     // Three versions in rotation, filled once: puts follow each other as fast as

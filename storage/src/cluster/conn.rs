@@ -54,6 +54,13 @@ pub(crate) struct Conn {
     end: Option<Instant>,
 }
 
+impl std::os::fd::AsFd for Conn {
+    /// The socket, to poll several connections at once (`wake::wait_any`).
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.stream.as_fd()
+    }
+}
+
 /// The handshake context of a connection from member `me`: the proofs of both sides cover the
 /// member name, so a connection proves the shared key and who it speaks for.
 fn member_context(me: &str) -> String {
@@ -323,43 +330,19 @@ impl ConnPool {
         }
     }
 
-    /// A connection to each of `peers`, bounded by `end`: pooled ones at once, the others
-    /// connected in parallel (a scoped thread each when more than one is needed), so a silent
-    /// peer's handshake does not hold up the requests to the others.
-    pub(crate) fn get_many(&self, peers: &[(&str, SocketAddr)], end: Instant) -> Vec<io::Result<(Conn, bool)>> {
-        let mut out: Vec<Option<io::Result<(Conn, bool)>>> = peers
-            .iter()
-            .map(|(p, _)| {
-                self.take(p).map(|mut c| {
-                    c.set_deadline(Some(end));
-                    Ok((c, true))
-                })
-            })
-            .collect();
-        let need: Vec<usize> = (0..peers.len()).filter(|&i| out[i].is_none()).collect();
-        let connect = |i: usize| {
-            Conn::connect(peers[i].1, self.auth.as_ref(), &self.me, self.timeout, end).map(|mut c| {
-                c.set_deadline(Some(end));
-                (c, false)
-            })
-        };
-        match need.as_slice() {
-            [] => {}
-            [i] => out[*i] = Some(connect(*i)),
-            _ => std::thread::scope(|s| {
-                let connect = &connect;
-                let running: Vec<_> = need.iter().map(|&i| (i, s.spawn(move || connect(i)))).collect();
-                for (i, h) in running {
-                    out[i] = Some(
-                        h.join()
-                            .unwrap_or_else(|_| Err(io::Error::other("the connecting thread failed"))),
-                    );
-                }
-            }),
-        }
-        out.into_iter()
-            .map(|o| o.unwrap_or_else(|| Err(io::Error::other("no connection"))))
-            .collect()
+    /// An idle connection to `peer`, bounded by `end` until [`ConnPool::put`] takes it back.
+    pub(crate) fn pooled(&self, peer: &str, end: Instant) -> Option<Conn> {
+        self.take(peer).map(|mut c| {
+            c.set_deadline(Some(end));
+            c
+        })
+    }
+
+    /// A new connection to `addr`, handshake included, by `end`, and bounded by `end` after.
+    pub(crate) fn connect(&self, addr: SocketAddr, end: Instant) -> io::Result<Conn> {
+        let mut c = Conn::connect(addr, self.auth.as_ref(), &self.me, self.timeout, end)?;
+        c.set_deadline(Some(end));
+        Ok(c)
     }
 
     /// Returns a healthy connection to the pool.

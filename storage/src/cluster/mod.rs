@@ -31,6 +31,7 @@ pub(crate) mod server;
 mod shard;
 mod sharded;
 pub mod stats;
+mod wake;
 pub mod wire;
 
 use std::collections::HashMap;

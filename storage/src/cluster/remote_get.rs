@@ -1,13 +1,15 @@
 //! The miss path of a ranged get: keys this peer does not hold are read from their owners.
 //!
 //! Per call: one directory lookup for the missed keys (one read lock), then per owner, all owners
-//! at once: RESOLVE over a pooled control connection; one engine batch reading exactly the
+//! at once, each moving to its next step as soon as its own answer or batch is in (so a silent
+//! owner holds up only its own keys): RESOLVE over a pooled control connection; one engine batch reading exactly the
 //! requested spans from the owner's exported memory into the caller's registered buffers;
 //! VALIDATE, which also releases any staging lease. A key whose placement changed while it was
 //! read is a miss (`NotFound`), never data; an owner that fails or does not answer within the
 //! cluster timeout fails only its own keys (`Remote`).
 
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,7 +17,10 @@ use std::time::Instant;
 use te_base::{Phase, SegmentId};
 use te_core::TransferRequest;
 
+use parking_lot::Mutex;
+
 use super::conn::Conn;
+use super::wake::{wait_any, Wake};
 use super::wire::{self, Op, Place};
 use super::{Cluster, Remembered};
 use crate::core::{Core, RangedGet};
@@ -151,249 +156,385 @@ impl Cluster {
         if work.is_empty() {
             return;
         }
-        // With the phase report on: resolve = RESOLVE round trips, build + submit = the batches,
-        // wait = the reads, other = VALIDATE.
+        // With the phase report on: resolve = connecting and RESOLVE, wait = the reads and the
+        // waits on several owners, other = VALIDATE.
         let timer = &core.timer();
-        let t0 = timer.start();
-
+        let mut t = timer.start();
         let timeout = self.cfg.timeout;
-        // RESOLVE: sent to every owner before any answer is read, so the owners work at once.
-        let mut sent: Vec<Option<(Conn, SegmentId, u64, bool)>> = Vec::with_capacity(work.len());
-        // Connections first, all owners at once (a silent owner's handshake holds up no other).
-        let live: Vec<bool> = work.iter().map(|w| !self.pool.is_suspect(&w.owner, timeout)).collect();
-        let targets: Vec<(&str, SocketAddr)> = work
-            .iter()
-            .zip(&live)
-            .filter(|(_, &l)| l)
-            .map(|(w, _)| (&*w.owner, w.addr))
-            .collect();
-        let mut conns = self.pool.get_many(&targets, end).into_iter();
-        for (w, live) in work.iter().zip(live) {
-            if !live {
-                // It did not answer in time lately: its keys fail now rather than wait again.
-                for &k in &w.keys {
-                    errors[k] = Some(remote_err(
-                        items[k].key,
-                        &w.owner,
-                        format!(
-                            "it did not answer within the last {} ms; passed over",
-                            timeout.as_millis()
-                        ),
-                    ));
+        let mut acc = PassOut {
+            errors,
+            hits,
+            out,
+            retry,
+            stale: 0,
+            control: 0,
+        };
+        // Several owners: each moves through its steps as soon as its own answer or batch is in,
+        // so a silent owner fails only its own keys. An eventfd wakes the caller when a batch or
+        // a new connection is done.
+        let several = work.len() > 1;
+        let wake = if several { Wake::new() } else { None };
+        let slots: Vec<Mutex<Option<std::io::Result<Conn>>>> = work.iter().map(|_| Mutex::new(None)).collect();
+        std::thread::scope(|s| {
+            let mut steps: Vec<Step<'_, '_>> = Vec::with_capacity(work.len());
+            for (w, slot) in work.iter().zip(&slots) {
+                if self.pool.is_suspect(&w.owner, timeout) {
+                    // It did not answer in time lately: its keys fail now rather than wait again.
+                    for &k in &w.keys {
+                        acc.errors[k] = Some(remote_err(
+                            items[k].key,
+                            &w.owner,
+                            format!(
+                                "it did not answer within the last {} ms; passed over",
+                                timeout.as_millis()
+                            ),
+                        ));
+                    }
+                    steps.push(Step::Done);
+                    continue;
                 }
-                sent.push(None);
-                continue;
+                let step = match self.pool.pooled(&w.owner, end) {
+                    Some(c) => self.begin(core, items, w, Ok(c), end, wake.as_ref(), &mut acc),
+                    // A new connection: on a thread of its own when there are other owners (a
+                    // silent owner's handshake holds up no other).
+                    None if several => {
+                        let (pool, addr, wake) = (&self.pool, w.addr, wake.clone());
+                        let handle = s.spawn(move || {
+                            *slot.lock() = Some(pool.connect(addr, end));
+                            if let Some(w) = wake {
+                                w.signal();
+                            }
+                        });
+                        Step::Connecting { handle, slot }
+                    }
+                    None => self.begin(core, items, w, self.pool.connect(w.addr, end), end, None, &mut acc),
+                };
+                steps.push(step);
             }
-            let conn = conns
-                .next()
-                .unwrap_or_else(|| Err(std::io::Error::other("no connection")))
-                .map(|(c, _)| c)
-                .map_err(|e| self.io_failure(&w.owner, "control connection", e));
-            let r = self.segment_for(core, &w.owner, end).and_then(|seg| {
-                let mut conn = conn?;
-                let fresh = w.keys.iter().zip(&w.cached).filter(|(_, c)| c.is_none());
-                if fresh.clone().next().is_none() {
-                    return Ok((conn, seg, 0, false));
+            t = timer.lap(Phase::Resolve, t);
+            loop {
+                let pending: Vec<usize> = (0..steps.len()).filter(|&i| !matches!(steps[i], Step::Done)).collect();
+                if pending.is_empty() {
+                    break;
                 }
-                let body = wire::encode_resolve(
-                    fresh
-                        .map(|(&k, _)| (items[k].key, items[k].ranges))
-                        .collect::<Vec<_>>()
-                        .into_iter(),
-                );
-                conn.send(Op::Resolve, &body)
-                    .map_err(|e| self.io_failure(&w.owner, "sending RESOLVE", e))?;
-                Ok((conn, seg, (body.len() + wire::HEAD) as u64, true))
-            });
-            sent.push(self.keep_or_fail(r, w, items, errors));
-        }
-        let mut batches: Vec<Option<SubmitState>> = Vec::with_capacity(work.len());
-        let mut t1 = t0;
-        for (w, s) in work.iter().zip(sent) {
-            let resolved = s.map(|(mut conn, segment, out_bytes, asked)| {
-                let (mut lease, mut fresh, mut in_bytes) = (0, Vec::new().into_iter(), 0);
-                if asked {
+                // One owner left, or the deadline passed: wait on each directly (every wait ends
+                // by the deadline; past it, only what already arrived is taken).
+                let ready = if pending.len() == 1 || Instant::now() >= end {
+                    pending
+                } else {
+                    let mut socks = Vec::new();
+                    let mut on_sock = Vec::new();
+                    let mut ready = Vec::new();
+                    let mut background = false;
+                    for &i in &pending {
+                        let done = match &steps[i] {
+                            Step::Places { conn, .. } | Step::Verdicts { conn, .. } => {
+                                socks.push(conn.as_fd());
+                                on_sock.push(i);
+                                continue;
+                            }
+                            Step::Reading(sub) => sub.batch.as_ref().is_none_or(|b| b.is_complete()),
+                            Step::Connecting { slot, .. } => slot.lock().is_some(),
+                            Step::Done => continue,
+                        };
+                        if done {
+                            ready.push(i);
+                        } else {
+                            background = true;
+                        }
+                    }
+                    let readable = wait_any(&socks, wake.as_deref(), !ready.is_empty(), background, end);
+                    ready.extend(on_sock.into_iter().zip(readable).filter(|(_, r)| *r).map(|(i, _)| i));
+                    t = timer.lap(Phase::Wait, t);
+                    ready
+                };
+                for i in ready {
+                    let step = std::mem::replace(&mut steps[i], Step::Done);
+                    let phase = match step {
+                        Step::Reading(_) => Phase::Wait,
+                        Step::Verdicts { .. } => Phase::Other,
+                        _ => Phase::Resolve,
+                    };
+                    steps[i] = self.advance(core, items, &work[i], step, end, wake.as_ref(), &mut acc);
+                    t = timer.lap(phase, t);
+                }
+            }
+        });
+        self.counters.control_bytes.fetch_add(acc.control, Ordering::Relaxed);
+        self.counters.stale.fetch_add(acc.stale, Ordering::Relaxed);
+    }
+
+    /// Moves one owner's part of the call on by one step: the step's answer or batch is in, or
+    /// this waits for it (by `end`).
+    #[allow(clippy::too_many_arguments)]
+    fn advance<'s, 'm>(
+        &self,
+        core: &Core,
+        items: &[RangedGet<'_>],
+        w: &OwnerWork,
+        step: Step<'s, 'm>,
+        end: Instant,
+        wake: Option<&Arc<Wake>>,
+        acc: &mut PassOut<'_>,
+    ) -> Step<'s, 'm> {
+        match step {
+            Step::Connecting { handle, slot } => {
+                let _ = handle.join();
+                let conn = slot
+                    .lock()
+                    .take()
+                    .unwrap_or_else(|| Err(std::io::Error::other("the connecting thread failed")));
+                self.begin(core, items, w, conn, end, wake, acc)
+            }
+            Step::Places {
+                mut conn,
+                segment,
+                sent,
+            } => {
+                let r = (|| {
                     let (op, answer) = conn
                         .recv()
                         .map_err(|e| self.io_failure(&w.owner, "reading PLACES", e))?;
                     if op != Op::Places {
                         return Err(format!("RESOLVE answered {op:?}"));
                     }
-                    let (l, places) = wire::decode_places(&answer).map_err(|e| format!("malformed PLACES: {e}"))?;
+                    let (lease, places) = wire::decode_places(&answer).map_err(|e| format!("malformed PLACES: {e}"))?;
                     if places.len() != w.cached.iter().filter(|c| c.is_none()).count() {
                         return Err("RESOLVE answered the wrong number of keys".into());
                     }
-                    (lease, fresh, in_bytes) = (l, places.into_iter(), wire::HEAD + answer.len());
+                    Ok((lease, places, sent + (wire::HEAD + answer.len()) as u64))
+                })();
+                match self.keep_or_fail(r, w, items, acc.errors) {
+                    Some((lease, places, bytes)) => {
+                        let r = resolved(w, conn, segment, lease, places, bytes);
+                        self.read_step(core, items, w, r, wake, acc)
+                    }
+                    None => Step::Done,
                 }
-                let places = w
-                    .cached
-                    .iter()
-                    .map(|c| {
-                        c.clone()
-                            .unwrap_or_else(|| Arc::new(fresh.next().unwrap_or(Place::Missing)))
-                    })
-                    .collect();
-                Ok(Resolved {
-                    conn,
-                    lease,
-                    places,
-                    segment,
-                    control_bytes: out_bytes + in_bytes as u64,
-                })
-            });
-            t1 = timer.lap(Phase::Resolve, t1);
-            // One engine batch per owner, all submitted before any is waited on.
-            batches.push(match resolved {
-                Some(r) => self
-                    .keep_or_fail(r, w, items, errors)
-                    .map(|r| self.submit_owner(core, items, w, r, errors)),
-                None => None,
-            });
+            }
+            Step::Reading(sub) => self.after_read(items, w, sub, end, acc),
+            Step::Verdicts { checked, conn, bytes } => {
+                self.take_verdicts(items, w, checked, conn, bytes, acc);
+                Step::Done
+            }
+            Step::Done => Step::Done,
         }
+    }
 
-        let t2 = timer.lap(Phase::Submit, t1);
-        // Wait for each owner's batch, then VALIDATE what was read (sent to all, then read).
-        let mut validating: Vec<(usize, Vec<ReadKey>, Conn, u64)> = Vec::new();
-        for (wi, b) in batches.into_iter().enumerate() {
-            let Some(sub) = b else { continue };
-            let w = &work[wi];
-            let SubmitState {
-                r,
-                batch,
-                owner_of_request,
-                read,
-                requests,
-                retry: again,
-            } = sub;
-            if !again.is_empty() {
-                let mut placements = self.placements.write();
-                for &k in &again {
-                    placements.remove(items[k].key);
-                }
-                retry.extend(again);
+    /// With a connection to the owner: sends RESOLVE for the keys without a remembered
+    /// placement, or, when every key has one, submits the read at once.
+    #[allow(clippy::too_many_arguments)]
+    fn begin<'s, 'm>(
+        &self,
+        core: &Core,
+        items: &[RangedGet<'_>],
+        w: &OwnerWork,
+        conn: std::io::Result<Conn>,
+        end: Instant,
+        wake: Option<&Arc<Wake>>,
+        acc: &mut PassOut<'_>,
+    ) -> Step<'s, 'm> {
+        let conn = conn.map_err(|e| self.io_failure(&w.owner, "control connection", e));
+        let r = self.segment_for(core, &w.owner, end).and_then(|segment| {
+            let mut conn = conn?;
+            let fresh = w.keys.iter().zip(&w.cached).filter(|(_, c)| c.is_none());
+            if fresh.clone().next().is_none() {
+                return Ok((conn, segment, None));
             }
-            if let Some(batch) = batch {
-                match batch.wait_blocking(Some(end.saturating_duration_since(Instant::now()))) {
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => {
-                        self.forget(&w.owner);
-                        for (i, err) in e.failures {
-                            let k = owner_of_request[i] as usize;
-                            if errors[k].is_some() {
-                                continue;
-                            }
-                            if read.iter().any(|x| x.k == k && x.cached) {
-                                // Marked so VALIDATE skips it; read afresh in the next round.
-                                errors[k] = Some(StoreError::NotFound {
-                                    key: items[k].key.to_owned(),
-                                });
-                                retry.push(k);
-                            } else {
-                                errors[k] = Some(remote_err(items[k].key, &w.owner, err));
-                            }
+            let body = wire::encode_resolve(
+                fresh
+                    .map(|(&k, _)| (items[k].key, items[k].ranges))
+                    .collect::<Vec<_>>()
+                    .into_iter(),
+            );
+            conn.send(Op::Resolve, &body)
+                .map_err(|e| self.io_failure(&w.owner, "sending RESOLVE", e))?;
+            Ok((conn, segment, Some((body.len() + wire::HEAD) as u64)))
+        });
+        match self.keep_or_fail(r, w, items, acc.errors) {
+            Some((conn, segment, Some(sent))) => Step::Places { conn, segment, sent },
+            Some((conn, segment, None)) => {
+                let r = resolved(w, conn, segment, 0, Vec::new(), 0);
+                self.read_step(core, items, w, r, wake, acc)
+            }
+            None => Step::Done,
+        }
+    }
+
+    /// Submits the owner's engine batch (its completion signals `wake`).
+    fn read_step<'s, 'm>(
+        &self,
+        core: &Core,
+        items: &[RangedGet<'_>],
+        w: &OwnerWork,
+        r: Resolved,
+        wake: Option<&Arc<Wake>>,
+        acc: &mut PassOut<'_>,
+    ) -> Step<'s, 'm> {
+        let sub = self.submit_owner(core, items, w, r, acc.errors);
+        if let (Some(b), Some(wake)) = (&sub.batch, wake) {
+            wake.on_complete(b);
+        }
+        Step::Reading(sub)
+    }
+
+    /// The owner's batch is done (or this waits for it by `end`): sends VALIDATE for what was
+    /// read.
+    fn after_read<'s, 'm>(
+        &self,
+        items: &[RangedGet<'_>],
+        w: &OwnerWork,
+        sub: SubmitState,
+        end: Instant,
+        acc: &mut PassOut<'_>,
+    ) -> Step<'s, 'm> {
+        let timeout = self.cfg.timeout;
+        let errors = &mut *acc.errors;
+        let SubmitState {
+            r,
+            batch,
+            owner_of_request,
+            read,
+            requests,
+            retry: again,
+        } = sub;
+        if !again.is_empty() {
+            let mut placements = self.placements.write();
+            for &k in &again {
+                placements.remove(items[k].key);
+            }
+            acc.retry.extend(again);
+        }
+        if let Some(batch) = batch {
+            match batch.wait_blocking(Some(end.saturating_duration_since(Instant::now()))) {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    self.forget(&w.owner);
+                    for (i, err) in e.failures {
+                        let k = owner_of_request[i] as usize;
+                        if errors[k].is_some() {
+                            continue;
                         }
-                    }
-                    None => {
-                        batch.cancel();
-                        self.forget(&w.owner);
-                        self.pool.suspect(&w.owner);
-                        for k in read.iter().map(|x| x.k) {
-                            errors[k].get_or_insert_with(|| {
-                                remote_err(
-                                    items[k].key,
-                                    &w.owner,
-                                    format!("read not done within {} ms", timeout.as_millis()),
-                                )
+                        if read.iter().any(|x| x.k == k && x.cached) {
+                            // Marked so VALIDATE skips it; read afresh in the next round.
+                            errors[k] = Some(StoreError::NotFound {
+                                key: items[k].key.to_owned(),
                             });
-                        }
-                        // The call's deadline has passed: no VALIDATE waits on the owner again
-                        // (a staging lease it holds ends at its own deadline).
-                        self.counters.remote_requests.fetch_add(requests, Ordering::Relaxed);
-                        continue;
-                    }
-                }
-            }
-            self.counters.remote_requests.fetch_add(requests, Ordering::Relaxed);
-            let checked: Vec<ReadKey> = read.into_iter().filter(|x| errors[x.k].is_none()).collect();
-            if checked.is_empty() && r.lease == 0 {
-                // Nothing to check and nothing to release.
-                self.put_conn(w.owner.clone(), r.conn);
-                continue;
-            }
-            let body = wire::encode_validate(r.lease, checked.iter().map(|x| (items[x.k].key, x.generation)));
-            let Resolved {
-                mut conn,
-                control_bytes,
-                ..
-            } = r;
-            match conn.send(Op::Validate, &body) {
-                Ok(()) => validating.push((wi, checked, conn, control_bytes + (body.len() + wire::HEAD) as u64)),
-                Err(e) => {
-                    let e = self.io_failure(&w.owner, "sending VALIDATE", e);
-                    self.forget(&w.owner);
-                    for x in &checked {
-                        errors[x.k] = Some(remote_err(items[x.k].key, &w.owner, &e));
-                    }
-                }
-            }
-        }
-        let t3 = timer.lap(Phase::Wait, t2);
-        let mut stale = 0u64;
-        let mut control = 0u64;
-        for (wi, checked, mut conn, bytes) in validating {
-            let w = &work[wi];
-            let verdicts = conn
-                .recv()
-                .map_err(|e| self.io_failure(&w.owner, "reading VERDICTS", e))
-                .and_then(|(op, a)| {
-                    control += bytes + (wire::HEAD + a.len()) as u64;
-                    match op {
-                        Op::Verdicts => wire::decode_verdicts(&a).map_err(|e| format!("malformed VERDICTS: {e}")),
-                        other => Err(format!("VALIDATE answered {other:?}")),
-                    }
-                });
-            match verdicts {
-                Ok(ok) if ok.len() == checked.len() => {
-                    self.put_conn(w.owner.clone(), conn);
-                    let mut placements = self.placements.write();
-                    for (x, good) in checked.into_iter().zip(ok) {
-                        let key = items[x.k].key;
-                        if good {
-                            hits.push(x.k);
-                            out.hits += 1;
-                            out.bytes += items[x.k].ranges.iter().map(|r| r.len).sum::<u64>();
-                            if !x.cached && matches!(*x.place, Place::Dram { .. }) {
-                                if placements.len() >= MAX_PLACEMENTS {
-                                    placements.clear();
-                                }
-                                placements.insert(key.to_owned(), (w.owner.clone(), x.place));
-                            }
-                        } else if x.cached {
-                            // The remembered placement is gone: resolve the key afresh.
-                            placements.remove(key);
-                            retry.push(x.k);
+                            acc.retry.push(k);
                         } else {
-                            // The object moved or changed while it was read: a miss, not data.
-                            stale += 1;
-                            errors[x.k] = Some(StoreError::NotFound { key: key.to_owned() });
+                            errors[k] = Some(remote_err(items[k].key, &w.owner, err));
                         }
                     }
                 }
-                other => {
-                    let why = match other {
-                        Err(e) => e,
-                        Ok(_) => "VALIDATE answered the wrong number of keys".into(),
-                    };
+                None => {
+                    batch.cancel();
                     self.forget(&w.owner);
-                    for x in &checked {
-                        errors[x.k] = Some(remote_err(items[x.k].key, &w.owner, &why));
+                    self.pool.suspect(&w.owner);
+                    for k in read.iter().map(|x| x.k) {
+                        errors[k].get_or_insert_with(|| {
+                            remote_err(
+                                items[k].key,
+                                &w.owner,
+                                format!("read not done within {} ms", timeout.as_millis()),
+                            )
+                        });
                     }
+                    // The call's deadline has passed: no VALIDATE waits on the owner again
+                    // (a staging lease it holds ends at its own deadline).
+                    self.counters.remote_requests.fetch_add(requests, Ordering::Relaxed);
+                    return Step::Done;
                 }
             }
         }
-        self.counters.control_bytes.fetch_add(control, Ordering::Relaxed);
-        self.counters.stale.fetch_add(stale, Ordering::Relaxed);
-        timer.lap(Phase::Other, t3);
+        self.counters.remote_requests.fetch_add(requests, Ordering::Relaxed);
+        let checked: Vec<ReadKey> = read.into_iter().filter(|x| errors[x.k].is_none()).collect();
+        if checked.is_empty() && r.lease == 0 {
+            // Nothing to check and nothing to release.
+            self.put_conn(w.owner.clone(), r.conn);
+            return Step::Done;
+        }
+        let body = wire::encode_validate(r.lease, checked.iter().map(|x| (items[x.k].key, x.generation)));
+        let Resolved {
+            mut conn,
+            control_bytes,
+            ..
+        } = r;
+        match conn.send(Op::Validate, &body) {
+            Ok(()) => Step::Verdicts {
+                checked,
+                conn,
+                bytes: control_bytes + (body.len() + wire::HEAD) as u64,
+            },
+            Err(e) => {
+                let e = self.io_failure(&w.owner, "sending VALIDATE", e);
+                self.forget(&w.owner);
+                for x in &checked {
+                    errors[x.k] = Some(remote_err(items[x.k].key, &w.owner, &e));
+                }
+                Step::Done
+            }
+        }
+    }
+
+    /// Reads the owner's VERDICTS: validated keys are hits, stale remembered ones go to the
+    /// retry, stale fresh ones are misses.
+    fn take_verdicts(
+        &self,
+        items: &[RangedGet<'_>],
+        w: &OwnerWork,
+        checked: Vec<ReadKey>,
+        mut conn: Conn,
+        bytes: u64,
+        acc: &mut PassOut<'_>,
+    ) {
+        let verdicts = conn
+            .recv()
+            .map_err(|e| self.io_failure(&w.owner, "reading VERDICTS", e))
+            .and_then(|(op, a)| {
+                acc.control += bytes + (wire::HEAD + a.len()) as u64;
+                match op {
+                    Op::Verdicts => wire::decode_verdicts(&a).map_err(|e| format!("malformed VERDICTS: {e}")),
+                    other => Err(format!("VALIDATE answered {other:?}")),
+                }
+            });
+        match verdicts {
+            Ok(ok) if ok.len() == checked.len() => {
+                self.put_conn(w.owner.clone(), conn);
+                let mut placements = self.placements.write();
+                for (x, good) in checked.into_iter().zip(ok) {
+                    let key = items[x.k].key;
+                    if good {
+                        acc.hits.push(x.k);
+                        acc.out.hits += 1;
+                        acc.out.bytes += items[x.k].ranges.iter().map(|r| r.len).sum::<u64>();
+                        if !x.cached && matches!(*x.place, Place::Dram { .. }) {
+                            if placements.len() >= MAX_PLACEMENTS {
+                                placements.clear();
+                            }
+                            placements.insert(key.to_owned(), (w.owner.clone(), x.place));
+                        }
+                    } else if x.cached {
+                        // The remembered placement is gone: resolve the key afresh.
+                        placements.remove(key);
+                        acc.retry.push(x.k);
+                    } else {
+                        // The object moved or changed while it was read: a miss, not data.
+                        acc.stale += 1;
+                        acc.errors[x.k] = Some(StoreError::NotFound { key: key.to_owned() });
+                    }
+                }
+            }
+            other => {
+                let why = match other {
+                    Err(e) => e,
+                    Ok(_) => "VALIDATE answered the wrong number of keys".into(),
+                };
+                self.forget(&w.owner);
+                for x in &checked {
+                    acc.errors[x.k] = Some(remote_err(items[x.k].key, &w.owner, &why));
+                }
+            }
+        }
     }
 
     /// The owner of each of `keys`: a remembered placement's owner while it is a live member,
@@ -606,6 +747,67 @@ impl Cluster {
             requests: count,
             retry,
         }
+    }
+}
+
+/// Where one owner's part of a call stands.
+enum Step<'s, 'm> {
+    /// A new control connection being made on a thread of its own; it fills `slot`.
+    Connecting {
+        handle: std::thread::ScopedJoinHandle<'s, ()>,
+        slot: &'m Mutex<Option<std::io::Result<Conn>>>,
+    },
+    /// RESOLVE sent (`sent` bytes); PLACES awaited.
+    Places {
+        conn: Conn,
+        segment: SegmentId,
+        sent: u64,
+    },
+    /// The owner's engine batch is running.
+    Reading(SubmitState),
+    /// VALIDATE sent; VERDICTS awaited (`bytes`: the owner's control bytes so far).
+    Verdicts {
+        checked: Vec<ReadKey>,
+        conn: Conn,
+        bytes: u64,
+    },
+    Done,
+}
+
+/// What one pass's steps write to.
+struct PassOut<'a> {
+    errors: &'a mut [Option<StoreError>],
+    hits: &'a mut Vec<usize>,
+    out: &'a mut RemoteOutcome,
+    retry: &'a mut Vec<usize>,
+    stale: u64,
+    control: u64,
+}
+
+/// An owner's placements: remembered ones, the rest from PLACES (`fresh`, in key order).
+fn resolved(
+    w: &OwnerWork,
+    conn: Conn,
+    segment: SegmentId,
+    lease: u64,
+    fresh: Vec<Place>,
+    control_bytes: u64,
+) -> Resolved {
+    let mut fresh = fresh.into_iter();
+    let places = w
+        .cached
+        .iter()
+        .map(|c| {
+            c.clone()
+                .unwrap_or_else(|| Arc::new(fresh.next().unwrap_or(Place::Missing)))
+        })
+        .collect();
+    Resolved {
+        conn,
+        lease,
+        places,
+        segment,
+        control_bytes,
     }
 }
 
