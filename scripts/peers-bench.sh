@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-venv=target/peers-venv
+venv=${PEERS_VENV:-target/peers-venv}
 py=$venv/bin/python
 if [ ! -x "$py" ]; then
   echo "== peers: creating $venv"
@@ -49,15 +49,15 @@ while read -r req flags; do
   name=${req%%==*}
   want=${req#*==}
   [ "$want" = "$req" ] && want=
-  have=$("$py" -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p')
+  have=$("$py" -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p' || true)
   if [ -z "$have" ] || { [ -n "$want" ] && [ "$have" != "$want" ]; }; then
     echo "== peers: pip install $req $flags"
     # shellcheck disable=SC2086
-    if ! "$py" -m pip install -q $flags "$req" 2>&1 | tail -5; then
+    if ! "$py" -m pip install -q --retries 1 --timeout 30 $flags "$req" 2>&1 | tail -5; then
       echo "peers-bench: cannot install $req from PyPI (network or wheel unavailable)" >&2
       exit 3
     fi
-    have=$("$py" -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p')
+    have=$("$py" -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p' || true)
     if [ -z "$have" ]; then
       echo "peers-bench: $req did not install (PyPI unreachable or no wheel for this platform)" >&2
       exit 3
@@ -68,7 +68,7 @@ done <scripts/peers-versions.txt
 
 # Our package.
 if [ -z "$wheel" ]; then
-  "$py" -m pip show -q maturin >/dev/null 2>&1 || "$py" -m pip install -q maturin || {
+  "$py" -m pip show -q maturin >/dev/null 2>&1 || "$py" -m pip install -q --retries 1 --timeout 30 maturin || {
     echo "peers-bench: cannot install maturin from PyPI" >&2
     exit 3
   }

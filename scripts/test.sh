@@ -132,6 +132,19 @@ bash scripts/python-tests.sh
 # CPython 3.11+ found here, a two-process transfer and a store put/get from it.
 echo "== python wheel (scripts/python-wheel.sh)"
 bash scripts/python-wheel.sh
+# Beside the peers (issue 40): the side-by-side harness once, tiny sizes, every byte verified,
+# against the pinned released wheels of Mooncake and NIXL (PyPI; pip's cache keeps it cheap) and
+# the wheel just built. Exit 3 means PyPI or a peer's wheel was unreachable: a skip naming why,
+# which TE_REQUIRE=peers turns into a failure.
+echo "== peers side by side, smoke (scripts/peers-bench.sh --smoke)"
+peers_rc=0
+bash scripts/peers-bench.sh --smoke --wheel "$(ls -t target/wheels/te_transfer_engine-*.whl | head -1)" || peers_rc=$?
+if [ "$peers_rc" = 3 ] && [[ ",$(echo "${TE_REQUIRE:-}" | tr -d ' ')," != *",peers,"* ]]; then
+  echo "test.sh: skipped the peers smoke: a peer could not be installed (above) (TE_REQUIRE=peers makes this fail)"
+elif [ "$peers_rc" != 0 ]; then
+  echo "test.sh: peers smoke failed (exit $peers_rc; 3: a peer could not be installed and TE_REQUIRE names peers)" >&2
+  exit 1
+fi
 
 # The rdma transport on a real verbs stack: soft-RoCE (rdma_rxe) in a QEMU VM booting Debian's own
 # kernel (scripts/rdma-vm.sh; this host's kernel has no RDMA). The conformance suite's binary built
