@@ -39,7 +39,7 @@ pub use env_check::known_vars;
 pub use install::{device_plugins, PluginStatus, COMPILED_TRANSPORTS};
 pub use metrics::MetricsSnapshot;
 pub use route_health::RouteState;
-pub use segment::{RouteReport, SegmentEvent, SegmentHandle};
+pub use segment::{RouteReport, SegmentEvent, SegmentHandle, UnreachedRoute};
 
 /// Peer authentication: the shared key every peer must prove (see `docs/security.md`).
 pub mod auth {

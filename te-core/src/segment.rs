@@ -26,6 +26,8 @@ pub(crate) struct Route {
 pub(crate) struct OpenSegment {
     pub descriptor: Arc<SegmentDescriptor>,
     pub routes: Vec<Route>,
+    /// Transports that reach the segment but refused to connect, with why (none is a route).
+    pub unreached: Vec<UnreachedRoute>,
     /// Closed by [`crate::TransferEngine::close_segment`]: submits to it are refused.
     pub closed: bool,
 }
@@ -98,6 +100,17 @@ pub struct RouteReport {
     pub connected: bool,
     /// Times it was paused since the segment was opened.
     pub pauses: u64,
+}
+
+/// A transport that reaches a segment by its descriptor but refused to connect to it, so its
+/// requests go on the next route (e.g. shm without ptrace permission falls back to tcp), as
+/// [`crate::TransferEngine::unreached_routes`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreachedRoute {
+    /// The transport.
+    pub transport: &'static str,
+    /// Its connect error, as text.
+    pub reason: String,
 }
 
 /// What happened to an open segment (see [`SegmentHandle::events`]).

@@ -405,6 +405,17 @@ impl TransferEngine {
             .collect())
     }
 
+    /// The transports that reach `segment` by its descriptor but refused to connect when it was
+    /// (re)connected, each with its error (e.g. shm without ptrace permission, so tcp carries
+    /// the traffic). [`Error::UnknownSegment`] if it is not open.
+    pub fn unreached_routes(&self, segment: &SegmentHandle) -> Result<Vec<crate::UnreachedRoute>> {
+        let segs = self.inner.segments.read();
+        let seg = segs
+            .get(segment.id().0 as usize)
+            .ok_or_else(|| Error::UnknownSegment(format!("id {}", segment.id().0)))?;
+        Ok(seg.unreached.clone())
+    }
+
     /// Submits a batch. Every request is validated and resolved first: if any is malformed
     /// (zero length, unregistered or partly registered local memory, a remote range outside the
     /// segment's exported buffers, unknown segment, no transport for the memory kinds) nothing

@@ -24,7 +24,7 @@ use tracing::Instrument;
 
 use super::EngineInner;
 use crate::route_health::RouteHealth;
-use crate::segment::{OpenSegment, Route, SegmentEvent, SegmentHandle};
+use crate::segment::{OpenSegment, Route, SegmentEvent, SegmentHandle, UnreachedRoute};
 
 /// Events kept per segment for a slow subscriber before it sees `Lagged`.
 const EVENT_CAPACITY: usize = 64;
@@ -228,6 +228,7 @@ impl EngineInner {
             let closed = Arc::new(OpenSegment {
                 descriptor: slot.descriptor.clone(),
                 routes: Vec::new(),
+                unreached: Vec::new(),
                 closed: true,
             });
             std::mem::replace(slot, closed)
@@ -265,7 +266,7 @@ impl EngineInner {
         }
         // Open before, and changed, restarted or broken since: this is a reconnect.
         let connect = self.connect_routes(name, &desc);
-        let routes = if current.is_some() {
+        let (routes, unreached) = if current.is_some() {
             let restarted = matches!(applied, Applied::Restarted);
             connect
                 .instrument(tracing::debug_span!("reconnect", segment = %name, restarted))
@@ -273,9 +274,17 @@ impl EngineInner {
         } else {
             connect.await?
         };
+        // Said once: when a transport starts refusing, or refuses for another reason.
+        for u in &unreached {
+            let known = current.as_ref().is_some_and(|c| c.unreached.contains(u));
+            if !known {
+                tracing::warn!(segment = %name, transport = u.transport, "not a route to it: {}", u.reason);
+            }
+        }
         let seg = Arc::new(OpenSegment {
             descriptor: desc.clone(),
             routes,
+            unreached,
             closed: false,
         });
         let id = {
@@ -308,9 +317,13 @@ impl EngineInner {
     /// every transport that reaches it (the later ones carry what the earlier ones fail), except
     /// behind the in-process copy, which fails only with this process; with failover off, one
     /// per distinct capability set.
-    async fn connect_routes(&self, name: &str, desc: &Arc<SegmentDescriptor>) -> Result<Vec<Route>> {
+    async fn connect_routes(
+        &self,
+        name: &str,
+        desc: &Arc<SegmentDescriptor>,
+    ) -> Result<(Vec<Route>, Vec<UnreachedRoute>)> {
         let mut routes: Vec<Route> = Vec::new();
-        let mut failures: Vec<String> = Vec::new();
+        let mut failures: Vec<UnreachedRoute> = Vec::new();
         for (transport, t) in self.transports.iter().enumerate() {
             if !t.can_reach(desc) {
                 continue;
@@ -331,7 +344,10 @@ impl EngineInner {
                     health: Arc::new(RouteHealth::new(self.failover.first_pause)),
                     metrics: self.export.as_ref().map(|e| e.label_set(transport, name)),
                 }),
-                Err(e) => failures.push(format!("{}: {e}", t.name())),
+                Err(e) => failures.push(UnreachedRoute {
+                    transport: t.name(),
+                    reason: e.to_string(),
+                }),
             }
         }
         if routes.is_empty() {
@@ -339,14 +355,18 @@ impl EngineInner {
             let installed: Vec<&str> = self.transports.iter().map(|t| t.name()).collect();
             let mut reason = format!("segment offers {offered:?}, this engine has {installed:?}");
             if !failures.is_empty() {
-                reason.push_str(&format!("; connect failed: {}", failures.join("; ")));
+                let each: Vec<String> = failures
+                    .iter()
+                    .map(|u| format!("{}: {}", u.transport, u.reason))
+                    .collect();
+                reason.push_str(&format!("; connect failed: {}", each.join("; ")));
             }
             return Err(Error::NoTransport {
                 segment: name.to_string(),
                 reason,
             });
         }
-        Ok(routes)
+        Ok((routes, failures))
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use te_base::config::MapEnv;
 use te_core::metadata::InProcessStore;
-use te_core::{HostBufferOptions, TransferEngine, TransferRequest};
+use te_core::{HostBufferOptions, TransferEngine, TransferRequest, UnreachedRoute};
 
 async fn engine(name: &str, store: &Arc<InProcessStore>, extra: &[(&str, &str)]) -> TransferEngine {
     let mut env = MapEnv::new([("TE_TCP_LISTEN", "127.0.0.1:0")]);
@@ -23,8 +23,12 @@ async fn engine(name: &str, store: &Arc<InProcessStore>, extra: &[(&str, &str)])
         .unwrap()
 }
 
-/// Opens the target from the initiator, writes 1 MiB verified, returns the route names.
-async fn routes_and_transfer(target: &TransferEngine, initiator: &TransferEngine) -> Vec<&'static str> {
+/// Opens the target from the initiator, writes 1 MiB verified, returns the route names and the
+/// transports that refused to connect, with why.
+async fn routes_and_transfer(
+    target: &TransferEngine,
+    initiator: &TransferEngine,
+) -> (Vec<&'static str>, Vec<UnreachedRoute>) {
     let dst = target.allocate(1 << 20, HostBufferOptions::default()).await.unwrap();
     let src = initiator.allocate(1 << 20, HostBufferOptions::default()).await.unwrap();
     let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + 3) as u8).collect();
@@ -38,7 +42,8 @@ async fn routes_and_transfer(target: &TransferEngine, initiator: &TransferEngine
     let mut back = vec![0u8; 1 << 20];
     dst.read_at(0, &mut back).unwrap();
     assert!(back == data, "the bytes arrived");
-    initiator.routes(&seg).unwrap().iter().map(|r| r.transport).collect()
+    let routes = initiator.routes(&seg).unwrap().iter().map(|r| r.transport).collect();
+    (routes, initiator.unreached_routes(&seg).unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -46,8 +51,9 @@ async fn shm_is_chosen_before_tcp_on_one_host() {
     let store = Arc::new(InProcessStore::new());
     let target = engine("shm-fallback-target-a", &store, &[]).await;
     let initiator = engine("shm-fallback-initiator-a", &store, &[]).await;
-    let routes = routes_and_transfer(&target, &initiator).await;
+    let (routes, unreached) = routes_and_transfer(&target, &initiator).await;
     assert_eq!(routes.first(), Some(&"shm"), "{routes:?}");
+    assert!(unreached.is_empty(), "{unreached:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,8 +61,15 @@ async fn a_refused_permission_probe_falls_back_to_tcp() {
     let store = Arc::new(InProcessStore::new());
     let target = engine("shm-fallback-target-b", &store, &[]).await;
     let initiator = engine("shm-fallback-initiator-b", &store, &[("TE_SHM_FAULT_PROBE_ERRNO", "1")]).await;
-    let routes = routes_and_transfer(&target, &initiator).await;
+    let (routes, unreached) = routes_and_transfer(&target, &initiator).await;
     assert_eq!(routes, vec!["tcp"]);
+    // The route list says why shm is not one of them.
+    assert_eq!(unreached.len(), 1, "{unreached:?}");
+    assert_eq!(unreached[0].transport, "shm");
+    assert!(
+        unreached[0].reason.contains("process_vm_readv") && unreached[0].reason.contains("refused"),
+        "{unreached:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,6 +88,6 @@ async fn a_restrictive_ptrace_scope_falls_back_to_tcp_and_says_why() {
     let shm = initiator.transports().iter().find(|t| t.name == "shm").unwrap();
     let why = shm.unavailable.as_deref().expect("shm is reported unusable");
     assert!(why.contains("ptrace_scope is 3"), "{why}");
-    let routes = routes_and_transfer(&target, &initiator).await;
+    let (routes, _) = routes_and_transfer(&target, &initiator).await;
     assert_eq!(routes, vec!["tcp"]);
 }
