@@ -167,7 +167,8 @@ class NixlTarget:
 class NixlInitiator:
     def __init__(self, buf: np.ndarray, info: dict, prepped: bool):
         self.agent = nixl_agent(f"peers-initiator-{os.getpid()}")
-        self.agent.register_memory(self.agent.get_reg_descs([(buf.ctypes.data, buf.nbytes, 0, "")], "DRAM"))
+        self.reg_descs = self.agent.register_memory(
+            self.agent.get_reg_descs([(buf.ctypes.data, buf.nbytes, 0, "")], "DRAM"))
         self.base = buf.ctypes.data
         self.nbytes = buf.nbytes
         self.info = info

@@ -61,7 +61,8 @@ class Runner:
         self.rows.write(json.dumps(row) + "\n")
         self.rows.flush()
         if self.verbose:
-            tag = row.get("error") or (f"{row['gbps']:.3f} GB/s" if "gbps" in row else f"{row.get('seconds', 0):.4f} s")
+            tag = row.get("error") or next((f"{k} {row[k]:.4g}" for k in ("gbps", "seconds", "seconds_to_return", "first_ms",
+                                                                         "put_ms") if row.get(k) is not None), "done")
             print(f"  {row.get('scenario')} {row.get('engine')} {row.get('shape', '')} {row.get('op', '')}: {tag}",
                   file=sys.stderr, flush=True)
 
@@ -201,6 +202,29 @@ class Runner:
             self.emit(r)
 
 
+    def store(self, scenario, engine, rnd, keys):
+        cmd = [PY, os.path.join(HERE, "store.py"), "--engine", engine, "--round", str(rnd), "--keys", str(keys)]
+        rc, out = self.run(cmd, None, timeout=300)
+        rows = self.json_rows(out)
+        if not rows:
+            self.emit({"bench": "peers-store", "scenario": scenario, "engine": engine, "round": rnd,
+                       "error": f"store.py exited with {rc}"})
+        for r in rows:
+            r["scenario"] = scenario
+            self.emit(r)
+
+    def kill(self, scenario, engine, rnd, nbytes, env=None):
+        cmd = [PY, os.path.join(HERE, "kill.py"), "--engine", engine, "--round", str(rnd), "--bytes", nbytes]
+        rc, out = self.run(cmd, env, timeout=240)
+        rows = self.json_rows(out)
+        if not rows:
+            self.emit({"bench": "peers-kill", "scenario": scenario, "engine": engine, "round": rnd,
+                       "error": f"kill.py exited with {rc}"})
+        for r in rows:
+            r["scenario"] = scenario
+            self.emit(r)
+
+
 # -------------------------------------------------------------------------------- summarising
 
 
@@ -325,6 +349,45 @@ def summarise(out: str, versions: dict, command: str):
                 lines.append(f"{e:>10} {mode:>5} " + "  ".join(f"{f} {v:8.3f}" if v is not None else f"{f} {'-':>8}"
                                                                 for f, v in m.items()))
         texts["first-contact"] = "\n".join(lines)
+    kl = [r for r in rows if r.get("scenario") == "kill"]
+    if kl:
+        lines = ["kill: the target SIGKILLed during a write batch; seconds from the kill until the call returned"]
+        for e in ("ours", "mooncake", "nixl"):
+            for tls in sorted({r.get("ucx_tls", "default") for r in kl if r["engine"] == e}):
+                rs = [r for r in kl if r["engine"] == e and r.get("ucx_tls", "default") == tls]
+                label = e if e != "nixl" else f"nixl (UCX_TLS={tls})"
+                secs = [r["seconds_to_return"] for r in rs if r.get("seconds_to_return") is not None]
+                outcomes = sorted({r.get("outcome") or r.get("error") for r in rs})
+                dereg = [r["deregister_ms"] for r in rs if r.get("deregister_ms") is not None]
+                msg = next((r.get("message") for r in rs if r.get("message")), None)
+                row = {"scenario": "kill", "engine": label, "seconds_to_return": med(secs), "outcomes": outcomes,
+                       "deregister_ms": med(dereg), "runs": len(rs), "message": msg,
+                       "deregister": sorted({str(r.get("deregister")) for r in rs})}
+                summary.append(row)
+                lines.append(f"{label:>24} to error {fmt(row['seconds_to_return'])} s  outcomes {outcomes}  "
+                             f"deregister {fmt(row['deregister_ms'])} ms {row['deregister']}  ({msg})")
+        texts["kill"] = "\n".join(lines)
+    st = [r for r in rows if r.get("scenario") == "store"]
+    if st:
+        lines = ["store: whole objects, one batch put then one batch get, ms (median over rounds)"]
+        meds = {}
+        for e in ("umbp", "mooncake"):
+            rs = [r for r in st if r["engine"] == e and "error" not in r]
+            if rs:
+                meds[e] = {k: med([r[k] for r in rs]) for k in ("put_ms", "get_ms")}
+                lines.append(f"{e:>9} put {meds[e]['put_ms']:.3f} ms  get {meds[e]['get_ms']:.3f} ms  ({len(rs)} rounds, "
+                             f"{rs[0]['keys']} x {rs[0]['object_bytes']} B)")
+            else:
+                errs = [r.get("error") for r in st if r["engine"] == e]
+                lines.append(f"{e:>9} FAILED: {errs[0] if errs else 'no row'}")
+        row = {"scenario": "store", "ms": meds, "keys": st[0].get("keys"), "object_bytes": st[0].get("object_bytes")}
+        if "umbp" in meds and "mooncake" in meds:
+            row["ratios"] = {k: meds["mooncake"][k] / meds["umbp"][k] for k in ("put_ms", "get_ms")}
+            lines.append(f"mooncake / umbp (time): put {row['ratios']['put_ms']:.2f}x  get {row['ratios']['get_ms']:.2f}x")
+        summary.append(row)
+        texts["store"] = "\n".join(lines)
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(markdown(summary, versions, command))
     with open(os.path.join(out, "summary.jsonl"), "w") as f:
         f.write(json.dumps({"versions": versions, "command": command}) + "\n")
         for row in summary:
@@ -336,6 +399,87 @@ def summarise(out: str, versions: dict, command: str):
     for name, svg in svgs.items():
         with open(os.path.join(out, f"peers-{name}.svg"), "w") as f:
             f.write(svg)
+
+
+def fmt(v, digits=3):
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def markdown(summary, versions, command):
+    """The side-by-side tables as docs/PERFORMANCE.md shows them."""
+    out = [f"Peers: {', '.join(f'{k} {v}' for k, v in versions.items())}. Command: `{command}`.", ""]
+    for scenario in ("p2p", "same-host"):
+        rows = [r for r in summary if r.get("scenario") == scenario and "gbps" in r]
+        if not rows:
+            continue
+        engines = sorted({e for r in rows for e in list(r["gbps"]) + list(r["errors"])}, key=engine_order)
+        out.append(f"**{scenario}** (GB/s, median of rounds; ratio: ours over the best peer row)")
+        out.append("")
+        out.append("| shape | op | " + " | ".join(engines) + " | ours (Python) / best peer | ours (Rust) / best peer |")
+        out.append("| --- | --- | " + " | ".join("---:" for _ in engines) + " | ---: | ---: |")
+        for r in rows:
+            peers = {e: v for e, v in r["gbps"].items() if not e.startswith("ours")}
+            best = max(peers.items(), key=lambda kv: kv[1]) if peers else None
+            cells = []
+            for e in engines:
+                if e in r["gbps"]:
+                    cells.append(fmt(r["gbps"][e]))
+                elif e in r["errors"]:
+                    cells.append("failed")
+                else:
+                    cells.append("—")
+            rust = r["gbps"].get("ours-rust") or r["gbps"].get("ours-rust-shm")
+            py = r["gbps"].get("ours")
+            ratio_py = f"{py / best[1]:.2f}x ({best[0]})" if best and py else "—"
+            ratio_rs = f"{rust / best[1]:.2f}x ({best[0]})" if best and rust else "—"
+            out.append(f"| {r['shape']} | {r['op']} | " + " | ".join(cells) + f" | {ratio_py} | {ratio_rs} |")
+        out.append("")
+    reg = [r for r in summary if r.get("scenario") == "register"]
+    if reg:
+        out.append("**register** (milliseconds, median of rounds; lower is better)")
+        out.append("")
+        out.append("| shape | ours | Mooncake | NIXL | Mooncake / ours | NIXL / ours |")
+        out.append("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for r in reg:
+            s = r["seconds"]
+            cell = lambda e: fmt(s[e] * 1e3) if e in s else ("failed" if e in r["errors"] else "—")  # noqa: E731
+            rt = lambda e: f"{r['ratios'][e + '/ours']:.2f}x" if e + "/ours" in r["ratios"] else "—"  # noqa: E731
+            out.append(f"| {r['shape']} | {cell('ours')} | {cell('mooncake')} | {cell('nixl')} | {rt('mooncake')} | {rt('nixl')} |")
+        out.append("")
+    fc = [r for r in summary if r.get("scenario") == "first-contact"]
+    if fc:
+        out.append("**first contact** (milliseconds, median of rounds; one 4 KiB write)")
+        out.append("")
+        out.append("| engine | mode | connect | warm-up call | first write | second write |")
+        out.append("| --- | --- | ---: | ---: | ---: | ---: |")
+        for r in fc:
+            out.append(f"| {r['engine']} | {r['mode']} | {fmt(r['connect_ms'])} | {fmt(r['warm_up_ms'])} | "
+                       f"{fmt(r['first_ms'])} | {fmt(r['second_ms'])} |")
+        out.append("")
+    st = [r for r in summary if r.get("scenario") == "store"]
+    for r in st:
+        out.append(f"**store** ({r['keys']} objects of {r['object_bytes']} B, one batch; ms, median of rounds; "
+                   "ratio: Mooncake's time over ours)")
+        out.append("")
+        out.append("| call | UMBP (local) | Mooncake Store | Mooncake / UMBP |")
+        out.append("| --- | ---: | ---: | ---: |")
+        for k, label in (("put_ms", "batch put"), ("get_ms", "batch get (whole objects)")):
+            u = r["ms"].get("umbp", {}).get(k)
+            m = r["ms"].get("mooncake", {}).get(k)
+            rt = f"{r['ratios'][k]:.2f}x" if "ratios" in r else "—"
+            out.append(f"| {label} | {fmt(u)} | {fmt(m)} | {rt} |")
+        out.append("")
+    kl = [r for r in summary if r.get("scenario") == "kill"]
+    if kl:
+        out.append("**a peer that dies** (target SIGKILLed 0.2 s into a 1 GiB write batch of 1 MiB requests)")
+        out.append("")
+        out.append("| engine | outcome | kill to return (s) | deregister the source after (ms) | error |")
+        out.append("| --- | --- | ---: | ---: | --- |")
+        for r in kl:
+            out.append(f"| {r['engine']} | {', '.join(map(str, r['outcomes']))} | {fmt(r['seconds_to_return'])} | "
+                       f"{fmt(r['deregister_ms'])} | {r['message'] or ''} |")
+        out.append("")
+    return "\n".join(out) + "\n"
 
 
 ORDER = ["ours", "ours-rust", "ours-rust-shm", "mooncake", "mooncake-cpp-bench", "nixl", "nixl-prep"]
@@ -402,12 +546,14 @@ def main():
     p.add_argument("--out", default=os.path.join(ROOT, "target/peers-bench"))
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--repeat", type=int, default=3, help="timed passes per row per round")
-    p.add_argument("--scenarios", default="p2p,same-host,register,first-contact")
+    p.add_argument("--scenarios", default="p2p,same-host,register,first-contact,kill,store")
     p.add_argument("--shapes", default="4K:16M,64K:64M,1M:64M,4M:64M,kv:1728,kv:8448,kv:37440")
     p.add_argument("--ops", default="write,read")
     p.add_argument("--batch-bytes", default="8M")
     p.add_argument("--reg-scale", type=float, default=1.0, help="registration sizes x this")
     p.add_argument("--mc-duration", type=int, default=2, help="seconds per transfer_engine_bench run")
+    p.add_argument("--store-keys", type=int, default=256, help="objects per batch in the store scenario")
+    p.add_argument("--kill-bytes", default="1G", help="the batch the kill scenario interrupts")
     p.add_argument("--no-rust", action="store_true", help="skip the te-bench rows")
     p.add_argument("--no-mooncake-bench", action="store_true")
     p.add_argument("--verify", action="store_true", help="accepted for clarity: every row is byte-verified")
@@ -453,6 +599,12 @@ def main():
                 for mode in ("cold", "warm"):
                     for e in ("ours", "mooncake", "nixl"):
                         r.first_contact("first-contact", e, mode, rnd, tcp if e == "nixl" else None)
+            if "store" in scen:
+                for e in ("umbp", "mooncake"):
+                    r.store("store", e, rnd, args.store_keys)
+            if "kill" in scen:
+                for e, env in (("ours", None), ("mooncake", None), ("nixl", tcp), ("nixl", {"UCX_TLS": None})):
+                    r.kill("kill", e, rnd, args.kill_bytes, env)
     summarise(args.out, versions, command)
     rows = [json.loads(line) for line in open(os.path.join(args.out, "rows.jsonl"))]
     failed = [x for x in rows if "error" in x and x.get("engine", "").startswith("ours")]

@@ -1,0 +1,134 @@
+"""A peer that dies: the target process is SIGKILLed while a 1 GiB write batch (1 MiB requests)
+to it runs. Measured: seconds from the kill until the engine's call returns an error (or that it
+had not returned after --limit seconds, or that it returned success), and whether the source
+buffer can be written at once after the call returned. One JSON line.
+
+Each engine's own call: ours ``submit_write`` then ``Batch.wait()``; Mooncake
+``batch_transfer_sync_write`` (blocking; run on a thread so a call that never returns can be
+reported); NIXL ``initialize_xfer`` + ``transfer`` + ``check_xfer_state`` until it leaves PROC.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import engines  # noqa: E402
+import p2p  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", required=True, choices=["ours", "mooncake", "nixl"])
+    p.add_argument("--bytes", type=p2p.size, default=p2p.size("1G"))
+    p.add_argument("--block", type=p2p.size, default=p2p.size("1M"))
+    p.add_argument("--kill-after", type=float, default=0.2, help="seconds after the submit")
+    p.add_argument("--limit", type=float, default=60.0)
+    p.add_argument("--round", type=int, default=0)
+    args = p.parse_args()
+    row = {"bench": "peers-kill", "engine": args.engine, "bytes": args.bytes, "block_bytes": args.block,
+           "round": args.round, "kill_after_s": args.kill_after, "ucx_tls": os.environ.get("UCX_TLS", "default")}
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=p2p.target_main, args=(child, args.engine, args.bytes, {}), daemon=True)
+    proc.start()
+    status, info = parent.recv()
+    if status != "ready":
+        row["error"] = f"target failed: {info.strip().splitlines()[-1]}"
+        print(json.dumps(row), flush=True)
+        os._exit(1)
+    buf = np.empty(args.bytes, dtype=np.uint8)
+    buf[:] = 7
+    ini = engines.make_initiator(args.engine, buf, info, {})
+    ini.connect()
+    n = args.bytes // args.block
+    local = np.uint64(ini.base) + np.arange(n, dtype=np.uint64) * np.uint64(args.block)
+    remote = np.uint64(info["addr"]) + np.arange(n, dtype=np.uint64) * np.uint64(args.block)
+    lengths = np.full(n, args.block, dtype=np.uint64)
+    # A small write first, so the connection exists before the big batch.
+    ini.prepare("write", local[:1], remote[:1], lengths[:1])()
+    result = {}
+    done = threading.Event()
+
+    def call():
+        try:
+            if args.engine == "ours":
+                b = ini.engine.submit_write(ini.seg, local, remote, lengths)
+                result["submitted"] = time.perf_counter()
+                b.wait()
+            elif args.engine == "mooncake":
+                rc = ini.engine.batch_transfer_sync_write(ini.peer, [int(x) for x in local],
+                                                          [int(x) for x in remote], [int(x) for x in lengths])
+                if rc != 0:
+                    raise RuntimeError(f"batch_transfer_sync_write returned {rc}")
+            else:
+                a = ini.agent
+                z = np.zeros(n, dtype=np.uint64)
+                ld = a.get_xfer_descs(np.stack([local, lengths, z], axis=1), "DRAM")
+                rd = a.get_xfer_descs(np.stack([remote, lengths, z], axis=1), "DRAM")
+                h = a.initialize_xfer("WRITE", ld, rd, ini.remote)
+                state = a.transfer(h)
+                while state == "PROC":
+                    state = a.check_xfer_state(h)
+                if state != "DONE":
+                    raise RuntimeError(f"NIXL state {state}")
+            result["outcome"] = "success"
+        except Exception as e:
+            result["outcome"] = "error"
+            result["message"] = f"{type(e).__name__}: {e}"[:300]
+        result["returned"] = time.perf_counter()
+        done.set()
+
+    t = threading.Thread(target=call, daemon=True)
+    t0 = time.perf_counter()
+    t.start()
+    time.sleep(args.kill_after)
+    killed_at = time.perf_counter()
+    os.kill(proc.pid, signal.SIGKILL)
+    finished = done.wait(args.limit)
+    if not finished:
+        row.update({"outcome": f"no return within {args.limit:.0f} s", "seconds_to_return": None})
+    else:
+        row.update({"outcome": result["outcome"], "message": result.get("message"),
+                    "seconds_to_return": result["returned"] - killed_at,
+                    "returned_before_kill": result["returned"] < killed_at,
+                    "call_seconds": result["returned"] - t0})
+        # Freeing the source at once: the engine's deregistration, timed (bounded by --limit).
+        freed = threading.Event()
+
+        def free():
+            try:
+                if args.engine == "ours":
+                    ini.reg.close()
+                elif args.engine == "mooncake":
+                    rc = ini.engine.unregister_memory(ini.base)
+                    if rc != 0:
+                        raise RuntimeError(f"unregister_memory returned {rc}")
+                else:
+                    ini.agent.deregister_memory(ini.reg_descs)
+                result["freed"] = "ok"
+            except Exception as e:
+                result["freed"] = f"{type(e).__name__}: {e}"[:200]
+            freed.set()
+
+        t1 = time.perf_counter()
+        threading.Thread(target=free, daemon=True).start()
+        if freed.wait(args.limit):
+            row.update({"deregister": result["freed"], "deregister_ms": (time.perf_counter() - t1) * 1e3})
+        else:
+            row.update({"deregister": f"no return within {args.limit:.0f} s", "deregister_ms": None})
+    print(json.dumps(row), flush=True)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
