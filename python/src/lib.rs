@@ -8,6 +8,7 @@
 
 mod arrays;
 mod bench;
+mod compat;
 mod engine;
 mod errors;
 mod memory;
@@ -24,6 +25,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     engine::add(m)?;
     store::add(m)?;
     bench::add(m)?;
+    compat::add(m)?;
     m.add("COMPILED_TRANSPORTS", te_core::COMPILED_TRANSPORTS.to_vec())?;
     m.add("DISTRIBUTED", cfg!(feature = "distributed"))?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

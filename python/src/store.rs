@@ -498,6 +498,47 @@ impl PyStore {
         results(py, got, |n| n.into_pyobject(py).expect("int").into_any().unbind())
     }
 
+    /// Reads whole objects into registered memory: `keys[i]` into `capacities[i]` bytes at
+    /// `addrs[i]` (arrays or one int each). Per key: the object's length, or that key's exception
+    /// (`te.BufferTooSmallError` when it does not fit, `te.NotFoundError`), not raised. Size and
+    /// bytes come from one lookup. GIL released.
+    fn batch_get_whole(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        addrs: &Bound<'_, PyAny>,
+        capacities: &Bound<'_, PyAny>,
+    ) -> PyResult<Py<PyList>> {
+        release_pending(py);
+        let addr = U64s::extract(addrs, "addrs")?;
+        let cap = U64s::extract(capacities, "capacities")?;
+        for (a, what) in [(&addr, "addrs"), (&cap, "capacities")] {
+            if let Some(c) = a.count() {
+                if c != keys.len() {
+                    return Err(invalid(
+                        "ShapeError",
+                        format!("{what} has {c} values for {} keys", keys.len()),
+                    ));
+                }
+            }
+        }
+        let items: Vec<(&str, u64, u64)> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.as_str(), addr.get(i), cap.get(i)))
+            .collect();
+        drop(addr);
+        drop(cap);
+        let got = py.detach(|| self.store.batch_get(&items)).py()?;
+        results(py, got, |n| n.into_pyobject(py).expect("int").into_any().unbind())
+    }
+
+    /// The objects' lengths in bytes, None where absent (one lookup per tier).
+    fn object_lens(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<Option<u64>>> {
+        py.detach(|| self.store.object_lens(keys.iter().map(String::as_str)))
+            .py()
+    }
+
     /// Writes objects from registered memory: object `keys[k]` has `object_lens[k]` bytes (and
     /// prefix depth `depths[k]`, default 0), tiled exactly by its ranges (as in
     /// `batch_get_ranges`). Per key: None once stored, or that key's exception (not raised).

@@ -328,3 +328,11 @@ def test_the_hook_chains_an_existing_sitecustomize(tmp_path):
 def test_install_rejects_unknown_peers():
     with pytest.raises(ValueError, match="unknown peer"):
         te.compat.install(["redis"])
+
+
+def test_addresses_that_are_not_u64_give_a_code_not_a_crash(caplog):
+    # (The wheel raises TypeError from its argument conversion; te returns -1 and logs why.)
+    a, b = _engines()
+    assert a.batch_transfer_sync_write(f"127.0.0.1:{b.get_rpc_port()}", [-1], [0], [8]) == -1
+    assert "not a 64-bit unsigned integer" in caplog.text
+    assert a.batch_transfer_async_write(f"127.0.0.1:{b.get_rpc_port()}", [1 << 64], [0], [8]) == 0

@@ -32,6 +32,7 @@ from typing import Optional
 
 import te
 from te import errors
+from te._native import u64_array
 
 log = logging.getLogger("te.compat.mooncake")
 
@@ -99,8 +100,11 @@ def _split_host_port(name: str) -> tuple[str, Optional[int]]:
     return name.strip("[]"), None
 
 
-def _u64s(values) -> array.array:
-    # A list of ints becomes one 8-byte array the engine reads in place (no per-element object).
+def _u64s(values):
+    """One 8-byte array the engine reads in place, from a connector's list (converted in Rust,
+    one pass) or any other sequence of ints."""
+    if isinstance(values, list):
+        return u64_array(values)
     return values if isinstance(values, array.array) else array.array("Q", values)
 
 
@@ -332,6 +336,8 @@ class TransferEngine:
             engine = self._ready(call)
             seg = self._segment(target)
             submit = engine.submit_write if opcode == TransferOpcode.Write else engine.submit_read
+            if isinstance(buffers, list):  # a batch call: one array per argument
+                buffers, peer_addrs, lengths = _u64s(buffers), _u64s(peer_addrs), _u64s(lengths)
             if notify is not None:
                 return submit(seg, buffers, peer_addrs, lengths, notify=notify._payload())
             return submit(seg, buffers, peer_addrs, lengths)
@@ -357,7 +363,7 @@ class TransferEngine:
             return ERR_INVALID_ARGUMENT
         if n == 0:
             return OK
-        return self._sync(call, target, opcode, _u64s(buffers), _u64s(peer_addrs), _u64s(lengths), notify)
+        return self._sync(call, target, opcode, list(buffers), list(peer_addrs), list(lengths), notify)
 
     def transfer_sync_write(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
                             transport_hint: str = "") -> int:
@@ -404,7 +410,7 @@ class TransferEngine:
                       "(%d, %d, %d)", call, n, len(peer_addrs), len(lengths))
             return 0
         try:
-            batch = self._submit(call, target, opcode, _u64s(buffers), _u64s(peer_addrs), _u64s(lengths))
+            batch = self._submit(call, target, opcode, list(buffers), list(peer_addrs), list(lengths))
         except _Failed:
             return 0
         return self._keep(batch)
