@@ -100,6 +100,67 @@ async fn a_frozen_peer_cannot_keep_a_batch_in_progress() {
     a.transfer(&write).await.expect("the thawed peer answers");
 }
 
+/// A deadline is its batch's own. A one-slice batch sits on lane 0's wire (the peer is frozen, so
+/// its acknowledgement cannot come) when its deadline passes: lane 0 is cut to stop it. A batch
+/// without a deadline that lane 0 carried behind it goes on on a sibling lane and completes,
+/// byte for byte, once the peer runs again (before, it failed with "the connection was cut").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_cut_for_one_batch_deadline_fails_no_other_batch() {
+    // One lane (the default): the rest goes on a fresh connection.
+    cut_for_one_deadline("dl-d", "dl-e", &[]).await;
+}
+
+/// Four lanes and 64 KiB slices: the long batch is on every lane, and lane 0's share of it goes
+/// on a sibling lane.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_cut_for_one_batch_deadline_hands_the_rest_to_a_sibling() {
+    cut_for_one_deadline(
+        "dl-f",
+        "dl-g",
+        &[("TE_TCP_LANES", "4"), ("TE_TCP_SLICE_BYTES", "65536")],
+    )
+    .await;
+}
+
+async fn cut_for_one_deadline(target: &str, initiator: &str, env: &[(&str, &str)]) {
+    let b = node(target);
+    let a = engine(initiator, env).await;
+    let seg = a.open_segment(&b.p2p_addr).await.unwrap();
+    let remote = seg.buffers()[0].base;
+    let small = a.allocate(4096, HostBufferOptions::default()).await.unwrap();
+    let big = a.allocate(SLOT as usize, HostBufferOptions::default()).await.unwrap();
+    let data: Vec<u8> = (0..SLOT).map(|i| te_tests::pattern(7, i)).collect();
+    big.write_at(0, &data).unwrap();
+    let short = [TransferRequest::write(small.addr(), seg.id(), remote, 4096)];
+    a.transfer(&short).await.expect("the peer answers while it runs");
+
+    b.freeze();
+    let opts = SubmitOptions {
+        deadline: Some(Duration::from_millis(300)),
+        ..SubmitOptions::default()
+    };
+    let timed = a.submit_with(&short, &opts).unwrap();
+    let long = a
+        .submit(&[TransferRequest::write(big.addr(), seg.id(), remote + SLOT, SLOT)])
+        .unwrap();
+    let waited = tokio::time::timeout(PATIENCE, timed.wait()).await;
+    assert_timed_out(waited.expect("the short batch stayed in progress past its deadline"));
+    b.signal("CONT");
+    let report = tokio::time::timeout(PATIENCE, long.wait())
+        .await
+        .expect("the long batch settles once the peer runs");
+    assert!(report.is_ok(), "another batch's deadline failed it: {report:?}");
+    // The cut lane's connection is gone: the segment is reconnected before the read-back.
+    let seg = a.open_segment(&b.p2p_addr).await.unwrap();
+    let back = a.allocate(SLOT as usize, HostBufferOptions::default()).await.unwrap();
+    a.transfer(&[TransferRequest::read(back.addr(), seg.id(), remote + SLOT, SLOT)])
+        .await
+        .expect("the peer answers");
+    let mut got = vec![0u8; SLOT as usize];
+    back.read_at(0, &mut got).unwrap();
+    assert!(got == data, "the bytes of the batch that went on are at the peer");
+}
+
 #[tokio::test]
 async fn a_zero_deadline_is_refused_and_a_bad_variable_is_named() {
     let a = engine("dl-z", &[]).await;

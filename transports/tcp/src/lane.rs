@@ -8,16 +8,20 @@
 //!
 //! When the connection breaks, the peer refuses the instance, or the watchdog sees no progress for
 //! the timeout while work is outstanding, the lane dies: every outstanding request it carries
-//! fails with `PeerGone` naming the peer, and the peer reports itself unhealthy.
+//! fails with `PeerGone` naming the peer, and the peer reports itself unhealthy. A lane cut to stop
+//! one batch whose deadline passed on its wire fails only that batch: the other batches' unsettled
+//! slices go on a sibling lane, or on a fresh connection to the same instance when none is alive.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use te_base::{BatchState, Error, TransferOp};
+use te_base::{BatchState, Error, Result, TransferOp};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
@@ -37,7 +41,10 @@ const SEND_GROUP_BYTES: u64 = 8 << 20;
 #[derive(Clone)]
 pub(crate) struct LaneJob {
     pub plan: Arc<Plan>,
-    /// Number of slices this lane carries.
+    /// Where this job's slices start: the first slice of one lane's share, or, for a share
+    /// handed over from a cut lane, the first slice that lane had not finished.
+    pub cursor: LaneCursor,
+    /// Number of slices the job carries from `cursor` on.
     pub slices: u64,
 }
 
@@ -54,13 +61,25 @@ struct Queues {
     in_flight: VecDeque<Job>,
     dead: Option<Error>,
     /// The lane was cut to stop this batch (its deadline passed while it was on the wire): its
-    /// requests fail with this error, the others the lane carried with `dead`.
+    /// requests fail with this error; the other batches' work goes on a sibling lane.
     cut_for: Option<(Arc<BatchState>, Error)>,
+    /// Where the receiving task stopped inside the front job when it ended (the next slice it
+    /// had not settled, and how many were left): a hand-over resumes there, so no slice is
+    /// settled twice.
+    resume_front: Option<(LaneCursor, u64)>,
+}
+
+/// Opens one more lane to the instance a connection reaches (greeted, running).
+pub(crate) type LaneOpener = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<Arc<Lane>>> + Send>> + Send + Sync>;
+
+/// Where a lane cut for a batch's deadline hands the other batches' work.
+struct Relief {
+    siblings: Vec<Weak<Lane>>,
+    open: LaneOpener,
 }
 
 /// One connection to a peer.
 pub(crate) struct Lane {
-    index: u64,
     peer: String,
     token: u64,
     queues: Mutex<Queues>,
@@ -70,6 +89,8 @@ pub(crate) struct Lane {
     closing: AtomicBool,
     /// A second handle on the socket, so `kill` can shut it down under the I/O tasks.
     socket: Option<socket2::Socket>,
+    /// Who takes over other batches' work when this lane is cut for a batch's deadline.
+    relief: OnceLock<Relief>,
     /// Sending and receiving tasks still running; the last one out fails what is left.
     running: AtomicUsize,
     watchdog: Mutex<Option<AbortHandle>>,
@@ -94,13 +115,30 @@ impl Drop for TaskExit {
             let err = q.dead.get_or_insert_with(|| lane.gone("connection closed")).clone();
             lane.alive.store(false, Ordering::Release);
             let q = &mut *q;
-            let jobs: Vec<Job> = q.in_flight.drain(..).chain(q.queued.drain(..)).collect();
+            let resume = q.resume_front.take();
+            let mut jobs: Vec<Job> = q.in_flight.drain(..).chain(q.queued.drain(..)).collect();
+            if let (Some((cursor, left)), Some(Job::Data(front))) = (resume, jobs.first_mut()) {
+                front.cursor = cursor;
+                front.slices = left;
+            }
             (jobs, err, q.cut_for.take())
         };
-        for job in &jobs {
-            match (&cut_for, job) {
-                (Some((batch, own)), Job::Data(d)) if Arc::ptr_eq(&d.plan.batch, batch) => lane.fail(job, own),
-                _ => lane.fail(job, &err),
+        match cut_for {
+            Some((batch, own)) => {
+                // Cut for one batch's deadline: that batch fails; the others' unsettled slices
+                // (sent again from the first unsettled one) go on another connection.
+                let (mine, others): (Vec<Job>, Vec<Job>) = jobs
+                    .into_iter()
+                    .partition(|j| matches!(j, Job::Data(d) if Arc::ptr_eq(&d.plan.batch, &batch)));
+                for job in &mine {
+                    lane.fail(job, &own);
+                }
+                lane.hand_over(others, err);
+            }
+            None => {
+                for job in &jobs {
+                    lane.fail(job, &err);
+                }
             }
         }
         if let Some(w) = lane.watchdog.lock().take() {
@@ -111,16 +149,8 @@ impl Drop for TaskExit {
 
 impl Lane {
     /// Starts the lane's tasks on the current runtime over an established, greeted connection.
-    pub fn start(
-        index: u64,
-        peer: String,
-        token: u64,
-        stream: TcpStream,
-        timeout: Duration,
-        target_idle: Duration,
-    ) -> Arc<Lane> {
+    pub fn start(peer: String, token: u64, stream: TcpStream, timeout: Duration, target_idle: Duration) -> Arc<Lane> {
         let lane = Arc::new(Lane {
-            index,
             peer,
             token,
             queues: Mutex::new(Queues::default()),
@@ -129,6 +159,7 @@ impl Lane {
             alive: AtomicBool::new(true),
             closing: AtomicBool::new(false),
             socket: socket2::SockRef::from(&stream).try_clone().ok(),
+            relief: OnceLock::new(),
             running: AtomicUsize::new(2),
             watchdog: Mutex::new(None),
             ping_every: (!target_idle.is_zero()).then(|| (target_idle / 3).max(Duration::from_millis(1))),
@@ -147,6 +178,69 @@ impl Lane {
         let dog = tokio::spawn(watchdog(Arc::downgrade(&lane), timeout));
         *lane.watchdog.lock() = Some(dog.abort_handle());
         lane
+    }
+
+    /// Tells each lane of one connection about the others, and how to open one more.
+    pub fn join(lanes: &[Arc<Lane>], open: LaneOpener) {
+        for lane in lanes {
+            let siblings = lanes
+                .iter()
+                .filter(|l| !Arc::ptr_eq(l, lane))
+                .map(Arc::downgrade)
+                .collect();
+            let _ = lane.relief.set(Relief {
+                siblings,
+                open: open.clone(),
+            });
+        }
+    }
+
+    /// Queues `jobs` (in order) unless the lane is dead; gives them back if it is.
+    fn adopt(&self, jobs: Vec<Job>) -> std::result::Result<(), Vec<Job>> {
+        let mut q = self.queues.lock();
+        if q.dead.is_some() {
+            return Err(jobs);
+        }
+        q.queued.extend(jobs);
+        drop(q);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Another batch's work this lane carried when it was cut for a deadline: to the first
+    /// sibling alive, else to a fresh connection that closes once it carried it; failed (`err`,
+    /// naming the cut) only when neither can take it.
+    fn hand_over(self: &Arc<Self>, jobs: Vec<Job>, err: Error) {
+        if jobs.is_empty() {
+            return;
+        }
+        let Some(relief) = self.relief.get() else {
+            return jobs.iter().for_each(|j| self.fail(j, &err));
+        };
+        let mut jobs = jobs;
+        for sibling in relief.siblings.iter().filter_map(Weak::upgrade) {
+            match sibling.adopt(jobs) {
+                Ok(()) => return,
+                Err(back) => jobs = back,
+            }
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return jobs.iter().for_each(|j| self.fail(j, &err));
+        };
+        let (lane, open) = (self.clone(), relief.open.clone());
+        runtime.spawn(async move {
+            let fresh = match open().await {
+                Ok(fresh) => fresh,
+                Err(e) => {
+                    let err = lane.gone(format!("{err}; a fresh connection to carry the rest failed: {e}"));
+                    return jobs.iter().for_each(|j| lane.fail(j, &err));
+                }
+            };
+            if let Err(back) = fresh.adopt(jobs) {
+                back.iter().for_each(|j| lane.fail(j, &err));
+            }
+            fresh.close_when_idle();
+        });
     }
 
     /// True until the lane died.
@@ -184,9 +278,10 @@ impl Lane {
     }
 
     /// A deadline passed for `batch`: its jobs that have not started fail now with `err` (no byte
-    /// of them was sent, so none will land); if one of its jobs is on the wire, the lane is cut,
-    /// that batch's requests failing with `err` and the others it carries with an error that
-    /// names the cut, once both I/O tasks stopped. True if anything of the batch was here.
+    /// of them was sent, so none will land); if one of its jobs is on the wire, the lane is cut
+    /// and, once both I/O tasks stopped, that batch's requests fail with `err` while the other
+    /// batches' unsettled slices go on a sibling lane (they fail, naming the cut, only when no
+    /// sibling is alive). True if anything of the batch was here.
     pub fn abort_batch(&self, batch: &Arc<BatchState>, err: &Error) -> bool {
         let (removed, on_wire) = {
             let mut q = self.queues.lock();
@@ -247,8 +342,9 @@ impl Lane {
 
     fn fail_job(&self, job: &LaneJob, err: &Error) {
         let plan = &job.plan;
-        let mut cursor = LaneCursor::new(self.index);
+        let mut cursor = job.cursor.clone();
         let indices = std::iter::from_fn(|| cursor.next(&plan.requests, plan.slice, plan.lanes))
+            .take(job.slices as usize)
             .map(|s| plan.requests[s.pos].index as usize);
         plan.batch.fail_many(indices, err);
     }
@@ -311,8 +407,11 @@ async fn next_job(lane: &Lane) -> Option<Next> {
                 };
                 if job.plan.batch.cancel_requested() {
                     let plan = &job.plan;
-                    let mut cursor = LaneCursor::new(lane.index);
-                    while let Some(s) = cursor.next(&plan.requests, plan.slice, plan.lanes) {
+                    let mut cursor = job.cursor.clone();
+                    for _ in 0..job.slices {
+                        let Some(s) = cursor.next(&plan.requests, plan.slice, plan.lanes) else {
+                            break;
+                        };
                         plan.batch.cancel(plan.requests[s.pos].index as usize);
                     }
                     continue;
@@ -363,7 +462,8 @@ async fn send_loop(lane: &Lane, mut w: OwnedWriteHalf) {
             }
         };
         let plan = &job.plan;
-        let mut cursor = LaneCursor::new(lane.index);
+        let mut cursor = job.cursor.clone();
+        let mut left = job.slices;
         let mut done = false;
         while !done {
             headers.clear();
@@ -372,10 +472,16 @@ async fn send_loop(lane: &Lane, mut w: OwnedWriteHalf) {
             // Headers first, so their addresses are stable before parts point at them.
             let mut payloads: [RawPart; SEND_GROUP] = [RawPart { addr: 0, len: 0 }; SEND_GROUP];
             while headers.len() < SEND_GROUP && payload_bytes < SEND_GROUP_BYTES {
-                let Some(s) = cursor.next(&plan.requests, plan.slice, plan.lanes) else {
+                let next = if left == 0 {
+                    None
+                } else {
+                    cursor.next(&plan.requests, plan.slice, plan.lanes)
+                };
+                let Some(s) = next else {
                     done = true;
                     break;
                 };
+                left -= 1;
                 let req = &plan.requests[s.pos];
                 let opcode = match req.op {
                     TransferOp::Write => Opcode::Write,
@@ -421,11 +527,15 @@ async fn send_loop(lane: &Lane, mut w: OwnedWriteHalf) {
 
 async fn receive_loop(lane: &Lane, r: OwnedReadHalf) {
     let mut reader = FrameReader::new(r);
-    let err = match receive_frames(lane, &mut reader).await {
+    let mut current: Option<Current> = None;
+    let err = match receive_frames(lane, &mut reader, &mut current).await {
         Ok(()) => lane.gone("connection closed by the peer"),
         Err(e) => lane.io_failed("receive", e),
     };
     lane.kill(err);
+    if let Some(cur) = current {
+        lane.queues.lock().resume_front = Some((cur.cursor, cur.left));
+    }
 }
 
 struct Current {
@@ -434,10 +544,15 @@ struct Current {
     left: u64,
 }
 
-async fn receive_frames(lane: &Lane, reader: &mut FrameReader<OwnedReadHalf>) -> io::Result<()> {
+/// Matches replies to the in-flight jobs' slices, in order; `current` is the front job being
+/// answered (left for the caller to see where it stopped).
+async fn receive_frames(
+    lane: &Lane,
+    reader: &mut FrameReader<OwnedReadHalf>,
+    current: &mut Option<Current>,
+) -> io::Result<()> {
     let protocol = |msg: String| io::Error::new(io::ErrorKind::InvalidData, msg);
     let mut expected_id = 0u64;
-    let mut current: Option<Current> = None;
     let mut message = [0u8; crate::wire::MAX_ERROR_LEN as usize];
     loop {
         let h = match reader.header().await? {
@@ -473,8 +588,8 @@ async fn receive_frames(lane: &Lane, reader: &mut FrameReader<OwnedReadHalf>) ->
                     continue;
                 }
             };
-            current = Some(Current {
-                cursor: LaneCursor::new(lane.index),
+            *current = Some(Current {
+                cursor: job.cursor.clone(),
                 left: job.slices,
                 job,
             });
@@ -490,7 +605,9 @@ async fn receive_frames(lane: &Lane, reader: &mut FrameReader<OwnedReadHalf>) ->
         }
         expected_id += 1;
         let plan = &cur.job.plan;
-        let Some(slice) = cur.cursor.next(&plan.requests, plan.slice, plan.lanes) else {
+        // Advanced only once the slice is settled, so a hand-over resumes at an unsettled one.
+        let mut after = cur.cursor.clone();
+        let Some(slice) = after.next(&plan.requests, plan.slice, plan.lanes) else {
             return Err(protocol("reply beyond the lane's slices".into()));
         };
         let req = &plan.requests[slice.pos];
@@ -537,10 +654,11 @@ async fn receive_frames(lane: &Lane, reader: &mut FrameReader<OwnedReadHalf>) ->
             }
         }
         lane.progress.fetch_add(1, Ordering::Relaxed);
+        cur.cursor = after;
         cur.left -= 1;
         if cur.left == 0 {
             lane.queues.lock().in_flight.pop_front();
-            current = None;
+            *current = None;
         }
     }
 }

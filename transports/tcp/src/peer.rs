@@ -6,7 +6,7 @@ use te_base::{BatchState, Error, Peer, ResolvedRequest, Result, SegmentDescripto
 
 use crate::lane::{Lane, LaneJob};
 use crate::notify::NoteJob;
-use crate::plan::{lane_share, Plan};
+use crate::plan::{lane_share, LaneCursor, Plan};
 use crate::regions::RegionTable;
 
 /// The lanes to one instance of a peer, shared by every [`TcpPeer`] opened on it.
@@ -106,6 +106,7 @@ impl Peer for TcpPeer {
             if slices > 0 {
                 lane.push(LaneJob {
                     plan: plan.clone(),
+                    cursor: LaneCursor::new(i as u64),
                     slices,
                 });
             }

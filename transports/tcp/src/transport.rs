@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::TcpConfig;
 use crate::endpoint::{advertised, TcpEndpoint};
-use crate::lane::Lane;
+use crate::lane::{Lane, LaneOpener};
 use crate::peer::{Connection, TcpPeer};
 use crate::regions::RegionTable;
 use crate::serve::{accept_loop, Server, AUTH_CONTEXT};
@@ -380,20 +380,40 @@ impl TcpTransport {
         let auth = self.auth.clone();
         let peer = name.to_string();
         let token = ep.token;
+        let relief_ep = ep.clone();
         let (lanes, addr) = self
             .handle
             .spawn(async move {
                 let mut out = Vec::with_capacity(lanes);
                 let mut addr = None;
-                for i in 0..lanes {
+                for _ in 0..lanes {
                     let g = connect_lane(&peer, &ep, timeout, auth.as_ref()).await?;
                     addr.get_or_insert(g.addr);
-                    out.push(Lane::start(i as u64, peer.clone(), ep.token, g.stream, timeout, g.idle));
+                    out.push(Lane::start(peer.clone(), ep.token, g.stream, timeout, g.idle));
                 }
                 Ok::<_, Error>((out, addr))
             })
             .await
             .map_err(|e| Error::transport("tcp", format!("connect task failed: {e}")))??;
+        // A lane cut for one batch's deadline hands the other batches' work to a sibling, or to
+        // one more lane opened with this when none is alive.
+        let open: LaneOpener = {
+            let (peer, auth) = (name.to_string(), self.auth.clone());
+            let (ep, handle) = (relief_ep, self.handle.clone());
+            Arc::new(move || {
+                let (peer, ep, auth, handle) = (peer.clone(), ep.clone(), auth.clone(), handle.clone());
+                Box::pin(async move {
+                    handle
+                        .spawn(async move {
+                            let g = connect_lane(&peer, &ep, timeout, auth.as_ref()).await?;
+                            Ok(Lane::start(peer, ep.token, g.stream, timeout, g.idle))
+                        })
+                        .await
+                        .map_err(|e| Error::transport("tcp", format!("connect task failed: {e}")))?
+                })
+            })
+        };
+        Lane::join(&lanes, open);
         let connection = Arc::new(Connection { lanes });
         if let Some(addr) = addr {
             let mut pool = self.pool.lock();
