@@ -84,7 +84,7 @@ versions+="\"te\": \"$ours\", \"te-bench\": \"$(git rev-parse --short HEAD 2>/de
 echo "== peers: $versions; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 if [ "$smoke" = 1 ]; then
-  args=(--out target/peers-bench-smoke --rounds 1 --repeat 1 --shapes 4K:256K,1M:2M,kv:1728 --reg-scale 0.002
-    --mc-duration 1 --batch-bytes 1M --kill-bytes 64M --store-keys 16 --verify "${args[@]}")
+  args=(--out target/peers-bench-smoke --rounds 1 --repeat 1 --shapes 64K:1M,kv:1728 --reg-scale 0.002
+    --mc-duration 1 --batch-bytes 1M --kill-bytes 64M --kill-after 0.01 --store-keys 16 --verify "${args[@]}")
 fi
 exec "$py" scripts/peers_bench/run.py --versions "$versions" "${args[@]}"

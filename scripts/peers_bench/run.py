@@ -213,8 +213,9 @@ class Runner:
             r["scenario"] = scenario
             self.emit(r)
 
-    def kill(self, scenario, engine, rnd, nbytes, env=None):
-        cmd = [PY, os.path.join(HERE, "kill.py"), "--engine", engine, "--round", str(rnd), "--bytes", nbytes]
+    def kill(self, scenario, engine, rnd, nbytes, after, env=None):
+        cmd = [PY, os.path.join(HERE, "kill.py"), "--engine", engine, "--round", str(rnd), "--bytes", nbytes,
+               "--kill-after", str(after)]
         rc, out = self.run(cmd, env, timeout=240)
         rows = self.json_rows(out)
         if not rows:
@@ -356,8 +357,10 @@ def summarise(out: str, versions: dict, command: str):
             for tls in sorted({r.get("ucx_tls", "default") for r in kl if r["engine"] == e}):
                 rs = [r for r in kl if r["engine"] == e and r.get("ucx_tls", "default") == tls]
                 label = e if e != "nixl" else f"nixl (UCX_TLS={tls})"
-                secs = [r["seconds_to_return"] for r in rs if r.get("seconds_to_return") is not None]
-                outcomes = sorted({r.get("outcome") or r.get("error") for r in rs})
+                secs = [r["seconds_to_return"] for r in rs
+                        if r.get("seconds_to_return") is not None and not r.get("returned_before_kill")]
+                outcomes = sorted({"finished before the kill" if r.get("returned_before_kill")
+                                   else (r.get("outcome") or r.get("error")) for r in rs})
                 dereg = [r["deregister_ms"] for r in rs if r.get("deregister_ms") is not None]
                 msg = next((r.get("message") for r in rs if r.get("message")), None)
                 row = {"scenario": "kill", "engine": label, "seconds_to_return": med(secs), "outcomes": outcomes,
@@ -554,6 +557,7 @@ def main():
     p.add_argument("--mc-duration", type=int, default=2, help="seconds per transfer_engine_bench run")
     p.add_argument("--store-keys", type=int, default=256, help="objects per batch in the store scenario")
     p.add_argument("--kill-bytes", default="1G", help="the batch the kill scenario interrupts")
+    p.add_argument("--kill-after", type=float, default=0.2, help="seconds after the submit")
     p.add_argument("--no-rust", action="store_true", help="skip the te-bench rows")
     p.add_argument("--no-mooncake-bench", action="store_true")
     p.add_argument("--verify", action="store_true", help="accepted for clarity: every row is byte-verified")
@@ -604,7 +608,7 @@ def main():
                     r.store("store", e, rnd, args.store_keys)
             if "kill" in scen:
                 for e, env in (("ours", None), ("mooncake", None), ("nixl", tcp), ("nixl", {"UCX_TLS": None})):
-                    r.kill("kill", e, rnd, args.kill_bytes, env)
+                    r.kill("kill", e, rnd, args.kill_bytes, args.kill_after, env)
     summarise(args.out, versions, command)
     rows = [json.loads(line) for line in open(os.path.join(args.out, "rows.jsonl"))]
     failed = [x for x in rows if "error" in x and x.get("engine", "").startswith("ours")]
