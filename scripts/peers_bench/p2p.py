@@ -73,9 +73,16 @@ class Shape:
         self.slots = np.array([slot(i, self.count, self.scatter) for i in range(self.count)], dtype=np.int64)
 
 
+_RAMPS: dict[int, np.ndarray] = {}
+
+
 def pattern(n: int, seed: int) -> np.ndarray:
-    i = np.arange(n, dtype=np.uint64)
-    return ((i * np.uint64(2654435761) + np.uint64(seed * 7919)) >> np.uint64(5)).astype(np.uint8)
+    """Position- and seed-dependent bytes: a hashed ramp (computed once per length) plus the seed."""
+    ramp = _RAMPS.get(n)
+    if ramp is None:
+        i = np.arange(n, dtype=np.uint64)
+        ramp = _RAMPS[n] = ((i * np.uint64(2654435761)) >> np.uint64(5)).astype(np.uint8)
+    return ramp + np.uint8((seed * 7919) % 251 + 1)
 
 
 def cpu_s() -> float:
