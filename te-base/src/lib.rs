@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod batch;
+pub mod batch_aborts;
 pub mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -30,6 +31,7 @@ pub mod topology;
 pub mod transport;
 
 pub use batch::{Batch, BatchError, BatchProgress, BatchReport, BatchState, FailureHook, RequestStatus};
+pub use batch_aborts::BatchAborts;
 pub use error::{Error, ErrorSource, NativeError, RegistrationFailure, Result, SkippedDevice};
 pub use host_buffer::{HostBuffer, HostBufferOptions, HugePages};
 pub use memory::{MemoryKind, MemoryKinds, MemoryLocation, RegionId, RegionInfo};

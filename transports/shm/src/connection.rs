@@ -12,9 +12,8 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use te_base::auth::{AuthKey, InitiatorHandshake, NONCE_LEN};
 use te_base::notify::{Outcome, MAX_PAYLOAD_LIMIT};
-use te_base::{BatchState, Error, ResolvedRequest, Result, TransferOp};
+use te_base::{BatchAborts, BatchState, Error, ResolvedRequest, Result, TransferOp};
 
-use crate::aborts::BatchAborts;
 use crate::cma::{self, IOV_MAX};
 use crate::endpoint::ShmEndpoint;
 use crate::serve::AUTH_CONTEXT;

@@ -22,7 +22,6 @@
 //!
 //! See `docs/shm.md` for the design, the measurements and the trust model.
 
-mod aborts;
 mod cma;
 mod config;
 mod connection;

@@ -164,6 +164,26 @@ impl<T> SendQueue<T> {
         self.pending.drain(..).collect()
     }
 
+    /// Takes the waiting items `pick` selects, keeping the others in order (a batch cut short).
+    pub fn take_pending_where(&mut self, mut pick: impl FnMut(&T) -> bool) -> Vec<T> {
+        let mut taken = Vec::new();
+        let mut kept = VecDeque::with_capacity(self.pending.len());
+        for item in self.pending.drain(..) {
+            if pick(&item) {
+                taken.push(item);
+            } else {
+                kept.push_back(item);
+            }
+        }
+        self.pending = kept;
+        taken
+    }
+
+    /// True if an item `pick` selects is posted and not yet retired.
+    pub fn any_in_flight(&self, mut pick: impl FnMut(&T) -> bool) -> bool {
+        self.in_flight.iter().any(|(_, item)| pick(item))
+    }
+
     /// Any completion for `wr_id` of a QP being drained (moved to ERROR on purpose): retires
     /// every in-flight item up to and including it, telling `retire` whether the item is the one
     /// the completion names (RC completes in order: the others before it ran to the end).
@@ -339,6 +359,22 @@ mod tests {
         // Flush completions of the same failure are ignored.
         assert!(q.on_error(posted[5].0.seq).is_none());
         assert_eq!(q.on_success(posted[7].0.seq, |_| panic!("nothing to retire")), 0);
+    }
+
+    #[test]
+    fn a_cut_takes_only_the_waiting_items_it_names_and_sees_those_in_flight() {
+        let mut q = SendQueue::new(4, 1);
+        for i in 0..10 {
+            q.push(i);
+        }
+        post_all(&mut q); // 0..4 in flight
+        assert!(q.any_in_flight(|&i| i == 2));
+        assert!(!q.any_in_flight(|&i| i == 6));
+        assert_eq!(q.take_pending_where(|&i| i % 2 == 0), vec![4, 6, 8]);
+        assert_eq!(q.pending(), 3);
+        assert_eq!(q.in_flight(), 4, "what is posted stays posted");
+        let rest = q.drain_all();
+        assert_eq!(rest, vec![0, 1, 2, 3, 5, 7, 9], "the others kept their order");
     }
 
     #[test]

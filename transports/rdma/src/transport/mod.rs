@@ -522,6 +522,7 @@ impl<V: Verbs> Transport for RdmaTransport<V> {
             notify,
             notes_in: Mutex::new(VecDeque::new()),
             abort: OnceLock::new(),
+            cut_batches: te_base::BatchAborts::default(),
         });
         let offers: Vec<_> = peer
             .slots

@@ -580,3 +580,61 @@ async fn hostile_messages_are_answered_malformed_or_cut_only_their_qp() {
         "the failed ring was replaced"
     );
 }
+
+/// A deadline cuts short its own batch only. Two batches are held by a silent target on both
+/// QPs; cutting one moves those QPs to ERROR: its requests fail with the timeout once every
+/// piece came back flushed, and the other batch's pieces go again once the QPs are
+/// re-established, completing byte for byte when the target answers again. The connection is
+/// not aborted. (Before, the default cut the whole connection and both batches failed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_cuts_only_its_own_batch_and_the_others_go_on() {
+    let verbs = two_devices();
+    let a = transport(&verbs, &["mlx5_0"], "a", config()).await;
+    let b = transport(&verbs, &["mlx5_1"], "b", config()).await;
+    let src = region(&a, 1 << 20, false, 1).await;
+    let dst = region(&b, 1 << 20, true, 2).await;
+    let peer = a.connect(&descriptor(&b, "b", &[&dst])).await.unwrap();
+    verbs.stop_responding("mlx5_1");
+    let submit = |first: u64| {
+        let reqs = (0..8u32)
+            .map(|i| {
+                let off = (first + u64::from(i)) * 4096;
+                write(i, &src, off, &dst, 0, off, 4096)
+            })
+            .collect();
+        let state = BatchState::new(vec![4096; 8].into());
+        peer.submit(reqs, &state, &SubmitContext::default()).unwrap();
+        state
+    };
+    let cut = submit(0);
+    let other = submit(8);
+    eventually("both batches held by the silent target", || verbs.held_total() == 16).await;
+    assert!(peer.abort_batch(&cut, timeout()));
+    let err = tokio::time::timeout(Duration::from_secs(30), Batch::new(cut).wait())
+        .await
+        .expect("the cut batch settles once its pieces came back")
+        .unwrap_err();
+    assert_eq!(err.progress.failed, 8, "{err:?}");
+    assert!(
+        err.failures.iter().all(|(_, e)| matches!(e, Error::Timeout { .. })),
+        "{err:?}"
+    );
+    assert!(!other.is_complete(), "the other batch is still on its way");
+    verbs.resume_responding("mlx5_1");
+    let report = tokio::time::timeout(Duration::from_secs(30), Batch::new(other).wait())
+        .await
+        .expect("the other batch settles once the target answers");
+    assert!(report.is_ok(), "another batch's deadline failed it: {report:?}");
+    // SAFETY: both batches settled; nothing writes these buffers any more.
+    let (s, d) = unsafe {
+        (
+            std::slice::from_raw_parts(src.buf.as_ptr(), 1 << 20),
+            std::slice::from_raw_parts(dst.buf.as_ptr(), 1 << 20),
+        )
+    };
+    assert!(
+        s[8 * 4096..16 * 4096] == d[8 * 4096..16 * 4096],
+        "the other batch's bytes landed"
+    );
+    assert!(peer.is_healthy(), "the connection was not aborted");
+}

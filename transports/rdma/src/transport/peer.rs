@@ -10,7 +10,9 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use te_base::topology::{common_rails, RailRate, Stripe, StripePlanner};
-use te_base::{BatchState, Error, Peer, ResolvedRequest, Result, SegmentDescriptor, SubmitContext, TransferOp};
+use te_base::{
+    BatchAborts, BatchState, Error, Peer, ResolvedRequest, Result, SegmentDescriptor, SubmitContext, TransferOp,
+};
 
 use super::abort::Drain;
 use super::notify::{is_note, NoteChannel, NoteJob, MAX_QUEUED_NOTES, NOTE_RECV, NOTE_SEND};
@@ -100,6 +102,9 @@ pub(crate) struct PeerInner<V: Verbs> {
     pub(crate) notes_in: Mutex<VecDeque<NoteJob>>,
     /// Set once by [`Peer::abort`].
     pub(crate) abort: OnceLock<Arc<Drain>>,
+    /// Batches cut short by their deadline ([`Peer::abort_batch`]): their pieces are dropped
+    /// wherever they come back, never posted again.
+    pub(crate) cut_batches: BatchAborts,
 }
 
 /// The `Peer` handed to the engine.
@@ -201,6 +206,11 @@ impl<V: Verbs> PeerInner<V> {
             return;
         }
         for mut p in pieces {
+            // Checked under the slot lock, as the cut takes the slot's waiting pieces under it.
+            if let Some(err) = self.cut_batches.error_of(p.tracker.state()) {
+                p.tracker.piece_cut(p.index, &err);
+                continue;
+            }
             p.attempts += 1;
             if p.attempts > limit {
                 p.tracker.fail(p.index, request_error(status, vendor_err, self.name()));
@@ -621,6 +631,61 @@ impl<V: Verbs> PeerInner<V> {
         }
     }
 
+    /// Cuts one batch short (its deadline passed): its pieces never posted are dropped, and each
+    /// QP with one of its pieces in flight goes to ERROR, so the device hands every work request
+    /// back (flushed); there the batch's pieces are dropped and every other batch's go again, on
+    /// a sibling QP or once this one is re-established (the path of any QP failure). A request
+    /// of the batch fails with `err` once its last piece is accounted for. False when the whole
+    /// connection is being aborted already.
+    fn cut_batch(self: &Arc<Self>, batch: &Arc<BatchState>, err: &Error) -> bool {
+        if self.abort.get().is_some() {
+            return false;
+        }
+        self.cut_batches.abort(batch, err.clone());
+        let mine = |p: &Piece| Arc::ptr_eq(p.tracker.state(), batch);
+        let mut flushing = false;
+        for slot in &self.slots {
+            let mut inner = slot.inner.lock();
+            let dropped = inner.sq.take_pending_where(mine);
+            if inner.sq.any_in_flight(mine) && matches!(inner.machine.state(), QpState::Rtr | QpState::Rts) {
+                flushing = true;
+                if let Some(qp) = inner.qp.as_ref() {
+                    if let Err(e) = self.shared.verbs.modify_qp(qp, &QpTransition::ToError) {
+                        // Its pieces then finish (or fail) on their own; the batch waits for them.
+                        tracing::warn!(peer = %self.name(), qp = slot.slot, "rdma: cutting a batch short: moving a QP to ERROR: {e}");
+                    }
+                }
+            }
+            drop(inner);
+            for p in dropped {
+                p.tracker.piece_cut(p.index, err);
+            }
+        }
+        self.shared.wake_progress();
+        if flushing {
+            // A device that never hands its work requests back (wedged) would keep the batch
+            // forever: past the flush grace the whole connection is aborted, whose grace then
+            // destroys the QPs.
+            let (peer, batch, err) = (Arc::downgrade(self), Arc::downgrade(batch), err.clone());
+            let grace = self.shared.config.abort_flush_grace;
+            self.shared.runtime.spawn(async move {
+                tokio::time::sleep(grace).await;
+                let (Some(peer), Some(batch)) = (peer.upgrade(), batch.upgrade()) else { return };
+                let stuck = peer.slots.iter().any(|s| {
+                    s.inner
+                        .lock()
+                        .sq
+                        .any_in_flight(|p| Arc::ptr_eq(p.tracker.state(), &batch))
+                });
+                if stuck {
+                    tracing::warn!(peer = %peer.name(), "rdma: a cut batch's work requests never came back; aborting the connection");
+                    peer.begin_abort(err);
+                }
+            });
+        }
+        true
+    }
+
     /// Called by the progress thread: past the flush grace, destroys every QP still draining (no
     /// work request of a destroyed QP runs any more) and lets the abort finish. True when done.
     pub(crate) fn give_up_draining(&self, now: Instant) -> bool {
@@ -740,6 +805,11 @@ impl<V: Verbs> Peer for RdmaPeer<V> {
     fn abort(&self, err: Error) -> bool {
         self.inner.begin_abort(err);
         true
+    }
+
+    /// Only `batch` (see `PeerInner::cut_batch`): other batches on the connection go on.
+    fn abort_batch(&self, batch: &Arc<BatchState>, err: Error) -> bool {
+        self.inner.cut_batch(batch, &err)
     }
 
     /// A SEND on slot 0 after whatever it carries (see [`super::notify`]); the engine calls it

@@ -232,6 +232,18 @@ impl RecordingVerbs {
         self.state.lock().silent.extend(i);
     }
 
+    /// Device `name` responds again: work requests held for it run now, in order, and new ones
+    /// run at once.
+    pub fn resume_responding(&self, name: &str) {
+        let i = self.index_of(name);
+        let mut s = self.state.lock();
+        s.silent.retain(|d| Some(*d) != i);
+        let qpns: Vec<u32> = s.qps.keys().copied().collect();
+        for qpn in qpns {
+            redrive(&mut s, qpn);
+        }
+    }
+
     /// QPs of device `name` never flush: entering ERROR completes nothing they hold (a wedged
     /// device or driver). Only destroying the QP ends them.
     pub fn stop_flushing(&self, name: &str) {

@@ -1,17 +1,19 @@
-//! Batches whose deadline passed, per connection: a copy of one of them stops before its next
-//! system call and fails the rest of its requests, while other batches on the connection go on.
+//! Batches cut short on one connection ([`crate::Peer::abort_batch`]: their deadline passed), for
+//! transports that stop a batch's work where it stands (between two system calls, before posting)
+//! while other batches on the connection go on.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
-use te_base::{BatchState, Error};
+
+use crate::{BatchState, Error};
 
 /// The aborted batches still alive (an entry goes once its batch was dropped).
 #[derive(Default)]
-pub(crate) struct BatchAborts {
-    /// Entries in `list`, read before every system call so the lock is taken only while some
-    /// batch is aborted.
+pub struct BatchAborts {
+    /// Entries in `list`, read on the data path (once per system call or post) so the lock is
+    /// taken only while some batch is aborted.
     live: AtomicUsize,
     list: Mutex<Vec<(Weak<BatchState>, Error)>>,
 }
