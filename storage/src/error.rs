@@ -243,6 +243,19 @@ pub enum StoreError {
         reason: String,
     },
 
+    /// Data (distributed mode): the put of this key was not acknowledged because the key
+    /// directory did not take it: both of its directory peers were unreachable within the
+    /// cluster timeout, or (with `UMBP_CLUSTER_DIRECTORY=etcd`) another peer owns the key. A get
+    /// may still return the previous version (docs/umbp.md, "the last acknowledged write wins").
+    /// Other keys of the call are unaffected.
+    #[error("key {key:?}: put not acknowledged: {reason}")]
+    Unacknowledged {
+        /// The key.
+        key: String,
+        /// Why the directory did not take it.
+        reason: String,
+    },
+
     /// Distributed mode could not start or be reached (etcd, the control listener).
     #[error("cluster: {0}")]
     Cluster(String),

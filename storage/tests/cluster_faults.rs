@@ -4,7 +4,10 @@
 //!   (plus slack), and gets of its own keys fail within that bound instead of waiting twice;
 //! - a member speaks only for itself: a PUBLISH or UNPUBLISH naming another owner is refused and
 //!   the victim's keys stay readable, a non-member cannot publish, and a flood is capped at the
-//!   configured entries per source.
+//!   configured entries per source;
+//! - one get over several owners with one frozen fails only that owner's keys;
+//! - the last acknowledged write wins: across two writers, when a put reaches no directory peer
+//!   (not acknowledged, typed), and with the etcd directory (one owner per key).
 //!
 //! Verdicts wait for events (answers, membership); the only time bound checked is the deadline
 //! under test, with generous slack. Needs Debian's etcd-server (skips otherwise;
@@ -594,6 +597,109 @@ fn the_first_get_after_an_owner_restarts_reaches_the_new_instance() {
     // The first get goes to the new instance: no pooled connection or segment of the dead one
     // is used.
     assert_eq!(p[0].ok(&format!("get {fresh} 0:4096")), "OK 4096 8");
+}
+
+/// A put whose key reaches neither of its directory peers (both frozen) is not acknowledged: it
+/// fails with a typed error within the deadline and the writer drops its copy, so the older copy
+/// another peer holds is still what is read, and once a later put elsewhere is acknowledged the
+/// writer reads that one, not its own unacknowledged bytes. (Before: the put answered OK while
+/// no directory peer knew it, and the writer kept serving its copy locally.)
+#[test]
+fn a_put_that_no_directory_peer_takes_is_not_acknowledged() {
+    let _serial = serial();
+    let Some(cl) = Cluster::start("faults-unacked", false) else {
+        return;
+    };
+    let names = ["u0", "u1", "u2", "u3"];
+    let mut p: Vec<Node> = names.iter().map(|n| cl.peer(n, &[])).collect();
+    {
+        let mut all: Vec<&mut Node> = p.iter_mut().collect();
+        converge(&mut all, &names);
+    }
+    // A key indexed by u2 and u3 only: freezing both leaves the writer u0 no directory peer.
+    let key = (0..)
+        .map(|i| format!("lone{i}"))
+        .find(|k| {
+            let d = directory_peers(k, &names);
+            d.contains(&"u2") && d.contains(&"u3")
+        })
+        .unwrap();
+    assert_eq!(p[1].ok(&format!("put {key} 4096 1")), "OK");
+    p[0].ok(&format!("wait-owner {key} u1 20000"));
+    assert_eq!(p[0].ok(&format!("get {key} 0:4096")), "OK 4096 1");
+
+    p[2].freeze();
+    p[3].freeze();
+    let t = Instant::now();
+    let a = p[0].cmd(&format!("put {key} 4096 2")).unwrap();
+    let took = t.elapsed();
+    assert!(
+        a.starts_with("ERR") && a.contains("not acknowledged"),
+        "a put no directory peer took answered {a:?}"
+    );
+    let bound = Duration::from_millis(TIMEOUT_MS + SLACK_MS);
+    assert!(took <= bound, "the refused put took {took:?}, more than {bound:?}");
+    // Not acknowledged: the writer does not serve it (version 1, or a miss while the directory
+    // peers are frozen, are both allowed).
+    let a = p[0].cmd(&format!("get {key} 0:4096")).unwrap();
+    assert_ne!(a, "OK 4096 2", "the writer served its unacknowledged put");
+
+    p[2].signal("CONT");
+    p[3].signal("CONT");
+    // A later put elsewhere is acknowledged: from then on every peer reads it, the first writer
+    // included, or misses (allowed by the rule while the thawed directory peers settle), never
+    // an older version; the wait for version 3 only guards a hang.
+    assert_eq!(p[1].ok(&format!("put {key} 4096 3")), "OK");
+    for (i, node) in p.iter_mut().enumerate() {
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            let a = node.cmd(&format!("get {key} 0:4096")).unwrap();
+            if a == "OK 4096 3" {
+                break;
+            }
+            assert_eq!(a, "MISS", "{key} at {} after version 3 was acknowledged", names[i]);
+            assert!(Instant::now() < end, "{key} at {}: still a miss", names[i]);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The etcd directory has no versions to order two owners' writes by, so it keeps one owner per
+/// key: a second peer's put of a key another peer owns is refused (typed, not acknowledged) and
+/// its copy dropped, so every peer keeps reading the owner's version; once the owner removes the
+/// key, another peer may put it. (Before: the second put answered OK, and each writer went on
+/// reading its own copy.)
+#[test]
+fn the_etcd_directory_keeps_one_owner_per_key() {
+    let _serial = serial();
+    let Some(cl) = Cluster::start("faults-etcd-owner", false) else {
+        return;
+    };
+    let names = ["e0", "e1", "e2"];
+    let env = [("UMBP_CLUSTER_DIRECTORY", "etcd")];
+    let mut p: Vec<Node> = names.iter().map(|n| cl.peer(n, &env)).collect();
+    {
+        let mut all: Vec<&mut Node> = p.iter_mut().collect();
+        converge(&mut all, &names);
+    }
+    assert_eq!(p[0].ok("put k 4096 1"), "OK");
+    p[1].ok("wait-owner k e0 20000");
+    let a = p[1].cmd("put k 4096 2").unwrap();
+    assert!(
+        a.starts_with("ERR") && a.contains("not acknowledged") && a.contains("e0"),
+        "a second owner's put answered {a:?}"
+    );
+    for (i, node) in p.iter_mut().enumerate() {
+        node.ok("wait-owner k e0 20000");
+        assert_eq!(node.cmd("get k 0:4096").unwrap(), "OK 4096 1", "k at {}", names[i]);
+    }
+    // Removed by its owner, the key may be put by another peer.
+    assert_eq!(p[0].ok("remove k"), "OK true");
+    assert_eq!(p[1].ok("put k 4096 3"), "OK");
+    for (i, node) in p.iter_mut().enumerate() {
+        node.ok("wait-owner k e1 20000");
+        assert_eq!(node.cmd("get k 0:4096").unwrap(), "OK 4096 3", "k at {}", names[i]);
+    }
 }
 
 /// Sixteen peers (issue 38's scale), bounded to well under a minute: two writers overwrite keys

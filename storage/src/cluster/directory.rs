@@ -23,7 +23,9 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
 use parking_lot::RwLock;
 use tokio::task::JoinHandle;
 
@@ -76,6 +78,9 @@ pub(crate) struct Directory {
     free_scale: AtomicU64,
     /// The sharded directory; `None` in etcd mode.
     sharded: Option<Arc<Sharded>>,
+    /// This peer's owner side: in etcd mode, a copy another peer owns in the directory is
+    /// dropped through it.
+    owner: std::sync::Weak<super::owner::Owner>,
     tasks: parking_lot::Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -143,7 +148,7 @@ impl Directory {
                 suspect_for,
                 cfg.timeout,
                 guard,
-                owner,
+                owner.clone(),
             ))
         });
         let d = Arc::new(Directory {
@@ -164,6 +169,7 @@ impl Directory {
             announced_free: AtomicU64::new(0),
             free_scale: AtomicU64::new(0),
             sharded,
+            owner,
             tasks: parking_lot::Mutex::new(Vec::new()),
         });
         d.grant().await?;
@@ -334,16 +340,6 @@ impl Directory {
             .collect()
     }
 
-    /// Drops from `keys` those the directory already routes to this peer (etcd mode: an
-    /// overwrite needs no write; sharded: every put publishes, one message per directory peer).
-    pub(crate) fn retain_unowned(&self, keys: &mut Vec<String>) {
-        if self.sharded.is_some() {
-            return;
-        }
-        let view = self.view.read();
-        keys.retain(|k| view.keys.get(k.as_str()).is_none_or(|o| **o != *self.name));
-    }
-
     /// The owner of `key` as the directory says (for visibility checks; sharded: a lookup).
     pub(crate) fn owner_of(&self, key: &str) -> Option<Arc<str>> {
         if let Some(sh) = &self.sharded {
@@ -405,17 +401,24 @@ impl Directory {
     /// within a lease period (at once when etcd answers again after an outage).
     /// `fresh`: the keys were just written here (a new version each; the sharded directory's
     /// last write wins), else a re-publication of keys held (their recorded versions).
-    pub(crate) async fn publish(&self, keys: &[String], fresh: bool) {
-        if let Err(e) = self.write_keys(keys, fresh).await {
-            self.dirty.store(true, Ordering::Release);
-            tracing::warn!(
-                "umbp cluster: publishing {} keys failed ({e}); retried when etcd is back",
-                keys.len()
-            );
+    /// Returns the keys the directory did not take (indices into `keys`; their copies here are
+    /// dropped): sharded, those that reached none of their directory peers; etcd, those another
+    /// peer owns.
+    pub(crate) async fn publish(&self, keys: &[String], fresh: bool) -> Vec<usize> {
+        match self.write_keys(keys, fresh).await {
+            Ok(refused) => refused,
+            Err(e) => {
+                self.dirty.store(true, Ordering::Release);
+                tracing::warn!(
+                    "umbp cluster: publishing {} keys failed ({e}); retried when etcd is back",
+                    keys.len()
+                );
+                Vec::new()
+            }
         }
     }
 
-    async fn write_keys(&self, keys: &[String], fresh: bool) -> Result<(), String> {
+    async fn write_keys(&self, keys: &[String], fresh: bool) -> Result<Vec<usize>, String> {
         if let Some(sh) = &self.sharded {
             let (sh, keys) = (sh.clone(), keys.to_vec());
             return tokio::task::spawn_blocking(move || {
@@ -426,21 +429,91 @@ impl Directory {
                     Some(o) => o.versions.recorded(&keys),
                     None => vec![0; keys.len()],
                 };
-                sh.publish(&keys, &versions, fresh, sh.deadline())
+                // Keys no directory peer took: a fresh write's copies are dropped; held ones
+                // are published again within a lease period.
+                let unreached = sh.publish(&keys, &versions, fresh, sh.deadline());
+                match (fresh, unreached.len()) {
+                    (true, _) | (false, 0) => Ok(unreached),
+                    (false, n) => Err(format!("{n} keys reached none of their directory peers")),
+                }
             })
             .await
             .map_err(|e| format!("publishing: {e}"))?;
         }
-        let prefix = self.keys_prefix();
-        for chunk in keys.chunks(MAX_TXN_OPS) {
-            let ops: Vec<TxnOp> = chunk
-                .iter()
-                .map(|k| TxnOp::put(format!("{prefix}{k}"), &*self.name, Some(self.lease_opts())))
-                .collect();
-            let mut c = self.client.clone();
-            self.timed("publishing keys", c.txn(Txn::new().and_then(ops))).await?;
+        let refused = self.claim(keys).await?;
+        if !refused.is_empty() {
+            tracing::warn!(
+                "umbp cluster: {} local keys are owned by other peers in the etcd directory; this peer's copies are dropped",
+                refused.len()
+            );
+            self.drop_local(keys, &refused);
         }
-        Ok(())
+        Ok(refused.into_iter().map(|(i, _)| i).collect())
+    }
+
+    /// The etcd directory keeps one owner per key (it has no versions to order two owners'
+    /// writes by): writes `keys` as owned here where no other peer owns them, in transactions
+    /// of at most [`MAX_TXN_OPS`], and returns the others (index, owner). A key is claimed only
+    /// while absent from etcd (`create_revision == 0`, checked by etcd itself, so two peers
+    /// cannot both take it) or already this peer's; the owner's removal or lease expiry frees it.
+    pub(crate) async fn claim(&self, keys: &[String]) -> Result<Vec<(usize, String)>, String> {
+        let prefix = self.keys_prefix();
+        // Keys already routed here need no write.
+        let todo: Vec<usize> = {
+            let view = self.view.read();
+            (0..keys.len())
+                .filter(|&i| view.keys.get(keys[i].as_str()).is_none_or(|o| **o != *self.name))
+                .collect()
+        };
+        let mut refused = Vec::new();
+        for chunk in todo.chunks(MAX_TXN_OPS) {
+            let path = |i: usize| format!("{prefix}{}", keys[i]);
+            let absent = |i: usize| Compare::create_revision(path(i), CompareOp::Equal, 0);
+            let put = |i: usize| TxnOp::put(path(i), &*self.name, Some(self.lease_opts()));
+            let all = Txn::new()
+                .when(chunk.iter().map(|&i| absent(i)).collect::<Vec<_>>())
+                .and_then(chunk.iter().map(|&i| put(i)).collect::<Vec<_>>());
+            let mut c = self.client.clone();
+            if self.timed("publishing keys", c.txn(all)).await?.succeeded() {
+                continue;
+            }
+            // Some key of the chunk exists: each on its own, learning its owner when not ours.
+            for &i in chunk {
+                let one = Txn::new()
+                    .when([absent(i)])
+                    .and_then([put(i)])
+                    .or_else([TxnOp::get(path(i), None)]);
+                let r = self.timed("publishing a key", c.txn(one)).await?;
+                if r.succeeded() {
+                    continue;
+                }
+                let owner = r
+                    .op_responses()
+                    .into_iter()
+                    .find_map(|o| match o {
+                        TxnOpResponse::Get(g) => g
+                            .kvs()
+                            .first()
+                            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                if owner != *self.name {
+                    refused.push((i, owner));
+                }
+            }
+        }
+        Ok(refused)
+    }
+
+    /// Drops this peer's copies of the `refused` ones of `keys` (another peer owns them).
+    pub(crate) fn drop_local(&self, keys: &[String], refused: &[(usize, String)]) {
+        let Some(core) = self.owner.upgrade().and_then(|o| o.core()) else {
+            return;
+        };
+        for &(i, _) in refused {
+            let _ = core.remove(&keys[i]);
+        }
     }
 
     /// Asks for every local key to be written again once etcd answers.

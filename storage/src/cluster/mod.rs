@@ -215,39 +215,75 @@ impl Cluster {
 
     /// Writes `keys` to the directory as owned here, unless it already says so; waits at most
     /// the cluster timeout (an etcd outage is logged, and the keys are written again when it is
-    /// back).
-    pub(crate) fn publish(&self, mut keys: Vec<String>) {
-        // Keys the directory already routes here need no write (an overwrite, a re-put).
-        self.dir.retain_unowned(&mut keys);
-        if keys.is_empty() {
-            return;
+    /// back). Returns the keys the directory did not take (index into `keys`, why): their put
+    /// is not acknowledged.
+    pub(crate) fn publish(&self, keys: Vec<String>) -> Vec<(usize, String)> {
+        if let Some(sh) = self.dir.sharded() {
+            // A new version for this write, recorded per key (also during an etcd outage: the
+            // re-publication when etcd is back carries it).
+            let versions = self.owner.versions.stamp(&keys, self.owner.core().as_deref());
+            if !self.dir.is_live() {
+                // Membership is unknown: the put stays local and fast; every local key is
+                // written again when etcd answers.
+                self.dir.mark_dirty();
+                return Vec::new();
+            }
+            // Blocking on this thread: the messages go out from here, no hand-off.
+            let unreached = sh.publish(&keys, &versions, true, sh.deadline());
+            if unreached.is_empty() {
+                return Vec::new();
+            }
+            tracing::warn!(
+                "umbp cluster: {} keys reached none of their directory peers within {} ms; not acknowledged",
+                unreached.len(),
+                self.cfg.timeout.as_millis()
+            );
+            let why = format!(
+                "none of its directory peers answered within {} ms",
+                self.cfg.timeout.as_millis()
+            );
+            return unreached.into_iter().map(|i| (i, why.clone())).collect();
         }
         if !self.dir.is_live() {
             // etcd is out of reach: the put stays local and fast; every local key is written
             // again when it answers.
             self.dir.mark_dirty();
-            return;
+            return Vec::new();
         }
-        if let Some(sh) = self.dir.sharded() {
-            // Blocking on this thread: the messages go out from here, no hand-off.
-            // A new version for this write, recorded per key.
-            let versions = self.owner.versions.stamp(&keys, self.owner.core().as_deref());
-            if let Err(e) = sh.publish(&keys, &versions, true, sh.deadline()) {
-                self.dir.mark_dirty();
-                tracing::warn!(
-                    "umbp cluster: publishing {} keys: {e}; retried within a lease period",
-                    keys.len()
-                );
-            }
-            return;
-        }
+        // The etcd directory: one owner per key; a key another peer owns is refused.
         let dir = self.dir.clone();
         let limit = self.cfg.timeout + Duration::from_millis(100);
-        if self.run(async move { dir.publish(&keys, true).await }, limit).is_none() {
-            self.dir.mark_dirty();
-            tracing::warn!(
-                "umbp cluster: publishing keys timed out; every local key is written again within a lease period"
-            );
+        let claimed = self.run(
+            async move {
+                let r = dir.claim(&keys).await;
+                (keys, r)
+            },
+            limit,
+        );
+        match claimed {
+            Some((keys, Ok(refused))) => {
+                self.dir.drop_local(&keys, &refused);
+                refused
+                    .into_iter()
+                    .map(|(i, owner)| {
+                        let why = format!(
+                            "peer {owner} owns it (UMBP_CLUSTER_DIRECTORY=etcd keeps one owner per key: remove it there first)"
+                        );
+                        (i, why)
+                    })
+                    .collect()
+            }
+            failed => {
+                self.dir.mark_dirty();
+                let why = match failed {
+                    Some((_, Err(e))) => e,
+                    _ => "timed out".to_string(),
+                };
+                tracing::warn!(
+                    "umbp cluster: publishing keys: {why}; every local key is written again within a lease period"
+                );
+                Vec::new()
+            }
         }
     }
 

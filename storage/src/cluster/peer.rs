@@ -73,19 +73,23 @@ impl Peer {
             cluster: &self.cluster,
             placed: Vec::new(),
         };
-        let results = self.core.batch_put_ranges(items, &mut remote)?;
+        let mut results = self.core.batch_put_ranges(items, &mut remote)?;
         let mut elsewhere = vec![false; items.len()];
         for k in remote.placed {
             elsewhere[k] = true;
         }
-        let local: Vec<String> = items
-            .iter()
-            .zip(&results)
-            .zip(elsewhere)
-            .filter(|((_, r), elsewhere)| r.is_ok() && !elsewhere)
-            .map(|((it, _), _)| it.key.to_owned())
+        let at: Vec<usize> = (0..items.len())
+            .filter(|&k| results[k].is_ok() && !elsewhere[k])
             .collect();
-        self.cluster.publish(local);
+        let local: Vec<String> = at.iter().map(|&k| items[k].key.to_owned()).collect();
+        // A key the directory did not take is not acknowledged (and its copy here is dropped).
+        for (i, reason) in self.cluster.publish(local) {
+            let k = at[i];
+            results[k] = Err(StoreError::Unacknowledged {
+                key: items[k].key.to_owned(),
+                reason,
+            });
+        }
         Ok(results)
     }
 

@@ -11,7 +11,6 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use te_base::auth::AuthKey;
 use te_base::listener::{accept_admitted, log_refusal, AcceptBackoff, ConnectionGate, ListenerLimits};
@@ -110,11 +109,15 @@ async fn serve(
             },
             Op::Commit => match wire::decode_validate(&body) {
                 Ok((_, keys)) => {
-                    let (verdicts, committed) = owner.commit(&core, &keys);
+                    let (mut verdicts, committed) = owner.commit(&core, &keys);
                     drop(core);
-                    // Routable before the writer's put returns.
+                    // Routable before the writer's put returns; a key the directory did not take
+                    // is dropped here and answered "no" (the writer does not acknowledge it).
                     if let Some(dir) = owner.dir.get() {
-                        dir.publish(&committed, true).await;
+                        let refused = dir.publish(&committed, true).await;
+                        for (j, v) in verdicts.iter_mut().filter(|v| **v).enumerate() {
+                            *v = !refused.contains(&j);
+                        }
                     }
                     (Op::Verdicts, wire::encode_verdicts(&verdicts))
                 }
@@ -151,15 +154,13 @@ async fn directory_request(
         (Op::Refused, r.to_string().into_bytes())
     };
     // A member that just joined may reach this peer before the watch shows it here: it is
-    // given a short while to appear.
+    // given a short while to appear (woken by the membership change itself).
     let member_now = || async {
-        let mut is_member = member.is_some_and(|m| sh.is_member(m));
         let until = tokio::time::Instant::now() + limits.frame_timeout / 4;
-        while !is_member && member.is_some() && tokio::time::Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            is_member = member.is_some_and(|m| sh.is_member(m));
+        match member {
+            Some(m) => sh.is_member_by(m, until).await,
+            None => false,
         }
-        is_member
     };
     match op {
         Op::Publish => match wire::decode_publish(body) {

@@ -76,6 +76,9 @@ pub(crate) struct Sharded {
     pub(crate) shard: Shard,
     pool: Arc<ConnPool>,
     membership: RwLock<Arc<Membership>>,
+    /// Woken whenever the membership changes (a request from a member this view does not show
+    /// yet waits for this, not for a polling step).
+    membership_changed: tokio::sync::Notify,
     /// Peers that failed a request lately (the pool's suspects) are asked last and not waited
     /// for until they leave, come back under a new lease, or this period passes.
     suspect_for: Duration,
@@ -107,6 +110,7 @@ impl Sharded {
             shard: Shard::new(settle),
             pool,
             membership: RwLock::new(Arc::new(Membership::new([]))),
+            membership_changed: tokio::sync::Notify::new(),
             suspect_for,
             timeout,
             settle,
@@ -124,6 +128,21 @@ impl Sharded {
     /// Whether `name` is a current member.
     pub(crate) fn is_member(&self, name: &str) -> bool {
         self.membership.read().peers.contains_key(name)
+    }
+
+    /// Whether `name` is a member, waiting until `until` for the watch to show it (a member that
+    /// just joined may reach this peer first): woken by each membership change, no polling.
+    pub(crate) async fn is_member_by(&self, name: &str, until: tokio::time::Instant) -> bool {
+        loop {
+            // Registered before the check, so a change between the two is not missed.
+            let changed = self.membership_changed.notified();
+            if self.is_member(name) {
+                return true;
+            }
+            if tokio::time::timeout_at(until, changed).await.is_err() {
+                return self.is_member(name);
+            }
+        }
     }
 
     /// The name a directory request from `name` is accounted under: the member's own, shared,
@@ -151,7 +170,10 @@ impl Sharded {
         // A peer that left or came back as a new instance: its pooled connections (to the old
         // instance) and its suspicion go.
         self.pool.retain_peers(|n| cur.unchanged(&m, n));
-        Some(std::mem::replace(&mut *cur, m))
+        let old = std::mem::replace(&mut *cur, m);
+        drop(cur);
+        self.membership_changed.notify_waiters();
+        Some(old)
     }
 
     /// The peers passed over now (one lock per call, not per key).
@@ -172,15 +194,17 @@ impl Sharded {
             .owner
             .upgrade()
             .map_or_else(|| vec![0; local_keys.len()], |o| o.versions.recorded(local_keys));
-        let mut newer = Vec::new();
-        let r = self.publish_since(local_keys, &versions, Some(old), None, &mut newer);
+        let (mut newer, mut unreached) = (Vec::new(), Vec::new());
+        let r = self.publish_since(local_keys, &versions, Some(old), None, &mut newer, &mut unreached);
         self.settle_newer(local_keys, &versions, false, newer, self.deadline());
         r
     }
 
     /// Indexes `keys` (with the versions this peer minted for them) as owned here at every
-    /// directory peer, all of it by `end`; `Err` when some key reached none of its directory
-    /// peers (the caller re-publishes later). A directory peer that holds a newer version of a
+    /// directory peer, all of it by `end`; returns the indices of the keys that reached none of
+    /// their directory peers. The directory does not know those: with `fresh`, the caller does
+    /// not acknowledge them and this peer drops its copies (a copy it kept would be read here
+    /// after a write acknowledged later elsewhere, which no directory entry tells it about). A directory peer that holds a newer version of a
     /// key keeps it, and this peer's copy is retired; one whose entry this supersedes has the
     /// older owner retire its copy before it answers.
     ///
@@ -189,11 +213,17 @@ impl Sharded {
     /// and the keys are published again under new versions, within `end`: a write acknowledged
     /// later gets the higher version. Otherwise (a re-publication of held copies) such a copy is
     /// retired: a newer write elsewhere superseded it.
-    pub(crate) fn publish(&self, keys: &[String], versions: &[u64], fresh: bool, end: Instant) -> Result<(), String> {
-        let mut newer = Vec::new();
-        let r = self.publish_since(keys, versions, None, Some(end), &mut newer);
+    pub(crate) fn publish(&self, keys: &[String], versions: &[u64], fresh: bool, end: Instant) -> Vec<usize> {
+        let (mut newer, mut unreached) = (Vec::new(), Vec::new());
+        let _ = self.publish_since(keys, versions, None, Some(end), &mut newer, &mut unreached);
         self.settle_newer(keys, versions, fresh, newer, end);
-        r
+        if fresh && !unreached.is_empty() {
+            // Not acknowledged: this peer stops serving the copy (unless written again since),
+            // so it can never be read after a write acknowledged later.
+            let lost: Vec<(String, u64)> = unreached.iter().map(|&i| (keys[i].clone(), versions[i])).collect();
+            self.retire_here(&lost);
+        }
+        unreached
     }
 
     /// Handles the keys a directory peer holds newer versions of (`(index, version)`).
@@ -215,8 +245,8 @@ impl Sharded {
             owner.versions.observe(newer.iter().map(|&(_, v)| v).max().unwrap_or(0));
             let again: Vec<String> = newer.iter().map(|&(i, _)| keys[i].clone()).collect();
             let vs = owner.versions.stamp(&again, None);
-            let mut still = Vec::new();
-            let _ = self.publish_since(&again, &vs, None, Some(end), &mut still);
+            let (mut still, mut unreached) = (Vec::new(), Vec::new());
+            let _ = self.publish_since(&again, &vs, None, Some(end), &mut still, &mut unreached);
             (keys, versions, newer) = (again, vs, still);
         }
     }
@@ -288,11 +318,12 @@ impl Sharded {
         old: Option<&Membership>,
         end: Option<Instant>,
         newer: &mut Vec<(usize, u64)>,
+        unreached: &mut Vec<usize>,
     ) -> Result<(), String> {
         let mut m = self.membership();
         let mut old = old;
         for _ in 0..3 {
-            let r = self.publish_under(&m, keys, versions, old, end, newer);
+            let r = self.publish_under(&m, keys, versions, old, end, newer, unreached);
             let now = self.membership();
             if Arc::ptr_eq(&now, &m) {
                 return r;
@@ -301,9 +332,11 @@ impl Sharded {
             old = None;
             m = now;
         }
-        self.publish_under(&m, keys, versions, old, end, newer)
+        self.publish_under(&m, keys, versions, old, end, newer, unreached)
     }
 
+    /// One publication under view `m`; `unreached`: the keys no directory peer took.
+    #[allow(clippy::too_many_arguments)]
     fn publish_under(
         &self,
         m: &Membership,
@@ -312,7 +345,9 @@ impl Sharded {
         old: Option<&Membership>,
         end: Option<Instant>,
         newer: &mut Vec<(usize, u64)>,
+        unreached: &mut Vec<usize>,
     ) -> Result<(), String> {
+        unreached.clear();
         if keys.is_empty() || m.members.is_empty() {
             return Ok(());
         }
@@ -411,9 +446,12 @@ impl Sharded {
                 break;
             }
         }
-        let unreached = asked.iter().zip(&took).filter(|&(&a, &t)| a > 0 && t == 0).count();
-        if unreached > 0 {
-            return Err(format!("{unreached} keys reached none of their directory peers"));
+        unreached.extend((0..keys.len()).filter(|&i| asked[i] > 0 && took[i] == 0));
+        if !unreached.is_empty() {
+            return Err(format!(
+                "{} keys reached none of their directory peers",
+                unreached.len()
+            ));
         }
         Ok(())
     }
