@@ -437,6 +437,21 @@ def markdown(summary, versions, command):
             ratio_rs = f"{rust / best[1]:.2f}x ({best[0]})" if best and rust else "—"
             out.append(f"| {r['shape']} | {r['op']} | " + " | ".join(cells) + f" | {ratio_py} | {ratio_rs} |")
         out.append("")
+        py = [e for e in engines if r["batch_p50_us"] is not None and any(e in x["batch_p50_us"] for x in rows)]
+        if py:
+            out.append(f"{scenario}, Python rows: batch latency p50 / p99 in ms; CPU seconds per GiB moved, "
+                       "initiator + target (each whole process: the engine's threads and the Python caller)")
+            out.append("")
+            out.append("| shape | op | " + " | ".join(f"{e} p50 / p99" for e in py) + " | "
+                       + " | ".join(f"{e} CPU s/GiB" for e in py) + " |")
+            out.append("| --- | --- | " + " | ".join("---:" for _ in py * 2) + " |")
+            for r in rows:
+                lat = [f"{r['batch_p50_us'][e] / 1e3:.2f} / {r['batch_p99_us'][e] / 1e3:.2f}"
+                       if e in r["batch_p50_us"] else "—" for e in py]
+                cpu = [f"{r['cpu_s_per_gib_initiator'][e]:.2f} + {r['cpu_s_per_gib_target'][e]:.2f}"
+                       if e in r["cpu_s_per_gib_initiator"] else "—" for e in py]
+                out.append(f"| {r['shape']} | {r['op']} | " + " | ".join(lat + cpu) + " |")
+            out.append("")
     reg = [r for r in summary if r.get("scenario") == "register"]
     if reg:
         out.append("**register** (milliseconds, median of rounds; lower is better)")
