@@ -433,8 +433,13 @@ def markdown(summary, versions, command):
                     cells.append("—")
             rust = r["gbps"].get("ours-rust") or r["gbps"].get("ours-rust-shm")
             py = r["gbps"].get("ours")
-            ratio_py = f"{py / best[1]:.2f}x ({best[0]})" if best and py else "—"
-            ratio_rs = f"{rust / best[1]:.2f}x ({best[0]})" if best and rust else "—"
+            def ratio(ours):
+                if not (best and ours):
+                    return "—"
+                x = f"{ours / best[1]:.2f}x"
+                return (f"**{x}**" if ours < best[1] else x) + f" ({best[0]})"
+
+            ratio_py, ratio_rs = ratio(py), ratio(rust)
             out.append(f"| {r['shape']} | {r['op']} | " + " | ".join(cells) + f" | {ratio_py} | {ratio_rs} |")
         out.append("")
         py = [e for e in engines if r["batch_p50_us"] is not None and any(e in x["batch_p50_us"] for x in rows)]
