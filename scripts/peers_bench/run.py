@@ -408,6 +408,13 @@ def fmt(v, digits=3):
     return "—" if v is None else f"{v:.{digits}f}"
 
 
+def bold(x):
+    """A ratio (ours over the peer, >= 1.0 where we lead), bold where below 1.0x."""
+    if x is None:
+        return "—"
+    return f"**{x:.2f}x**" if x < 1 else f"{x:.2f}x"
+
+
 def markdown(summary, versions, command):
     """The side-by-side tables as docs/PERFORMANCE.md shows them."""
     out = [f"Peers: {', '.join(f'{k} {v}' for k, v in versions.items())}. Command: `{command}`.", ""]
@@ -459,14 +466,14 @@ def markdown(summary, versions, command):
             out.append("")
     reg = [r for r in summary if r.get("scenario") == "register"]
     if reg:
-        out.append("**register** (milliseconds, median of rounds; lower is better)")
+        out.append("**register** (milliseconds, median of rounds; lower is better; ratio: the peer's time over ours)")
         out.append("")
         out.append("| shape | ours | Mooncake | NIXL | Mooncake / ours | NIXL / ours |")
         out.append("| --- | ---: | ---: | ---: | ---: | ---: |")
         for r in reg:
             s = r["seconds"]
             cell = lambda e: fmt(s[e] * 1e3) if e in s else ("failed" if e in r["errors"] else "—")  # noqa: E731
-            rt = lambda e: f"{r['ratios'][e + '/ours']:.2f}x" if e + "/ours" in r["ratios"] else "—"  # noqa: E731
+            rt = lambda e: bold(r["ratios"].get(e + "/ours"))  # noqa: E731
             out.append(f"| {r['shape']} | {cell('ours')} | {cell('mooncake')} | {cell('nixl')} | {rt('mooncake')} | {rt('nixl')} |")
         out.append("")
     fc = [r for r in summary if r.get("scenario") == "first-contact"]
@@ -489,7 +496,7 @@ def markdown(summary, versions, command):
         for k, label in (("put_ms", "batch put"), ("get_ms", "batch get (whole objects)")):
             u = r["ms"].get("umbp", {}).get(k)
             m = r["ms"].get("mooncake", {}).get(k)
-            rt = f"{r['ratios'][k]:.2f}x" if "ratios" in r else "—"
+            rt = bold(r["ratios"][k]) if "ratios" in r else "—"
             out.append(f"| {label} | {fmt(u)} | {fmt(m)} | {rt} |")
         out.append("")
     kl = [r for r in summary if r.get("scenario") == "kill"]
