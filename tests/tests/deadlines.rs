@@ -150,8 +150,7 @@ async fn cut_for_one_deadline(target: &str, initiator: &str, env: &[(&str, &str)
         .await
         .expect("the long batch settles once the peer runs");
     assert!(report.is_ok(), "another batch's deadline failed it: {report:?}");
-    // The cut lane's connection is gone: the segment is reconnected before the read-back.
-    let seg = a.open_segment(&b.p2p_addr).await.unwrap();
+    // The cut lane's connection is gone: the next batch waits for the reconnect it starts.
     let back = a.allocate(SLOT as usize, HostBufferOptions::default()).await.unwrap();
     a.transfer(&[TransferRequest::read(back.addr(), seg.id(), remote + SLOT, SLOT)])
         .await
@@ -159,6 +158,39 @@ async fn cut_for_one_deadline(target: &str, initiator: &str, env: &[(&str, &str)
     let mut got = vec![0u8; SLOT as usize];
     back.read_at(0, &mut got).unwrap();
     assert!(got == data, "the bytes of the batch that went on are at the peer");
+}
+
+/// A batch submitted while its route's connection is lost waits for the reconnect it starts and
+/// goes on the new connection; its deadline still bounds that wait. Here the peer is frozen, so
+/// the reconnect cannot finish: the batch fails with a timeout at its deadline. Thawed, the next
+/// batch (no deadline) waits for the reconnect and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_waiting_for_a_reconnect_still_ends_at_its_deadline() {
+    let b = node("dl-h");
+    let a = engine("dl-i", &[]).await;
+    let seg = a.open_segment(&b.p2p_addr).await.unwrap();
+    let remote = seg.buffers()[0].base;
+    let src = a.allocate(4096, HostBufferOptions::default()).await.unwrap();
+    let write = [TransferRequest::write(src.addr(), seg.id(), remote, 4096)];
+    a.transfer(&write).await.expect("the peer answers while it runs");
+    b.freeze();
+    let opts = SubmitOptions {
+        deadline: Some(Duration::from_millis(300)),
+        ..SubmitOptions::default()
+    };
+    // On the wire when its deadline passes: the lane is cut and the route is lost.
+    let first = a.submit_with(&write, &opts).unwrap();
+    assert_timed_out(tokio::time::timeout(PATIENCE, first.wait()).await.expect("bounded"));
+    let waiting = a.submit_with(&write, &opts).unwrap();
+    assert_timed_out(
+        tokio::time::timeout(PATIENCE, waiting.wait())
+            .await
+            .expect("the wait for the reconnect ended at the deadline"),
+    );
+    b.signal("CONT");
+    a.transfer(&write)
+        .await
+        .expect("the next batch waits for the reconnect and completes");
 }
 
 #[tokio::test]

@@ -50,13 +50,17 @@ struct Follower {
     events: broadcast::Sender<SegmentEvent>,
     /// The task applying the metadata store's watch events, if the store can watch.
     watch: Option<AbortHandle>,
-    /// A re-fetch after a lost connection, while one runs.
-    refetch: Option<AbortHandle>,
+    /// A re-fetch after a lost connection, while one runs, and where its outcome is told.
+    refetch: Option<(AbortHandle, Reconnected)>,
 }
+
+/// The outcome of a reconnect once it ended (`None` while it runs): `Err` says why it failed. A
+/// closed channel means the segment was closed meanwhile.
+pub(super) type Reconnected = tokio::sync::watch::Receiver<Option<std::result::Result<(), String>>>;
 
 impl Follower {
     fn stop(&self) {
-        for t in self.watch.iter().chain(&self.refetch) {
+        for t in self.watch.iter().chain(self.refetch.as_ref().map(|(t, _)| t)) {
             t.abort();
         }
     }
@@ -186,12 +190,13 @@ impl EngineInner {
     /// reconnect in the background (one at a time), so the next submit finds it current. This is
     /// how peer-to-peer metadata, which cannot watch, learns of a restart, and how a connection
     /// cut by a deadline comes back.
-    pub(super) fn reconnect_later(self: &Arc<Self>, id: u32) {
+    pub(super) fn reconnect_later(self: &Arc<Self>, id: u32) -> Option<Reconnected> {
         let mut followers = self.live.followers.lock();
-        let Some(f) = followers.get_mut(&id) else { return };
-        if f.refetch.is_some() {
-            return;
+        let f = followers.get_mut(&id)?;
+        if let Some((_, running)) = &f.refetch {
+            return Some(running.clone());
         }
+        let (tell, told) = tokio::sync::watch::channel(None);
         let engine = Arc::downgrade(self);
         let name = f.name.clone();
         let task = self.runtime.spawn(async move {
@@ -200,15 +205,18 @@ impl EngineInner {
                 Ok(d) => e.apply(&name, Arc::new(d)).await.map(|_| ()),
                 Err(err) => Err(err),
             };
-            if let Err(err) = outcome {
+            if let Err(err) = &outcome {
                 tracing::warn!(segment = %name, "reconnecting a lost segment failed: {err}");
             }
             let mut followers = e.live.followers.lock();
             if let Some(f) = followers.get_mut(&id) {
                 f.refetch = None;
             }
+            drop(followers);
+            let _ = tell.send(Some(outcome.map_err(|err| err.to_string())));
         });
-        f.refetch = Some(task.abort_handle());
+        f.refetch = Some((task.abort_handle(), told.clone()));
+        Some(told)
     }
 
     /// Closes segment `id`: forgets its descriptor, drops its connections (requests in flight

@@ -107,13 +107,22 @@ impl EngineInner {
                 (Some(_), false) => g.requests.iter().map(|r| r.len).sum(),
             };
             if !peer.is_healthy() {
-                self.reconnect_later(g.segment);
-                let err = Error::PeerGone {
-                    peer: seg.descriptor.name.clone(),
-                    reason: "connection lost; reconnecting in the background".into(),
+                // Lost (a peer that went away, or a connection cut for another batch's deadline):
+                // the group waits for the reconnect and goes on the new connection.
+                let parked = Parked {
+                    segment: g.segment,
+                    was: seg.clone(),
+                    transport: route.transport,
+                    requests: g.requests,
+                    state: state.clone(),
+                    deadline_peers: deadline_peers.clone(),
+                    deadline: deadline.map(|d| tokio::time::Instant::now() + d),
+                    ctx: ctx.clone(),
                 };
-                failed += n as u64;
-                state.fail_many(g.requests.iter().map(|r| r.index as usize), &err);
+                if let Err((requests, err)) = parked.wait_for_reconnect(self) {
+                    failed += n as u64;
+                    state.fail_many(requests.iter().map(|r| r.index as usize), &err);
+                }
             } else {
                 if let Some(d) = &deadline_peers {
                     d.add(peer);
@@ -151,6 +160,112 @@ impl EngineInner {
             timer.count_call(requests.len());
         }
         Ok(Batch::new(state))
+    }
+}
+
+/// A group whose route's connection was found lost at submit: it goes on the same transport's
+/// new connection once the reconnect it starts (or joins) ended, bounded by the batch's deadline
+/// like a failover. Not: after the peer restarted (its memory went with the old process), when
+/// the segment was closed meanwhile, or when the reconnect failed, which fail the group naming it.
+struct Parked {
+    segment: u32,
+    was: Arc<OpenSegment>,
+    transport: usize,
+    requests: Vec<te_base::ResolvedRequest>,
+    state: Arc<BatchState>,
+    deadline_peers: Option<DeadlinePeers>,
+    /// The batch's deadline: the wait ends there (the deadline's timer has no peer to cut).
+    deadline: Option<tokio::time::Instant>,
+    ctx: SubmitContext,
+}
+
+impl Parked {
+    /// Starts the wait; gives the group back with the error when no reconnect can start.
+    fn wait_for_reconnect(
+        self,
+        engine: &Arc<EngineInner>,
+    ) -> std::result::Result<(), (Vec<te_base::ResolvedRequest>, Error)> {
+        let Some(mut reconnected) = engine.reconnect_later(self.segment) else {
+            let err = Error::SegmentClosed(self.was.descriptor.name.clone());
+            return Err((self.requests, err));
+        };
+        let weak = Arc::downgrade(engine);
+        let deadline = self.deadline;
+        engine.runtime.spawn(async move {
+            let ended = async {
+                match reconnected.wait_for(|o| o.is_some()).await {
+                    Ok(o) => o.clone().unwrap_or(Ok(())),
+                    Err(_) => Err("the segment was closed".to_string()),
+                }
+            };
+            let outcome = match deadline {
+                Some(at) => tokio::select! {
+                    o = ended => o,
+                    _ = tokio::time::sleep_until(at) => {
+                        let name = &self.was.descriptor.name;
+                        let err = Error::Timeout {
+                            what: format!("batch to segment '{name}' waiting for its reconnect (its deadline)"),
+                            after_ms: 0,
+                        };
+                        return self.state.fail_many(self.requests.iter().map(|r| r.index as usize), &err);
+                    }
+                },
+                None => ended.await,
+            };
+            self.resume(weak.upgrade(), outcome);
+        });
+        Ok(())
+    }
+
+    fn resume(self, engine: Option<Arc<EngineInner>>, outcome: std::result::Result<(), String>) {
+        let name = self.was.descriptor.name.clone();
+        let fail = |err: Error| {
+            self.state
+                .fail_many(self.requests.iter().map(|r| r.index as usize), &err)
+        };
+        let Some(engine) = engine.filter(|e| !e.is_closed()) else {
+            return fail(Error::Closed(format!("engine (segment '{name}')")));
+        };
+        if let Err(why) = outcome {
+            return fail(Error::PeerGone {
+                peer: name,
+                reason: format!("connection lost, and reconnecting failed: {why}"),
+            });
+        }
+        let now = engine.segments.read().get(self.segment as usize).cloned();
+        let Some(now) = now.filter(|s| !s.closed) else {
+            return fail(Error::SegmentClosed(name));
+        };
+        if now.descriptor.instance != self.was.descriptor.instance {
+            return fail(Error::PeerRestarted {
+                peer: name,
+                reason: "it restarted while its connection was lost".into(),
+            });
+        }
+        let Some(route) = now
+            .routes
+            .iter()
+            .find(|r| r.transport == self.transport && r.peer.is_healthy())
+        else {
+            return fail(Error::PeerGone {
+                peer: name,
+                reason: "connection lost; the reconnect found no healthy route of its transport".into(),
+            });
+        };
+        if let Some(peers) = &self.deadline_peers {
+            if !peers.add(&route.peer) {
+                return fail(Error::Timeout {
+                    what: format!("batch to segment '{name}' waiting for its reconnect (its deadline)"),
+                    after_ms: 0,
+                });
+            }
+        }
+        let indices: Vec<u32> = self.requests.iter().map(|r| r.index).collect();
+        if let Err(e) = route.peer.submit(self.requests, &self.state, &self.ctx) {
+            for i in indices {
+                self.state.fail(i as usize, e.clone());
+            }
+        }
     }
 }
 
