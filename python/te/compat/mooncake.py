@@ -32,7 +32,7 @@ from typing import Optional
 
 import te
 from te import errors
-from te._native import u64_array
+from te._native import u64_bytes
 
 log = logging.getLogger("te.compat.mooncake")
 
@@ -100,11 +100,15 @@ def _split_host_port(name: str) -> tuple[str, Optional[int]]:
     return name.strip("[]"), None
 
 
+def _seq(v) -> list:
+    return v if type(v) is list else list(v)
+
+
 def _u64s(values):
     """One 8-byte array the engine reads in place, from a connector's list (converted in Rust,
     one pass) or any other sequence of ints."""
     if isinstance(values, list):
-        return u64_array(values)
+        return memoryview(u64_bytes(values)).cast("Q")
     return values if isinstance(values, array.array) else array.array("Q", values)
 
 
@@ -363,7 +367,7 @@ class TransferEngine:
             return ERR_INVALID_ARGUMENT
         if n == 0:
             return OK
-        return self._sync(call, target, opcode, list(buffers), list(peer_addrs), list(lengths), notify)
+        return self._sync(call, target, opcode, _seq(buffers), _seq(peer_addrs), _seq(lengths), notify)
 
     def transfer_sync_write(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
                             transport_hint: str = "") -> int:
@@ -410,7 +414,7 @@ class TransferEngine:
                       "(%d, %d, %d)", call, n, len(peer_addrs), len(lengths))
             return 0
         try:
-            batch = self._submit(call, target, opcode, list(buffers), list(peer_addrs), list(lengths))
+            batch = self._submit(call, target, opcode, _seq(buffers), _seq(peer_addrs), _seq(lengths))
         except _Failed:
             return 0
         return self._keep(batch)

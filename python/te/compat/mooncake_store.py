@@ -14,8 +14,10 @@ it, saying which addresses work. The table of calls is in docs/python.md.
 
 from __future__ import annotations
 
+import array
 import bisect
 import ctypes
+import functools
 import logging
 import threading
 from typing import Optional
@@ -38,8 +40,20 @@ DEFAULT_SEGMENT = 16 << 20  # Mooncake's default global_segment_size and local_b
 
 
 def _arg(v):
-    # One int for every range stays an int; a list becomes an array the store reads in place.
-    return v if isinstance(v, int) else _u64s(v)
+    # One int for every range, or an array already made, stays as it is; a list becomes an array
+    # the store reads in place.
+    return v if isinstance(v, (int, array.array, memoryview)) else _u64s(v)
+
+
+def _seq(v) -> list:
+    return v if type(v) is list else list(v)
+
+
+
+@functools.lru_cache(maxsize=64)
+def _key_index(n: int) -> array.array:
+    """0..n-1: one range per key, key i's range at i (cached: read-only for the store)."""
+    return array.array("Q", range(n))
 
 
 def code_of(e: BaseException) -> int:
@@ -195,7 +209,7 @@ class MooncakeDistributedStore:
     def batch_is_exist(self, keys: list) -> list:
         """Per key: 1 stored, 0 absent, -1 error."""
         try:
-            return [0 if n is None else 1 for n in self._ready().object_lens(list(keys))]
+            return [0 if n is None else 1 for n in self._ready().object_lens(_seq(keys))]
         except errors.TeError as e:
             log.error("batch_is_exist: %s", e)
             return [-1] * len(keys)
@@ -228,11 +242,13 @@ class MooncakeDistributedStore:
 
     def _put_ranges(self, call, keys, object_lens, key_index, offsets, lengths, addrs) -> list:
         try:
-            got = self._ready().batch_put_ranges(keys, _u64s(object_lens), _u64s(key_index), _arg(offsets),
-                                                 _u64s(lengths), _u64s(addrs))
+            got = self._ready().batch_put_ranges(keys, _arg(object_lens), _arg(key_index), _arg(offsets),
+                                                 _arg(lengths), _arg(addrs))
         except (errors.TeError, TypeError, OverflowError) as e:
             log.error("%s: %s", call, e)
             return [code_of(e)] * len(keys)
+        if got.count(None) == len(got):  # all stored: no loop per key
+            return [OK] * len(got)
         out = []
         for key, r in zip(keys, got):
             if r is None:
@@ -255,8 +271,12 @@ class MooncakeDistributedStore:
             return [INVALID_PARAMS] * n
         if n == 0:
             return []
-        return self._put_ranges("batch_put_from", list(keys), list(sizes), list(range(n)), 0, list(sizes),
-                                list(buffer_ptrs))
+        try:
+            lens = _u64s(_seq(sizes))
+        except (errors.TeError, TypeError, OverflowError) as e:
+            log.error("batch_put_from: %s", e)
+            return [code_of(e)] * n
+        return self._put_ranges("batch_put_from", _seq(keys), lens, _key_index(n), 0, lens, _seq(buffer_ptrs))
 
     def batch_put_from_multi_buffers(self, keys: list, all_buffer_ptrs: list, all_sizes: list,
                                      config: Optional[ReplicateConfig] = None) -> list:
@@ -301,10 +321,12 @@ class MooncakeDistributedStore:
         if n == 0:
             return []
         try:
-            got = self._ready().batch_get_whole(list(keys), _u64s(buffer_ptrs), _u64s(sizes))
+            got = self._ready().batch_get_whole(_seq(keys), _u64s(_seq(buffer_ptrs)), _u64s(_seq(sizes)))
         except (errors.TeError, TypeError, OverflowError) as e:
             log.error("batch_get_into: %s", e)
             return [code_of(e)] * n
+        if set(map(type, got)) == {int}:  # every key read: the lengths are the answer
+            return got
         return [self._bytes_or_code("batch_get_into", k, r) for k, r in zip(keys, got)]
 
     @staticmethod
