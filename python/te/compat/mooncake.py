@@ -108,6 +108,8 @@ def _u64s(values):
     """One 8-byte array the engine reads in place, from a connector's list (converted in Rust,
     one pass) or any other sequence of ints."""
     if isinstance(values, list):
+        if len(values) == 1 and type(values[0]) is int:
+            return values[0]  # one request: the native call takes one int as it is
         return memoryview(u64_bytes(values)).cast("Q")
     return values if isinstance(values, array.array) else array.array("Q", values)
 
