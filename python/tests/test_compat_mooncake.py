@@ -336,3 +336,18 @@ def test_addresses_that_are_not_u64_give_a_code_not_a_crash(caplog):
     assert a.batch_transfer_sync_write(f"127.0.0.1:{b.get_rpc_port()}", [-1], [0], [8]) == -1
     assert "not a 64-bit unsigned integer" in caplog.text
     assert a.batch_transfer_async_write(f"127.0.0.1:{b.get_rpc_port()}", [1 << 64], [0], [8]) == 0
+
+
+def test_etcd_metadata_finds_the_peer_by_its_hostname(etcd):
+    # Mooncake's non-P2P mode: both sides name one metadata URL; the target is the peer's
+    # local_hostname, published as its segment name in te's etcd backend.
+    a, b = ours.TransferEngine(), ours.TransferEngine()
+    tag = os.urandom(4).hex()
+    assert a.initialize(f"127.0.0.1:{tag}-a", f"etcd://{etcd}", "tcp", "") == -1  # a host that resolves nowhere
+    assert a.initialize(f"127.0.0.1:17{os.getpid() % 1000:03d}", f"etcd://{etcd}", "tcp", "") == 0
+    assert b.initialize(f"127.0.0.1:18{os.getpid() % 1000:03d}", f"etcd://{etcd}", "tcp", "") == 0
+    src, dst = pattern(4096, 5), np.zeros(4096, np.uint8)
+    assert a.register_memory(src.ctypes.data, 4096) == 0 and b.register_memory(dst.ctypes.data, 4096) == 0
+    assert a.transfer_sync_write(f"127.0.0.1:18{os.getpid() % 1000:03d}", src.ctypes.data, dst.ctypes.data,
+                                 4096) == 0
+    assert np.array_equal(src, dst)
