@@ -9,8 +9,10 @@ address arrays built beforehand, as te's API expects. Budget: 2 us per call + 20
 
 Part "end to end": the same bytes moved over tcp on loopback between two engines of this
 process, through te's native API, through the layer, and through the wheel's engine (when
-importable: run it with the venv scripts/python-tests.sh builds). Absolute and noisy on a
-shared 2-core machine; compare within one run only.
+importable: run it with the venv scripts/python-tests.sh builds); and the restore path's store
+calls (batch_is_exist, batch_get_into of 4 KiB pages) through the layer on UMBP (local mode)
+and through the wheel's store with a mooncake_master started from the wheel. Absolute and noisy
+on a shared 2-core machine; compare within one run only.
 
 Rounds are interleaved; each figure is the median over rounds of the mean per call.
 
@@ -180,6 +182,70 @@ def end_to_end_rows(rounds: int) -> list:
     return rows
 
 
+def store_rows(rounds: int) -> list:
+    """The restore path's store calls (existence, then pages into registered memory) through the
+    layer on UMBP (local mode) and through the wheel's store with its mooncake_master."""
+    import os
+    import socket
+    import subprocess
+
+    spec = importlib.util.find_spec("mooncake")
+    if spec is None or "te.compat" in repr(spec.loader):
+        return []
+    from mooncake.store import MooncakeDistributedStore as WheelStore
+
+    def free_port():
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+
+    port = free_port()
+    master = subprocess.Popen([os.path.join(list(spec.submodule_search_locations)[0], "mooncake_master"),
+                               "-rpc_port", str(port), "-metrics_port", str(free_port())],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        n_max, page = max(SIZES), 4096
+        stores = {"layer": (compat_store.MooncakeDistributedStore(), "local://"),
+                  "wheel": (WheelStore(), f"127.0.0.1:{port}")}
+        bufs = {}
+        for name, (st, addr) in stores.items():
+            assert st.setup("127.0.0.1", "P2PHANDSHAKE", 64 << 20, 16 << 20, "tcp", "", addr) == 0
+            buf = (np.arange(2 * n_max * page, dtype=np.uint64) % 251).astype(np.uint8)
+            assert st.register_buffer(buf.ctypes.data, buf.nbytes) == 0
+            keys = [f"page-{i}" for i in range(n_max)]
+            ptrs = [buf.ctypes.data + i * page for i in range(n_max)]
+            assert st.batch_put_from(keys, ptrs, [page] * n_max) == [0] * n_max
+            bufs[name] = buf
+        rows = []
+        for n in SIZES:
+            keys = [f"page-{i}" for i in range(n)]
+            cases = {}
+            for name, (st, _) in stores.items():
+                dst = [bufs[name].ctypes.data + (n_max + i) * page for i in range(n)]
+                cases[("batch_is_exist", name)] = lambda st=st: st.batch_is_exist(keys)
+                cases[("batch_get_into", name)] = lambda st=st, dst=dst: st.batch_get_into(keys, dst, [page] * n)
+            med = median_rows(cases, rounds)
+            for call in ("batch_is_exist", "batch_get_into"):
+                rows.append({"part": "store_end_to_end", "call": call, "addresses": n, "bytes_per_address": page,
+                             "layer_us": round(med[(call, "layer")], 1), "wheel_us": round(med[(call, "wheel")], 1)})
+        for name, (st, _) in stores.items():
+            st.unregister_buffer(bufs[name].ctypes.data)
+            st.close()
+        return rows
+    finally:
+        master.kill()
+        master.wait()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=11)
@@ -189,6 +255,7 @@ def main() -> int:
     rows = layer_rows(args.rounds)
     if not args.layer_only:
         rows += end_to_end_rows(args.rounds)
+        rows += store_rows(args.rounds)
     if args.json:
         for r in rows:
             print(json.dumps(r))
@@ -204,6 +271,11 @@ def main() -> int:
         for r in e2e:
             wheel = f"{r['wheel_us']:10.1f}" if r["wheel_us"] is not None else "         -"
             print(f"{r['call']:36} {r['addresses']:6d} {r['native_us']:10.1f} {r['layer_us']:10.1f} {wheel}")
+    st = [r for r in rows if r["part"] == "store_end_to_end"]
+    if st:
+        print(f"\n{'store, 4 KiB pages (UMBP local vs wheel)':36} {'keys':>6} {'layer us':>10} {'wheel us':>10}")
+        for r in st:
+            print(f"{r['call']:36} {r['addresses']:6d} {r['layer_us']:10.1f} {r['wheel_us']:10.1f}")
     return 0
 
 
