@@ -29,6 +29,7 @@ pub mod timing;
 pub mod token;
 pub mod topology;
 pub mod transport;
+pub mod transport_descriptor;
 
 pub use batch::{Batch, BatchError, BatchProgress, BatchReport, BatchState, FailureHook, RequestStatus};
 pub use batch_aborts::BatchAborts;
@@ -41,3 +42,4 @@ pub use request::{ResolvedRequest, SegmentId, TransferOp, TransferRequest};
 pub use segment::{ExportedBuffer, SegmentDescriptor, TransportEndpoint, DESCRIPTOR_VERSION};
 pub use timing::{Phase, PhaseReport, PhaseStats, PhaseTimer};
 pub use transport::{Capabilities, InstallContext, Peer, SubmitContext, Transport};
+pub use transport_descriptor::{Installer, Reach, TransportDescriptor};

@@ -40,16 +40,9 @@ pub fn known_vars() -> Vec<String> {
         .collect();
     vars.extend(LISTENER_VAR_SUFFIXES.iter().map(|s| format!("TE_P2P{s}")));
     vars.extend(crate::metrics::env_vars());
-    #[cfg(feature = "local")]
-    vars.extend(te_transport_local::config::ENV_VARS.iter().map(|v| v.to_string()));
-    #[cfg(feature = "tcp")]
-    vars.extend(te_transport_tcp::ENV_VARS.iter().map(|v| v.to_string()));
-    #[cfg(feature = "shm")]
-    vars.extend(te_transport_shm::ENV_VARS.iter().map(|v| v.to_string()));
-    #[cfg(feature = "rdma")]
-    vars.extend(te_transport_rdma::config::ENV_VARS.iter().map(|v| v.to_string()));
-    #[cfg(feature = "efa")]
-    vars.extend(te_transport_efa::config::ENV_VARS.iter().map(|v| v.to_string()));
+    for d in crate::install::DESCRIPTORS {
+        vars.extend(d.env_vars.iter().map(|v| v.to_string()));
+    }
     #[cfg(feature = "cuda")]
     vars.extend(te_plugin_cuda::ENV_VARS.iter().map(|v| v.to_string()));
     vars
@@ -70,16 +63,9 @@ pub(crate) fn check(env: &dyn Env) -> Result<Vec<UnknownVar>> {
     if env.get("TE_ETCD_ENDPOINTS").is_some() {
         crate::metadata::etcd::EtcdConfig::from_env(env)?;
     }
-    #[cfg(feature = "local")]
-    te_transport_local::config::LocalConfig::from_env(env)?;
-    #[cfg(feature = "tcp")]
-    te_transport_tcp::TcpConfig::from_env(env)?;
-    #[cfg(feature = "shm")]
-    te_transport_shm::ShmConfig::from_env(env)?;
-    #[cfg(feature = "rdma")]
-    te_transport_rdma::config::RdmaConfig::from_env(env)?;
-    #[cfg(feature = "efa")]
-    te_transport_efa::config::FabricConfig::from_env(env)?;
+    for d in crate::install::DESCRIPTORS {
+        (d.check_env)(env)?;
+    }
     let known = known_vars();
     Ok(unknown_vars(env, &["TE_", "MC_"], known.iter().map(String::as_str)))
 }

@@ -13,6 +13,9 @@ pub(crate) struct Route {
     pub transport: usize,
     /// The transport's name, for errors, metrics and reports.
     pub transport_name: &'static str,
+    /// Its transport serves this process only ([`te_base::Reach::InProcess`]): it fails only
+    /// with the process, so no second route of its capabilities stands by behind it.
+    pub in_process: bool,
     pub caps: Capabilities,
     pub peer: Arc<dyn Peer>,
     /// Errors and pauses of this connection (a reconnect makes a new route, which starts

@@ -339,7 +339,7 @@ impl EngineInner {
             let caps = t.capabilities();
             let covered = routes
                 .iter()
-                .any(|r| r.caps == caps && (!self.failover.enabled() || r.transport_name == "local"));
+                .any(|r| r.caps == caps && (!self.failover.enabled() || r.in_process));
             if covered {
                 continue;
             }
@@ -347,6 +347,7 @@ impl EngineInner {
                 Ok(peer) => routes.push(Route {
                     transport,
                     transport_name: t.name(),
+                    in_process: crate::install::reach_of(t.name()) == Some(te_base::Reach::InProcess),
                     caps,
                     peer,
                     health: Arc::new(RouteHealth::new(self.failover.first_pause)),

@@ -89,3 +89,12 @@ pub fn available_providers() -> Vec<String> {
 pub fn provider_domains(provider: &str) -> Vec<String> {
     fabric::domains_of(provider)
 }
+
+/// The efa transport as te-core lists it.
+pub const DESCRIPTOR: te_base::TransportDescriptor = te_base::TransportDescriptor {
+    name: "efa",
+    reach: te_base::Reach::Fabric,
+    env_vars: config::ENV_VARS,
+    check_env: |env| config::FabricConfig::from_env(env).map(drop),
+    install: |ctx| Box::pin(install(ctx)),
+};

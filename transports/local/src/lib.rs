@@ -109,3 +109,12 @@ pub async fn install(ctx: &te_base::InstallContext) -> te_base::Result<Arc<dyn t
         ctx.notifications.clone(),
     )?))
 }
+
+/// The local copy as te-core lists it.
+pub const DESCRIPTOR: te_base::TransportDescriptor = te_base::TransportDescriptor {
+    name: NAME,
+    reach: te_base::Reach::InProcess,
+    env_vars: config::ENV_VARS,
+    check_env: |env| LocalConfig::from_env(env).map(drop),
+    install: |ctx| Box::pin(install(ctx)),
+};

@@ -87,3 +87,12 @@ fn select_devices<V: Verbs>(verbs: &V, config: &RdmaConfig) -> Result<Vec<String
         }
     }
 }
+
+/// The rdma transport as te-core lists it.
+pub const DESCRIPTOR: te_base::TransportDescriptor = te_base::TransportDescriptor {
+    name: "rdma",
+    reach: te_base::Reach::Fabric,
+    env_vars: config::ENV_VARS,
+    check_env: |env| config::RdmaConfig::from_env(env).map(drop),
+    install: |ctx| Box::pin(install(ctx)),
+};

@@ -36,3 +36,12 @@ pub use cma::PtraceScope;
 pub use config::{ShmConfig, DEFAULT_PTRACE_SCOPE_FILE, ENV_VARS};
 pub use endpoint::{HostIdentity, ShmEndpoint};
 pub use transport::{install, ShmTransport};
+
+/// The shm transport as te-core lists it.
+pub const DESCRIPTOR: te_base::TransportDescriptor = te_base::TransportDescriptor {
+    name: "shm",
+    reach: te_base::Reach::SameHost,
+    env_vars: ENV_VARS,
+    check_env: |env| ShmConfig::from_env(env).map(drop),
+    install: |ctx| Box::pin(install(ctx)),
+};

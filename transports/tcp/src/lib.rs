@@ -30,3 +30,12 @@ pub mod wire;
 pub use config::{TcpConfig, ENV_VARS};
 pub use endpoint::TcpEndpoint;
 pub use transport::{install, TcpTransport};
+
+/// The tcp transport as te-core lists it.
+pub const DESCRIPTOR: te_base::TransportDescriptor = te_base::TransportDescriptor {
+    name: "tcp",
+    reach: te_base::Reach::Network,
+    env_vars: ENV_VARS,
+    check_env: |env| TcpConfig::from_env(env).map(drop),
+    install: |ctx| Box::pin(install(ctx)),
+};
