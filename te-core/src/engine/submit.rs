@@ -10,7 +10,7 @@ use te_base::{Batch, BatchState, Error, Phase, PhaseTimer, Result, SubmitContext
 use super::deadline::DeadlinePeers;
 use super::failover;
 use super::EngineInner;
-use crate::grouping::{group_requests, Grouped};
+use crate::grouping::{group_requests, Group, Grouped};
 use crate::metrics::BatchRecord;
 use crate::registry::Pins;
 use crate::segment::OpenSegment;
@@ -61,31 +61,8 @@ impl EngineInner {
         let routes: Vec<Arc<OpenSegment>> = groups.iter().map(|g| segs[g.segment as usize].clone()).collect();
         drop(segs);
         let deadline_peers = deadline.map(|_| DeadlinePeers::default());
-        // Only a batch with a group that has a second route for its memory kinds pays for
-        // failover (a copy of those requests and a hook); finding out is a few comparisons per group.
         if self.failover.enabled() && !opts.no_failover {
-            let mut failover: Option<failover::Builder> = None;
-            for (g, seg) in groups.iter().zip(&routes) {
-                let route = g.route as usize;
-                match g.kinds {
-                    Some((local, remote)) if route < 64 && seg.has_untried(local, remote, 1 << route) => failover
-                        .get_or_insert_with(|| {
-                            failover::Builder::new(
-                                self,
-                                &state,
-                                self.failover.attempts,
-                                deadline,
-                                deadline_peers.clone(),
-                                ctx.clone(),
-                            )
-                        })
-                        .track(g.segment, seg, route, local, remote, &g.requests),
-                    _ => {}
-                }
-            }
-            if let Some(f) = failover {
-                f.install(&state);
-            }
+            self.install_failover(&groups, &routes, &state, deadline, &deadline_peers, &ctx);
         }
         timer.lap(Phase::Build, t1);
         let single_group = groups.len() == 1;
@@ -160,6 +137,39 @@ impl EngineInner {
             timer.count_call(requests.len());
         }
         Ok(Batch::new(state))
+    }
+}
+
+impl EngineInner {
+    /// Gives the batch a failover hook when one of its groups has a second route for its memory
+    /// kinds. Only such a batch pays for failover (a copy of those requests and a hook); finding
+    /// out is a few comparisons per group.
+    fn install_failover(
+        self: &Arc<Self>,
+        groups: &[Group],
+        routes: &[Arc<OpenSegment>],
+        state: &Arc<BatchState>,
+        deadline: Option<Duration>,
+        deadline_peers: &Option<DeadlinePeers>,
+        ctx: &SubmitContext,
+    ) {
+        let mut failover: Option<failover::Builder> = None;
+        for (g, seg) in groups.iter().zip(routes) {
+            let route = g.route as usize;
+            if let Some((local, remote)) = g.kinds {
+                if route < 64 && seg.has_untried(local, remote, 1 << route) {
+                    failover
+                        .get_or_insert_with(|| {
+                            let attempts = self.failover.attempts;
+                            failover::Builder::new(self, state, attempts, deadline, deadline_peers.clone(), ctx.clone())
+                        })
+                        .track(g.segment, seg, route, local, remote, &g.requests);
+                }
+            }
+        }
+        if let Some(f) = failover {
+            f.install(state);
+        }
     }
 }
 
