@@ -374,18 +374,9 @@ def test_a_deadline_fails_the_unfinished_requests_with_timeout():
     index, cause = err.value.failures[0]
     assert index == 0 and isinstance(cause, te.TimeoutError) and isinstance(cause, TimeoutError)
     assert "timed out" in str(cause)
-    # The timed-out connection was dropped: the next request reports the peer gone (not a hang),
-    # and the segment works again once re-made (in the background, or by opening it again).
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            assert a.write(seg, rs.addr, rd.addr, 4096).bytes == 4096
-            break
-        except te.BatchFailedError as e:
-            assert isinstance(e.failures[0][1], te.PeerGoneError), e
-            assert time.monotonic() < deadline, "the segment never reconnected after the timeout"
-            seg = a.open_segment(b.segment_name)
-            time.sleep(0.05)
+    # The timed-out batch's connection was cut: the next request waits for the reconnect it
+    # starts and goes on the new connection (no error, no reopening).
+    assert a.write(seg, rs.addr, rd.addr, 4096).bytes == 4096
 
 
 def test_failed_batches_raise_batch_failed_with_each_request():
