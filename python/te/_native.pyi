@@ -27,6 +27,10 @@ SegmentLike = Union["Segment", int]
 def device_plugins() -> list[tuple[str, str | None]]:
     """The device plugins compiled in: ``(name, None)`` when loaded, else ``(name, reason)``."""
 
+def u64_bytes(values: list[int]) -> bytes:
+    """A list of 64-bit unsigned ints as native-endian 8-byte values in one ``bytes``
+    (``memoryview(b).cast("Q")``); ``te.InvalidArgument`` names the first bad index."""
+
 class TransferEngine:
     """A transfer engine. Unset options come from the ``TE_*`` variables (of ``env`` when given,
     which then replaces the process environment); a malformed one raises ``te.ConfigError``."""
@@ -221,6 +225,11 @@ class Store:
         addrs: U64s,
         depths: Sequence[int] | None = None,
     ) -> list[None | BaseException]: ...
+    def batch_get_whole(self, keys: Sequence[str], addrs: U64s, capacities: U64s) -> list[int | BaseException]:
+        """Each whole object into ``addrs[i]`` (at most ``capacities[i]`` bytes). Per key: its
+        length, or that key's exception (``te.BufferTooSmallError``, ``te.NotFoundError``)."""
+    def object_lens(self, keys: Sequence[str]) -> list[int | None]:
+        """The objects' lengths in bytes, None where absent."""
     def stats(self) -> Any: ...
     def flush(self) -> None: ...
     def close(self) -> None: ...
