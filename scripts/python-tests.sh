@@ -31,9 +31,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   "$venv/bin/python" -m pip install -q "${missing[@]}"
 fi
 # The released Mooncake wheel, the oracle of te.compat's differential tests
-# (python/tests/test_compat_mooncake.py): pinned here only. Without PyPI the install fails and
-# those tests skip, saying so.
-mooncake_pin=mooncake-transfer-engine-non-cuda==0.3.13.post1
+# (python/tests/test_compat_*.py), at the version scripts/peers-versions.txt pins for every peer
+# comparison. Without PyPI the install fails and those tests skip, saying so.
+mooncake_pin=$(grep -m1 '^mooncake-transfer-engine-non-cuda==' scripts/peers-versions.txt | cut -d' ' -f1)
 if ! "$venv/bin/python" -m pip show "${mooncake_pin%%==*}" 2>/dev/null | grep -qx "Version: ${mooncake_pin##*==}"; then
   echo "== python: installing $mooncake_pin into $venv (te.compat's reference)"
   "$venv/bin/python" -m pip install -q --timeout 20 --retries 1 "$mooncake_pin" \
