@@ -376,6 +376,37 @@ impl PyEngine {
             .collect())
     }
 
+    /// The routes to `segment`, in order of preference: `(transport, state, connected, pauses)`
+    /// with state "active", "paused" (after repeated errors) or "probing" (docs/failover.md).
+    fn routes(&self, py: Python<'_>, segment: &Bound<'_, PySegment>) -> PyResult<Vec<(String, String, bool, u64)>> {
+        release_pending(py);
+        let handle = segment.borrow().handle.clone();
+        let routes = self.engine.routes(&handle).py()?;
+        Ok(routes
+            .into_iter()
+            .map(|r| {
+                let state = match r.state {
+                    te_core::RouteState::Active => "active",
+                    te_core::RouteState::Paused { .. } => "paused",
+                    te_core::RouteState::Probing => "probing",
+                };
+                (r.transport.to_string(), state.to_string(), r.connected, r.pauses)
+            })
+            .collect())
+    }
+
+    /// The transports that reach `segment` but refused to connect, `(transport, why)`: e.g. shm
+    /// to a process it may not attach to, whose traffic then goes over tcp.
+    fn unreached_routes(&self, py: Python<'_>, segment: &Bound<'_, PySegment>) -> PyResult<Vec<(String, String)>> {
+        release_pending(py);
+        let handle = segment.borrow().handle.clone();
+        let unreached = self.engine.unreached_routes(&handle).py()?;
+        Ok(unreached
+            .into_iter()
+            .map(|u| (u.transport.to_string(), u.reason))
+            .collect())
+    }
+
     /// Closes a segment opened by `open_segment`.
     fn close_segment(&self, py: Python<'_>, segment: &Bound<'_, PyAny>) -> PyResult<()> {
         let id = segment_id(segment)?;

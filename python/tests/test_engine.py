@@ -36,6 +36,16 @@ def tcp_pair():
     return a, b
 
 
+def test_routes_and_unreached_routes_say_what_carries_a_segment():
+    a, b = tcp_pair()
+    seg = a.open_segment(b.segment_name)
+    assert a.routes(seg) == [("tcp", "active", True, 0)]
+    assert a.unreached_routes(seg) == []
+    a.close_segment(seg)
+    with pytest.raises(te.TeError):
+        a.routes(seg)
+
+
 def test_warm_up_reports_each_route_and_leaves_the_memory_alone():
     a, b = tcp_pair()
     dst = pattern(64 * 1024, 3)

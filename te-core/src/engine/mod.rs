@@ -121,6 +121,19 @@ impl std::fmt::Debug for TransferEngine {
 }
 
 impl EngineInner {
+    /// The open segment `id`: [`Error::UnknownSegment`] if no such id was opened,
+    /// [`Error::SegmentClosed`] once it was closed.
+    pub(crate) fn open_segment_by_id(&self, id: te_base::SegmentId) -> Result<Arc<crate::segment::OpenSegment>> {
+        let segs = self.segments.read();
+        let seg = segs
+            .get(id.0 as usize)
+            .ok_or_else(|| Error::UnknownSegment(format!("#{}", id.0)))?;
+        if seg.closed {
+            return Err(Error::SegmentClosed(seg.descriptor.name.clone()));
+        }
+        Ok(seg.clone())
+    }
+
     /// True once the engine shuts down.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
@@ -359,15 +372,7 @@ impl TransferEngine {
     /// [`Error::UnknownSegment`] if it is not open, [`Error::SegmentClosed`] if it was closed.
     pub async fn refresh_segment(&self, segment: te_base::SegmentId) -> Result<SegmentHandle> {
         self.inner.check_open()?;
-        {
-            let segs = self.inner.segments.read();
-            let seg = segs
-                .get(segment.0 as usize)
-                .ok_or_else(|| Error::UnknownSegment(format!("#{}", segment.0)))?;
-            if seg.closed {
-                return Err(Error::SegmentClosed(seg.descriptor.name.clone()));
-            }
-        }
+        self.inner.open_segment_by_id(segment)?;
         // By the name it was opened by (a p2p address carries where to ask).
         let name = self
             .inner
@@ -387,12 +392,10 @@ impl TransferEngine {
 
     /// The routes to `segment` (one per transport that reaches it, in order of preference) and
     /// what each is doing: active, paused after repeated errors, or probing to come back
-    /// (failover, `docs/failover.md`). [`Error::UnknownSegment`] if it is not open.
+    /// (failover, `docs/failover.md`). [`Error::UnknownSegment`] if it is not open,
+    /// [`Error::SegmentClosed`] once closed.
     pub fn routes(&self, segment: &SegmentHandle) -> Result<Vec<crate::RouteReport>> {
-        let segs = self.inner.segments.read();
-        let seg = segs
-            .get(segment.id().0 as usize)
-            .ok_or_else(|| Error::UnknownSegment(format!("id {}", segment.id().0)))?;
+        let seg = self.inner.open_segment_by_id(segment.id())?;
         Ok(seg
             .routes
             .iter()
@@ -407,13 +410,10 @@ impl TransferEngine {
 
     /// The transports that reach `segment` by its descriptor but refused to connect when it was
     /// (re)connected, each with its error (e.g. shm without ptrace permission, so tcp carries
-    /// the traffic). [`Error::UnknownSegment`] if it is not open.
+    /// the traffic). [`Error::UnknownSegment`] if it is not open, [`Error::SegmentClosed`] once
+    /// closed.
     pub fn unreached_routes(&self, segment: &SegmentHandle) -> Result<Vec<crate::UnreachedRoute>> {
-        let segs = self.inner.segments.read();
-        let seg = segs
-            .get(segment.id().0 as usize)
-            .ok_or_else(|| Error::UnknownSegment(format!("id {}", segment.id().0)))?;
-        Ok(seg.unreached.clone())
+        Ok(self.inner.open_segment_by_id(segment.id())?.unreached.clone())
     }
 
     /// Submits a batch. Every request is validated and resolved first: if any is malformed
