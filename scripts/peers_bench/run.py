@@ -603,6 +603,9 @@ def main():
         batch = size(args.batch_bytes)
         scen = args.scenarios.split(",")
         rust = not args.no_rust and os.path.exists(TE_BENCH)
+        if not args.no_rust and not rust:
+            print(f"peers-bench: no {TE_BENCH}: the te-bench rows (ours from Rust, the shm transport) are left out "
+                  "(cargo build --release -p te-bench)", file=sys.stderr)
         bb = ["--batch-bytes", args.batch_bytes]
         for rnd in range(args.rounds):
             print(f"== round {rnd + 1}/{args.rounds}, load {load()}", file=sys.stderr, flush=True)
