@@ -34,6 +34,8 @@ def main():
     p.add_argument("--kill-after", type=float, default=0.2, help="seconds after the submit")
     p.add_argument("--limit", type=float, default=60.0)
     p.add_argument("--round", type=int, default=0)
+    p.add_argument("--no-next", dest="next", action="store_false",
+                   help="skip the transfer to a restarted target after the failure")
     args = p.parse_args()
     row = {"bench": "peers-kill", "engine": args.engine, "bytes": args.bytes, "block_bytes": args.block,
            "round": args.round, "kill_after_s": args.kill_after, "ucx_tls": os.environ.get("UCX_TLS", "default")}
@@ -126,8 +128,62 @@ def main():
             row.update({"deregister": result["freed"], "deregister_ms": (time.perf_counter() - t1) * 1e3})
         else:
             row.update({"deregister": f"no return within {args.limit:.0f} s", "deregister_ms": None})
+    if finished and args.next:
+        row.update(next_transfer(args, ini, buf, ctx))
     print(json.dumps(row), flush=True)
     os._exit(0)
+
+
+def next_transfer(args, ini, buf, ctx):
+    """After the failure: a new target process (the restarted peer, at a new address), the source
+    registered again, and a 64 MiB write to it through the same initiator engine, byte-verified."""
+    out = {}
+    parent, child = ctx.Pipe()
+    nbytes = 64 << 20
+    proc = ctx.Process(target=p2p.target_main, args=(child, args.engine, nbytes, {}), daemon=True)
+    proc.start()
+    try:
+        status, info = parent.recv()
+        if status != "ready":
+            raise RuntimeError("restarted target failed to start")
+        shape = "1M:64M"
+        n = nbytes // (1 << 20)
+        local = np.uint64(ini.base) + np.arange(n, dtype=np.uint64) * np.uint64(1 << 20)
+        remote = np.uint64(info["addr"]) + np.arange(n, dtype=np.uint64) * np.uint64(1 << 20)
+        lengths = np.full(n, 1 << 20, dtype=np.uint64)
+        buf[:nbytes] = p2p.pattern(nbytes, 77)
+        t0 = time.perf_counter()
+        if args.engine == "ours":
+            ini.reg = ini.engine.register(buf)
+            seg = ini.engine.open_segment(info["segment"])
+            ini.engine.write(seg, local, remote, lengths)
+        elif args.engine == "mooncake":
+            if ini.engine.register_memory(ini.base, buf.nbytes) != 0:
+                raise RuntimeError("register_memory failed")
+            rc = ini.engine.batch_transfer_sync_write(info["peer"], [int(x) for x in local], [int(x) for x in remote],
+                                                      [int(x) for x in lengths])
+            if rc != 0:
+                raise RuntimeError(f"batch_transfer_sync_write returned {rc}")
+        else:
+            a = ini.agent
+            a.register_memory(a.get_reg_descs([(ini.base, buf.nbytes, 0, "")], "DRAM"))
+            remote_name = a.add_remote_agent(info["meta"])
+            z = np.zeros(n, dtype=np.uint64)
+            h = a.initialize_xfer("WRITE", a.get_xfer_descs(np.stack([local, lengths, z], axis=1), "DRAM"),
+                                  a.get_xfer_descs(np.stack([remote, lengths, z], axis=1), "DRAM"), remote_name)
+            state = a.transfer(h)
+            while state == "PROC":
+                state = a.check_xfer_state(h)
+            if state != "DONE":
+                raise RuntimeError(f"NIXL state {state}")
+        out["next_ms"] = (time.perf_counter() - t0) * 1e3
+        parent.send(("verify", shape, 8 << 20, 77))
+        bad = parent.recv()
+        out["next_transfer"] = "ok" if bad == 0 else f"{bad} mismatched bytes"
+    except Exception as e:
+        out["next_transfer"] = f"{type(e).__name__}: {e}"[:200]
+    proc.kill()
+    return out
 
 
 if __name__ == "__main__":

@@ -365,7 +365,9 @@ def summarise(out: str, versions: dict, command: str):
                 msg = next((r.get("message") for r in rs if r.get("message")), None)
                 row = {"scenario": "kill", "engine": label, "seconds_to_return": med(secs), "outcomes": outcomes,
                        "deregister_ms": med(dereg), "runs": len(rs), "message": msg,
-                       "deregister": sorted({str(r.get("deregister")) for r in rs})}
+                       "deregister": sorted({str(r.get("deregister")) for r in rs}),
+                       "next_transfer": sorted({str(r.get("next_transfer")) for r in rs if "next_transfer" in r}),
+                       "next_ms": med([r["next_ms"] for r in rs if r.get("next_ms") is not None])}
                 summary.append(row)
                 lines.append(f"{label:>24} to error {fmt(row['seconds_to_return'])} s  outcomes {outcomes}  "
                              f"deregister {fmt(row['deregister_ms'])} ms {row['deregister']}  ({msg})")
@@ -503,11 +505,15 @@ def markdown(summary, versions, command):
     if kl:
         out.append("**a peer that dies** (target SIGKILLed 0.2 s into a 1 GiB write batch of 1 MiB requests)")
         out.append("")
-        out.append("| engine | outcome | kill to return (s) | deregister the source after (ms) | error |")
-        out.append("| --- | --- | ---: | ---: | --- |")
+        out.append("| engine | outcome | kill to return (s) | deregister the source after (ms) | "
+                   "next transfer, to a restarted target (64 MiB, ms) | error |")
+        out.append("| --- | --- | ---: | ---: | --- | --- |")
         for r in kl:
+            nxt = ", ".join(r.get("next_transfer") or []) or "—"
+            if r.get("next_ms") is not None:
+                nxt += f", {r['next_ms']:.1f}"
             out.append(f"| {r['engine']} | {', '.join(map(str, r['outcomes']))} | {fmt(r['seconds_to_return'])} | "
-                       f"{fmt(r['deregister_ms'])} | {r['message'] or ''} |")
+                       f"{fmt(r['deregister_ms'])} | {nxt} | {r['message'] or ''} |")
         out.append("")
     return "\n".join(out) + "\n"
 
