@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use te_base::config::{Env, MapEnv};
 use te_base::{Batch, MemoryLocation, SegmentId, TransferRequest};
-use te_core::{RegisterOptions, SegmentEvent, SegmentHandle, SubmitOptions, TransferEngine};
+use te_core::{RawRegion, RegisterOptions, SegmentEvent, SegmentHandle, SubmitOptions, TransferEngine};
 
 use crate::arrays::{common_len, U64s};
 use crate::errors::{invalid, IntoPyResult};
@@ -339,6 +339,48 @@ impl PyEngine {
             })
         });
         Ok(PyRegistration::new(r.py()?))
+    }
+
+    /// Registers raw memory `[ptrs[i], ptrs[i] + lengths[i])` for every `i` in one call: one
+    /// descriptor update for all of them (registering them one by one republishes the descriptor
+    /// each time). Arguments are uint64 arrays (or an int repeated); the contract of
+    /// `register_ptr` holds for each region. Nothing is registered if one is refused.
+    #[pyo3(signature = (ptrs, lengths, device=None, *, export=true))]
+    fn register_ptrs(
+        &self,
+        py: Python<'_>,
+        ptrs: &Bound<'_, PyAny>,
+        lengths: &Bound<'_, PyAny>,
+        device: Option<&str>,
+        export: bool,
+    ) -> PyResult<Vec<PyRegistration>> {
+        release_pending(py);
+        let location = device.map(parse_location).transpose()?.unwrap_or(MemoryLocation::HOST);
+        let addrs = U64s::extract(ptrs, "ptrs")?;
+        let lens = U64s::extract(lengths, "lengths")?;
+        let n = common_len(&[(&addrs, "ptrs"), (&lens, "lengths")])?;
+        let items: Vec<RawRegion> = (0..n)
+            .map(|i| RawRegion {
+                addr: addrs.get(i),
+                len: lens.get(i),
+                location,
+            })
+            .collect();
+        let engine = self.engine.clone();
+        let regs = py.detach(move || {
+            // SAFETY: the Python caller takes on register_raw's contract for every region
+            // (documented above and in the stubs).
+            block_on(unsafe {
+                engine.register_raw_batch(
+                    &items,
+                    RegisterOptions {
+                        export,
+                        ..RegisterOptions::default()
+                    },
+                )
+            })
+        });
+        Ok(regs.py()?.into_iter().map(PyRegistration::new).collect())
     }
 
     /// Opens (or refreshes) the segment called `name`.

@@ -62,6 +62,11 @@ class TransferEngine:
         """Registers raw memory; the caller keeps it valid until the registration (and every
         registration inside it, which shares it) is closed and its transfers completed.
         ``device``: "host" (default), "cuda:N", "rocm:N"."""
+    def register_ptrs(
+        self, ptrs: U64s, lengths: U64s, device: str | None = None, *, export: bool = True
+    ) -> list[Registration]:
+        """``register_ptr`` for many regions in one call: one descriptor update for all of them
+        (one by one, each republishes it). Nothing is registered if one is refused."""
     def open_segment(self, name: str) -> Segment: ...
     def open_segment_async(self, name: str) -> Awaitable[Segment]: ...
     def warm_up(self, segment: Segment) -> list[tuple[str, int, float]]: ...

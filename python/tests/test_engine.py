@@ -36,6 +36,25 @@ def tcp_pair():
     return a, b
 
 
+def test_many_regions_register_in_one_call_and_each_is_reachable():
+    a, b = tcp_pair()
+    pool = np.zeros(64 * 4096, dtype=np.uint8)
+    base = pool.ctypes.data
+    ptrs = base + np.arange(64, dtype=np.uint64) * 4096
+    regs = b.register_ptrs(ptrs, 4096)
+    assert [r.addr for r in regs] == ptrs.tolist() and all(r.length == 4096 for r in regs)
+    src = pattern(4096, 5)
+    rs = a.register(src)
+    seg = a.open_segment(b.segment_name)
+    a.write(seg, rs.addr, int(ptrs[63]), 4096)
+    assert np.array_equal(pool[63 * 4096:], src)
+    # Nothing is registered when one region is refused (a zero length).
+    with pytest.raises(te.TeError):
+        b.register_ptrs(np.array([base, base], dtype=np.uint64) + 8 * MiB, np.array([16, 0], dtype=np.uint64))
+    assert all(r.close() for r in regs)
+    assert "shm" in te.COMPILED_TRANSPORTS, "the wheel carries the same-host transport"
+
+
 def test_routes_and_unreached_routes_say_what_carries_a_segment():
     a, b = tcp_pair()
     seg = a.open_segment(b.segment_name)

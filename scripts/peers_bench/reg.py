@@ -12,9 +12,9 @@ Shapes:
   tensors, not the pool. ``views-pool`` (ours only): the pool first, then the tensors, which the
   registration cache serves as views.
 
-Calls, as each engine's users make them: ours ``register_ptr`` per buffer (no batch call in the
-Python API); Mooncake ``batch_register_memory`` once; NIXL ``register_memory`` once with every
-descriptor. Setup (engine start, the mapping) is not timed; neither is deregistration.
+Calls, as each engine's users make them: ours ``register_ptrs`` once with every buffer (one
+descriptor update); Mooncake ``batch_register_memory`` once; NIXL ``register_memory`` once with
+every descriptor. Setup (engine start, the mapping) is not timed; neither is deregistration.
 """
 
 from __future__ import annotations
@@ -84,8 +84,9 @@ def main():
             t0 = time.perf_counter()
             if args.shape == "views-pool":
                 handles.append(e.register_ptr(pool[0], pool[1]))
-            for a, n in regs:
-                handles.append(e.register_ptr(a, n))
+            addrs = np.array([a for a, _ in regs], dtype=np.uint64)
+            lens = np.array([n for _, n in regs], dtype=np.uint64)
+            handles.extend(e.register_ptrs(addrs, lens))
             dt = time.perf_counter() - t0
             got = len(handles)
         elif args.engine == "mooncake":

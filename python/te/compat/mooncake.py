@@ -242,13 +242,27 @@ class TransferEngine:
             log.error("batch_register_memory: %d addresses but %d capacities",
                       len(buffer_addresses), len(capacities))
             return ERR_INVALID_ARGUMENT
-        for i, (addr, cap) in enumerate(zip(buffer_addresses, capacities)):
-            rc = self.register_memory(addr, cap, location)
-            if rc != OK:
-                # All or nothing: a failed batch leaves none of its buffers registered.
-                for done in buffer_addresses[:i]:
-                    self.unregister_memory(done)
-                return rc
+        # One native call (one descriptor update); all or nothing, like the native call.
+        spans = sorted(zip(buffer_addresses, capacities))
+        for i, (addr, cap) in enumerate(spans):
+            if self._overlaps(addr, cap) or (i and spans[i - 1][0] + spans[i - 1][1] > addr):
+                log.error("batch_register_memory(%#x, %d): overlaps a registered region", addr, cap)
+                return ERR_ADDRESS_OVERLAPPED
+        try:
+            engine = self._ready("batch_register_memory")
+            device = None if location in ("*", "") or location.startswith("cpu") else location
+            regs = engine.register_ptrs(_u64s(_seq(buffer_addresses)), _u64s(_seq(capacities)), device)
+        except _NotInitialized as e:
+            return e.code()
+        except errors.AlreadyRegisteredError as e:
+            log.error("batch_register_memory: %s", e)
+            return ERR_ADDRESS_OVERLAPPED
+        except (errors.TeError, OverflowError, TypeError) as e:
+            log.error("batch_register_memory: %s", e)
+            return ERR_INVALID_ARGUMENT
+        for addr, cap, reg in zip(buffer_addresses, capacities, regs):
+            self._regs[addr] = (cap, reg)
+            bisect.insort(self._starts, addr)
         return OK
 
     def batch_unregister_memory(self, buffer_addresses: list) -> int:
