@@ -202,8 +202,12 @@ def test_initialize_refuses_what_it_cannot_map(caplog):
     e = ours.TransferEngine()
     assert e.register_memory(4096, 4096) == -1  # before initialize
     assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "carrier-pigeon", "") == -1
-    assert e.initialize("127.0.0.1", "http://127.0.0.1:8080/metadata", "tcp", "") == -1
-    assert "HTTP metadata server is not supported" in caplog.text
+    from conftest import free_port
+
+    # An HTTP metadata server that is not there: initialize fails naming why.
+    assert e.initialize("127.0.0.1", f"http://127.0.0.1:{free_port()}/metadata", "tcp", "") == -1
+    assert "http metadata" in caplog.text and "Connection refused" in caplog.text
+    assert e.initialize("127.0.0.1", "https://127.0.0.1:1/metadata", "tcp", "") == -1  # no TLS
     assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
     assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == -1  # twice
     with pytest.raises(ours.UnsupportedError, match="get_engine_ptr"):
@@ -351,3 +355,35 @@ def test_etcd_metadata_finds_the_peer_by_its_hostname(etcd):
     assert a.transfer_sync_write(f"127.0.0.1:18{os.getpid() % 1000:03d}", src.ctypes.data, dst.ctypes.data,
                                  4096) == 0
     assert np.array_equal(src, dst)
+
+
+def test_mooncakes_http_metadata_server_lets_two_engines_find_each_other():
+    # The metadata server Mooncake's users run (shipped in its wheel): both engines name only its
+    # URL; te's http backend speaks its GET / PUT / DELETE protocol.
+    wheel_engine()
+    server_bin = os.path.join(os.path.dirname(sys.executable), "mooncake_http_metadata_server")
+    if not os.path.exists(server_bin):
+        pytest.skip(f"{server_bin} is not installed (the Mooncake wheel ships it)")
+    from conftest import free_port
+
+    port = free_port()
+    server = subprocess.Popen([server_bin, "--host", "127.0.0.1", "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}/metadata"
+        a, b = ours.TransferEngine(), ours.TransferEngine()
+        deadline = time.monotonic() + 30
+        # The server takes a moment to listen; te's engine publishes at initialize.
+        while a.initialize(f"127.0.0.1:19{os.getpid() % 1000:03d}", url, "tcp", "") != 0:
+            assert time.monotonic() < deadline, "the metadata server never answered"
+            time.sleep(0.1)
+        assert b.initialize(f"127.0.0.1:20{os.getpid() % 1000:03d}", url, "tcp", "") == 0
+        src, dst = pattern(4096, 9), np.zeros(4096, np.uint8)
+        assert a.register_memory(src.ctypes.data, 4096) == 0 and b.register_memory(dst.ctypes.data, 4096) == 0
+        assert a.transfer_sync_write(f"127.0.0.1:20{os.getpid() % 1000:03d}", src.ctypes.data, dst.ctypes.data,
+                                     4096) == 0
+        assert np.array_equal(src, dst)
+        assert a.transfer_sync_write("127.0.0.1:1", src.ctypes.data, dst.ctypes.data, 16) < 0, "unknown peer"
+    finally:
+        server.kill()
+        server.wait()

@@ -1,4 +1,4 @@
-//! Where segment descriptors are published and found: in-process, peer-to-peer, etcd.
+//! Where segment descriptors are published and found: in-process, peer-to-peer, etcd, HTTP key-value.
 
 use async_trait::async_trait;
 

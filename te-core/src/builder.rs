@@ -258,13 +258,17 @@ async fn metadata_from_env(env: &dyn Env, auth: Option<&AuthKey>) -> Result<Arc<
         // etcd authenticates its clients itself (TLS / users); the shared key is for our listeners.
         #[cfg(feature = "etcd")]
         Some("etcd") => Ok(Arc::new(crate::metadata::etcd::EtcdStore::from_env(env).await?)),
+        #[cfg(feature = "http-metadata")]
+        Some("http") => Ok(Arc::new(crate::metadata::http::HttpMetadataStore::new(
+            crate::metadata::http::HttpMetadataConfig::from_env(env)?,
+        ))),
         Some(other) => Err(Error::config(
             "TE_METADATA",
             other,
-            if other == "etcd" {
-                "this build has no etcd support (cargo feature etcd)"
-            } else {
-                "expected in-process, p2p or etcd"
+            match other {
+                "etcd" => "this build has no etcd support (cargo feature etcd)",
+                "http" => "this build has no HTTP metadata support (cargo feature http-metadata)",
+                _ => "expected in-process, p2p, etcd or http",
             },
         )),
     }

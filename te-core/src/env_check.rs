@@ -23,6 +23,8 @@ const ENGINE_VARS: &[&str] = &[
     "TE_ETCD_PREFIX",
     "TE_ETCD_TIMEOUT_MS",
     "TE_ETCD_LEASE_TTL_S",
+    "TE_METADATA_URL",
+    "TE_METADATA_TIMEOUT_MS",
     crate::engine::TRANSFER_TIMEOUT_VAR,
     crate::engine::REGISTRATION_CACHE_VAR,
     crate::engine::FAILOVER_VAR,
@@ -62,6 +64,10 @@ pub(crate) fn check(env: &dyn Env) -> Result<Vec<UnknownVar>> {
     #[cfg(feature = "etcd")]
     if env.get("TE_ETCD_ENDPOINTS").is_some() {
         crate::metadata::etcd::EtcdConfig::from_env(env)?;
+    }
+    #[cfg(feature = "http-metadata")]
+    if env.get("TE_METADATA_URL").is_some() {
+        crate::metadata::http::HttpMetadataConfig::from_env(env)?;
     }
     for d in crate::install::DESCRIPTORS {
         (d.check_env)(env)?;

@@ -804,3 +804,148 @@ fn p2p_outside_a_runtime_is_an_error_not_a_panic() {
     let err = futures::executor::block_on(fut).unwrap_err();
     assert!(err.to_string().contains("tokio runtime"), "{err}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// HTTP key-value server (Mooncake's `/metadata?key=` protocol)
+
+#[cfg(feature = "http-metadata")]
+mod http {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use parking_lot::Mutex;
+    use te_base::{Error, MetadataStore};
+    use te_core::metadata::http::{HttpMetadataConfig, HttpMetadataStore};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::{run_all, Flags};
+
+    /// A stand-in for `mooncake_http_metadata_server` as its source reads: GET answers the value
+    /// or 404, PUT stores the body, DELETE answers 404 for an absent key; one request per
+    /// connection. Returns `http://127.0.0.1:port/metadata`.
+    async fn server() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/metadata", listener.local_addr().unwrap());
+        let store: Arc<Mutex<HashMap<String, Vec<u8>>>> = Arc::default();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let head_end = loop {
+                        let mut chunk = [0u8; 4096];
+                        let n = s.read(&mut chunk).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+                    let mut lines = head.lines();
+                    let mut first = lines.next().unwrap_or("").split(' ');
+                    let (method, target) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
+                    let len: usize = lines
+                        .filter_map(|l| l.split_once(':'))
+                        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+                        .and_then(|(_, v)| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < head_end + len {
+                        let mut chunk = vec![0u8; 65536];
+                        let n = s.read(&mut chunk).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                    }
+                    let key = target.split_once("?key=").map(|(_, k)| decode(k)).unwrap_or_default();
+                    let (status, body): (&str, Vec<u8>) = match (method, key.is_empty()) {
+                        (_, true) => ("400 Bad Request", b"metadata key is required".to_vec()),
+                        ("GET", _) => match store.lock().get(&key) {
+                            Some(v) => ("200 OK", v.clone()),
+                            None => ("404 Not Found", b"metadata not found".to_vec()),
+                        },
+                        ("PUT", _) => {
+                            store.lock().insert(key, buf[head_end..head_end + len].to_vec());
+                            ("200 OK", b"metadata updated".to_vec())
+                        }
+                        ("DELETE", _) => match store.lock().remove(&key) {
+                            Some(_) => ("200 OK", b"metadata deleted".to_vec()),
+                            None => ("404 Not Found", b"metadata not found".to_vec()),
+                        },
+                        _ => ("405 Method Not Allowed", Vec::new()),
+                    };
+                    let head = format!(
+                        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = s.write_all(head.as_bytes()).await;
+                    let _ = s.write_all(&body).await;
+                });
+            }
+        });
+        url
+    }
+
+    fn decode(s: &str) -> String {
+        let b = s.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'%' && i + 2 < b.len() {
+                out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+                i += 3;
+            } else {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+        String::from_utf8(out).unwrap()
+    }
+
+    fn store(url: &str) -> HttpMetadataStore {
+        HttpMetadataStore::new(HttpMetadataConfig::from_url(url).unwrap())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn http_passes_the_suite() {
+        let url = server().await;
+        let (a, b) = (store(&url), store(&url));
+        run_all(
+            &a,
+            &b,
+            "http",
+            Flags {
+                shared_by_name: true,
+                watches: false,
+            },
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unreachable_or_silent_server_is_an_error_within_the_timeout() {
+        // Nothing listens: refused at once.
+        let port = te_base::test_support::free_port().unwrap();
+        let err = store(&format!("http://127.0.0.1:{port}/metadata"))
+            .fetch("x")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Metadata(_)), "{err}");
+        // Accepts and never answers: the call's timeout ends it.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut c = HttpMetadataConfig::from_url(&format!("http://{}/metadata", silent.local_addr().unwrap())).unwrap();
+        c.timeout = Duration::from_millis(300);
+        let held = tokio::spawn(async move {
+            let conn = silent.accept().await;
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(conn);
+        });
+        let err = HttpMetadataStore::new(c).fetch("x").await.unwrap_err();
+        assert!(matches!(err, Error::Timeout { .. }), "{err}");
+        held.abort();
+    }
+}

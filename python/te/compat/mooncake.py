@@ -8,7 +8,8 @@ registered memory. Here:
   metadata listening on the rpc port (the port of ``hostname`` when it names one, else a free
   one), so ``"host:rpc_port"`` is the address of the peer's p2p metadata listener and
   ``open_segment`` takes it as it is. ``etcd://host:port`` (or ``host:port``) metadata maps onto
-  te's etcd backend, with the hostname as the segment name.
+  te's etcd backend and ``http://host:port/metadata`` (Mooncake's HTTP metadata server) onto
+  te's http backend, with the hostname as the segment name.
 - remote addresses stay raw: te's segments describe the peer's buffers by virtual address;
 - every failure returns the code Mooncake returns and logs te's typed error text on the
   ``te.compat.mooncake`` logger, the way Mooncake's own log line explains its code.
@@ -175,8 +176,11 @@ class TransferEngine:
             env["TE_P2P_LISTEN"] = f"0.0.0.0:{self._rpc_port}"
             return f"{host}:{self._rpc_port}", env
         if metadata_server.startswith(("http://", "https://")) or kind == "http":
-            raise ValueError("Mooncake's HTTP metadata server is not supported by te yet "
-                             "(use P2PHANDSHAKE or etcd://)")
+            # Mooncake's HTTP metadata server (its /metadata?key= protocol): te's http backend.
+            env["TE_METADATA"] = "http"
+            env["TE_METADATA_URL"] = metadata_server
+            self._rpc_port = port or 0
+            return hostname, env
         endpoint = metadata_server.removeprefix("etcd://")
         if kind not in ("", "etcd") or "://" in endpoint or _split_host_port(endpoint)[1] is None:
             raise ValueError(f"metadata server {metadata_server!r} is neither P2PHANDSHAKE nor etcd://host:port")

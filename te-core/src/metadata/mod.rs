@@ -4,6 +4,8 @@
 
 #[cfg(feature = "etcd")]
 pub mod etcd;
+#[cfg(feature = "http-metadata")]
+pub mod http;
 mod in_process;
 pub mod p2p;
 
