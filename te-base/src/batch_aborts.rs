@@ -34,7 +34,11 @@ impl BatchAborts {
         if self.live.load(Ordering::Acquire) == 0 {
             return None;
         }
-        let list = self.list.lock();
+        // Batches dropped since their cut are forgotten here too, so the data path stops taking
+        // this lock once no cut batch is alive (not only at the next cut).
+        let mut list = self.list.lock();
+        list.retain(|(b, _)| b.strong_count() > 0);
+        self.live.store(list.len(), Ordering::Release);
         list.iter()
             .find(|(b, _)| std::ptr::eq(b.as_ptr(), batch))
             .map(|(_, e)| e.clone())
@@ -63,6 +67,12 @@ mod tests {
         assert!(matches!(aborts.error_of(&a), Some(Error::Timeout { .. })));
         assert!(aborts.error_of(&b).is_none());
         drop(a);
+        assert!(aborts.error_of(&b).is_none());
+        assert_eq!(
+            aborts.live.load(Ordering::Acquire),
+            0,
+            "a lookup forgets a dropped batch"
+        );
         aborts.abort(&b, timeout());
         assert_eq!(aborts.list.lock().len(), 1, "the dropped batch's entry went");
         assert!(aborts.error_of(&b).is_some());

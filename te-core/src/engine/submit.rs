@@ -211,14 +211,7 @@ impl Parked {
             let outcome = match deadline {
                 Some(at) => tokio::select! {
                     o = ended => o,
-                    _ = tokio::time::sleep_until(at) => {
-                        let name = &self.was.descriptor.name;
-                        let err = Error::Timeout {
-                            what: format!("batch to segment '{name}' waiting for its reconnect (its deadline)"),
-                            after_ms: 0,
-                        };
-                        return self.state.fail_many(self.requests.iter().map(|r| r.index as usize), &err);
-                    }
+                    _ = tokio::time::sleep_until(at) => return self.fail(&self.past_deadline()),
                 },
                 None => ended.await,
             };
@@ -229,25 +222,21 @@ impl Parked {
 
     fn resume(self, engine: Option<Arc<EngineInner>>, outcome: std::result::Result<(), String>) {
         let name = self.was.descriptor.name.clone();
-        let fail = |err: Error| {
-            self.state
-                .fail_many(self.requests.iter().map(|r| r.index as usize), &err)
-        };
         let Some(engine) = engine.filter(|e| !e.is_closed()) else {
-            return fail(Error::Closed(format!("engine (segment '{name}')")));
+            return self.fail(&Error::Closed(format!("engine (segment '{name}')")));
         };
         if let Err(why) = outcome {
-            return fail(Error::PeerGone {
+            return self.fail(&Error::PeerGone {
                 peer: name,
                 reason: format!("connection lost, and reconnecting failed: {why}"),
             });
         }
         let now = engine.segments.read().get(self.segment as usize).cloned();
         let Some(now) = now.filter(|s| !s.closed) else {
-            return fail(Error::SegmentClosed(name));
+            return self.fail(&Error::SegmentClosed(name));
         };
         if now.descriptor.instance != self.was.descriptor.instance {
-            return fail(Error::PeerRestarted {
+            return self.fail(&Error::PeerRestarted {
                 peer: name,
                 reason: "it restarted while its connection was lost".into(),
             });
@@ -257,24 +246,37 @@ impl Parked {
             .iter()
             .find(|r| r.transport == self.transport && r.peer.is_healthy())
         else {
-            return fail(Error::PeerGone {
+            return self.fail(&Error::PeerGone {
                 peer: name,
                 reason: "connection lost; the reconnect found no healthy route of its transport".into(),
             });
         };
         if let Some(peers) = &self.deadline_peers {
             if !peers.add(&route.peer) {
-                return fail(Error::Timeout {
-                    what: format!("batch to segment '{name}' waiting for its reconnect (its deadline)"),
-                    after_ms: 0,
-                });
+                return self.fail(&self.past_deadline());
             }
         }
         let indices: Vec<u32> = self.requests.iter().map(|r| r.index).collect();
         if let Err(e) = route.peer.submit(self.requests, &self.state, &self.ctx) {
-            for i in indices {
-                self.state.fail(i as usize, e.clone());
-            }
+            // Nothing started: each request fails (through the failover hook, if it has one).
+            self.state.fail_many(indices.iter().map(|&i| i as usize), &e);
+        }
+    }
+
+    /// Fails every request of the group with `err`.
+    fn fail(&self, err: &Error) {
+        self.state
+            .fail_many(self.requests.iter().map(|r| r.index as usize), err)
+    }
+
+    /// What the group fails with when the batch's deadline passed while it waited.
+    fn past_deadline(&self) -> Error {
+        Error::Timeout {
+            what: format!(
+                "batch to segment '{}' waiting for its reconnect (its deadline)",
+                self.was.descriptor.name
+            ),
+            after_ms: 0,
         }
     }
 }

@@ -6,16 +6,13 @@
 //! never used by this transport). Only the load is covered: a handler a provider installs when
 //! the transport opens its endpoints guards what the transport uses, and stays.
 
-use std::collections::HashSet;
-
 /// The standard signals (the real-time ones are left alone: nothing here touches them).
 const SIGNALS: std::ops::RangeInclusive<libc::c_int> = 1..=31;
 
 /// Runs `load` and then restores every signal disposition it changed; the signals restored.
 pub(crate) fn keeping_dispositions<T>(load: impl FnOnce() -> T) -> (T, Vec<libc::c_int>) {
-    let skip: HashSet<libc::c_int> = [libc::SIGKILL, libc::SIGSTOP].into();
     let saved: Vec<(libc::c_int, libc::sigaction)> = SIGNALS
-        .filter(|s| !skip.contains(s))
+        .filter(|&s| s != libc::SIGKILL && s != libc::SIGSTOP)
         .filter_map(|s| disposition(s).map(|d| (s, d)))
         .collect();
     let out = load();
