@@ -1,9 +1,13 @@
-//! Page-aligned host memory that the engine allocates for callers: anonymous mmap, optionally
+//! Page-aligned host memory that the engine allocates for callers: an anonymous mapping, or a
+//! sealed memfd mapped shared that a peer on this host can map too ([`HostBacking`]), optionally
 //! backed by huge pages and bound to a NUMA node.
 
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
+pub use crate::shared_memory::HostBacking;
 
 /// How a [`HostBuffer`] is backed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -26,6 +30,9 @@ pub struct HostBufferOptions {
     pub numa_node: Option<u32>,
     /// Touch every page at allocation so registration and first transfers do not fault.
     pub prefault: bool,
+    /// Anonymous memory or a sealed memfd ([`HostBacking`]; `Auto`: the process default,
+    /// [`crate::shared_memory::set_default_backing`]).
+    pub backing: HostBacking,
 }
 
 /// Zero-initialised, page-aligned host memory owned by the engine. Freed on drop.
@@ -35,6 +42,8 @@ pub struct HostBuffer {
     len: usize,
     map_len: usize,
     numa_node: Option<u32>,
+    /// The sealed memfd behind a [`HostBacking::Memfd`] buffer.
+    memfd: Option<Arc<OwnedFd>>,
 }
 
 // SAFETY: HostBuffer owns its mapping exclusively; the raw pointer is just an address that any
@@ -60,19 +69,43 @@ impl HostBuffer {
             addr: 0,
             len: len as u64,
         })?;
-        let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-        if opts.huge_pages == HugePages::Explicit {
+        let backing = match opts.backing {
+            HostBacking::Auto => crate::shared_memory::default_backing(),
+            b => b,
+        };
+        let memfd = if backing == HostBacking::Memfd {
+            let fd =
+                crate::shared_memory::create_sealed("te-host", map_len as u64, opts.huge_pages == HugePages::Explicit)
+                    .map_err(|e| {
+                        if opts.huge_pages == HugePages::Explicit {
+                            Error::not_available(
+                                "huge pages",
+                                format!("memfd_create(MFD_HUGETLB, {map_len} B) failed: {e}"),
+                            )
+                        } else {
+                            Error::io(format!("a sealed memfd of {map_len} bytes"), e)
+                        }
+                    })?;
+            Some(Arc::new(fd))
+        } else {
+            None
+        };
+        let (mut flags, fd) = match &memfd {
+            Some(fd) => (libc::MAP_SHARED, fd.as_fd().as_raw_fd()),
+            None => (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1),
+        };
+        if opts.huge_pages == HugePages::Explicit && memfd.is_none() {
             flags |= libc::MAP_HUGETLB;
         }
-        // SAFETY: anonymous private mapping with no address hint; the kernel picks the address and
-        // we check for MAP_FAILED before using it.
+        // SAFETY: a new mapping (anonymous, or of our own sealed memfd sized `map_len`) with no
+        // address hint; the kernel picks the address and we check for MAP_FAILED before using it.
         let raw = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 map_len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 flags,
-                -1,
+                fd,
                 0,
             )
         };
@@ -87,11 +120,15 @@ impl HostBuffer {
             return Err(Error::io(format!("mmap of {map_len} bytes"), err));
         }
         let ptr = NonNull::new(raw.cast::<u8>()).ok_or(Error::NullAddress)?;
+        if let Some(fd) = &memfd {
+            crate::shared_memory::note(ptr.as_ptr() as u64, map_len as u64, fd.clone());
+        }
         let buf = HostBuffer {
             ptr,
             len,
             map_len,
             numa_node: opts.numa_node,
+            memfd,
         };
         if opts.huge_pages == HugePages::Transparent {
             // SAFETY: the range is exactly our own live mapping.
@@ -167,10 +204,18 @@ impl HostBuffer {
     pub fn numa_node(&self) -> Option<u32> {
         self.numa_node
     }
+
+    /// The sealed memfd behind the buffer ([`HostBacking::Memfd`]); `None` for anonymous memory.
+    pub fn memfd(&self) -> Option<BorrowedFd<'_>> {
+        self.memfd.as_ref().map(|f| f.as_fd())
+    }
 }
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
+        if self.memfd.is_some() {
+            crate::shared_memory::forget(self.ptr.as_ptr() as u64);
+        }
         // SAFETY: unmapping exactly the mapping created in `allocate`, once.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.map_len) };
     }

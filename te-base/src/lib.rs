@@ -23,6 +23,7 @@ pub mod pattern;
 pub mod registration;
 pub mod request;
 pub mod segment;
+pub mod shared_memory;
 #[cfg(feature = "test-support")]
 pub mod test_support;
 pub mod timing;
@@ -34,7 +35,7 @@ pub mod transport_descriptor;
 pub use batch::{Batch, BatchError, BatchProgress, BatchReport, BatchState, FailureHook, RequestStatus};
 pub use batch_aborts::BatchAborts;
 pub use error::{Error, ErrorSource, NativeError, RegistrationFailure, Result, SkippedDevice};
-pub use host_buffer::{HostBuffer, HostBufferOptions, HugePages};
+pub use host_buffer::{HostBacking, HostBuffer, HostBufferOptions, HugePages};
 pub use memory::{MemoryKind, MemoryKinds, MemoryLocation, RegionId, RegionInfo};
 pub use metadata::{DescriptorEvent, DescriptorWatch, MetadataStore};
 pub use notify::{Notification, NotifyInbox, NotifyLimits};
