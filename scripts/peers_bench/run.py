@@ -202,13 +202,15 @@ class Runner:
             self.emit(r)
 
 
-    def store(self, scenario, engine, rnd, keys):
-        cmd = [PY, os.path.join(HERE, "store.py"), "--engine", engine, "--round", str(rnd), "--keys", str(keys)]
+    def store(self, scenario, engine, rnd, keys, pages, repeat):
+        cmd = [PY, os.path.join(HERE, "store.py"), "--engine", engine, "--round", str(rnd), "--keys", str(keys),
+               "--pages", str(pages), "--repeat", str(repeat)]
         rc, out = self.run(cmd, None, timeout=300)
         rows = self.json_rows(out)
         if not rows:
-            self.emit({"bench": "peers-store", "scenario": scenario, "engine": engine, "round": rnd,
-                       "error": f"store.py exited with {rc}"})
+            for test in ("whole", "restore"):
+                self.emit({"bench": "peers-store", "scenario": scenario, "engine": engine, "round": rnd, "test": test,
+                           "error": f"store.py exited with {rc}"})
         for r in rows:
             r["scenario"] = scenario
             self.emit(r)
@@ -374,22 +376,32 @@ def summarise(out: str, versions: dict, command: str):
         texts["kill"] = "\n".join(lines)
     st = [r for r in rows if r.get("scenario") == "store"]
     if st:
-        lines = ["store: whole objects, one batch put then one batch get, ms (median over rounds)"]
-        meds = {}
-        for e in ("umbp", "mooncake"):
-            rs = [r for r in st if r["engine"] == e and "error" not in r]
-            if rs:
-                meds[e] = {k: med([r[k] for r in rs]) for k in ("put_ms", "get_ms")}
-                lines.append(f"{e:>9} put {meds[e]['put_ms']:.3f} ms  get {meds[e]['get_ms']:.3f} ms  ({len(rs)} rounds, "
-                             f"{rs[0]['keys']} x {rs[0]['object_bytes']} B)")
-            else:
-                errs = [r.get("error") for r in st if r["engine"] == e]
-                lines.append(f"{e:>9} FAILED: {errs[0] if errs else 'no row'}")
-        row = {"scenario": "store", "ms": meds, "keys": st[0].get("keys"), "object_bytes": st[0].get("object_bytes")}
-        if "umbp" in meds and "mooncake" in meds:
-            row["ratios"] = {k: meds["mooncake"][k] / meds["umbp"][k] for k in ("put_ms", "get_ms")}
-            lines.append(f"mooncake / umbp (time): put {row['ratios']['put_ms']:.2f}x  get {row['ratios']['get_ms']:.2f}x")
-        summary.append(row)
+        lines = ["store: ms (median over rounds); whole: one batch put then one batch get; restore: seed 000's "
+                 "layer-wise restore (put, TTFL in us, load)"]
+        fields = {"whole": ("put_ms", "get_ms"), "restore": ("put_ms", "ttfl_us", "load_ms")}
+        for test in ("whole", "restore"):
+            tr = [r for r in st if r.get("test", "whole") == test]
+            if not tr:
+                continue
+            meds, errs, info = {}, {}, {}
+            for e in STORE_ENGINES:
+                rs = [r for r in tr if r["engine"] == e and "error" not in r]
+                if rs:
+                    meds[e] = {k: med([r[k] for r in rs]) for k in fields[test]}
+                    info = info or {k: rs[0].get(k) for k in ("keys", "object_bytes", "pages", "bytes", "fragments")}
+                    lines.append(f"{test:>8} {e:>17} " + "  ".join(f"{k} {v:.3f}" for k, v in meds[e].items())
+                                 + f"  ({len(rs)} rounds{', ' + rs[0]['ranged_api'] if 'ranged_api' in rs[0] else ''})")
+                elif any(r["engine"] == e for r in tr):
+                    errs[e] = next(r.get("error") for r in tr if r["engine"] == e)
+                    lines.append(f"{test:>8} {e:>17} FAILED: {errs[e]}")
+            row = {"scenario": "store", "test": test, "ms": meds, "errors": errs, **info}
+            if "mooncake" in meds:
+                # The peer's time over ours: >= 1.0 where we lead.
+                row["ratios"] = {e: {k: meds["mooncake"][k] / v[k] for k in v if v[k]} for e, v in meds.items()
+                                 if e.startswith("umbp")}
+                for e, rt in row["ratios"].items():
+                    lines.append(f"{test:>8} mooncake / {e}: " + "  ".join(f"{k} {v:.2f}x" for k, v in rt.items()))
+            summary.append(row)
         texts["store"] = "\n".join(lines)
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(markdown(summary, versions, command))
@@ -488,18 +500,34 @@ def markdown(summary, versions, command):
             out.append(f"| {r['engine']} | {r['mode']} | {fmt(r['connect_ms'])} | {fmt(r['warm_up_ms'])} | "
                        f"{fmt(r['first_ms'])} | {fmt(r['second_ms'])} |")
         out.append("")
-    st = [r for r in summary if r.get("scenario") == "store"]
-    for r in st:
-        out.append(f"**store** ({r['keys']} objects of {r['object_bytes']} B, one batch; ms, median of rounds; "
-                   "ratio: Mooncake's time over ours)")
+    st = {r["test"]: r for r in summary if r.get("scenario") == "store" and "test" in r}
+    if st:
+        engines = [e for e in STORE_ENGINES if any(e in r["ms"] or e in r["errors"] for r in st.values())]
+        label = {"umbp": "UMBP local", "umbp-standalone": "UMBP standalone", "umbp-distributed": "UMBP distributed",
+                 "mooncake": "Mooncake Store"}
+        w, rs = st.get("whole"), st.get("restore")
+        what = []
+        if w:
+            what.append(f"whole: {w.get('keys')} objects of {w.get('object_bytes')} B, one batch")
+        if rs:
+            what.append(f"restore: seed 000, {rs.get('pages')} pages, {rs.get('fragments')} fragments, "
+                        f"{rs.get('bytes')} B, layer groups of 8")
+        out.append(f"**store** ({'; '.join(what)}; median of rounds; ratio: Mooncake's time over ours, "
+                   ">= 1.0x where we lead)")
         out.append("")
-        out.append("| call | UMBP (local) | Mooncake Store | Mooncake / UMBP |")
-        out.append("| --- | ---: | ---: | ---: |")
-        for k, label in (("put_ms", "batch put"), ("get_ms", "batch get (whole objects)")):
-            u = r["ms"].get("umbp", {}).get(k)
-            m = r["ms"].get("mooncake", {}).get(k)
-            rt = bold(r["ratios"][k]) if "ratios" in r else "—"
-            out.append(f"| {label} | {fmt(u)} | {fmt(m)} | {rt} |")
+        umbps = [e for e in engines if e.startswith("umbp")]
+        out.append("| call | " + " | ".join(label[e] for e in engines) + " | "
+                   + " | ".join(f"Mooncake / {label[e]}" for e in umbps) + " |")
+        out.append("| --- | " + " | ".join("---:" for _ in engines + umbps) + " |")
+        for test, k, name in (("whole", "put_ms", "batch put (ms)"), ("whole", "get_ms", "batch get, whole objects (ms)"),
+                              ("restore", "put_ms", "restore: put, ranged from the KV layout (ms)"),
+                              ("restore", "ttfl_us", "restore: TTFL (us)"), ("restore", "load_ms", "restore: load (ms)")):
+            r = st.get(test)
+            if not r:
+                continue
+            cells = [fmt(r["ms"][e][k]) if e in r["ms"] else ("failed" if e in r["errors"] else "—") for e in engines]
+            rts = [bold(r.get("ratios", {}).get(e, {}).get(k)) for e in umbps]
+            out.append(f"| {name} | " + " | ".join(cells + rts) + " |")
         out.append("")
     kl = [r for r in summary if r.get("scenario") == "kill"]
     if kl:
@@ -519,6 +547,9 @@ def markdown(summary, versions, command):
 
 
 ORDER = ["ours", "ours-rust", "ours-rust-shm", "mooncake", "mooncake-cpp-bench", "nixl", "nixl-prep"]
+
+
+STORE_ENGINES = ["umbp", "umbp-standalone", "umbp-distributed", "mooncake"]
 
 
 def engine_order(e):
@@ -589,6 +620,7 @@ def main():
     p.add_argument("--reg-scale", type=float, default=1.0, help="registration sizes x this")
     p.add_argument("--mc-duration", type=int, default=2, help="seconds per transfer_engine_bench run")
     p.add_argument("--store-keys", type=int, default=256, help="objects per batch in the store scenario")
+    p.add_argument("--store-pages", type=int, default=32, help="pages of the store scenario's layer-wise restore")
     p.add_argument("--kill-bytes", default="1G", help="the batch the kill scenario interrupts")
     p.add_argument("--kill-after", type=float, default=0.2, help="seconds after the submit")
     p.add_argument("--no-rust", action="store_true", help="skip the te-bench rows")
@@ -640,8 +672,8 @@ def main():
                     for e in ("ours", "mooncake", "nixl"):
                         r.first_contact("first-contact", e, mode, rnd, tcp if e == "nixl" else None)
             if "store" in scen:
-                for e in ("umbp", "mooncake"):
-                    r.store("store", e, rnd, args.store_keys)
+                for e in STORE_ENGINES:
+                    r.store("store", e, rnd, args.store_keys, args.store_pages, args.repeat)
             if "kill" in scen:
                 for e, env in (("ours", None), ("mooncake", None), ("nixl", tcp), ("nixl", {"UCX_TLS": None})):
                     r.kill("kill", e, rnd, args.kill_bytes, args.kill_after, env)
