@@ -21,6 +21,7 @@ use super::conn::{accept_handshake, read_frame, write_frame};
 use super::guard::DirectoryRefusal;
 use super::owner::Owner;
 use super::rendezvous;
+use super::shard::BLOCKED;
 use super::wire::{self, Op};
 
 const NAME: &str = "umbp cluster control listener";
@@ -164,7 +165,7 @@ async fn directory_request(
     };
     match op {
         Op::Publish => match wire::decode_publish(body) {
-            Ok((named, keys)) => {
+            Ok((named, deadline, keys)) => {
                 let is_member = if member == Some(named.as_str()) {
                     member_now().await
                 } else {
@@ -173,17 +174,47 @@ async fn directory_request(
                 if let Err(r) = sh.guard.check_owner("PUBLISH", &named, member, is_member) {
                     return refuse(r);
                 }
+                // Read after its writer stopped waiting (this peer was frozen or cut off): the
+                // put was not acknowledged, and taking it now could retire the copy of the last
+                // acknowledged write (its writer dropped its own).
+                if deadline != 0 && wire::wall_ms() >= deadline {
+                    tracing::debug!("{NAME}: a PUBLISH from {named} arrived after its deadline; refused");
+                    return (Op::Refused, b"PUBLISH read after its writer's deadline".to_vec());
+                }
                 let cap = sh.guard.max_entries_per_source;
-                let done = sh
+                let mut done = sh
                     .shard
                     .publish(&named, keys.iter().map(|(k, v)| (k.as_str(), *v)), cap);
                 // The owners of superseded entries drop those copies before the writer's put
-                // is acknowledged, within a quarter of the frame timeout (the writer waits on
-                // this answer within its own deadline).
+                // is acknowledged, within a quarter of the frame timeout and the writer's own
+                // deadline; an entry whose owner did not confirm it is put back and that key is
+                // answered BLOCKED (not taken here).
                 if !done.superseded.is_empty() {
-                    let (sh, superseded) = (sh.clone(), done.superseded);
-                    let end = std::time::Instant::now() + limits.frame_timeout / 4;
-                    let _ = tokio::task::spawn_blocking(move || sh.retire(superseded, end)).await;
+                    let mut left = limits.frame_timeout / 4;
+                    if deadline != 0 {
+                        let ms = deadline.saturating_sub(wire::wall_ms());
+                        left = left.min(std::time::Duration::from_millis(ms));
+                    }
+                    let end = std::time::Instant::now() + left;
+                    let superseded = std::mem::take(&mut done.superseded);
+                    let all = superseded.clone();
+                    let sh2 = sh.clone();
+                    let failed = tokio::task::spawn_blocking(move || sh2.retire(superseded, end))
+                        .await
+                        .unwrap_or(all);
+                    if !failed.is_empty() {
+                        let versions: std::collections::HashMap<&str, (usize, u64)> = done
+                            .superseded_at
+                            .iter()
+                            .map(|&j| (keys[j].0.as_str(), (j, keys[j].1)))
+                            .collect();
+                        sh.shard.revert(&named, |k| versions.get(k).map_or(0, |v| v.1), &failed);
+                        for (k, _, _) in &failed {
+                            if let Some(&(j, _)) = versions.get(k.as_str()) {
+                                done.taken[j] = BLOCKED;
+                            }
+                        }
+                    }
                 }
                 if done.capped > 0 {
                     sh.guard.counters.refused_capped.fetch_add(1, Ordering::Relaxed);
@@ -213,7 +244,13 @@ async fn directory_request(
             Err(e) => (Op::Refused, format!("malformed UNPUBLISH: {e}").into_bytes()),
         },
         Op::Retire => match wire::decode_validate(body) {
-            Ok((_, keys)) => {
+            Ok((deadline, keys)) => {
+                // Read after its sender stopped waiting (this peer was frozen or cut off): the
+                // sender has put the older entry back, so this copy is still the one routed to.
+                if deadline != 0 && wire::wall_ms() >= deadline {
+                    tracing::debug!("{NAME}: a RETIRE arrived after its deadline; ignored");
+                    return (Op::Refused, b"RETIRE read after its sender's deadline".to_vec());
+                }
                 // Only a key's directory peer may retire this peer's copy of it.
                 let m = sh.membership();
                 let from_directory = member.is_some_and(|p| {

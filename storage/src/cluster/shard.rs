@@ -41,18 +41,23 @@ pub(crate) fn newer(v: u64, owner: &str, w: u64, other: &str) -> bool {
 
 /// What one PUBLISH did: per key [`TAKEN`], [`CAPPED`] or the newer version indexed instead;
 /// how many the cap refused; and the entries of other owners it superseded (key, owner,
-/// version: their copies are to be retired).
+/// version: their copies are to be retired), with the index of each in the PUBLISH.
 #[derive(Debug, Default)]
 pub(crate) struct Published {
     pub(crate) taken: Vec<u64>,
     pub(crate) capped: usize,
     pub(crate) superseded: Vec<(String, Arc<str>, u64)>,
+    pub(crate) superseded_at: Vec<usize>,
 }
 
 /// A published key is indexed now.
 pub(crate) const TAKEN: u64 = 0;
 /// A published key was refused by the entries-per-source cap.
 pub(crate) const CAPPED: u64 = u64::MAX;
+/// A published key was not taken: the owner of the entry it would supersede could not be made
+/// to drop its copy in time (frozen, cut off, gone), so the older entry stands (the last
+/// acknowledged write wins only if no superseded copy is left to read).
+pub(crate) const BLOCKED: u64 = u64::MAX - 1;
 
 pub(crate) struct Shard {
     entries: RwLock<Entries>,
@@ -85,7 +90,7 @@ impl Shard {
         let Entries { keys: map, counts, .. } = &mut *e;
         let mut held = counts.get(&owner).copied().unwrap_or(0);
         let mut out = Published::default();
-        for (k, v) in keys {
+        for (j, (k, v)) in keys.into_iter().enumerate() {
             let taken = match map.get_mut(k) {
                 // Its own entry: the newest of its versions stands.
                 Some((o, w)) if *o == owner => {
@@ -104,6 +109,7 @@ impl Shard {
                         *c = c.saturating_sub(1);
                     }
                     out.superseded.push((k.to_owned(), o.clone(), *w));
+                    out.superseded_at.push(j);
                     (*o, *w) = (owner.clone(), v);
                     held += 1;
                     TAKEN
@@ -118,6 +124,33 @@ impl Shard {
         }
         counts.insert(owner, held);
         out
+    }
+
+    /// Puts back the superseded entries `back` (key, older owner, its version) where `owner`'s
+    /// entry of `version` still stands: their older owners could not retire their copies, so
+    /// `owner`'s write of those keys is not taken here.
+    pub(crate) fn revert(&self, owner: &str, version: impl Fn(&str) -> u64, back: &[(String, Arc<str>, u64)]) {
+        let mut e = self.entries.write();
+        let Entries { keys: map, counts, .. } = &mut *e;
+        for (k, old, w) in back {
+            let Some((o, v)) = map.get_mut(k.as_str()) else {
+                continue;
+            };
+            if **o != *owner || *v != version(k) {
+                continue;
+            }
+            if let Some(c) = counts.get_mut(owner) {
+                *c = c.saturating_sub(1);
+            }
+            *counts.entry(old.clone()).or_default() += 1;
+            (*o, *v) = (old.clone(), *w);
+        }
+    }
+
+    /// The owner and version of `key` here (tests).
+    #[cfg(test)]
+    pub(crate) fn entry(&self, key: &str) -> Option<(String, u64)> {
+        self.entries.read().keys.get(key).map(|(o, v)| (o.to_string(), *v))
     }
 
     /// Forgets those of `keys` that `owner` still owns here (a newer owner's entry stays).
@@ -226,6 +259,22 @@ mod tests {
         assert_eq!(owner("k").as_deref(), Some("q0"));
         // Equal versions break by owner name.
         assert!(newer(5, "b", 5, "a") && !newer(5, "a", 5, "b"));
+    }
+
+    #[test]
+    fn a_reverted_supersession_puts_the_older_entry_back() {
+        let s = Shard::new(Duration::ZERO);
+        s.publish("q0", [("k", 10), ("j", 10)], usize::MAX);
+        let p = s.publish("q1", [("j", 5), ("k", 20)], usize::MAX);
+        assert_eq!(p.superseded_at, [1]);
+        s.revert("q1", |_| 20, &p.superseded);
+        assert_eq!(s.entry("k"), Some(("q0".into(), 10)));
+        assert_eq!((s.held_by("q0"), s.held_by("q1")), (2, 0));
+        // Superseded again meanwhile by a newer write: that one stays.
+        let p = s.publish("q1", [("k", 30)], usize::MAX);
+        s.publish("q1", [("k", 40)], usize::MAX);
+        s.revert("q1", |_| 30, &p.superseded);
+        assert_eq!(s.entry("k"), Some(("q1".into(), 40)));
     }
 
     #[test]

@@ -28,11 +28,15 @@ use super::conn::{ConnPool, Request};
 use super::guard::Guard;
 use super::owner::Owner;
 use super::rendezvous::{self, Member, REPLICAS};
-use super::shard::{Shard, CAPPED, TAKEN};
+use super::shard::{Shard, BLOCKED, CAPPED, TAKEN};
 use super::wire::{self, Op};
 
 /// Most keys in one PUBLISH (a rebalance sends in rounds of one message per peer).
 const KEYS_PER_MESSAGE: usize = 8192;
+
+/// What a deadline carried in PUBLISH or RETIRE leaves for the answer to travel back: the
+/// receiver refuses the request this long before the sender stops waiting.
+pub(crate) const ANSWER_MARGIN_MS: u64 = 5;
 
 /// The live members as this peer last saw them.
 pub(crate) struct Membership {
@@ -252,46 +256,70 @@ impl Sharded {
     }
 
     /// Has each owner of a superseded entry drop its copy of that version (this peer's own
-    /// without a message), all owners at once, by `end`. Best effort: an owner that does not
-    /// answer in time keeps a copy no directory routes to (its VALIDATE still passes for a reader
-    /// that remembered its placement; see docs/umbp.md).
-    pub(crate) fn retire(&self, superseded: Vec<(String, Arc<str>, u64)>, end: Instant) {
+    /// without a message), all owners at once, by `end`. Returns the entries whose owners did not
+    /// confirm it in time (frozen, cut off, gone, refusing): the caller puts those entries back
+    /// and does not take the newer write, so no write is acknowledged while a copy it
+    /// superseded can still be read (by a reader that remembered its placement, or by its owner
+    /// locally). Suspects are asked too, within the same bound. A RETIRE carries `end` as a
+    /// wall-clock deadline, so an owner that reads it later (it was frozen) ignores it: the
+    /// entry it would have emptied was put back.
+    pub(crate) fn retire(
+        &self,
+        superseded: Vec<(String, Arc<str>, u64)>,
+        end: Instant,
+    ) -> Vec<(String, Arc<str>, u64)> {
         if superseded.is_empty() {
-            return;
+            return Vec::new();
         }
         let m = self.membership();
-        let suspects = self.suspects();
         let mut groups: HashMap<Arc<str>, Vec<(String, u64)>> = HashMap::new();
         for (k, o, v) in superseded {
-            // A peer that did not answer lately is not waited for (its copy stays; see above).
-            if !suspects.contains(&o) {
-                groups.entry(o).or_default().push((k, v));
-            }
+            groups.entry(o).or_default().push((k, v));
         }
         if let Some(mine) = groups.remove(&self.me) {
             self.retire_here(&mine);
         }
-        let reqs: Vec<Request> = groups
-            .into_iter()
-            .filter_map(|(p, ks)| {
-                let (peer, addr) = m.addr(&p)?;
-                Some(Request {
-                    peer,
-                    addr,
-                    op: Op::Retire,
-                    body: wire::encode_validate(0, ks.iter().map(|(k, v)| (k.as_str(), *v))),
-                })
-            })
-            .collect();
-        if reqs.is_empty() {
-            return;
-        }
-        self.messages.fetch_add(reqs.len() as u64, Ordering::Relaxed);
-        for (req, answer) in reqs.iter().zip(self.pool.exchange(&reqs, end)) {
-            if let Err(e) = answer {
-                tracing::debug!("umbp cluster: retiring superseded copies at {}: {e}", req.peer);
+        let mut failed = Vec::new();
+        let deadline = wire::wall_deadline(end).saturating_sub(ANSWER_MARGIN_MS).max(1);
+        let mut reqs: Vec<Request> = Vec::with_capacity(groups.len());
+        let mut sent: Vec<Vec<(String, u64)>> = Vec::with_capacity(groups.len());
+        for (p, ks) in groups {
+            match m.addr(&p) {
+                Some((peer, addr)) => {
+                    reqs.push(Request {
+                        peer,
+                        addr,
+                        op: Op::Retire,
+                        body: wire::encode_validate(deadline, ks.iter().map(|(k, v)| (k.as_str(), *v))),
+                    });
+                    sent.push(ks);
+                }
+                // Not a member in this view: nobody can tell it to drop its copy.
+                None => failed.extend(ks.into_iter().map(|(k, v)| (k, p.clone(), v))),
             }
         }
+        if reqs.is_empty() {
+            return failed;
+        }
+        self.messages.fetch_add(reqs.len() as u64, Ordering::Relaxed);
+        for ((req, ks), answer) in reqs.iter().zip(sent).zip(self.pool.exchange(&reqs, end)) {
+            match answer {
+                Ok((Op::Verdicts, _)) => {}
+                other => {
+                    let why = match other {
+                        Err(e) => e,
+                        Ok((op, body)) => format!("{op:?} {}", String::from_utf8_lossy(&body[..body.len().min(200)])),
+                    };
+                    tracing::debug!(
+                        "umbp cluster: retiring {} superseded copies at {}: {why}; their entries are put back",
+                        ks.len(),
+                        req.peer
+                    );
+                    failed.extend(ks.into_iter().map(|(k, v)| (k, req.peer.clone(), v)));
+                }
+            }
+        }
+        failed
     }
 
     /// Drops this peer's copies of `keys` still at these versions.
@@ -388,7 +416,25 @@ impl Sharded {
             }
         }
         let round_end = end.unwrap_or_else(|| self.deadline());
-        self.retire(here.superseded, round_end);
+        // As at any directory peer: a superseded copy that could not be retired keeps its
+        // entry, and this write is not taken here.
+        let retire_end = round_end.min(Instant::now() + self.timeout / 4);
+        let at: HashMap<&str, usize> = here
+            .superseded_at
+            .iter()
+            .map(|&j| (keys[local[j]].as_str(), local[j]))
+            .collect();
+        let failed = self.retire(here.superseded, retire_end);
+        if !failed.is_empty() {
+            self.shard
+                .revert(&self.me, |k| at.get(k).map_or(0, |&i| versions[i]), &failed);
+            for (k, _, _) in &failed {
+                if let Some(&i) = at.get(k.as_str()) {
+                    took[i] = took[i].saturating_sub(1);
+                }
+            }
+        }
+        let deadline = end.map_or(0, |e| wire::wall_deadline(e).saturating_sub(ANSWER_MARGIN_MS).max(1));
         // Rounds of at most one message per peer.
         let mut groups: Vec<(Arc<str>, SocketAddr, Vec<usize>)> = groups
             .into_iter()
@@ -400,7 +446,11 @@ impl Sharded {
                 .iter_mut()
                 .map(|(p, a, ks)| {
                     let chunk: Vec<usize> = ks.drain(..ks.len().min(KEYS_PER_MESSAGE)).collect();
-                    let body = wire::encode_publish(&self.me, chunk.iter().map(|&i| (keys[i].as_str(), versions[i])));
+                    let body = wire::encode_publish_by(
+                        &self.me,
+                        deadline,
+                        chunk.iter().map(|&i| (keys[i].as_str(), versions[i])),
+                    );
                     sent.push(chunk);
                     Request {
                         peer: p.clone(),
@@ -417,10 +467,14 @@ impl Sharded {
                     Ok((Op::Versions, body)) => {
                         let held = wire::decode_versions(&body).unwrap_or_default();
                         for (j, i) in chunk.into_iter().enumerate() {
-                            took[i] += 1;
                             match held.get(j) {
-                                Some(&v) if v != TAKEN && v != CAPPED => newer.push((i, v)),
-                                _ => {}
+                                // Not taken there: a copy it would supersede is still readable.
+                                Some(&BLOCKED) => {}
+                                Some(&v) if v != TAKEN && v != CAPPED => {
+                                    took[i] += 1;
+                                    newer.push((i, v));
+                                }
+                                _ => took[i] += 1,
                             }
                         }
                     }

@@ -21,15 +21,19 @@
 //! - VERDICTS: `u32 n`, then one byte per key (1: the generation read is still the committed one).
 //!
 //! The sharded directory (`rendezvous.rs`, `shard.rs`) adds:
-//! - PUBLISH: `u16 owner_len, owner`, `u32 n`, then per key `u16 key_len, key, u64 version` (the
-//!   version the owner minted for its write: the newest wins); answered by VERSIONS: `u32 n`, then
-//!   per key `u64` (0: indexed; otherwise the newer version indexed instead: a fresh write is
-//!   published again above it, a re-published copy is retired).
+//! - PUBLISH: `u16 owner_len, owner`, `u64 deadline` (the writer's, wall-clock milliseconds
+//!   since the Unix epoch; 0: none; a PUBLISH read after it is refused), `u32 n`, then per key
+//!   `u16 key_len, key, u64 version` (the version the owner minted for its write: the newest
+//!   wins); answered by VERSIONS: `u32 n`, then per key `u64` (0: indexed; `u64::MAX`: refused
+//!   by the entries cap; `u64::MAX - 1`: not taken, the superseded owner could not retire its
+//!   copy; otherwise the newer version indexed instead: a fresh write is published again above
+//!   it, a re-published copy is retired).
 //! - UNPUBLISH: `u16 owner_len, owner`, `u32 n`, then per key `u16 key_len, key`; answered by
 //!   VERDICTS with no entries (done).
-//! - RETIRE (directory peer to a superseded owner): VALIDATE's body (lease 0, key and the
-//!   superseded version); the owner drops its copy if it still holds that version. Answered by
-//!   VERDICTS with no entries.
+//! - RETIRE (directory peer to a superseded owner): VALIDATE's body (the lease field is the
+//!   sender's deadline as in PUBLISH, then key and the superseded version); the owner drops its
+//!   copy if it still holds that version, unless the deadline has passed. Answered by VERDICTS
+//!   with no entries.
 //! - LOOKUP: `u32 n`, then per key `u16 key_len, key`; answered by OWNERS: `u8 settled` (1: this
 //!   peer's index has seen no membership change lately, so an unknown key is unknown), `u32 n`,
 //!   then per key `u16 owner_len, owner` (length 0: not indexed here).
@@ -81,9 +85,12 @@ pub enum Op {
     /// The answer to LOOKUP.
     Owners = 15,
     /// Drop these keys' copies if they are still these versions (a newer write elsewhere
-    /// superseded them); sent by a key's directory peer. Answered by VERDICTS.
+    /// superseded them); sent by a key's directory peer, in a VALIDATE body whose lease field is
+    /// the sender's deadline (wall-clock milliseconds; a RETIRE read after it is refused: the
+    /// sender has put the older entry back). Answered by VERDICTS.
     Retire = 16,
-    /// The answer to PUBLISH: per key 0 (indexed) or the newer version indexed instead.
+    /// The answer to PUBLISH: per key 0 (indexed), refused (`u64::MAX`: capped, `u64::MAX - 1`:
+    /// the superseded copy could not be retired) or the newer version indexed instead.
     Versions = 17,
 }
 
@@ -501,10 +508,23 @@ pub fn decode_owned_keys(body: &[u8]) -> Result<(String, Vec<String>), WireError
     Ok((owner, keys))
 }
 
-/// Encodes a PUBLISH body: the owner and its keys, each with its version.
+/// Encodes a PUBLISH body: the owner and its keys, each with its version, with no deadline (a
+/// re-publication of copies held).
 pub fn encode_publish<'a>(owner: &str, keys: impl ExactSizeIterator<Item = (&'a str, u64)>) -> Vec<u8> {
+    encode_publish_by(owner, 0, keys)
+}
+
+/// Encodes a PUBLISH body with the writer's deadline (wall-clock milliseconds since the Unix
+/// epoch; 0: none): a directory peer that reads it later refuses it, since the writer no longer
+/// waits for its answer and has not acknowledged the put.
+pub fn encode_publish_by<'a>(
+    owner: &str,
+    deadline_ms: u64,
+    keys: impl ExactSizeIterator<Item = (&'a str, u64)>,
+) -> Vec<u8> {
     let mut out = Vec::new();
     put_key(&mut out, owner);
+    out.extend_from_slice(&deadline_ms.to_le_bytes());
     out.extend_from_slice(&(keys.len() as u32).to_le_bytes());
     for (k, v) in keys {
         put_key(&mut out, k);
@@ -513,17 +533,35 @@ pub fn encode_publish<'a>(owner: &str, keys: impl ExactSizeIterator<Item = (&'a 
     out
 }
 
+/// A decoded PUBLISH: the owner named, the writer's deadline (0: none) and the keys with their
+/// versions.
+pub type Publish = (String, u64, Vec<(String, u64)>);
+
 /// Decodes a PUBLISH body.
-pub fn decode_publish(body: &[u8]) -> Result<(String, Vec<(String, u64)>), WireError> {
+pub fn decode_publish(body: &[u8]) -> Result<Publish, WireError> {
     let mut r = Reader { b: body };
     let owner = r.key()?;
+    let deadline = r.u64("deadline")?;
     let n = r.count(11, "key count")?;
     let mut keys = Vec::with_capacity(n);
     for _ in 0..n {
         keys.push((r.key()?, r.u64("version")?));
     }
     r.end()?;
-    Ok((owner, keys))
+    Ok((owner, deadline, keys))
+}
+
+/// Wall-clock milliseconds since the Unix epoch (deadlines carried in PUBLISH and RETIRE, which
+/// a peer that was frozen or cut off may read after the sender gave up).
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `end` as wall-clock milliseconds since the Unix epoch.
+pub fn wall_deadline(end: std::time::Instant) -> u64 {
+    wall_ms() + end.saturating_duration_since(std::time::Instant::now()).as_millis() as u64
 }
 
 /// Encodes a VERSIONS body.
@@ -697,8 +735,8 @@ mod tests {
                 prop_assert!(decode_owned_keys(&body[..cut]).is_err());
             }
             let versioned: Vec<(String, u64)> = keys.iter().enumerate().map(|(i, k)| (k.clone(), (i as u64) << 40 | 7)).collect();
-            let body = encode_publish(&owner, versioned.iter().map(|(k, v)| (k.as_str(), *v)));
-            prop_assert_eq!(decode_publish(&body).unwrap(), (owner.clone(), versioned.clone()));
+            let body = encode_publish_by(&owner, 7, versioned.iter().map(|(k, v)| (k.as_str(), *v)));
+            prop_assert_eq!(decode_publish(&body).unwrap(), (owner.clone(), 7, versioned.clone()));
             for cut in 0..body.len() {
                 prop_assert!(decode_publish(&body[..cut]).is_err());
             }
