@@ -15,11 +15,14 @@ Engines:
   from descriptor lists built beforehand, then ``transfer`` and ``check_xfer_state`` until DONE.
 - ``nixl-prep``: the same agent, ``prep_xfer_dlist`` over each side's whole buffer once, then
   ``make_prepped_xfer`` per batch with index lists.
+- ``compat``: the Mooncake calls above on ``te.compat.mooncake.TransferEngine`` (our engine
+  behind Mooncake's API, issue 41): the connector row, the same code on both.
 UCX's transports come from ``UCX_TLS`` in the environment (the driver sets it).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 
@@ -36,13 +39,15 @@ def free_port() -> int:
 
 
 class OursTarget:
-    def __init__(self, buf: np.ndarray, transports: str):
+    def __init__(self, buf: np.ndarray, transports: str, opts: dict | None = None):
         import te
 
-        port = free_port()
+        opts = opts or {}
+        # opts: "port" (the p2p listener), "tcp_port", "name": a restarted target at the same address.
+        port = opts.get("port") or free_port()
         env = {"TE_METADATA": "p2p", "TE_P2P_LISTEN": f"127.0.0.1:{port}", "TE_TRANSPORTS": transports,
-               "TE_TCP_LISTEN": "127.0.0.1:0", "TE_TCP_ADVERTISE": "127.0.0.1"}
-        name = f"peers-target-{os.getpid()}"
+               "TE_TCP_LISTEN": f"127.0.0.1:{opts.get('tcp_port', 0)}", "TE_TCP_ADVERTISE": "127.0.0.1"}
+        name = opts.get("name") or f"peers-target-{os.getpid()}"
         self.engine = te.TransferEngine(name, env=env)
         self.reg = self.engine.register(buf)
         self.info = {"segment": f"{name}@127.0.0.1:{port}", "addr": self.reg.addr}
@@ -69,6 +74,10 @@ class OursInitiator:
     def warm_up(self):
         self.engine.warm_up(self.seg)
 
+    def routes(self):
+        """What carries the segment: [(transport, state, connected, pauses)], preferred first."""
+        return [list(r) for r in self.engine.routes(self.seg)]
+
     def prepare(self, op, local, remote, lengths):
         la = np.ascontiguousarray(local, dtype=np.uint64)
         ra = np.ascontiguousarray(remote, dtype=np.uint64)
@@ -89,8 +98,15 @@ class OursInitiator:
 
 
 class MooncakeTarget:
-    def __init__(self, buf: np.ndarray, protocol: str):
-        from mooncake.engine import TransferEngine
+    def __init__(self, buf: np.ndarray, protocol: str, port: int | None = None, module: str = "mooncake.engine"):
+        # The wheel picks its RPC port (the peer's name, "127.0.0.1:<port>") at random in
+        # [MC_MIN_RPC_PORT, MC_MAX_RPC_PORT] and its TCP transport's port there too, so one port
+        # cannot be pinned (MIN=MAX: "Failed to install TCP transport"); `port` (a restarted target
+        # at the same address) sets the range to [port, port + 1]: the caller retries a process
+        # that got port + 1 (an engine of the wheel, deleted, keeps its ports).
+        if port:  # read when the wheel loads: set before the import
+            os.environ["MC_MIN_RPC_PORT"], os.environ["MC_MAX_RPC_PORT"] = str(port), str(port + 1)
+        TransferEngine = importlib.import_module(module).TransferEngine
 
         self.engine = TransferEngine()
         rc = self.engine.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "")
@@ -106,8 +122,8 @@ class MooncakeTarget:
 
 
 class MooncakeInitiator:
-    def __init__(self, buf: np.ndarray, info: dict, protocol: str):
-        from mooncake.engine import TransferEngine
+    def __init__(self, buf: np.ndarray, info: dict, protocol: str, module: str = "mooncake.engine"):
+        TransferEngine = importlib.import_module(module).TransferEngine
 
         self.engine = TransferEngine()
         rc = self.engine.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "")
@@ -155,10 +171,11 @@ def nixl_agent(name: str):
 
 
 class NixlTarget:
-    def __init__(self, buf: np.ndarray):
-        self.agent = nixl_agent(f"peers-target-{os.getpid()}")
+    def __init__(self, buf: np.ndarray, name: str | None = None):
+        name = name or f"peers-target-{os.getpid()}"
+        self.agent = nixl_agent(name)
         self.descs = self.agent.register_memory(self.agent.get_reg_descs([(buf.ctypes.data, buf.nbytes, 0, "")], "DRAM"))
-        self.info = {"meta": self.agent.get_agent_metadata(), "addr": buf.ctypes.data, "len": buf.nbytes}
+        self.info = {"meta": self.agent.get_agent_metadata(), "addr": buf.ctypes.data, "len": buf.nbytes, "name": name}
 
     def close(self):
         pass  # the wheel's agent teardown has crashed at exit: the caller leaves with os._exit
@@ -239,13 +256,18 @@ class NixlInitiator:
         pass
 
 
+COMPAT = "te.compat.mooncake"
+
+
 def make_target(engine: str, buf: np.ndarray, opts: dict):
     if engine == "ours":
-        return OursTarget(buf, opts.get("ours_transports", "tcp"))
+        return OursTarget(buf, opts.get("ours_transports", "tcp"), opts)
     if engine == "mooncake":
-        return MooncakeTarget(buf, opts.get("mooncake_protocol", "tcp"))
+        return MooncakeTarget(buf, opts.get("mooncake_protocol", "tcp"), opts.get("port"))
+    if engine == "compat":
+        return MooncakeTarget(buf, opts.get("mooncake_protocol", "tcp"), module=COMPAT)
     if engine in ("nixl", "nixl-prep"):
-        return NixlTarget(buf)
+        return NixlTarget(buf, opts.get("name"))
     raise ValueError(engine)
 
 
@@ -254,6 +276,8 @@ def make_initiator(engine: str, buf: np.ndarray, info: dict, opts: dict):
         return OursInitiator(buf, info, opts.get("ours_transports", "tcp"))
     if engine == "mooncake":
         return MooncakeInitiator(buf, info, opts.get("mooncake_protocol", "tcp"))
+    if engine == "compat":
+        return MooncakeInitiator(buf, info, opts.get("mooncake_protocol", "tcp"), module=COMPAT)
     if engine == "nixl":
         return NixlInitiator(buf, info, prepped=False)
     if engine == "nixl-prep":

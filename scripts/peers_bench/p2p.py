@@ -167,7 +167,7 @@ def first_contact(args, ini, ask, base_row, t_connect, info):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--engine", required=True, choices=["ours", "mooncake", "nixl", "nixl-prep"])
+    p.add_argument("--engine", required=True, choices=["ours", "mooncake", "nixl", "nixl-prep", "compat"])
     p.add_argument("--shapes", default="4K:16M,64K:64M,1M:64M,4M:64M,kv:1728,kv:8448,kv:37440")
     p.add_argument("--ops", default="write,read")
     p.add_argument("--repeat", type=int, default=3)
@@ -176,6 +176,9 @@ def main():
     p.add_argument("--mooncake-protocol", default="tcp")
     p.add_argument("--path", default="tcp", help="label for the row (tcp, same-host)")
     p.add_argument("--round", type=int, default=0)
+    p.add_argument("--per-request", action="store_true",
+                   help="kv shapes: one batch per request (all layers' fragments in one call, as vLLM's "
+                        "Mooncake connector calls batch_transfer_sync_write), not one per layer group")
     p.add_argument("--first-contact", choices=["cold", "warm"],
                    help="instead of shapes: time opening the peer and the first 4 KiB write to it, "
                         "without (cold) or after (warm) the engine's warm-up call")
@@ -185,10 +188,15 @@ def main():
         args.ops = "write"
     opts = {"ours_transports": args.ours_transports, "mooncake_protocol": args.mooncake_protocol}
     shapes = [Shape(s, args.batch_bytes) for s in args.shapes.split(",")]
+    if args.per_request:
+        for sh in shapes:
+            if sh.kind == "kv":
+                sh.batches = [list(range(sh.count))]
     ops = args.ops.split(",")
     most = max(s.total for s in shapes)
     base_row = {"bench": "peers-p2p", "engine": args.engine, "api": "python", "path": args.path,
-                "ucx_tls": os.environ.get("UCX_TLS", "default"), "round": args.round}
+                "ucx_tls": os.environ.get("UCX_TLS", "default"), "round": args.round,
+                "batching": "per request" if args.per_request else "per layer group"}
 
     def fail(why, **extra):
         print(json.dumps({**base_row, **extra, "error": why}), flush=True)
@@ -276,6 +284,10 @@ def main():
                     "cpu_s_per_gib_initiator": cpu_i / gib, "cpu_s_per_gib_target": cpu_t / gib,
                     "mismatched_bytes": 0, "verified": True,
                 })
+                if hasattr(ini, "routes"):
+                    # The route taken: the connected ones, preferred first (te's routes()).
+                    row["routes"] = ini.routes()
+                    row["route"] = next((r[0] for r in row["routes"] if r[2]), None)
                 print(json.dumps(row), flush=True)
             except Exception as e:
                 fail(f"{type(e).__name__}: {e}", **{k: v for k, v in row.items() if k not in base_row})

@@ -12,9 +12,17 @@ Scenarios:
   ours from Python and from te-bench (Rust), Mooncake also through its C++
   transfer_engine_bench (block shapes only; it does not check bytes, so its rows say so).
 - ``same-host``: each engine's best path between two processes of one host: NIXL with UCX's
-  default transports (shared memory / CMA), ours with the shm transport (te-bench: the Python
-  wheel is built without it), Mooncake's non-CUDA wheel has no host shared-memory transport, so
-  its best is its TCP row of ``p2p``.
+  default transports (shared memory / CMA), ours with the shm transport from Python (the wheel
+  carries it; TE_TRANSPORTS=shm,tcp, each row records the route the segment took) and from
+  te-bench; Mooncake's non-CUDA wheel has no host shared-memory transport, so its best is its
+  TCP row of ``p2p``.
+- ``connector``: vLLM's Mooncake connector loop (two processes; ``initialize`` P2PHANDSHAKE tcp,
+  ``register_memory``, one ``batch_transfer_sync_write`` per request of seed 000's KV fragments,
+  61 layers x 32 pages) through ``te.compat.mooncake`` (engine ``compat``) and the real wheel.
+- ``store``: UMBP local, standalone and distributed beside Mooncake Store, whole objects and
+  seed 000's layer-wise restore (store.py).
+- ``kill``: the target SIGKILLed during a 1 GiB write, then restarted at the same address and
+  written to again (kill.py).
 - ``register``: seed 001's 182 host buffers and 1,265 views of a 1 GiB pool (reg.py).
 - ``first-contact``: the first transfer to a peer never contacted, cold and after each engine's
   warm-up call (p2p.py --first-contact).
@@ -215,9 +223,9 @@ class Runner:
             r["scenario"] = scenario
             self.emit(r)
 
-    def kill(self, scenario, engine, rnd, nbytes, after, env=None):
+    def kill(self, scenario, engine, rnd, nbytes, after, restart_limit, env=None):
         cmd = [PY, os.path.join(HERE, "kill.py"), "--engine", engine, "--round", str(rnd), "--bytes", nbytes,
-               "--kill-after", str(after)]
+               "--kill-after", str(after), "--restart-limit", str(restart_limit)]
         rc, out = self.run(cmd, env, timeout=240)
         rows = self.json_rows(out)
         if not rows:
@@ -240,7 +248,7 @@ def summarise(out: str, versions: dict, command: str):
     summary = []
     texts = {}
     svgs = {}
-    for scenario in ("p2p", "same-host"):
+    for scenario in ("p2p", "same-host", "connector"):
         got = [r for r in rows if r.get("scenario") == scenario]
         if not got:
             continue
@@ -279,11 +287,11 @@ def summarise(out: str, versions: dict, command: str):
                                       and r["op"] == op and field in r]) for e in engines}
                 row[field] = {e: v for e, v in row[field].items() if v is not None}
             ratios = {}
-            for ours in ("ours", "ours-rust", "ours-rust-shm"):
+            for ours in ("ours", "ours-rust", "ours-rust-shm", "compat"):
                 if ours not in meds:
                     continue
                 for e, v in meds.items():
-                    if not e.startswith("ours"):
+                    if not e.startswith("ours") and e != "compat":
                         ratios[f"{ours}/{e}"] = meds[ours] / v
             row["ratios"] = ratios
             summary.append(row)
@@ -369,6 +377,9 @@ def summarise(out: str, versions: dict, command: str):
                        "deregister_ms": med(dereg), "runs": len(rs), "message": msg,
                        "deregister": sorted({str(r.get("deregister")) for r in rs}),
                        "next_transfer": sorted({str(r.get("next_transfer")) for r in rs if "next_transfer" in r}),
+                       "next_ok": sum(1 for r in rs if str(r.get("next_transfer", "")).startswith("ok")),
+                       "same_address": sum(1 for r in rs if r.get("same_address")),
+                       "restart_s": med([r["restart_s"] for r in rs if r.get("restart_s") is not None]),
                        "next_ms": med([r["next_ms"] for r in rs if r.get("next_ms") is not None])}
                 summary.append(row)
                 lines.append(f"{label:>24} to error {fmt(row['seconds_to_return'])} s  outcomes {outcomes}  "
@@ -432,7 +443,7 @@ def bold(x):
 def markdown(summary, versions, command):
     """The side-by-side tables as docs/PERFORMANCE.md shows them."""
     out = [f"Peers: {', '.join(f'{k} {v}' for k, v in versions.items())}. Command: `{command}`.", ""]
-    for scenario in ("p2p", "same-host"):
+    for scenario in ("p2p", "same-host", "connector"):
         rows = [r for r in summary if r.get("scenario") == scenario and "gbps" in r]
         if not rows:
             continue
@@ -442,7 +453,7 @@ def markdown(summary, versions, command):
         out.append("| shape | op | " + " | ".join(engines) + " | ours (Python) / best peer | ours (Rust) / best peer |")
         out.append("| --- | --- | " + " | ".join("---:" for _ in engines) + " | ---: | ---: |")
         for r in rows:
-            peers = {e: v for e, v in r["gbps"].items() if not e.startswith("ours")}
+            peers = {e: v for e, v in r["gbps"].items() if not e.startswith("ours") and e != "compat"}
             best = max(peers.items(), key=lambda kv: kv[1]) if peers else None
             cells = []
             for e in engines:
@@ -453,7 +464,7 @@ def markdown(summary, versions, command):
                 else:
                     cells.append("—")
             rust = r["gbps"].get("ours-rust") or r["gbps"].get("ours-rust-shm")
-            py = r["gbps"].get("ours")
+            py = r["gbps"].get("ours") or r["gbps"].get("compat")
             def ratio(ours):
                 if not (best and ours):
                     return "—"
@@ -531,22 +542,23 @@ def markdown(summary, versions, command):
         out.append("")
     kl = [r for r in summary if r.get("scenario") == "kill"]
     if kl:
-        out.append("**a peer that dies** (target SIGKILLed 0.2 s into a 1 GiB write batch of 1 MiB requests)")
+        out.append("**a peer that dies** (target SIGKILLed 0.2 s into a 1 GiB write batch of 1 MiB requests; then "
+                   "the target restarted at the same address and a 64 MiB write to it, byte-verified)")
         out.append("")
-        out.append("| engine | outcome | kill to return (s) | deregister the source after (ms) | "
-                   "next transfer, to a restarted target (64 MiB, ms) | error |")
-        out.append("| --- | --- | ---: | ---: | --- | --- |")
+        out.append("| engine | rounds | outcome | kill to return (s) | deregister the source after (ms) | "
+                   "restart at the same address (s) | next transfer works | how | next transfer (ms) | error |")
+        out.append("| --- | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |")
         for r in kl:
-            nxt = ", ".join(r.get("next_transfer") or []) or "—"
-            if r.get("next_ms") is not None:
-                nxt += f", {r['next_ms']:.1f}"
-            out.append(f"| {r['engine']} | {', '.join(map(str, r['outcomes']))} | {fmt(r['seconds_to_return'])} | "
-                       f"{fmt(r['deregister_ms'])} | {nxt} | {r['message'] or ''} |")
+            how = "; ".join(r.get("next_transfer") or []) or "—"
+            out.append(f"| {r['engine']} | {r['runs']} | {', '.join(map(str, r['outcomes']))} | "
+                       f"{fmt(r['seconds_to_return'])} | {fmt(r['deregister_ms'])} | {fmt(r.get('restart_s'), 1)} | "
+                       f"{r.get('next_ok', 0)} of {r['runs']} | {how} | {fmt(r.get('next_ms'), 1)} | "
+                       f"{r['message'] or ''} |")
         out.append("")
     return "\n".join(out) + "\n"
 
 
-ORDER = ["ours", "ours-rust", "ours-rust-shm", "mooncake", "mooncake-cpp-bench", "nixl", "nixl-prep"]
+ORDER = ["ours", "compat", "ours-rust", "ours-rust-shm", "mooncake", "mooncake-cpp-bench", "nixl", "nixl-prep"]
 
 
 STORE_ENGINES = ["umbp", "umbp-standalone", "umbp-distributed", "mooncake"]
@@ -556,7 +568,7 @@ def engine_order(e):
     return ORDER.index(e) if e in ORDER else len(ORDER)
 
 
-COLOURS = {"ours": "#1f77b4", "ours-rust": "#6baed6", "ours-rust-shm": "#08306b", "mooncake": "#d62728",
+COLOURS = {"ours": "#1f77b4", "compat": "#9467bd", "ours-rust": "#6baed6", "ours-rust-shm": "#08306b", "mooncake": "#d62728",
            "mooncake-cpp-bench": "#ff9896", "nixl": "#2ca02c", "nixl-prep": "#98df8a"}
 
 
@@ -613,7 +625,7 @@ def main():
     p.add_argument("--out", default=os.path.join(ROOT, "target/peers-bench"))
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--repeat", type=int, default=3, help="timed passes per row per round")
-    p.add_argument("--scenarios", default="p2p,same-host,register,first-contact,kill,store")
+    p.add_argument("--scenarios", default="p2p,same-host,connector,register,first-contact,kill,store")
     p.add_argument("--shapes", default="4K:16M,64K:64M,1M:64M,4M:64M,kv:1728,kv:8448,kv:37440")
     p.add_argument("--ops", default="write,read")
     p.add_argument("--batch-bytes", default="8M")
@@ -623,6 +635,8 @@ def main():
     p.add_argument("--store-pages", type=int, default=32, help="pages of the store scenario's layer-wise restore")
     p.add_argument("--kill-bytes", default="1G", help="the batch the kill scenario interrupts")
     p.add_argument("--kill-after", type=float, default=0.2, help="seconds after the submit")
+    p.add_argument("--kill-restart-limit", type=float, default=90.0,
+                   help="seconds a restarted target may take to get the killed one's address back")
     p.add_argument("--no-rust", action="store_true", help="skip the te-bench rows")
     p.add_argument("--no-mooncake-bench", action="store_true")
     p.add_argument("--verify", action="store_true", help="accepted for clarity: every row is byte-verified")
@@ -657,7 +671,18 @@ def main():
                 if not args.no_mooncake_bench:
                     r.p2p_mooncake_bench("p2p", shapes, ops, rnd, args.mc_duration, batch)
                 r.p2p_python("p2p", "nixl-prep", shapes, ops, args.repeat, rnd, tcp, bb)
+            if "connector" in scen:
+                # vLLM's Mooncake connector loop: one batch_transfer_sync_write per request of seed
+                # 000's KV fragments, through te.compat.mooncake and through the real wheel.
+                kv = [s for s in shapes if s in KV] or ["kv:1728"]
+                pr = ["--per-request", *bb]
+                r.p2p_python("connector", "compat", kv, ["write"], args.repeat, rnd, None, pr)
+                r.p2p_python("connector", "mooncake", kv, ["write"], args.repeat, rnd, None, pr)
             if "same-host" in scen:
+                # Ours from Python on the shm transport the wheel carries (tcp installed too: the
+                # row records the route the segment actually took).
+                r.p2p_python("same-host", "ours", shapes, ops, args.repeat, rnd, None,
+                             [*bb, "--ours-transports", "shm,tcp", "--path", "same-host"])
                 if rust:
                     r.p2p_te_bench("same-host", "shm", shapes, ops, args.repeat, rnd, batch)
                 r.p2p_python("same-host", "nixl", shapes, ops, args.repeat, rnd, {"UCX_TLS": None}, bb)
@@ -676,10 +701,10 @@ def main():
                     r.store("store", e, rnd, args.store_keys, args.store_pages, args.repeat)
             if "kill" in scen:
                 for e, env in (("ours", None), ("mooncake", None), ("nixl", tcp), ("nixl", {"UCX_TLS": None})):
-                    r.kill("kill", e, rnd, args.kill_bytes, args.kill_after, env)
+                    r.kill("kill", e, rnd, args.kill_bytes, args.kill_after, args.kill_restart_limit, env)
     summarise(args.out, versions, command)
     rows = [json.loads(line) for line in open(os.path.join(args.out, "rows.jsonl"))]
-    failed = [x for x in rows if "error" in x and x.get("engine", "").startswith("ours")]
+    failed = [x for x in rows if "error" in x and x.get("engine", "").startswith(("ours", "compat", "umbp"))]
     return 1 if failed else 0
 
 
