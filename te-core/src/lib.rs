@@ -65,7 +65,7 @@ pub mod device {
 }
 
 pub use te_base::{
-    Batch, BatchError, BatchProgress, BatchReport, Error, ErrorSource, ExportedBuffer, HostBuffer, HostBufferOptions,
-    HugePages, MemoryKind, MemoryLocation, MetadataStore, NativeError, Phase, PhaseReport, PhaseStats, PhaseTimer,
-    RequestStatus, Result, SegmentDescriptor, SegmentId, TransferOp, TransferRequest,
+    Batch, BatchError, BatchProgress, BatchReport, Error, ErrorSource, ExportedBuffer, HostBacking, HostBuffer,
+    HostBufferOptions, HugePages, MemoryKind, MemoryLocation, MetadataStore, NativeError, Phase, PhaseReport,
+    PhaseStats, PhaseTimer, RequestStatus, Result, SegmentDescriptor, SegmentId, TransferOp, TransferRequest,
 };

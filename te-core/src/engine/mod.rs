@@ -260,9 +260,29 @@ impl TransferEngine {
         opts: HostBufferOptions,
         reg: RegisterOptions,
     ) -> Result<Registration> {
-        let buf = HostBuffer::allocate(len, opts)?;
+        let buf = HostBuffer::allocate(len, self.host_backing(opts)?)?;
         let mut v = self.register_host_buffers(vec![buf], reg).await?;
         Ok(v.remove(0))
+    }
+
+    /// Resolves [`te_base::HostBacking::Auto`]: a sealed memfd, which a peer on this host maps
+    /// once and copies into directly, when the shm transport runs here and `TE_SHM_MEMFD` is not
+    /// off; anonymous memory otherwise (and always with explicit huge pages).
+    fn host_backing(&self, mut opts: HostBufferOptions) -> Result<HostBufferOptions> {
+        if opts.backing == te_base::HostBacking::Auto {
+            #[cfg(feature = "shm")]
+            let memfd = opts.huge_pages != te_base::HugePages::Explicit
+                && self.inner.transports.iter().any(|t| t.name() == "shm")
+                && te_transport_shm::memfd_allocation(&*self.inner._env)?;
+            #[cfg(not(feature = "shm"))]
+            let memfd = false;
+            opts.backing = if memfd {
+                te_base::HostBacking::Memfd
+            } else {
+                te_base::HostBacking::Anonymous
+            };
+        }
+        Ok(opts)
     }
 
     /// Registers engine-allocated host buffers as one batch.

@@ -23,8 +23,15 @@ pub const PTRACE_SCOPE_FILE_VAR: &str = "TE_SHM_PTRACE_SCOPE_FILE";
 /// Fault injection for tests: the connect-time permission probe fails with this errno.
 pub const FAULT_PROBE_ERRNO_VAR: &str = "TE_SHM_FAULT_PROBE_ERRNO";
 
-/// Every variable this transport reads.
+/// Memory the engine allocates is a sealed memfd that connected peers map (1, default), or
+/// anonymous memory reached by cross-memory attach only (0).
+pub const MEMFD_VAR: &str = "TE_SHM_MEMFD";
+
+/// Every variable this transport reads (`TE_NT_COPY_MIN_BYTES` is the local transport's: the
+/// mapped path copies with its kernels and threshold).
 pub const ENV_VARS: &[&str] = &[
+    MEMFD_VAR,
+    te_transport_local::config::NT_COPY_MIN_BYTES_VAR,
     SOCKET_VAR,
     TIMEOUT_VAR,
     ALLOW_UIDS_VAR,
@@ -64,6 +71,14 @@ pub struct ShmConfig {
     /// `TE_SHM_FAULT_PROBE_ERRNO`: fault injection for tests; every connect-time permission probe
     /// fails with this errno as if the kernel had refused it.
     pub fault_probe_errno: Option<i32>,
+    /// `TE_SHM_MEMFD` (default on): the engine allocates host memory as sealed memfds and this
+    /// transport hands each exported one to connected peers once (`SCM_RIGHTS`), which map it and
+    /// copy with the local transport's kernels. Off: allocations are anonymous, no fd is sent,
+    /// and received fds are not mapped (everything goes by cross-memory attach).
+    pub memfd: bool,
+    /// `TE_NT_COPY_MIN_BYTES` (the local transport's, default 2 KiB): copies into a mapped
+    /// region of at least this size use non-temporal stores.
+    pub nt_copy_min_bytes: u64,
 }
 
 impl Default for ShmConfig {
@@ -77,6 +92,8 @@ impl Default for ShmConfig {
             max_connections: 1024,
             ptrace_scope_file: PathBuf::from(DEFAULT_PTRACE_SCOPE_FILE),
             fault_probe_errno: None,
+            memfd: true,
+            nt_copy_min_bytes: te_transport_local::config::DEFAULT_NT_COPY_MIN_BYTES,
         }
     }
 }
@@ -145,6 +162,10 @@ impl ShmConfig {
             }
             c.fault_probe_errno = Some(e);
         }
+        if let Some(on) = te_base::config::parse_bool(env, MEMFD_VAR)? {
+            c.memfd = on;
+        }
+        c.nt_copy_min_bytes = te_transport_local::LocalConfig::from_env(env)?.nt_copy_min_bytes;
         Ok(c)
     }
 }
@@ -164,10 +185,12 @@ mod tests {
             (COPY_THREADS_VAR, "65"),
             (FAULT_PROBE_ERRNO_VAR, "0"),
             (SOCKET_VAR, ""),
+            (MEMFD_VAR, "maybe"),
         ] {
             let e = ShmConfig::from_env(&MapEnv::new([(var, value)])).unwrap_err();
             assert!(e.to_string().contains(var), "{e}");
         }
         assert_eq!(ShmConfig::from_env(&MapEnv::default()).unwrap(), ShmConfig::default());
+        assert!(!ShmConfig::from_env(&MapEnv::new([(MEMFD_VAR, "0")])).unwrap().memfd);
     }
 }

@@ -12,19 +12,47 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use te_base::auth::{AuthKey, InitiatorHandshake, NONCE_LEN};
 use te_base::notify::{Outcome, MAX_PAYLOAD_LIMIT};
+use te_base::shared_memory::{map_sealed, SharedMapping};
 use te_base::{BatchAborts, BatchState, Error, ResolvedRequest, Result, TransferOp};
+use te_transport_local::copy::{copy_with_threshold, prefetch, store_fence, NtKernel};
+use te_transport_local::plan::CopyOp;
 
 use crate::cma::{self, IOV_MAX};
 use crate::endpoint::ShmEndpoint;
 use crate::serve::AUTH_CONTEXT;
-use crate::socket::{address, peer_cred, read_frame, write_frame};
-use crate::wire::{decode_ranges, refusal, Header, Opcode};
+use crate::socket::{address, peer_cred, read_frame_fd, write_frame};
+use crate::wire::{decode_ranges, decode_region_fd, refusal, Header, Opcode};
 
 /// Largest number of bytes one system call is asked to move: the export list's read lock is
 /// offered to a waiting revocation between calls, so this bounds how long a revocation waits
 /// for a running copy (64 MiB: a few tens of milliseconds; the per-call cost is nothing at this
 /// size).
 const MAX_CALL_BYTES: u64 = 64 << 20;
+
+/// One range the target exports, and our shared mapping of it when the target sent its sealed
+/// memfd (then copies go through the mapping with the local transport's kernels; otherwise by
+/// cross-memory attach).
+pub(crate) struct Export {
+    base: u64,
+    len: u64,
+    map: Option<SharedMapping>,
+}
+
+/// Bytes copied by each route, over every connection of one transport (updated once per copy
+/// call, never per request).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub mapped_bytes: AtomicU64,
+    pub cma_bytes: AtomicU64,
+    pub fds_refused: AtomicU64,
+}
+
+/// The route of one group of requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Mapped,
+    Cma(TransferOp),
+}
 
 /// A notification waiting for the target's answer.
 struct PendingNote {
@@ -51,7 +79,14 @@ pub(crate) struct Connection {
     /// from its check through its system call and yields it to a waiting revocation between
     /// calls, so applying a revocation (write lock) waits for the calls in flight only and, once
     /// it is acknowledged, no byte of the revoked range is touched again.
-    exports: RwLock<Vec<(u64, u64)>>,
+    exports: RwLock<Vec<Export>>,
+    /// Mappings of memfds received ahead of the update that exports their range.
+    pending: Mutex<Vec<(u64, u64, SharedMapping)>>,
+    /// Map the memfds the target sends (`TE_SHM_MEMFD`).
+    map_memfd: bool,
+    kernel: NtKernel,
+    nt_min: u64,
+    counters: Arc<Counters>,
     killed: AtomicBool,
     error: Mutex<Option<Error>>,
     notes: Mutex<HashMap<u64, PendingNote>>,
@@ -98,6 +133,12 @@ pub(crate) struct ConnectSettings {
     pub auth: Option<AuthKey>,
     pub allow_uids: Vec<u32>,
     pub fault_probe_errno: Option<i32>,
+    /// Map the sealed memfds the target sends (`TE_SHM_MEMFD`).
+    pub map_memfd: bool,
+    /// The local transport's copy kernel and non-temporal threshold, for mapped regions.
+    pub kernel: NtKernel,
+    pub nt_min: u64,
+    pub counters: Arc<Counters>,
 }
 
 impl Connection {
@@ -137,7 +178,10 @@ impl Connection {
         };
         let nonce: &[u8] = pending.as_ref().map(|(_, n)| &n[..]).unwrap_or(&[]);
         write_frame(&mut stream, hello, nonce).map_err(other)?;
-        let (mut h, mut body) = read_frame(&mut stream).map_err(other)?;
+        // Memfds of the exported regions arrive ahead of the welcome; they are mapped only once
+        // the welcome (and the probe) accepted this target.
+        let mut fds = Vec::new();
+        let (mut h, mut body) = read_reply(&mut stream, &mut fds).map_err(other)?;
         if let Some((handshake, _)) = pending {
             if h.op == Opcode::Welcome {
                 return Err(ConnectError::Unauthenticated(
@@ -150,7 +194,7 @@ impl Connection {
                     .finish(&theirs, &body[NONCE_LEN..], name)
                     .map_err(|_| ConnectError::Unauthenticated("the target does not hold this engine's key".into()))?;
                 write_frame(&mut stream, Header::new(Opcode::Proof), &proof).map_err(other)?;
-                (h, body) = read_frame(&mut stream).map_err(other)?;
+                (h, body) = read_reply(&mut stream, &mut fds).map_err(other)?;
             }
         }
         match h.op {
@@ -166,8 +210,7 @@ impl Connection {
             }
             op => return Err(ConnectError::Other(format!("unexpected {op:?} reply to HELLO"))),
         }
-        let mut exports = decode_ranges(&body[8..]).map_err(|e| ConnectError::Other(format!("bad welcome: {e}")))?;
-        exports.sort_unstable();
+        let ranges = decode_ranges(&body[8..]).map_err(|e| ConnectError::Other(format!("bad welcome: {e}")))?;
         // The permission itself: one byte read from the target's probe address.
         cma::probe(ep.pid, h.b, s.fault_probe_errno).map_err(|e| {
             ConnectError::NotPermitted(format!(
@@ -183,13 +226,22 @@ impl Connection {
             fd: stream.as_raw_fd(),
             pidfd,
             writer: Mutex::new(stream),
-            exports: RwLock::new(exports),
+            exports: RwLock::new(Vec::new()),
+            pending: Mutex::new(Vec::new()),
+            map_memfd: s.map_memfd,
+            kernel: s.kernel,
+            nt_min: s.nt_min,
+            counters: s.counters.clone(),
             killed: AtomicBool::new(false),
             error: Mutex::new(None),
             notes: Mutex::new(HashMap::new()),
             next_note: AtomicU64::new(1),
             aborts: BatchAborts::default(),
         });
+        for (h, fd_body, fd) in fds {
+            conn.received_fd(&h, &fd_body, fd);
+        }
+        conn.apply(false, &ranges);
         let weak = Arc::downgrade(&conn);
         std::thread::Builder::new()
             .name("te-shm-control".into())
@@ -310,6 +362,7 @@ impl Connection {
     /// of one direction (adjacent ones coalesced).
     pub fn run(&self, reqs: &[ResolvedRequest], batch: &BatchState) {
         let mut exports = self.exports.read();
+        let (mut mapped, mut kernel_copied) = (0u64, 0u64);
         SCRATCH.with(|cell| {
             let mut guard = cell.borrow_mut();
             let s = &mut *guard;
@@ -326,12 +379,14 @@ impl Connection {
                     batch.fail_many(reqs[i..].iter().map(|r| r.index as usize), &err);
                     return;
                 }
-                let op = reqs[i].op;
                 s.clear();
                 let mut total = 0u64;
-                while i < reqs.len() && reqs[i].op == op && s.local.len() < IOV_MAX {
+                // One group: consecutive requests of one route (mapped, or cross-memory attach
+                // in one direction), up to IOV_MAX copies or MAX_CALL_BYTES.
+                let mut route: Option<Route> = None;
+                while i < reqs.len() && s.local.len() < IOV_MAX && s.ops.len() < IOV_MAX {
                     let r = &reqs[i];
-                    if !exported(&exports, r.remote_addr, r.len) {
+                    let Some(e) = find(&exports, r.remote_addr, r.len) else {
                         batch.fail(
                             r.index as usize,
                             Error::Refused {
@@ -344,39 +399,107 @@ impl Connection {
                         );
                         i += 1;
                         continue;
+                    };
+                    let this = match e.map {
+                        Some(_) => Route::Mapped,
+                        None => Route::Cma(r.op),
+                    };
+                    if route.is_some_and(|x| x != this) {
+                        break;
                     }
                     if !s.members.is_empty() && total + r.len > MAX_CALL_BYTES {
                         break;
                     }
-                    let (l, rm) = (s.local.last_mut(), s.remote.last_mut());
-                    match (l, rm) {
-                        (Some(l), Some(rm))
-                            if l.iov_base as u64 + l.iov_len as u64 == r.local_addr
-                                && rm.iov_base as u64 + rm.iov_len as u64 == r.remote_addr =>
-                        {
-                            l.iov_len += r.len as usize;
-                            rm.iov_len += r.len as usize;
+                    route = Some(this);
+                    if let Some(m) = &e.map {
+                        // The same bytes in our mapping of the target's memfd.
+                        let at = m.addr() + (r.remote_addr - e.base);
+                        let (dst, src) = match r.op {
+                            TransferOp::Write => (at, r.local_addr),
+                            TransferOp::Read => (r.local_addr, at),
+                        };
+                        match s.ops.last_mut() {
+                            Some(c) if c.dst + c.len == dst && c.src + c.len == src => c.len += r.len,
+                            _ => s.ops.push(CopyOp { dst, src, len: r.len }),
                         }
-                        _ => {
-                            s.local.push(cma::iovec(r.local_addr, r.len));
-                            s.remote.push(cma::iovec(r.remote_addr, r.len));
+                    } else {
+                        let (l, rm) = (s.local.last_mut(), s.remote.last_mut());
+                        match (l, rm) {
+                            (Some(l), Some(rm))
+                                if l.iov_base as u64 + l.iov_len as u64 == r.local_addr
+                                    && rm.iov_base as u64 + rm.iov_len as u64 == r.remote_addr =>
+                            {
+                                l.iov_len += r.len as usize;
+                                rm.iov_len += r.len as usize;
+                            }
+                            _ => {
+                                s.local.push(cma::iovec(r.local_addr, r.len));
+                                s.remote.push(cma::iovec(r.remote_addr, r.len));
+                            }
                         }
                     }
                     s.members.push(i);
                     total += r.len;
                     i += 1;
                 }
-                if s.members.is_empty() {
-                    continue;
-                }
-                match cma::vm_copy(self.pid, op, &s.local, &s.remote) {
-                    Ok(n) if n as u64 == total => {
+                match route {
+                    None => continue,
+                    Some(Route::Mapped) => {
+                        // SAFETY: every source and destination lies in registered local memory
+                        // (checked at submit, held for the batch) or in a live mapping of the
+                        // target's sealed memfd (kept mapped by the export list's read lock held
+                        // here; sealed, so no page of it can vanish).
+                        unsafe { copy_ops(&s.ops, self.kernel, self.nt_min) };
                         batch.complete_many(s.members.iter().map(|&m| reqs[m].index as usize));
+                        mapped += total;
                     }
-                    first => self.settle_one_by_one(reqs, &s.members, first, batch),
+                    Some(Route::Cma(op)) => {
+                        kernel_copied += total;
+                        match cma::vm_copy(self.pid, op, &s.local, &s.remote) {
+                            Ok(n) if n as u64 == total => {
+                                batch.complete_many(s.members.iter().map(|&m| reqs[m].index as usize));
+                            }
+                            first => self.settle_one_by_one(reqs, &s.members, first, batch),
+                        }
+                    }
                 }
             }
         });
+        if mapped > 0 {
+            self.counters.mapped_bytes.fetch_add(mapped, Ordering::Relaxed);
+        }
+        if kernel_copied > 0 {
+            self.counters.cma_bytes.fetch_add(kernel_copied, Ordering::Relaxed);
+        }
+    }
+
+    /// Regions of this target we hold a mapping of.
+    pub fn mapped_regions(&self) -> usize {
+        self.exports.read().iter().filter(|e| e.map.is_some()).count()
+    }
+
+    /// A memfd the target sent for `[h.a, +h.b)`: checks its seals and maps it, kept until the
+    /// update that exports the range. Refused (not mapped; the range goes by cross-memory attach)
+    /// without both seals, or when `TE_SHM_MEMFD` is off.
+    fn received_fd(&self, h: &Header, body: &[u8], fd: Option<std::os::fd::OwnedFd>) {
+        let (Ok((base, len, offset)), Some(fd)) = (decode_region_fd(h, body), fd) else {
+            tracing::warn!(segment = %self.name, "shm: a region fd frame without a valid range or descriptor; ignored");
+            self.counters.fds_refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if !self.map_memfd {
+            return;
+        }
+        match map_sealed(std::os::fd::AsFd::as_fd(&fd), offset, len) {
+            Ok(m) => self.pending.lock().push((base, len, m)),
+            Err(why) => {
+                self.counters.fds_refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    segment = %self.name,
+                    "shm: not mapping the memfd of [{base:#x}, +{len}): {why}; it goes by cross-memory attach"
+                );
+            }
+        }
     }
 
     /// After a short or failed call: completes what the call moved, then copies each remaining
@@ -432,18 +555,42 @@ impl Connection {
         }
     }
 
+    /// Applies a region update. A revoked range leaves the list and its mapping is unmapped
+    /// here, under the write lock: no copy is in flight on it, and none starts again.
     fn apply(&self, revoke: bool, ranges: &[(u64, u64)]) {
+        let mut unmapped = Vec::new();
+        let mut pending = self.pending.lock();
         let mut ex = self.exports.write();
-        for &range in ranges {
-            let at = ex.partition_point(|r| *r < range);
+        for &(base, len) in ranges {
+            let at = ex.partition_point(|e| e.base < base);
+            let here = ex.get(at).is_some_and(|e| e.base == base && e.len == len);
+            // A mapping received for this range is used by an add and dropped by a revoke.
+            let map = pending
+                .iter()
+                .position(|p| p.0 == base && p.1 == len)
+                .map(|k| pending.swap_remove(k).2);
             if revoke {
-                if ex.get(at) == Some(&range) {
-                    ex.remove(at);
+                if here {
+                    unmapped.push(ex.remove(at));
                 }
-            } else if ex.get(at) != Some(&range) {
-                ex.insert(at, range);
+                unmapped.extend(map.map(|m| Export {
+                    base,
+                    len,
+                    map: Some(m),
+                }));
+            } else if here {
+                if map.is_some() {
+                    ex[at].map = map;
+                }
+            } else {
+                ex.insert(at, Export { base, len, map });
             }
         }
+        drop(ex);
+        drop(pending);
+        // Unmapped here, after the write lock: no copy was in flight on them when they left
+        // the list, and none can find them again.
+        drop(unmapped);
     }
 }
 
@@ -462,13 +609,39 @@ fn verb(op: TransferOp) -> &'static str {
     }
 }
 
-/// True if `[addr, addr + len)` lies inside one range of `exports` (sorted by base).
-fn exported(exports: &[(u64, u64)], addr: u64, len: u64) -> bool {
-    let idx = exports.partition_point(|r| r.0 <= addr);
-    idx > 0 && {
-        let (base, size) = exports[idx - 1];
-        len <= size && addr - base <= size - len
+/// The range of `exports` (sorted by base) that holds `[addr, addr + len)`, if one does.
+fn find(exports: &[Export], addr: u64, len: u64) -> Option<&Export> {
+    let idx = exports.partition_point(|e| e.base <= addr);
+    let e = exports.get(idx.checked_sub(1)?)?;
+    (len <= e.len && addr - e.base <= e.len - len).then_some(e)
+}
+
+/// Copies `ops` in order with the local transport's kernels (streaming stores from `nt_min`,
+/// the next copy's start prefetched while one runs), then fences the streaming stores.
+///
+/// # Safety
+/// Every op must name a readable source and a writable destination that no other thread writes
+/// meanwhile.
+unsafe fn copy_ops(ops: &[CopyOp], kernel: NtKernel, nt_min: u64) {
+    for (k, op) in ops.iter().enumerate() {
+        if let Some(next) = ops.get(k + 1) {
+            prefetch(next.dst, next.src, next.len, next.len >= nt_min);
+        }
+        let (dst, src, len) = (
+            op.dst as usize as *mut u8,
+            op.src as usize as *const u8,
+            op.len as usize,
+        );
+        if op.src < op.dst + op.len && op.dst < op.src + op.len {
+            // SAFETY: valid ranges per the caller; `copy` allows them to overlap (two mappings
+            // of one page in this process).
+            unsafe { std::ptr::copy(src, dst, len) }
+        } else {
+            // SAFETY: valid, non-overlapping ranges per the caller and the check above.
+            unsafe { copy_with_threshold(kernel, nt_min, dst, src, len) }
+        }
     }
+    store_fence();
 }
 
 /// Per-thread iovec arrays, reused by every batch the thread copies (no allocation per batch
@@ -476,6 +649,7 @@ fn exported(exports: &[(u64, u64)], addr: u64, len: u64) -> bool {
 struct Scratch {
     local: Vec<libc::iovec>,
     remote: Vec<libc::iovec>,
+    ops: Vec<CopyOp>,
     members: Vec<usize>,
 }
 
@@ -483,6 +657,7 @@ impl Scratch {
     fn clear(&mut self) {
         self.local.clear();
         self.remote.clear();
+        self.ops.clear();
         self.members.clear();
     }
 }
@@ -491,6 +666,7 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch {
         local: Vec::with_capacity(IOV_MAX),
         remote: Vec::with_capacity(IOV_MAX),
+        ops: Vec::with_capacity(IOV_MAX),
         members: Vec::with_capacity(IOV_MAX),
     });
 }
@@ -499,7 +675,7 @@ thread_local! {
 /// notifications, and cuts the connection when the target goes away.
 fn read_loop(conn: Weak<Connection>, mut stream: UnixStream) {
     let why = loop {
-        let (h, body) = match read_frame(&mut stream) {
+        let (h, body, fd) = match read_frame_fd(&mut stream) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 break "the target closed the connection".to_string()
@@ -508,6 +684,7 @@ fn read_loop(conn: Weak<Connection>, mut stream: UnixStream) {
         };
         let Some(c) = conn.upgrade() else { return };
         match h.op {
+            Opcode::RegionFd => c.received_fd(&h, &body, fd),
             Opcode::Regions => {
                 let Ok(ranges) = decode_ranges(&body) else {
                     break "malformed region update".into();
@@ -542,13 +719,34 @@ fn read_loop(conn: Weak<Connection>, mut stream: UnixStream) {
     }
 }
 
+/// Reads a handshake reply, setting aside the memfd frames that come ahead of the welcome.
+fn read_reply(
+    stream: &mut UnixStream,
+    fds: &mut Vec<(Header, Vec<u8>, Option<std::os::fd::OwnedFd>)>,
+) -> std::io::Result<(Header, Vec<u8>)> {
+    loop {
+        let (h, body, fd) = read_frame_fd(stream)?;
+        if h.op != Opcode::RegionFd {
+            return Ok((h, body));
+        }
+        if fds.len() >= crate::wire::MAX_RANGES {
+            return Err(std::io::Error::other("too many region fds before the welcome"));
+        }
+        fds.push((h, body, fd));
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::exported;
+    use super::{find, Export};
+
+    fn exported(ex: &[Export], addr: u64, len: u64) -> bool {
+        find(ex, addr, len).is_some()
+    }
 
     #[test]
     fn export_checks_are_overflow_safe() {
-        let ex = [(0x1000, 0x100), (0x3000, 0x10)];
+        let ex = [(0x1000, 0x100), (0x3000, 0x10)].map(|(base, len)| Export { base, len, map: None });
         assert!(exported(&ex, 0x1000, 0x100));
         assert!(exported(&ex, 0x30ff - 0xf0, 1));
         assert!(!exported(&ex, 0x10ff, 2));

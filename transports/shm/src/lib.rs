@@ -11,6 +11,10 @@
 //!   by `process_vm_readv`. If any of this is not permitted the connect fails with
 //!   `NotAvailable` and the reason (logged once), and the engine carries the peer on its next
 //!   route (tcp).
+//! - Memory the engine allocated is a sealed memfd (`TE_SHM_MEMFD`, default on): the target
+//!   sends each exported one once over the control socket (`SCM_RIGHTS`), the initiator checks
+//!   its seals, maps it shared and copies into it with the local transport's kernels. Other
+//!   memory (`register_raw`) goes by cross-memory attach; the route is chosen per region.
 //! - A batch is copied with one system call per up to 1,024 requests of one direction (adjacent
 //!   ones coalesced) on the submitting thread, or cut into one share per copy thread
 //!   (`TE_SHM_COPY_THREADS`, default 2) when larger
@@ -35,7 +39,13 @@ pub mod wire;
 pub use cma::PtraceScope;
 pub use config::{ShmConfig, DEFAULT_PTRACE_SCOPE_FILE, ENV_VARS};
 pub use endpoint::{HostIdentity, ShmEndpoint};
-pub use transport::{install, ShmTransport};
+pub use transport::{install, RouteCounters, ShmTransport};
+
+/// Whether the engine should allocate host memory as sealed memfds for this transport
+/// (`TE_SHM_MEMFD`, default on): te-core's `allocate` asks this when the shm transport runs.
+pub fn memfd_allocation(env: &dyn te_base::config::Env) -> te_base::Result<bool> {
+    Ok(te_base::config::parse_bool(env, config::MEMFD_VAR)?.unwrap_or(true))
+}
 
 /// The shm transport as te-core lists it.
 pub const DESCRIPTOR: te_base::TransportDescriptor = te_base::TransportDescriptor {

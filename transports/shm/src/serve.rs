@@ -16,19 +16,28 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use te_base::auth::{AuthKey, ResponderHandshake, NONCE_LEN, PROOF_LEN};
 use te_base::notify::Outcome;
+use te_base::shared_memory::MemfdRange;
 use te_base::{NotifyInbox, RegionId, RegionInfo};
 
 use crate::cma::{self, PtraceScope};
-use crate::socket::{peer_cred, read_frame, write_frame};
+use crate::socket::{peer_cred, read_frame, write_frame, write_frame_fd};
 use crate::wire::{encode_ranges, refusal, Header, Opcode, MAX_RANGES};
 
 /// The authentication context of this transport's handshake.
 pub(crate) const AUTH_CONTEXT: &str = "te-shm-control-v1";
 
+/// One exported region: its range, and the sealed memfd behind it when the engine allocated it
+/// as one (sent to every initiator once, which maps it).
+struct Exported {
+    base: u64,
+    len: u64,
+    memfd: Option<MemfdRange>,
+}
+
 /// Regions the target exports, and the epoch of the last change.
 #[derive(Default)]
 struct Exports {
-    regions: BTreeMap<RegionId, (u64, u64)>,
+    regions: BTreeMap<RegionId, Exported>,
     epoch: u64,
 }
 
@@ -61,6 +70,8 @@ pub(crate) struct Server {
     pub max_connections: usize,
     pub inbox: Arc<NotifyInbox>,
     pub scope: PtraceScope,
+    /// `TE_SHM_MEMFD`: hand the memfds of exported engine-allocated regions to initiators.
+    pub share_memfd: bool,
     exports: Mutex<Exports>,
     conns: Mutex<Vec<Arc<Served>>>,
     open: AtomicUsize,
@@ -78,6 +89,7 @@ impl Server {
         max_connections: usize,
         inbox: Arc<NotifyInbox>,
         scope: PtraceScope,
+        share_memfd: bool,
     ) -> Server {
         Server {
             token,
@@ -87,6 +99,7 @@ impl Server {
             max_connections,
             inbox,
             scope,
+            share_memfd,
             exports: Mutex::new(Exports::default()),
             conns: Mutex::new(Vec::new()),
             open: AtomicUsize::new(0),
@@ -110,9 +123,24 @@ impl Server {
         let (epoch, waiting) = {
             let mut ex = self.exports.lock();
             let mut changed = Vec::with_capacity(regions.len());
+            let mut fds = Vec::new();
             for r in regions.iter().filter(|r| r.exported && r.location.is_host()) {
                 let hit = if add {
-                    ex.regions.insert(r.id, (r.base, r.len)).is_none()
+                    // Memory the engine allocated as a sealed memfd (never a register_raw range
+                    // of foreign memory: only HostBuffers are listed).
+                    let memfd = self
+                        .share_memfd
+                        .then(|| te_base::shared_memory::memfd_of(r.base, r.len))
+                        .flatten();
+                    if let Some(m) = &memfd {
+                        fds.push((r.base, r.len, m.clone()));
+                    }
+                    let e = Exported {
+                        base: r.base,
+                        len: r.len,
+                        memfd,
+                    };
+                    ex.regions.insert(r.id, e).is_none()
                 } else {
                     ex.regions.remove(&r.id).is_some()
                 };
@@ -130,7 +158,7 @@ impl Server {
             // the new snapshot.
             let conns: Vec<Arc<Served>> = self.conns.lock().clone();
             for c in &conns {
-                if send_ranges(c, epoch, !add, &changed).is_err() {
+                if send_fds(c, &fds).is_err() || send_ranges(c, epoch, !add, &changed).is_err() {
                     c.cut();
                 }
             }
@@ -160,6 +188,27 @@ impl Server {
             c.cut();
         }
     }
+}
+
+/// Sends the memfd of each `(base, len, memfd)`, before the update that exports the range.
+fn send_fds(c: &Served, fds: &[(u64, u64, MemfdRange)]) -> std::io::Result<()> {
+    if fds.is_empty() {
+        return Ok(());
+    }
+    let mut w = c.writer.lock();
+    for (base, len, m) in fds {
+        send_fd(&mut w, *base, *len, m)?;
+    }
+    Ok(())
+}
+
+fn send_fd(w: &mut UnixStream, base: u64, len: u64, m: &MemfdRange) -> std::io::Result<()> {
+    let h = Header {
+        a: base,
+        b: len,
+        ..Header::new(Opcode::RegionFd)
+    };
+    write_frame_fd(w, h, &m.offset.to_le_bytes(), m.fd())
 }
 
 fn send_ranges(c: &Served, epoch: u64, revoke: bool, ranges: &[(u64, u64)]) -> std::io::Result<()> {
@@ -301,8 +350,16 @@ fn serve(mut stream: UnixStream, server: &Arc<Server>) {
     });
     {
         let ex = server.exports.lock();
-        let ranges: Vec<(u64, u64)> = ex.regions.values().copied().collect();
+        let ranges: Vec<(u64, u64)> = ex.regions.values().map(|e| (e.base, e.len)).collect();
         let mut w = conn.writer.lock();
+        // The memfds of what is exported now, before the welcome that exports it.
+        for e in ex.regions.values() {
+            if let Some(m) = &e.memfd {
+                if send_fd(&mut w, e.base, e.len, m).is_err() {
+                    return;
+                }
+            }
+        }
         let first = &ranges[..ranges.len().min(MAX_RANGES)];
         let mut body = ex.epoch.to_le_bytes().to_vec();
         encode_ranges(first, &mut body);

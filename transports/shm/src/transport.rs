@@ -13,7 +13,7 @@ use te_base::{
 
 use crate::cma::{self, PtraceScope};
 use crate::config::ShmConfig;
-use crate::connection::{ConnectError, ConnectSettings, Connection};
+use crate::connection::{ConnectError, ConnectSettings, Connection, Counters};
 use crate::endpoint::{HostIdentity, ShmEndpoint};
 use crate::peer::{CopyThreads, LocalTable, ShmPeer};
 use crate::serve::{accept_loop, Server};
@@ -31,6 +31,24 @@ pub struct ShmTransport {
     auth: Option<AuthKey>,
     /// Target instances already reported as unreachable (each is reported once).
     reported: Mutex<HashSet<(u32, u64)>>,
+    /// Bytes by route, over every connection.
+    counters: Arc<Counters>,
+    /// The local transport's copy kernel, for mapped regions.
+    kernel: te_transport_local::NtKernel,
+}
+
+/// What this transport's copies went through, since it started (a route detail, for tests and
+/// reports; updated once per copy call).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteCounters {
+    /// Bytes copied through mappings of targets' memfds (the local transport's kernels).
+    pub mapped_bytes: u64,
+    /// Bytes copied by cross-memory attach (`process_vm_writev/readv`).
+    pub cma_bytes: u64,
+    /// Memfds a target sent that were not mapped (no seals, bad frame).
+    pub fds_refused: u64,
+    /// Target regions this engine holds a mapping of right now.
+    pub mapped_regions: usize,
 }
 
 impl std::fmt::Debug for ShmTransport {
@@ -74,6 +92,7 @@ impl ShmTransport {
             config.max_connections,
             inbox,
             scope,
+            config.memfd,
         ));
         let copier = Arc::new(CopyThreads::start(config.copy_threads)?);
         let listener = Arc::new(listener);
@@ -99,6 +118,8 @@ impl ShmTransport {
             copier,
             auth,
             reported: Mutex::new(HashSet::new()),
+            counters: Arc::new(Counters::default()),
+            kernel: te_transport_local::NtKernel::detect(),
         })
     }
 
@@ -117,6 +138,17 @@ impl ShmTransport {
         &self.config
     }
 
+    /// Bytes by route since start, and the target regions mapped now.
+    pub fn route_counters(&self) -> RouteCounters {
+        use std::sync::atomic::Ordering::Relaxed;
+        RouteCounters {
+            mapped_bytes: self.counters.mapped_bytes.load(Relaxed),
+            cma_bytes: self.counters.cma_bytes.load(Relaxed),
+            fds_refused: self.counters.fds_refused.load(Relaxed),
+            mapped_regions: self.live_connections().iter().map(|c| c.mapped_regions()).sum(),
+        }
+    }
+
     fn live_connections(&self) -> Vec<Arc<Connection>> {
         self.pool.lock().values().filter_map(Weak::upgrade).collect()
     }
@@ -127,6 +159,10 @@ impl ShmTransport {
             auth: self.auth.clone(),
             allow_uids: self.config.allow_uids.clone(),
             fault_probe_errno: self.config.fault_probe_errno,
+            map_memfd: self.config.memfd,
+            kernel: self.kernel,
+            nt_min: self.config.nt_copy_min_bytes,
+            counters: self.counters.clone(),
         };
         let name = peer.name.clone();
         let (tx, rx) = tokio::sync::oneshot::channel();

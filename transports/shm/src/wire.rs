@@ -33,6 +33,11 @@ pub enum Opcode {
     /// Target: the answer to notification `a`; `code` = `te_base::notify::Outcome`, `b` = its
     /// largest accepted payload.
     NoteAck = 9,
+    /// Target: the sealed memfd behind exported range `[a, a + b)` travels with this frame
+    /// (`SCM_RIGHTS`); the body is the range's 8-byte offset in the file. Sent once per region,
+    /// before the [`Opcode::Regions`] update (or the [`Opcode::Welcome`]) that exports it; the
+    /// initiator checks the seals, maps it shared and copies into the mapping.
+    RegionFd = 10,
 }
 
 impl Opcode {
@@ -47,6 +52,7 @@ impl Opcode {
             7 => Opcode::Ack,
             8 => Opcode::Note,
             9 => Opcode::NoteAck,
+            10 => Opcode::RegionFd,
             _ => return None,
         })
     }
@@ -149,6 +155,18 @@ pub fn encode_ranges(ranges: &[(u64, u64)], out: &mut Vec<u8>) {
     }
 }
 
+/// Decodes a [`Opcode::RegionFd`] frame: `(base, len, offset)`; a zero length, a range that
+/// overflows or a body that is not 8 bytes is an error.
+pub fn decode_region_fd(h: &Header, body: &[u8]) -> Result<(u64, u64, u64), DecodeError> {
+    let offset = <[u8; 8]>::try_from(body)
+        .map(u64::from_le_bytes)
+        .map_err(|_| DecodeError::Ranges(body.len()))?;
+    if h.b == 0 || h.a.checked_add(h.b).is_none() || offset.checked_add(h.b).is_none() {
+        return Err(DecodeError::Ranges(body.len()));
+    }
+    Ok((h.a, h.b, offset))
+}
+
 /// Decodes a region-update body; ranges of zero length or that overflow are errors.
 pub fn decode_ranges(body: &[u8]) -> Result<Vec<(u64, u64)>, DecodeError> {
     if !body.len().is_multiple_of(16) {
@@ -195,6 +213,21 @@ mod tests {
             }
             let _ = Header::decode(&raw);
         }
+    }
+
+    #[test]
+    fn region_fd_frames_decode_strictly() {
+        let h = Header {
+            a: 0x1000,
+            b: 4096,
+            ..Header::new(Opcode::RegionFd)
+        };
+        assert_eq!(Header::decode(&h.encode()).unwrap().op, Opcode::RegionFd);
+        assert_eq!(decode_region_fd(&h, &7u64.to_le_bytes()).unwrap(), (0x1000, 4096, 7));
+        assert!(decode_region_fd(&h, &[0u8; 7]).is_err());
+        assert!(decode_region_fd(&Header { b: 0, ..h }, &0u64.to_le_bytes()).is_err());
+        assert!(decode_region_fd(&Header { a: u64::MAX, ..h }, &0u64.to_le_bytes()).is_err());
+        assert!(decode_region_fd(&h, &u64::MAX.to_le_bytes()).is_err());
     }
 
     #[test]

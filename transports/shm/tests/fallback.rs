@@ -91,3 +91,51 @@ async fn a_restrictive_ptrace_scope_falls_back_to_tcp_and_says_why() {
     let (routes, _) = routes_and_transfer(&target, &initiator).await;
     assert_eq!(routes, vec!["tcp"]);
 }
+
+/// `allocate` backs host memory with a sealed memfd when the shm transport runs (peers map it);
+/// `TE_SHM_MEMFD=0`, or an engine without shm, allocates anonymous memory; an explicit backing
+/// is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_allocates_memfds_for_shm_unless_turned_off() {
+    use te_base::shared_memory::memfd_of;
+    let store = Arc::new(InProcessStore::new());
+    let on = engine("shm-memfd-on", &store, &[]).await;
+    let off = engine("shm-memfd-off", &store, &[("TE_SHM_MEMFD", "0")]).await;
+    let tcp_only = TransferEngine::builder()
+        .segment_name("shm-memfd-tcp-only")
+        .metadata(store.clone())
+        .env(Arc::new(MapEnv::new([("TE_TCP_LISTEN", "127.0.0.1:0")])))
+        .transports(["tcp"])
+        .build()
+        .await
+        .unwrap();
+    let shared = |e: &TransferEngine, opts: HostBufferOptions| {
+        let e = e.clone();
+        async move {
+            let r = e.allocate(1 << 20, opts).await.unwrap();
+            memfd_of(r.addr(), 1 << 20).is_some()
+        }
+    };
+    assert!(shared(&on, HostBufferOptions::default()).await);
+    assert!(!shared(&off, HostBufferOptions::default()).await);
+    assert!(!shared(&tcp_only, HostBufferOptions::default()).await);
+    let anon = HostBufferOptions {
+        backing: te_core::HostBacking::Anonymous,
+        ..Default::default()
+    };
+    assert!(!shared(&on, anon).await, "an explicit backing is kept");
+    let memfd = HostBufferOptions {
+        backing: te_core::HostBacking::Memfd,
+        ..Default::default()
+    };
+    assert!(shared(&off, memfd).await);
+    // A malformed setting is the engine's configuration error, not a silent default.
+    let bad = TransferEngine::builder()
+        .segment_name("shm-memfd-bad")
+        .metadata(store.clone())
+        .env(Arc::new(MapEnv::new([("TE_SHM_MEMFD", "sometimes")])))
+        .transports(["shm"])
+        .build()
+        .await;
+    assert!(bad.is_err());
+}

@@ -1,6 +1,7 @@
 //! `te-shm-peer serve BYTES SEED`: the target process of the shm transport's multi-process
 //! tests. It starts the transport (settings from the process environment, the key from
-//! `TE_AUTH_KEY_FILE`), exports one buffer filled with the position-dependent pattern of SEED,
+//! `TE_AUTH_KEY_FILE`), exports one buffer (a sealed memfd, or anonymous memory with
+//! `TE_SHM_MEMFD=0`, as the engine allocates) filled with the position-dependent pattern of SEED,
 //! prints its segment descriptor as one JSON line, then answers commands on standard input, one
 //! per line, until it closes:
 //!
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use te_base::config::ProcessEnv;
-use te_base::{HostBuffer, HostBufferOptions, MemoryLocation, RegionId, RegionInfo, Transport};
+use te_base::{HostBacking, HostBuffer, HostBufferOptions, MemoryLocation, RegionId, RegionInfo, Transport};
 use te_base::{NotifyInbox, NotifyLimits, SegmentDescriptor, TransportEndpoint};
 use te_transport_shm::{ShmConfig, ShmTransport};
 
@@ -41,10 +42,20 @@ fn run() -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     let config = ShmConfig::from_env(&ProcessEnv).map_err(|e| e.to_string())?;
+    // As the engine's `allocate` does: a sealed memfd unless TE_SHM_MEMFD is off.
+    let backing = if config.memfd {
+        HostBacking::Memfd
+    } else {
+        HostBacking::Anonymous
+    };
     let auth = te_base::auth::AuthKey::from_env(&ProcessEnv).map_err(|e| e.to_string())?;
     let inbox = NotifyInbox::new(NotifyLimits::default());
     let t = Arc::new(ShmTransport::start(config, auth, inbox.clone()).map_err(|e| e.to_string())?);
-    let buf = HostBuffer::allocate(bytes, HostBufferOptions::default()).map_err(|e| e.to_string())?;
+    let opts = HostBufferOptions {
+        backing,
+        ..Default::default()
+    };
+    let buf = HostBuffer::allocate(bytes, opts).map_err(|e| e.to_string())?;
     let view = || {
         // SAFETY: the buffer is live and `bytes` long for the whole run; the tests read or
         // refill it only between batches (they wait for completion before each command).

@@ -46,7 +46,9 @@ impl PeerProcess {
         adjust: impl FnOnce(&mut Command),
     ) -> PeerProcess {
         let mut cmd = Command::new(program);
+        // Cross-memory attach unless a test asks for the memfd path (TE_SHM_MEMFD=1).
         cmd.args(["serve", &bytes.to_string(), &seed.to_string()])
+            .env("TE_SHM_MEMFD", "0")
             .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
@@ -110,6 +112,11 @@ impl Drop for PeerProcess {
 
 /// An initiator transport with settings `env`.
 pub fn initiator(env: &[(&str, &str)]) -> Arc<dyn Transport> {
+    shm_initiator(env)
+}
+
+/// An initiator transport with settings `env`, as its concrete type (route counters).
+pub fn shm_initiator(env: &[(&str, &str)]) -> Arc<ShmTransport> {
     let mut map = MapEnv::default();
     for (k, v) in env {
         map.0.insert(k.to_string(), v.to_string());
