@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use te_base::Error;
+use te_base::{BatchAborts, Error};
 
 use crate::fabric::{Rail, TRANSPORT};
 
@@ -17,6 +17,9 @@ pub(crate) struct PeerLink {
     pub(crate) gone_reason: Mutex<Option<String>>,
     /// The error [`PeerLink::abort`] gave: what its requests fail with.
     pub(crate) aborted: Mutex<Option<Error>>,
+    /// Batches cut short by their deadline ([`te_base::Peer::abort_batch`]): the rail owners drop
+    /// their fragments not yet posted and take back posted ones, leaving other batches alone.
+    pub(crate) cuts: BatchAborts,
     /// Per local rail: the peer's address in that rail's AV.
     pub(crate) dests: Vec<u64>,
     pub(crate) rails: Vec<Arc<Rail>>,

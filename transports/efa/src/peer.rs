@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use te_base::notify::{encode_body, Refusal};
-use te_base::{BatchState, Error, Notification, Peer, ResolvedRequest, Result, SegmentDescriptor, SubmitContext};
+use te_base::{
+    BatchAborts, BatchState, Error, Notification, Peer, ResolvedRequest, Result, SegmentDescriptor, SubmitContext,
+};
 
 use crate::fabric::{Rail, TRANSPORT};
 use crate::inner::Inner;
@@ -104,6 +106,7 @@ impl FabricPeer {
             healthy: AtomicBool::new(true),
             gone_reason: Mutex::new(None),
             aborted: Mutex::new(None),
+            cuts: BatchAborts::default(),
             dests,
             rails,
         });
@@ -215,6 +218,18 @@ impl Peer for FabricPeer {
     /// or, after a short drain, when the rail resets its endpoint (see `worker::Owner::reap_dead`).
     fn abort(&self, err: Error) -> bool {
         self.link.abort(err);
+        for w in &self.inner.workers {
+            w.nudge();
+        }
+        true
+    }
+
+    /// Cuts one batch short (its deadline passed), leaving the link and other batches alone: its
+    /// fragments not yet posted fail at once; posted ones fail when their completions come back,
+    /// or are taken back by resetting the rail's endpoint after a short drain, and the other
+    /// batches' fragments lost in that reset are posted again (see `worker::Owner::reap_cut`).
+    fn abort_batch(&self, batch: &Arc<BatchState>, err: Error) -> bool {
+        self.link.cuts.abort(batch, err);
         for w in &self.inner.workers {
             w.nudge();
         }

@@ -133,8 +133,15 @@ pub(crate) struct RailJob {
     progress: Cell<u64>,
     seen_progress: u64,
     last_progress: Option<Instant>,
-    /// When the owner found the job's peer dead (aborted or stalled) with operations still posted.
+    /// When the owner found the job ended (its peer aborted or stalled, or its batch cut) with
+    /// operations still posted.
     dead_since: Option<Instant>,
+    /// The batch was cut short by its deadline ([`te_base::Peer::abort_batch`]): the error its
+    /// requests fail with. Other jobs of the peer go on.
+    cut: Option<Error>,
+    /// Slots whose operations an endpoint reset discarded, to be posted again (the job's batch
+    /// is still wanted: only another job ended).
+    repost: Vec<usize>,
 }
 
 // SAFETY: a job is built on the submitting thread and then owned by exactly one owner thread; its
@@ -161,6 +168,8 @@ impl RailJob {
             seen_progress: 0,
             last_progress: None,
             dead_since: None,
+            cut: None,
+            repost: Vec::new(),
         });
         let me: *const RailJob = &*job;
         for s in job.slots.iter_mut() {
@@ -170,16 +179,45 @@ impl RailJob {
     }
 
     fn finished(&self) -> bool {
-        self.next == self.slots.len() && self.outstanding.get() == 0
+        self.next == self.slots.len() && self.repost.is_empty() && self.outstanding.get() == 0
     }
 
-    /// Fails every fragment not yet posted with `error`: the provider never saw them.
+    /// Whether the job's requests are to fail: its batch was cut, or its peer aborted or gone.
+    fn ended(&self) -> bool {
+        self.cut.is_some() || !self.plan.peer.is_healthy()
+    }
+
+    /// What an ended job's requests fail with: the cut's error, or the peer's.
+    fn end_error(&self) -> Error {
+        match &self.cut {
+            Some(e) => e.clone(),
+            None => self.plan.peer.gone_error(),
+        }
+    }
+
+    /// Fails every fragment not posted (never posted, or discarded by a reset) with `error`: the
+    /// provider does not hold them.
     fn fail_rest(&mut self, error: &Error) {
+        for i in self.repost.drain(..) {
+            self.plan.fragment_failed(self.slots[i].frag.request, error.clone());
+        }
         for s in &self.slots[self.next..] {
             s.returned.set(true);
             self.plan.fragment_failed(s.frag.request, error.clone());
         }
         self.next = self.slots.len();
+    }
+
+    /// The endpoint holding this job's posted operations was closed while the job is still
+    /// wanted: what it discarded is posted again on the new endpoint. Writing the same bytes to
+    /// the same place again (or reading them again) is harmless: the request has not settled.
+    fn repost_unreturned(&mut self) {
+        for (i, s) in self.slots[..self.next].iter().enumerate() {
+            if !s.returned.replace(true) {
+                self.repost.push(i);
+            }
+        }
+        self.outstanding.set(0);
     }
 
     /// shm after the stall timeout: fails the posted fragments whose completion has not come,
@@ -376,6 +414,9 @@ impl Owner {
                 if let Some(mb) = self.mailbox.as_mut() {
                     mb.push(self.shared.notes.lock().drain(..));
                 }
+                // A cut wakes the owner (and so do new jobs, which may belong to a cut batch):
+                // looked up once per wake-up, not per post.
+                self.apply_cuts();
             }
             if self.shared.stop.load(Ordering::Acquire) {
                 self.shut_down();
@@ -451,7 +492,7 @@ impl Owner {
         let rail = &self.shared.rail;
         let mut any = self.mailbox.as_mut().is_some_and(Mailbox::pump);
         for job in self.active.iter_mut() {
-            if job.next == job.slots.len() {
+            if job.next == job.slots.len() && job.repost.is_empty() {
                 continue;
             }
             if job.next == 0 && job.plan.batch.cancel_requested() {
@@ -467,54 +508,55 @@ impl Owner {
                 // The stall clock starts when the job first gets a chance to post.
                 job.last_progress = Some(Instant::now());
             }
-            if !job.plan.peer.is_healthy() {
-                // Aborted or gone: what the provider never saw fails now; what it holds fails when
-                // its completion comes back, or when `reap_dead` takes it back by a reset.
-                if job.next < job.slots.len() {
-                    let err = job.plan.peer.gone_error();
-                    job.fail_rest(&err);
-                    any = true;
+            if job.ended() {
+                // Cut, aborted or gone: what the provider does not hold fails now; what it holds
+                // fails when its completion comes back, or when `reap_ended` takes it back by a
+                // reset.
+                let err = job.end_error();
+                job.fail_rest(&err);
+                any = true;
+                continue;
+            }
+            // Operations a reset discarded first, then the rest in order.
+            while let Some(&i) = job.repost.last() {
+                match post_slot(rail, job, i) {
+                    Posted::Full => break,
+                    Posted::Yes | Posted::Failed => {
+                        job.repost.pop();
+                        any = true;
+                    }
                 }
+            }
+            if !job.repost.is_empty() {
                 continue;
             }
             while job.next < job.slots.len() {
-                let slot = &job.slots[job.next];
-                let f = slot.frag;
-                let ctx = slot as *const Slot as *mut c_void;
-                // SAFETY: the local range lies in a region registered on this rail that the plan
-                // keeps registered (regions list) until this job is retired, which happens only
-                // after its completion is read; the slot (context scratch) lives in the boxed job,
-                // which does not move or drop before then; dest came from this rail's AV.
-                let rc = unsafe {
-                    match f.op {
-                        TransferOp::Write => rail.post_write(f.local, f.len, f.desc, f.dest, f.remote, f.rkey, ctx),
-                        TransferOp::Read => rail.post_read(f.local, f.len, f.desc, f.dest, f.remote, f.rkey, ctx),
-                    }
-                };
-                if rc == 0 {
-                    slot.returned.set(false);
-                    job.next += 1;
-                    job.outstanding.set(job.outstanding.get() + 1);
-                    job.progress.set(job.progress.get() + 1);
-                    any = true;
-                } else if rc == -ffi::FI_EAGAIN {
+                match post_slot(rail, job, job.next) {
                     // Full queue, or (shm) a peer not yet ready: our completions are polled next;
                     // other jobs may still post (their peer may be ready).
-                    break;
-                } else {
-                    let call = match f.op {
-                        TransferOp::Write => "fi_writemsg",
-                        TransferOp::Read => "fi_readmsg",
-                    };
-                    slot.returned.set(true);
-                    job.plan
-                        .fragment_failed(f.request, job.plan.peer.error_from(call, &rail.error(call, rc as i64)));
-                    job.next += 1;
-                    any = true;
+                    Posted::Full => break,
+                    Posted::Yes | Posted::Failed => {
+                        job.next += 1;
+                        any = true;
+                    }
                 }
             }
         }
         any
+    }
+
+    /// Jobs whose batch was cut by its deadline: fragments not posted fail at once with the cut's
+    /// error; posted ones when they come back, or when `reap_ended` takes them back.
+    fn apply_cuts(&mut self) {
+        for job in self.active.iter_mut() {
+            if job.cut.is_some() {
+                continue;
+            }
+            if let Some(err) = job.plan.peer.cuts.error_of(&job.plan.batch) {
+                job.fail_rest(&err);
+                job.cut = Some(err);
+            }
+        }
     }
 
     /// Reads one batch of completions. Returns how many operations settled.
@@ -599,17 +641,18 @@ impl Owner {
     }
 
     /// shm: nothing takes an operation queued to a peer back (the peer copies from our memory
-    /// itself), so a dead peer's posted fragments fail only when their completions come, or once
-    /// its jobs made no progress for the stall timeout: then the peer is taken to have dropped
-    /// them (shm 1.x drops refused accesses unanswered). If it was only stopped, it may still copy
-    /// from that memory when it resumes; docs/efa.md says so. The jobs stay (their regions stay
-    /// registered here) until the completions come or the endpoint closes.
+    /// itself), so an ended job's posted fragments (its peer dead or aborted, or its batch cut)
+    /// fail only when their completions come, or once the job made no progress for the stall
+    /// timeout: then the peer is taken to have dropped them (shm 1.x drops refused accesses
+    /// unanswered). If it was only stopped, it may still copy from that memory when it resumes;
+    /// docs/efa.md says so. The jobs stay (their regions stay registered here) until the
+    /// completions come or the endpoint closes. Other jobs are not touched.
     fn reap_stalled_shm(&mut self) -> bool {
         let now = Instant::now();
         let timeout = self.shared.timeout;
         let mut any = false;
         for j in self.active.iter_mut() {
-            if j.plan.peer.is_healthy() || j.next == 0 {
+            if j.next == 0 || !j.ended() {
                 continue;
             }
             let since = *j.dead_since.get_or_insert(now);
@@ -619,7 +662,7 @@ impl Owner {
             }
             let quiet = j.last_progress.unwrap_or(since);
             if j.slots[..j.next].iter().any(|s| !s.returned.get()) && now.duration_since(quiet) >= timeout {
-                let err = j.plan.peer.gone_error();
+                let err = j.end_error();
                 j.fail_posted_keep_job(&err);
                 any = true;
             }
@@ -627,11 +670,13 @@ impl Owner {
         any
     }
 
-    /// Jobs of dead peers whose posted operations did not come back within [`DRAIN`]: the only
-    /// way libfabric gives them back is closing the endpoint that holds them (fi_endpoint(3):
-    /// discarded, their buffers no longer touched), so the rail reopens its endpoint at the same
-    /// address. Operations of other peers posted on it are lost too and fail (their peers'
-    /// connections to us break as well); receives are posted again. Returns true if it reset.
+    /// Ended jobs (a dead or aborted peer, a cut batch) whose posted operations did not come back
+    /// within [`DRAIN`]: the only way libfabric gives them back is closing the endpoint that holds
+    /// them (fi_endpoint(3): discarded, their buffers no longer touched), so the rail reopens its
+    /// endpoint at the same address. The ended jobs' requests fail; the operations of every other
+    /// job on the rail (other batches, other peers) are posted again on the new endpoint, so a cut
+    /// costs them a repost, not a failure. Notifications being sent fail (a repeated NOTIFY could
+    /// be queued twice); receives are posted again. Returns true if it reset.
     fn reap_dead(&mut self) -> bool {
         if !self.shared.reset_reclaims {
             return self.reap_stalled_shm();
@@ -639,7 +684,7 @@ impl Owner {
         let now = Instant::now();
         let mut overdue = false;
         for j in self.active.iter_mut() {
-            if j.outstanding.get() == 0 || j.plan.peer.is_healthy() {
+            if j.outstanding.get() == 0 || !j.ended() {
                 continue;
             }
             let since = *j.dead_since.get_or_insert(now);
@@ -657,32 +702,34 @@ impl Owner {
         let stalled: Vec<String> = self
             .active
             .iter()
-            .filter(|j| j.dead_since.is_some())
+            .filter(|j| j.dead_since.is_some() && j.outstanding.get() > 0)
             .map(|j| j.plan.peer.name().to_string())
             .collect();
+        let lost = Error::transport(
+            TRANSPORT,
+            format!(
+                "the operation was discarded when rail '{}' reset its endpoint to take back operations posted for {} (a peer that stopped responding, or a batch cut by its deadline)",
+                rail.attrs.domain,
+                stalled.join(", ")
+            ),
+        );
         match &reset {
             Ok(()) => {
-                tracing::warn!(rail = %rail.attrs.domain, peers = ?stalled, "efa: reset the rail's endpoint to take back operations posted to dead peers")
+                tracing::warn!(rail = %rail.attrs.domain, peers = ?stalled, "efa: reset the rail's endpoint to take back operations of ended batches; other operations are posted again")
             }
             Err(e) => {
                 tracing::error!(rail = %rail.attrs.domain, error = %e, "efa: the rail's endpoint could not be reopened; the rail fails every request")
             }
         }
-        let lost = Error::transport(
-            TRANSPORT,
-            format!(
-                "the operation was discarded when rail '{}' reset its endpoint to cut off peer(s) {} that stopped responding",
-                rail.attrs.domain,
-                stalled.join(", ")
-            ),
-        );
         for job in self.active.iter_mut() {
-            let err = if job.plan.peer.is_healthy() {
-                lost.clone()
+            if job.ended() {
+                let err = job.end_error();
+                job.fail_unreturned(&err);
+            } else if reset.is_ok() {
+                job.repost_unreturned();
             } else {
-                job.plan.peer.gone_error()
-            };
-            job.fail_unreturned(&err);
+                job.fail_unreturned(&lost);
+            }
         }
         if let Some(mb) = self.mailbox.as_mut() {
             mb.endpoint_reset(&lost);
@@ -744,6 +791,50 @@ impl Owner {
     }
 }
 
+/// What posting one slot did.
+enum Posted {
+    /// The provider took it.
+    Yes,
+    /// The queue is full (`-FI_EAGAIN`): try again after polling.
+    Full,
+    /// The provider refused it: its request failed.
+    Failed,
+}
+
+/// Posts slot `i` of `job` on `rail`.
+fn post_slot(rail: &Rail, job: &RailJob, i: usize) -> Posted {
+    let slot = &job.slots[i];
+    let f = slot.frag;
+    let ctx = slot as *const Slot as *mut c_void;
+    // SAFETY: the local range lies in a region registered on this rail that the plan keeps
+    // registered (regions list) until this job is retired, which happens only after its completion
+    // is read (or its endpoint closed); the slot (context scratch) lives in the boxed job, which
+    // does not move or drop before then; dest came from this rail's AV.
+    let rc = unsafe {
+        match f.op {
+            TransferOp::Write => rail.post_write(f.local, f.len, f.desc, f.dest, f.remote, f.rkey, ctx),
+            TransferOp::Read => rail.post_read(f.local, f.len, f.desc, f.dest, f.remote, f.rkey, ctx),
+        }
+    };
+    if rc == 0 {
+        slot.returned.set(false);
+        job.outstanding.set(job.outstanding.get() + 1);
+        job.progress.set(job.progress.get() + 1);
+        Posted::Yes
+    } else if rc == -ffi::FI_EAGAIN {
+        Posted::Full
+    } else {
+        let call = match f.op {
+            TransferOp::Write => "fi_writemsg",
+            TransferOp::Read => "fi_readmsg",
+        };
+        slot.returned.set(true);
+        job.plan
+            .fragment_failed(f.request, job.plan.peer.error_from(call, &rail.error(call, rc as i64)));
+        Posted::Failed
+    }
+}
+
 /// Settles the operation whose context is `ctx`: success, or the error text the provider gave.
 ///
 /// # Safety
@@ -762,7 +853,10 @@ unsafe fn settle(ctx: *mut c_void, error: Option<(i32, String)>) {
         // A peer cut off by an abort: its requests fail with the abort's error even when the
         // provider still finished a part of them.
         None if !job.plan.peer.is_healthy() => job.plan.fragment_failed(slot.frag.request, job.plan.peer.gone_error()),
+        // A batch cut by its deadline: a fragment that arrived still counts (the request fails
+        // only if another of its fragments did).
         None => job.plan.fragment_done(slot.frag.request),
+        Some(_) if job.cut.is_some() => job.plan.fragment_failed(slot.frag.request, job.end_error()),
         Some((err, text)) => {
             let peer = &job.plan.peer;
             let e = if !peer.is_healthy() {

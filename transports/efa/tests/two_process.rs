@@ -326,3 +326,110 @@ fn abort_fails_a_batch_to_a_silent_peer_only_once_no_byte_can_move() {
         assert_eq!(stray, 0, "{p}: {stray} bytes written after the abort reached the peer");
     });
 }
+
+/// A deadline is its batch's own (issue 37). Two batches of 8 x 1 MiB writes to a stopped target
+/// (SIGSTOP: nothing completes), the second cut by `abort_batch` (what the engine does when its
+/// deadline passes); the stall timeout is out of the way.
+/// - The cut batch fails with the deadline's error and only that. On tcp;ofi_rxm it does so while
+///   the target is still stopped: its posted operations are taken back by resetting the rail's
+///   endpoint. On shm the target copies from our memory itself, so it settles once the target
+///   resumed (its posted writes may then land: they count).
+/// - The other batch does not fail: the operations the reset discarded are posted again, and it
+///   completes byte for byte once the target resumes; the link stays healthy (before, the cut
+///   was `abort`, which failed both batches and the link).
+/// - No byte written into the cut batch's memory after it failed reaches the target.
+#[test]
+fn a_batch_cut_by_its_deadline_fails_no_other_batch() {
+    each_provider(|p| {
+        const MIB: u64 = 1 << 20;
+        let half = 8 * MIB;
+        let mut target = PeerProcess::start(p, 2 * half, 1, &[]);
+        let a = install(p, &[("TE_FABRIC_TIMEOUT_MS", "600000")]);
+        let kept = Side::new(&a, 1, half as usize, false, 3);
+        // Twice as long, so each byte sits at the offset it has in the target (the patterns are
+        // position-dependent); only its second half is sent.
+        let cut = Side::new(&a, 2, 2 * half as usize, false, 5);
+        let peer = block_on(a.connect(&target.descriptor)).unwrap();
+        run(
+            &peer,
+            vec![request(0, TransferOp::Write, &kept, 0, 0, target.base(), 4096)],
+        )
+        .unwrap();
+        let pid = target.child.id() as libc::pid_t;
+        target.freeze();
+        let writes = |side: &Side, at: u64| -> Vec<_> {
+            (0..8u64)
+                .map(|i| {
+                    request(
+                        i as u32,
+                        TransferOp::Write,
+                        side,
+                        at + i * MIB,
+                        0,
+                        target.base() + at + i * MIB,
+                        MIB,
+                    )
+                })
+                .collect()
+        };
+        // The batch to be cut goes first, so the provider holds its operations when it is cut.
+        let timed = submit(&peer, writes(&cut, half));
+        let other = submit(&peer, writes(&kept, 0));
+        let deadline = || te_base::Error::Timeout {
+            what: "test deadline".into(),
+            after_ms: 1,
+        };
+        // Meanwhile the rail posts what the provider takes (so on tcp;ofi_rxm the cut takes the
+        // reset path; either way the assertions below must hold).
+        assert!(
+            timed.wait_blocking(Some(Duration::from_millis(300))).is_none(),
+            "{p}: a stopped target completed the batch"
+        );
+        assert!(peer.abort_batch(timed.state(), deadline()));
+        let resume = || {
+            // SAFETY: signalling our own child, not yet reaped.
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        };
+        if p == "shm" {
+            resume();
+        }
+        let outcome = timed
+            .wait_blocking(Some(Duration::from_secs(30)))
+            .unwrap_or_else(|| panic!("{p}: the cut batch still in progress 30 s after the cut"));
+        if let Err(err) = &outcome {
+            assert_eq!(err.progress.pending, 0, "{p}");
+            for (i, e) in &err.failures {
+                assert!(e.is_timeout(), "{p}: cut request {i} failed with {e}");
+            }
+        }
+        if p != "shm" {
+            assert!(
+                outcome.is_err(),
+                "{p}: the stopped target cannot have completed the cut batch"
+            );
+            assert!(
+                !other.is_complete(),
+                "{p}: the stopped target completed the other batch"
+            );
+        }
+        // The cut batch's memory is ours again.
+        cut.fill_pattern(42);
+        if p != "shm" {
+            resume();
+        }
+        let report = other
+            .wait_blocking(Some(Duration::from_secs(60)))
+            .unwrap_or_else(|| panic!("{p}: the other batch still in progress 60 s after the target resumed"));
+        assert!(report.is_ok(), "{p}: another batch's deadline failed it: {report:?}");
+        assert!(peer.is_healthy(), "{p}: a batch's deadline cut the link");
+        assert_eq!(target.mismatched(0, half, 3), 0, "{p}: the other batch's bytes");
+        // Served after the cut: a new batch on the same link lands.
+        run(
+            &peer,
+            vec![request(0, TransferOp::Write, &kept, 0, 0, target.base(), 4096)],
+        )
+        .unwrap_or_else(|e| panic!("{p}: a write after the cut: {e}"));
+        let stray = target.foreign(half, half, 1, 5);
+        assert_eq!(stray, 0, "{p}: {stray} bytes written after the cut reached the target");
+    });
+}
