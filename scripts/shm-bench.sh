@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-target/shm-bench.jsonl}
-bench=target/release/te-bench
+bench=${BENCH:-target/release/te-bench}
 repeat=${REPEAT:-7}
 : >"$out"
 for transport in shm tcp; do

@@ -6,13 +6,13 @@
 #
 #   scripts/shm-vs-nixl.sh [OUT_DIR]        (default target/shm-vs-nixl)
 #
-# Needs a release te-bench and the NIXL venv (see scripts/nixl-same-host.py).
+# Needs a release te-bench (or BENCH=path) and the NIXL venv (see scripts/nixl-same-host.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-target/shm-vs-nixl}
 rounds=${ROUNDS:-5}
 repeat=${REPEAT:-3}
-bench=target/release/te-bench
+bench=${BENCH:-target/release/te-bench}
 py=target/nixl-venv/bin/python
 mkdir -p "$dir"
 : >"$dir/ours.jsonl"
@@ -30,7 +30,7 @@ for round in $(seq "$rounds"); do
   # that printed no row shows up as a missing NIXL figure below.
   "$py" scripts/nixl-same-host.py --repeat "$repeat" 2>>"$dir/nixl.err" >>"$dir/nixl.jsonl" ||
     echo "round $round: nixl-same-host.py exited with $?" >&2
-  echo "round $round done" >&2
+  echo "round $round done, $(uptime)" >&2
 done
 python3 - "$dir" <<'PY'
 import json, statistics, sys

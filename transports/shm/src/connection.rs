@@ -177,11 +177,17 @@ impl Connection {
             ..Header::new(Opcode::Hello)
         };
         let nonce: &[u8] = pending.as_ref().map(|(_, n)| &n[..]).unwrap_or(&[]);
-        write_frame(&mut stream, hello, nonce).map_err(other)?;
+        // A target that refuses us by uid answers at once and closes, which can fail this write
+        // (EPIPE) while its REFUSE waits to be read: the reply decides, the write error only
+        // when there is none.
+        let wrote = write_frame(&mut stream, hello, nonce);
         // Memfds of the exported regions arrive ahead of the welcome; they are mapped only once
         // the welcome (and the probe) accepted this target.
         let mut fds = Vec::new();
-        let (mut h, mut body) = read_reply(&mut stream, &mut fds).map_err(other)?;
+        let (mut h, mut body) = match read_reply(&mut stream, &mut fds) {
+            Ok(reply) => reply,
+            Err(e) => return Err(other(wrote.err().unwrap_or(e))),
+        };
         if let Some((handshake, _)) = pending {
             if h.op == Opcode::Welcome {
                 return Err(ConnectError::Unauthenticated(
@@ -488,6 +494,11 @@ impl Connection {
             return;
         };
         if !self.map_memfd {
+            return;
+        }
+        if self.pending.lock().len() >= crate::wire::MAX_RANGES {
+            tracing::warn!(segment = %self.name, "shm: too many region fds ahead of their updates; refused");
+            self.counters.fds_refused.fetch_add(1, Ordering::Relaxed);
             return;
         }
         match map_sealed(std::os::fd::AsFd::as_fd(&fd), offset, len) {

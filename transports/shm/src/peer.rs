@@ -2,7 +2,7 @@
 //! batches too large to copy on the submitting thread.
 
 use std::collections::HashMap;
-use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -14,37 +14,56 @@ use crate::connection::Connection;
 /// The initiator's registered host regions, by id.
 pub(crate) type LocalTable = RwLock<HashMap<RegionId, (u64, u64)>>;
 
-/// One share of a batch handed to a copy thread.
+/// A large batch cut into chunks that the copy threads and the submitting thread claim one at a
+/// time.
 pub(crate) struct Job {
     conn: Arc<Connection>,
     requests: Arc<[ResolvedRequest]>,
-    range: Range<usize>,
+    /// Chunk `k` is `requests[cuts[k]..cuts[k + 1]]`.
+    cuts: Vec<usize>,
+    next: AtomicUsize,
     batch: Arc<BatchState>,
 }
 
 impl Job {
-    fn run(&self) {
-        self.conn.run(&self.requests[self.range.clone()], &self.batch);
+    /// Copies chunks until none is left.
+    fn drain(&self) {
+        loop {
+            let k = self.next.fetch_add(1, Ordering::Relaxed);
+            if k + 1 >= self.cuts.len() {
+                return;
+            }
+            self.conn
+                .run(&self.requests[self.cuts[k]..self.cuts[k + 1]], &self.batch);
+        }
     }
 }
 
-/// The transport's persistent copy threads (started once, at install). The kernel's copy of one
-/// thread reaches about half of what a memcpy loop does here (it pins the target's pages one by
-/// one), so a large batch is cut into one share per thread.
+/// Bytes per chunk at least (and a batch is cut into at most [`MAX_CHUNKS`]): small enough that
+/// whoever is on a core takes the next one, large enough that claiming costs nothing.
+const CHUNK_BYTES: u64 = 1 << 20;
+const MAX_CHUNKS: u64 = 4096;
+/// Batches up to this size are copied by the submitting thread too (it claims chunks beside the
+/// copy threads, so the batch never waits for a copy thread that cannot get a core); larger
+/// ones are left to the copy threads, so `submit` returns at once.
+pub(crate) const SUBMITTER_JOINS_MAX_BYTES: u64 = 256 << 20;
+
+/// The transport's persistent copy threads (started once, at install), sharing large batches
+/// with the submitting thread chunk by chunk.
 pub(crate) struct CopyThreads {
-    txs: Mutex<Vec<mpsc::Sender<Job>>>,
+    txs: Mutex<Vec<mpsc::Sender<Arc<Job>>>>,
 }
 
 impl CopyThreads {
     pub fn start(threads: usize) -> Result<CopyThreads> {
         let mut txs = Vec::with_capacity(threads);
         for i in 0..threads {
-            let (tx, rx) = mpsc::channel::<Job>();
+            let (tx, rx) = mpsc::channel::<Arc<Job>>();
             std::thread::Builder::new()
                 .name(format!("te-shm-copy-{i}"))
                 .spawn(move || {
                     for job in rx {
-                        job.run();
+                        job.drain();
                     }
                 })
                 .map_err(|e| Error::io("shm: starting a copy thread", e))?;
@@ -53,39 +72,42 @@ impl CopyThreads {
         Ok(CopyThreads { txs: Mutex::new(txs) })
     }
 
-    /// Cuts `requests` (of `total` bytes) into one share per thread, by bytes, and hands them
-    /// out; shares no thread takes (the transport is stopping) are copied here.
+    /// Cuts `requests` (of `total` bytes) into chunks by bytes and offers them to every copy
+    /// thread; up to [`SUBMITTER_JOINS_MAX_BYTES`] this thread claims chunks too until none is
+    /// left (copy threads may still be finishing theirs when it returns). Chunks no thread takes
+    /// (the transport is stopping) are copied here.
     fn push(&self, conn: &Arc<Connection>, requests: Vec<ResolvedRequest>, total: u64, batch: &Arc<BatchState>) {
-        let requests: Arc<[ResolvedRequest]> = requests.into();
-        let txs = self.txs.lock().clone();
-        let shares = txs.len().min(requests.len()).max(1);
-        let mut start = 0usize;
+        let chunk = CHUNK_BYTES.max(total / MAX_CHUNKS);
+        let mut cuts = Vec::with_capacity((total / chunk) as usize + 2);
+        cuts.push(0);
         let mut bytes = 0u64;
-        for k in 0..shares {
-            let goal = total / shares as u64 * (k as u64 + 1);
-            let mut end = start;
-            while end < requests.len() && (bytes < goal || k + 1 == shares) {
-                bytes += requests[end].len;
-                end += 1;
+        for (i, r) in requests.iter().enumerate() {
+            bytes += r.len;
+            if bytes >= chunk {
+                cuts.push(i + 1);
+                bytes = 0;
             }
-            if end == start {
-                continue;
+        }
+        if *cuts.last().expect("starts non-empty") != requests.len() {
+            cuts.push(requests.len());
+        }
+        let chunks = cuts.len() - 1;
+        let job = Arc::new(Job {
+            conn: conn.clone(),
+            requests: requests.into(),
+            cuts,
+            next: AtomicUsize::new(0),
+            batch: batch.clone(),
+        });
+        let txs = self.txs.lock().clone();
+        let mut offered = 0;
+        for tx in txs.iter().take(chunks) {
+            if tx.send(job.clone()).is_ok() {
+                offered += 1;
             }
-            let job = Job {
-                conn: conn.clone(),
-                requests: requests.clone(),
-                range: start..end,
-                batch: batch.clone(),
-            };
-            start = end;
-            match txs.get(k) {
-                Some(tx) => {
-                    if let Err(e) = tx.send(job) {
-                        e.0.run();
-                    }
-                }
-                None => job.run(),
-            }
+        }
+        if offered == 0 || total <= SUBMITTER_JOINS_MAX_BYTES {
+            job.drain();
         }
     }
 

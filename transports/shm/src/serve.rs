@@ -132,15 +132,16 @@ impl Server {
                         .share_memfd
                         .then(|| te_base::shared_memory::memfd_of(r.base, r.len))
                         .flatten();
-                    if let Some(m) = &memfd {
-                        fds.push((r.base, r.len, m.clone()));
-                    }
                     let e = Exported {
                         base: r.base,
                         len: r.len,
-                        memfd,
+                        memfd: memfd.clone(),
                     };
-                    ex.regions.insert(r.id, e).is_none()
+                    let new = ex.regions.insert(r.id, e).is_none();
+                    if let (true, Some(m)) = (new, memfd) {
+                        fds.push((r.base, r.len, m));
+                    }
+                    new
                 } else {
                     ex.regions.remove(&r.id).is_some()
                 };
