@@ -57,7 +57,8 @@ pub struct ShmConfig {
     /// `TE_SHM_ALLOW_UIDS`: user ids besides our own that may connect (default none).
     pub allow_uids: Vec<u32>,
     /// `TE_SHM_INLINE_BYTES` (default 1 MiB): batches up to this size are copied on the
-    /// submitting thread; larger ones are cut into one share per copy thread.
+    /// submitting thread; larger ones are cut into ~1 MiB chunks the copy threads (and, up to
+    /// 256 MiB, the submitting thread) claim one at a time.
     pub inline_bytes: u64,
     /// `TE_SHM_COPY_THREADS` (default 2, at most 64): persistent threads that share large
     /// batches. One kernel copy thread reaches about half a memcpy loop's rate here (measured in

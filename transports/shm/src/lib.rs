@@ -16,9 +16,9 @@
 //!   its seals, maps it shared and copies into it with the local transport's kernels. Other
 //!   memory (`register_raw`) goes by cross-memory attach; the route is chosen per region.
 //! - A batch is copied with one system call per up to 1,024 requests of one direction (adjacent
-//!   ones coalesced) on the submitting thread, or cut into one share per copy thread
-//!   (`TE_SHM_COPY_THREADS`, default 2) when larger
-//!   than `TE_SHM_INLINE_BYTES`. Each request is checked against the descriptor, the local
+//!   ones coalesced) on the submitting thread, or, when larger than `TE_SHM_INLINE_BYTES`, cut
+//!   into ~1 MiB chunks that the copy threads (`TE_SHM_COPY_THREADS`, default 2) and, up to
+//!   256 MiB, the submitting thread claim one at a time. Each request is checked against the descriptor, the local
 //!   registrations and the target's live export list.
 //! - Deregistration on the target is pushed to every connected initiator and returns once each
 //!   confirmed it (copies in flight on it finish first) or was cut at `TE_SHM_TIMEOUT_MS`.
