@@ -22,9 +22,9 @@ use std::path::PathBuf;
 use indicatif::{ProgressBar, ProgressStyle};
 use te_base::config::{Env, MapEnv, ProcessEnv};
 use te_base::registration::{CapDecision, CpuBudget, RegOrder};
-use te_base::topology::{CpuList, NicPlacement, NicPolicy};
 use te_base::MemoryLocation;
 use te_testkit::{NodeLoad, SimCostModel};
+use te_topology::{CpuList, NicPlacement, NicPolicy};
 
 use report::{Cap, Cell, Context};
 use spec::{LocationChoice, RankSpec, SimSpec, TransportChoice};
@@ -531,7 +531,7 @@ mod tests {
     fn nics<const N: usize>(extra: &[&str], env: [(&str, &str); N]) -> Result<(Vec<usize>, String), String> {
         let fixture = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../te-base/tests/fixtures/topology/p5.48xlarge.json"
+            "/../topology/tests/fixtures/topology/p5.48xlarge.json"
         );
         let mut argv = vec!["register", "--location", "cuda", "--sysfs", fixture];
         argv.extend_from_slice(extra);

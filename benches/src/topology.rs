@@ -8,14 +8,14 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 use te_base::config::{Env, ProcessEnv};
-use te_base::topology::{NicPlacement, OrdinalOrigin, RailSelection, Topology, NIC_SELECTION_ALIAS, NIC_SELECTION_VAR};
 use te_base::MemoryLocation;
+use te_topology::{NicPlacement, OrdinalOrigin, RailSelection, Topology, NIC_SELECTION_ALIAS, NIC_SELECTION_VAR};
 
 /// Options of `te-bench topology`.
 #[derive(clap::Args)]
 pub struct Args {
     /// Read this sysfs tree instead of /sys: a directory, or a fixture spec such as
-    /// te-base/tests/fixtures/topology/p5.48xlarge.json.
+    /// topology/tests/fixtures/topology/p5.48xlarge.json.
     #[arg(long, value_name = "DIR|SPEC.json")]
     sysfs: Option<PathBuf>,
     /// Override TE_NIC_SELECTION (and its alias MC_EFA_NIC_SELECTION) for this run.

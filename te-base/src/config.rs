@@ -56,7 +56,7 @@ impl Env for MapEnv {
     }
 }
 
-/// The variables te-base itself reads (registration pool, NIC policy, authentication) and those
+/// The variables te-base itself reads (registration pool, authentication, notifications) and those
 /// its test support reads.
 pub const ENV_VARS: &[&str] = &[
     crate::auth::KEY_FILE_VAR,
@@ -64,10 +64,6 @@ pub const ENV_VARS: &[&str] = &[
     crate::registration::CAP_ALIAS,
     crate::registration::ORDER_VAR,
     crate::registration::LOCAL_RANK_VARS[0],
-    crate::topology::NIC_SELECTION_VAR,
-    crate::topology::NIC_SELECTION_ALIAS,
-    crate::topology::PRIORITY_MATRIX_VAR,
-    crate::topology::STRIPE_MIN_BYTES_VAR,
     "TE_REQUIRE",
     "TE_ETCD_BIN",
     crate::notify::QUEUE_DEPTH_VAR,

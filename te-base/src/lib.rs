@@ -1,9 +1,10 @@
 //! The lowest layer of the transfer engine.
 //!
 //! Everything a transport needs and nothing above it: the [`Transport`] trait, memory, segment and
-//! request types, the [`Error`] type, strict configuration readers, the registration pool,
-//! topology discovery, the device-plugin trait and the transport conformance suite. Users depend
-//! on `te-core`, which re-exports what they need.
+//! request types, the [`Error`] type, strict configuration readers, the registration pool, the
+//! device-plugin trait and the transport conformance suite. Topology discovery and NIC selection
+//! live in `te-topology` (only the NIC-bound transports and the engine's settings check use them).
+//! Users depend on `te-core`, which re-exports what they need.
 
 pub mod auth;
 pub mod batch;
@@ -28,7 +29,6 @@ pub mod shared_memory;
 pub mod test_support;
 pub mod timing;
 pub mod token;
-pub mod topology;
 pub mod transport;
 pub mod transport_descriptor;
 

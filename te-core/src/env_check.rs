@@ -32,11 +32,12 @@ const ENGINE_VARS: &[&str] = &[
     crate::engine::WARM_UP_VAR,
 ];
 
-/// Every `TE_*` / `MC_*` variable this build reads: te-base's, te-core's and those of every
+/// Every `TE_*` / `MC_*` variable this build reads: te-base's, te-topology's, te-core's and those of every
 /// compiled-in transport and device plugin.
 pub fn known_vars() -> Vec<String> {
     let mut vars: Vec<String> = te_base::config::ENV_VARS
         .iter()
+        .chain(te_topology::ENV_VARS)
         .chain(ENGINE_VARS)
         .map(|v| v.to_string())
         .collect();
@@ -55,7 +56,7 @@ pub fn known_vars() -> Vec<String> {
 /// logs as warnings.
 pub(crate) fn check(env: &dyn Env) -> Result<Vec<UnknownVar>> {
     te_base::registration::RegistrationConfig::from_env(env)?;
-    te_base::topology::NicPolicy::from_env(env)?;
+    te_topology::NicPolicy::from_env(env)?;
     te_base::NotifyLimits::from_env(env)?;
     crate::metadata::p2p::P2pConfig::from_env(env, None)?;
     crate::engine::check_transfer_timeout(env)?;

@@ -4,7 +4,7 @@
 //!
 //! A spec lists NUMA nodes, device templates (`kinds`) and devices by their full PCI path under
 //! `devices/`; the bridges on each path are created as PCI bridges. See
-//! `te-base/tests/fixtures/topology/` for the instance types and where their facts come from.
+//! `topology/tests/fixtures/topology/` for the instance types and where their facts come from.
 //! [`discover`] reads a sysfs directory or a spec, which is what `te-bench --sysfs` accepts.
 
 use std::collections::BTreeMap;
@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use te_base::topology::{CpuList, PciPath, Topology};
 use te_base::{Error, Result};
+use te_topology::{CpuList, PciPath, Topology};
 
 /// A host description.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -112,7 +112,7 @@ pub struct FixtureDir {
 }
 
 impl FixtureDir {
-    /// The sysfs root to pass to [`Topology::discover_at`](te_base::topology::Topology::discover_at).
+    /// The sysfs root to pass to [`Topology::discover_at`](te_topology::Topology::discover_at).
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -3,7 +3,7 @@
 //! Registration goes through the process-wide [`RegistrationPool`] (bounded workers, size-ordered
 //! dispatch, all-or-nothing batches) with this transport as its [`RegistrationProvider`]: one
 //! `fi_mr_regattr` per (region, rail). Which rails a region lands on comes from the topology's
-//! [`NicPlacement`](te_base::topology::NicPlacement) (rail-local NICs for a GPU or NUMA node), mapped from topology NICs to our
+//! [`NicPlacement`](te_topology::NicPlacement) (rail-local NICs for a GPU or NUMA node), mapped from topology NICs to our
 //! provider domains by name; without RDMA NICs in sysfs (software providers) every rail is used.
 //!
 //! Serving-side safety: only regions the engine exports get remote access (FI_REMOTE_READ |
@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use te_base::registration::{register_regions, RegistrationPool, RegistrationProvider};
-use te_base::topology::RailPlacement;
 use te_base::{Error, RegionId, RegionInfo, RegistrationFailure, Result};
+use te_topology::RailPlacement;
 
 use crate::fabric::{MemoryRegion, Rail, TRANSPORT};
 use crate::wire::BufferKeys;

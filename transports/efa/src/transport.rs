@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use te_base::auth::AuthKey;
-use te_base::topology::{NicPlacement, RailPlacement, Topology};
 use te_base::{
     Capabilities, Error, InstallContext, MemoryKinds, NotifyInbox, Peer, RegionInfo, Result, SegmentDescriptor,
     SkippedDevice, Transport,
 };
+use te_topology::{NicPlacement, RailPlacement, Topology};
 
 use crate::config::{FabricConfig, VAR_DOMAINS, VAR_PROVIDER};
 use crate::fabric::{providers_found, Info, InfoList, Rail, TRANSPORT};

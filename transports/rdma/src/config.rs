@@ -141,7 +141,7 @@ impl Default for RdmaConfig {
             poll: PollMode::Adaptive {
                 spin: DEFAULT_POLL_SPIN,
             },
-            stripe_min_bytes: te_base::topology::DEFAULT_STRIPE_MIN_BYTES,
+            stripe_min_bytes: te_topology::DEFAULT_STRIPE_MIN_BYTES,
         }
     }
 }
@@ -186,7 +186,7 @@ impl RdmaConfig {
         if let Some(v) = ranged("TE_RDMA_CQ_DEPTH", cqe, 16, 1 << 22)? {
             c.cq_depth = v;
         }
-        if let Some(v) = parse_bytes(env, te_base::topology::STRIPE_MIN_BYTES_VAR)? {
+        if let Some(v) = parse_bytes(env, te_topology::STRIPE_MIN_BYTES_VAR)? {
             c.stripe_min_bytes = v;
         }
         if let Some(v) = parse_bytes(env, "TE_RDMA_SLICE_SIZE")? {

@@ -21,8 +21,8 @@ pub mod verbs;
 use std::path::Path;
 use std::sync::Arc;
 
-use te_base::topology::{NicPlacement, Topology};
 use te_base::{Error, InstallContext, Result, Transport};
+use te_topology::{NicPlacement, Topology};
 
 use crate::config::RdmaConfig;
 use crate::transport::RdmaTransport;

@@ -7,8 +7,8 @@
 //! once per connection into a table the data path indexes without allocation.
 
 use serde::{Deserialize, Serialize};
-use te_base::topology::{BufferRails, RailRate};
 use te_base::{Error, Result, SegmentDescriptor};
+use te_topology::{BufferRails, RailRate};
 
 use super::mr_split::{chunk_count, MIN_CHUNK};
 use super::slicing::ChunkGrid;

@@ -29,8 +29,8 @@ use parking_lot::{Mutex, RwLock};
 use te_base::auth::AuthKey;
 use te_base::device::DevicePlugin;
 use te_base::registration::{deregister_regions, register_regions, DomainHandles, RegistrationPool};
-use te_base::topology::{NicPlacement, RailPlacement, RailRate, StripePlanner};
 use te_base::{Capabilities, Error, NotifyInbox, Peer, RegionId, RegionInfo, Result, SegmentDescriptor, Transport};
+use te_topology::{NicPlacement, RailPlacement, RailRate, StripePlanner};
 
 use crate::config::RdmaConfig;
 use crate::protocol::handshake::{EndpointInfo, PROTOCOL_VERSION};

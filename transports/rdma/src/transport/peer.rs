@@ -9,10 +9,10 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use te_base::topology::{common_rails, RailRate, Stripe, StripePlanner};
 use te_base::{
     BatchAborts, BatchState, Error, Peer, ResolvedRequest, Result, SegmentDescriptor, SubmitContext, TransferOp,
 };
+use te_topology::{common_rails, RailRate, Stripe, StripePlanner};
 
 use super::abort::Drain;
 use super::notify::{is_note, NoteChannel, NoteJob, MAX_QUEUED_NOTES, NOTE_RECV, NOTE_SEND};

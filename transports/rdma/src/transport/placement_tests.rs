@@ -11,11 +11,11 @@ use te_base::config::MapEnv;
 use te_base::device::{
     CopyDirection, CopyFragment, DevicePlugin, DeviceRuntimeInfo, DmaBufExport, PendingCopy, PointerKind,
 };
-use te_base::topology::NicPlacement;
 use te_base::{
     Error, HostBuffer, HostBufferOptions, MemoryKind, MemoryLocation, RegionId, RegionInfo, RequestStatus, Result,
     Transport,
 };
+use te_topology::NicPlacement;
 
 use super::tests::{bytes, config, descriptor, fabric, run, transitions_of, write, Fake, Region};
 use super::RdmaTransport;
@@ -118,7 +118,7 @@ fn eight_nics() -> Arc<RecordingVerbs> {
 }
 
 fn fixture_placement() -> NicPlacement {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../te-base/tests/fixtures/topology/roce-8gpu.json");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topology/tests/fixtures/topology/roce-8gpu.json");
     let topology = te_testkit::fixture::discover(&path).expect("te-base's RoCE fixture");
     NicPlacement::from_env(topology, &MapEnv::new([])).expect("default policy")
 }

@@ -10,15 +10,15 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use te_base::device::DmaBufExport;
 use te_base::registration::RegistrationProvider;
-use te_base::topology::Topology;
 use te_base::{Error, RegionId, RegionInfo, Result, SkippedDevice};
+use te_topology::Topology;
 
 use super::device_memory::DeviceMemory;
 use crate::config::RdmaConfig;
 use crate::protocol::handshake::{gid_hex, RailInfo};
 use crate::protocol::mr_split;
 use crate::verbs::{Access, DeviceAttrs, Gid, LinkLayer, MrKeys, PortAttrs, Verbs};
-use te_base::topology::RailPlacement;
+use te_topology::RailPlacement;
 
 /// One device port in use.
 pub struct Rail<V: Verbs> {
@@ -457,7 +457,7 @@ mod tests {
     #[test]
     fn rails_follow_the_topology_order_with_rates() {
         let fixture =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../te-base/tests/fixtures/topology/roce-8gpu.json");
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../topology/tests/fixtures/topology/roce-8gpu.json");
         let topology = te_testkit::fixture::discover(&fixture).expect("te-base's RoCE fixture");
         let devices: Vec<String> = ["mlx5_3", "mlx5_9", "mlx5_0"].iter().map(|s| s.to_string()).collect();
         let ordered = order_by_topology(&devices, Some(&topology));

@@ -1,7 +1,7 @@
 //! The NUMA node a host address really lives on, asked of the kernel (never assumed from the
 //! calling thread or a hint).
 
-use crate::error::{Error, Result};
+use te_base::error::{Error, Result};
 
 // From <linux/mempolicy.h>; not every libc version exports them.
 const MPOL_F_NODE: libc::c_ulong = 1;

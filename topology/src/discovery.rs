@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::cpulist::CpuList;
 use super::pci::{PciAddress, PciPath};
-use crate::error::{Error, Result};
+use te_base::error::{Error, Result};
 
 /// PCI vendor id of NVIDIA.
 pub const VENDOR_NVIDIA: u16 = 0x10de;

@@ -1,8 +1,8 @@
 //! Discovery on the machine the tests run on, and the kernel's NUMA lookup on real buffers.
 
 use te_base::config::ProcessEnv;
-use te_base::topology::{node_via_get_mempolicy, node_via_move_pages, numa_node_of, NicPlacement, Topology};
 use te_base::{Error, MemoryLocation};
+use te_topology::{node_via_get_mempolicy, node_via_move_pages, numa_node_of, NicPlacement, Topology};
 
 /// True when `TE_REQUIRE` names `what`: a missing capability must then fail the test.
 fn required(what: &str) -> bool {

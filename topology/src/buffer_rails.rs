@@ -4,14 +4,14 @@
 use serde::{Deserialize, Serialize};
 
 use super::striping::RailRate;
-use crate::error::{Error, Result};
+use te_base::error::{Error, Result};
 
 /// Most rails one buffer may list; a descriptor from a peer listing more is rejected.
 pub const MAX_RAILS_PER_BUFFER: usize = 256;
 
 /// A validated rail list: ascending by rail index, no duplicates, at most
 /// [`MAX_RAILS_PER_BUFFER`] entries. Transports embed it in their entry of
-/// [`ExportedBuffer::keys`](crate::ExportedBuffer::keys) next to their per-rail keys.
+/// [`ExportedBuffer::keys`](te_base::ExportedBuffer::keys) next to their per-rail keys.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct BufferRails {
     rails: Vec<RailRate>,

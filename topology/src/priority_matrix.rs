@@ -12,8 +12,8 @@ use serde_json::Value;
 
 use super::discovery::Topology;
 use super::policy::PRIORITY_MATRIX_VAR;
-use crate::error::{Error, Result};
-use crate::memory::MemoryLocation;
+use te_base::error::{Error, Result};
+use te_base::memory::MemoryLocation;
 
 /// One entry: NICs to use first, and further NICs that may also be used.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

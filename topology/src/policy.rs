@@ -6,8 +6,8 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use crate::config::{parse_bytes, parse_var, parse_var_with_alias, Env};
-use crate::error::Result;
+use te_base::config::{parse_bytes, parse_var, parse_var_with_alias, Env};
+use te_base::error::Result;
 
 /// Selects `local` or `all` NICs per buffer.
 pub const NIC_SELECTION_VAR: &str = "TE_NIC_SELECTION";
@@ -77,7 +77,7 @@ impl Default for NicPolicy {
 impl NicPolicy {
     /// Reads `TE_NIC_SELECTION` (alias `MC_EFA_NIC_SELECTION`; both set and different is an
     /// error), `TE_NIC_PRIORITY_MATRIX` and `TE_STRIPE_MIN_BYTES`. Malformed values are
-    /// [`Error::Config`](crate::Error::Config) naming the variable.
+    /// [`Error::Config`](te_base::Error::Config) naming the variable.
     pub fn from_env(env: &dyn Env) -> Result<NicPolicy> {
         let selection = parse_var_with_alias::<NicSelection>(env, NIC_SELECTION_VAR, NIC_SELECTION_ALIAS)?;
         let matrix_path = parse_var::<PathBuf>(env, PRIORITY_MATRIX_VAR)?;

@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 
 use te_base::config::MapEnv;
-use te_base::topology::{GpuVendor, NicKind, NicPlacement, NicPolicy, NicSelection, RailMap, RailSource, Topology};
 use te_base::MemoryLocation;
 use te_testkit::FixtureSpec;
+use te_topology::{GpuVendor, NicKind, NicPlacement, NicPolicy, NicSelection, RailMap, RailSource, Topology};
 
 fn spec(name: &str) -> FixtureSpec {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/topology/{name}.json"));

@@ -9,8 +9,8 @@
 use serde::Serialize;
 
 use super::pci::PciAddress;
-use crate::config::Env;
-use crate::error::{Error, Result};
+use te_base::config::Env;
+use te_base::error::{Error, Result};
 
 /// Where a mapping came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -131,7 +131,7 @@ impl GpuOrdinals {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::MapEnv;
+    use te_base::config::MapEnv;
 
     fn gpus() -> Vec<PciAddress> {
         ["0000:c0:00.0", "0000:4f:00.0", "0000:60:00.0"]

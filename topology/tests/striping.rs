@@ -2,7 +2,7 @@
 //! split follows link rates, and the plan depends only on its inputs.
 
 use proptest::prelude::*;
-use te_base::topology::{common_rails, RailRate, Stripe, StripePlanner};
+use te_topology::{common_rails, RailRate, Stripe, StripePlanner};
 
 fn rails_strategy() -> impl Strategy<Value = Vec<RailRate>> {
     prop::collection::vec(prop_oneof![Just(0u64), 1u64..400_000], 1..33).prop_map(|rates| {

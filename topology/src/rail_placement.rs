@@ -3,7 +3,7 @@
 //! topology's NICs matched to the transport's rails by device name. Every transport with rails
 //! (efa, rdma) joins the placement to its rails the same way.
 
-use crate::memory::RegionInfo;
+use te_base::memory::RegionInfo;
 
 use super::placement::NicPlacement;
 

@@ -1,4 +1,6 @@
-//! Topology discovery and rail-local NIC selection.
+//! Topology discovery and rail-local NIC selection, for the transports that bind to NICs (rdma,
+//! efa), the engine's settings check and `te-bench topology`. A crate of its own so that te-base
+//! stays what every transport needs.
 //!
 //! Registering a buffer costs time per NIC (per libfabric domain), and on EFA that cost grows with
 //! the bytes already registered on the domain. Registering every GPU buffer on all 32 NICs of a
@@ -49,3 +51,11 @@ pub use priority_matrix::{MatrixEntry, MatrixKey, PriorityMatrix};
 pub use rail_map::{GpuRails, NodeRails, RailMap, RailSource};
 pub use rail_placement::RailPlacement;
 pub use striping::{common_rails, RailRate, Stripe, StripePlanner};
+
+/// The variables this crate reads ([`NicPolicy::from_env`]).
+pub const ENV_VARS: &[&str] = &[
+    NIC_SELECTION_VAR,
+    NIC_SELECTION_ALIAS,
+    PRIORITY_MATRIX_VAR,
+    STRIPE_MIN_BYTES_VAR,
+];

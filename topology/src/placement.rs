@@ -10,10 +10,10 @@ use super::policy::{NicPolicy, NicSelection, PRIORITY_MATRIX_VAR};
 use super::priority_matrix::{MatrixEntry, MatrixKey, PriorityMatrix};
 use super::rail_map::{RailMap, RailSource};
 use super::striping::RailRate;
-use crate::config::Env;
-use crate::device::DevicePlugin;
-use crate::error::{Error, Result};
-use crate::memory::{MemoryKind, MemoryLocation};
+use te_base::config::Env;
+use te_base::device::DevicePlugin;
+use te_base::error::{Error, Result};
+use te_base::memory::{MemoryKind, MemoryLocation};
 
 /// Variable that filters and orders CUDA device ordinals.
 pub const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
@@ -35,7 +35,7 @@ pub struct RailSelection {
 ///
 /// ```
 /// use te_base::config::MapEnv;
-/// use te_base::topology::{NicPlacement, Topology};
+/// use te_topology::{NicPlacement, Topology};
 /// use te_base::MemoryLocation;
 ///
 /// let topology = Topology::discover()?; // a host without RDMA NICs is fine

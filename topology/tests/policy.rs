@@ -4,8 +4,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use te_base::config::MapEnv;
-use te_base::topology::{NicPlacement, NicPolicy, NicSelection, PriorityMatrix, RailSource, Topology};
 use te_base::{Error, MemoryLocation};
+use te_topology::{NicPlacement, NicPolicy, NicSelection, PriorityMatrix, RailSource, Topology};
 
 fn topology(name: &str) -> Topology {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/fixtures/topology/{name}.json"));
@@ -131,7 +131,7 @@ fn printed_matrix_round_trips_as_an_override() {
     assert_eq!(printed.len(), 2 + 8);
     let text = printed.to_json();
     assert!(text.starts_with("{\n  \"cpu:0\": [["), "{text}");
-    let gpu0 = printed.get(te_base::topology::MatrixKey::Cuda(0)).unwrap();
+    let gpu0 = printed.get(te_topology::MatrixKey::Cuda(0)).unwrap();
     assert_eq!(gpu0.preferred, ["rdmap79s0", "rdmap80s0", "rdmap81s0", "rdmap82s0"]);
     assert_eq!(gpu0.available.len(), 28);
 
