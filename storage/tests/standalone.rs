@@ -26,18 +26,31 @@ async fn behaviour_suite_local() {
     store.close().await.unwrap();
 }
 
-/// The same suite on a peer of a one-peer cluster (a real etcd on loopback): every key is
-/// local, so the distributed layer must leave each call's outcome unchanged, and the stats gain
-/// a cluster section with nothing read remotely.
+/// The same suite on a peer of a one-peer cluster (a real etcd on loopback), with the sharded
+/// directory: every key is local, so the distributed layer must leave each call's outcome
+/// unchanged, and the stats gain a cluster section with nothing read remotely.
 #[cfg(feature = "cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behaviour_suite_distributed() {
+    behaviour_suite_cluster(umbp::DirectoryMode::Sharded).await;
+}
+
+/// The same with the etcd directory (the design kept to measure against).
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behaviour_suite_distributed_etcd_directory() {
+    behaviour_suite_cluster(umbp::DirectoryMode::Etcd).await;
+}
+
+#[cfg(feature = "cluster")]
+async fn behaviour_suite_cluster(directory: umbp::DirectoryMode) {
     let Some(etcd) = te_tests::etcd::EtcdServer::start_on_loopback() else {
         return;
     };
     let mut cc = umbp::ClusterConfig::parse(&etcd.endpoint.replace("http://", "etcd://")).unwrap();
-    cc.prefix = format!("/suite-{}", std::process::id());
+    cc.prefix = format!("/suite-{}-{directory:?}", std::process::id());
     cc.listen = "127.0.0.1:0".parse().unwrap();
+    cc.directory = directory;
     let store = dram_only().cluster(cc).open().await.unwrap();
     assert!(matches!(store.config().mode, umbp::ModeConfig::Cluster(_)));
     behaviour_suite(&store).await;

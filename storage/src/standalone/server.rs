@@ -40,6 +40,7 @@ use super::AUTH_CONTEXT;
 use crate::core::{RangedGet, RangedPut};
 use crate::error::{Result, StoreError};
 use crate::range_map::Range;
+use crate::store::backend::{Backend, CallerMemory};
 use crate::store::Store;
 
 /// Default longest frame a worker may send.
@@ -117,7 +118,7 @@ struct Region {
 struct Session {
     id: u64,
     token: [u8; 16],
-    store: Store,
+    store: Arc<dyn Backend>,
     rt: tokio::runtime::Handle,
     regions: RwLock<Vec<Region>>,
     alive: AtomicBool,
@@ -136,7 +137,7 @@ impl Drop for Session {
 }
 
 struct Shared {
-    store: Store,
+    store: Arc<dyn Backend>,
     rt: tokio::runtime::Handle,
     opts: ServerOptions,
     sessions: Mutex<HashMap<[u8; 16], Weak<Session>>>,
@@ -156,7 +157,7 @@ pub async fn serve(store: Store, opts: ServerOptions, shutdown: impl Future<Outp
         sessions: Mutex::new(HashMap::new()),
         next_session: AtomicU64::new(1),
         mapped: Arc::new(AtomicU64::new(0)),
-        store: store.clone(),
+        store: store.backend().clone(),
         opts: opts.clone(),
     });
     let gate = ConnectionGate::new(&opts.limits);
@@ -495,7 +496,8 @@ fn dispatch(shared: &Shared, s: &Session, op: Op, payload: &[u8], fd: Option<Own
         }
         Op::ObjectLens => {
             let keys = wire::decode_keys(payload)?;
-            let lens = store.object_lens(keys.iter())?;
+            let v: Vec<&str> = keys.iter().collect();
+            let lens = store.object_lens(&v)?;
             let results: Vec<Result<u64>> = lens
                 .into_iter()
                 .zip(keys.iter())
@@ -590,7 +592,8 @@ fn register(shared: &Shared, s: &Session, base: u64, len: u64, fd: OwnedFd) -> R
     // SAFETY: the mapping stays valid until the region is deregistered (Deregister, or the
     // session's drop, both deregister before the mapping is dropped); the sealed file cannot
     // shrink under it. The worker may race on its own bytes, never on anyone else's.
-    unsafe { shared.rt.block_on(s.store.register_buffer(map.addr(), len)) }?;
+    let memory = unsafe { CallerMemory::new(map.addr(), len, None) };
+    shared.rt.block_on(s.store.register_buffer(memory))?;
     regions.insert(
         at,
         Region {
@@ -665,8 +668,8 @@ fn get_ranges(shared: &Shared, s: &Session, payload: &[u8], tx: &mut Vec<u8>) ->
         (CallKeys::Sent(_), None) => None,
     };
     let results = match resolved {
-        Some(mut r) => shared.store.batch_get_ranges_resolved(&items, &mut r)?,
-        None => shared.store.batch_get_ranges(&items)?,
+        Some(mut r) => shared.store.batch_get_ranges(&items, Some(&mut r))?,
+        None => shared.store.batch_get_ranges(&items, None)?,
     };
     drop(regions);
     tx.u64(minted);

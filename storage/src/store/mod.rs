@@ -1,4 +1,5 @@
-//! The store's public face: one API over the three modes, chosen once at open.
+//! The store's public face: one API over the three modes, each a [`backend::Backend`] built
+//! once at open from the configured mode.
 //!
 //! - local: the store core (tiers, ranged get and put, eviction, compaction) in this process;
 //! - standalone: a client of the node's `umbp-server`, which owns the tiers
@@ -6,65 +7,37 @@
 //! - distributed: a core plus its cluster layer, which reads missed keys from their owners and
 //!   places overflow on other peers ([`crate::cluster`]).
 //!
-//! Each method dispatches once on the mode; the core below knows none of them.
+//! The methods here check that the store is open and forward to the backend; the core below
+//! knows none of the modes.
 
+pub(crate) mod backend;
 mod blocking;
+#[cfg(feature = "cluster")]
+mod cluster_layer;
 mod metrics;
+mod over_core;
+mod standalone_client;
 pub mod stats;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use te_base::PhaseReport;
 use te_core::TransferEngine;
 
 use crate::config::{ModeConfig, StoreBuilder, StoreConfig};
-use crate::core::hooks::{NoMisses, NoOverflow};
-use crate::core::{check_keys, whole_object_puts, whole_object_ranges, Core, Resolved};
+use crate::core::{whole_object_puts, whole_object_ranges, Core};
 pub use crate::core::{RangedGet, RangedPut};
 use crate::error::{Result, StoreError};
-use crate::standalone::client::Client;
-use crate::standalone::config::StandaloneConfig;
 use crate::standalone::KvBuffer;
+use backend::{Backend, CallerMemory};
+use over_core::{Local, OverCore};
+use standalone_client::Standalone;
 pub use stats::StoreStats;
-
-/// A standalone worker's side: the client, and the engine `Store::engine` hands out.
-struct Standalone {
-    client: Client,
-    engine: TransferEngine,
-    closed: AtomicBool,
-    /// What keeps each registered buffer's memory alive (`Store::register_buffer_owned`), by
-    /// base, until it is deregistered. The server writes through its own mapping of the memfd,
-    /// so this process's memory is never written under a call here.
-    owners: parking_lot::Mutex<std::collections::HashMap<u64, Box<dyn std::any::Any + Send + Sync>>>,
-}
-
-impl Standalone {
-    fn check_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(StoreError::Closed);
-        }
-        Ok(())
-    }
-}
-
-enum Mode {
-    Local(Arc<Core>),
-    Standalone(Box<Standalone>),
-    #[cfg(feature = "cluster")]
-    Cluster(crate::cluster::Peer),
-}
-
-/// Where a call that no mode layer changes goes: the server, or a core in this process (local
-/// mode's, or a cluster peer's).
-enum Target<'a> {
-    Server(&'a Standalone),
-    Core(&'a Core),
-}
 
 struct Inner {
     cfg: StoreConfig,
-    mode: Mode,
+    backend: Arc<dyn Backend>,
 }
 
 /// The UMBP store. Cheap to clone; clones share one store. Data calls are blocking and may run
@@ -110,17 +83,17 @@ impl StoreBuilder {
     pub async fn open(self) -> Result<Store> {
         let cfg = self.config()?;
         let name = cfg.segment_name.clone().unwrap_or_else(|| fresh_name("umbp"));
-        let mode = match &cfg.mode {
-            ModeConfig::Local => Mode::Local(Arc::new(
+        let backend: Arc<dyn Backend> = match &cfg.mode {
+            ModeConfig::Local => Arc::new(OverCore(Local(Arc::new(
                 Core::open(cfg.core.clone(), local_engine(name).await?, true).await?,
-            )),
-            ModeConfig::Standalone(sc) => Mode::Standalone(Box::new(Store::connect(sc.clone()).await?)),
+            )))),
+            ModeConfig::Standalone(sc) => Arc::new(Standalone::connect(sc.clone(), fresh_name("umbp-client")).await?),
             #[cfg(feature = "cluster")]
-            ModeConfig::Cluster(cc) => {
-                Mode::Cluster(crate::cluster::Peer::open(cfg.core.clone(), cc.clone(), &name).await?)
-            }
+            ModeConfig::Cluster(cc) => Arc::new(OverCore(
+                crate::cluster::Peer::open(cfg.core.clone(), cc.clone(), &name).await?,
+            )),
         };
-        Ok(Store::exported(cfg, mode))
+        Ok(Store::exported(cfg, backend))
     }
 
     /// Opens a local-mode store on an existing engine (the store registers its memory there and
@@ -135,7 +108,7 @@ impl StoreBuilder {
             )));
         }
         let core = Core::open(cfg.core.clone(), engine, false).await?;
-        Ok(Store::exported(cfg, Mode::Local(Arc::new(core))))
+        Ok(Store::exported(cfg, Arc::new(OverCore(Local(Arc::new(core))))))
     }
 }
 
@@ -156,24 +129,10 @@ impl Store {
         StoreBuilder::new()
     }
 
-    async fn connect(cfg: StandaloneConfig) -> Result<Standalone> {
-        let client = tokio::task::spawn_blocking(move || Client::connect(cfg))
-            .await
-            .map_err(|e| StoreError::Server { detail: e.to_string() })??;
-        let engine = local_engine(fresh_name("umbp-client")).await?;
-        engine.open_segment(engine.segment_name()).await?;
-        Ok(Standalone {
-            client,
-            engine,
-            closed: AtomicBool::new(false),
-            owners: Default::default(),
-        })
-    }
-
     /// The store, with its counters exported through its engine's metrics.
-    fn exported(cfg: StoreConfig, mode: Mode) -> Store {
+    fn exported(cfg: StoreConfig, backend: Arc<dyn Backend>) -> Store {
         let store = Store {
-            inner: Arc::new(Inner { cfg, mode }),
+            inner: Arc::new(Inner { cfg, backend }),
         };
         let weak = Arc::downgrade(&store.inner);
         metrics::export(store.engine(), move || {
@@ -184,24 +143,17 @@ impl Store {
 
     /// Every call after [`Store::close`] fails with [`StoreError::Closed`], in every mode.
     fn check_open(&self) -> Result<()> {
-        match self.target() {
-            Target::Server(s) => s.check_open(),
-            Target::Core(core) => core.check_open(),
-        }
+        self.inner.backend.check_open()
     }
 
-    fn target(&self) -> Target<'_> {
-        match &self.inner.mode {
-            Mode::Local(core) => Target::Core(core),
-            Mode::Standalone(s) => Target::Server(s),
-            #[cfg(feature = "cluster")]
-            Mode::Cluster(peer) => Target::Core(peer.core()),
-        }
+    /// The mode's backend (the standalone server serves it).
+    pub(crate) fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
     }
 
     /// True in standalone mode.
     pub fn is_standalone(&self) -> bool {
-        matches!(self.inner.mode, Mode::Standalone(_))
+        self.inner.backend.is_standalone()
     }
 
     /// Allocates a KV buffer of `len` bytes as a sealed memfd mapped shared: in standalone mode
@@ -209,41 +161,23 @@ impl Store {
     /// with [`Store::register_buffer`] and release it with [`Store::free_buffer`].
     pub fn alloc_buffer(&self, len: usize) -> Result<KvBuffer> {
         self.check_open()?;
-        match self.target() {
-            Target::Server(s) => s.client.alloc(len),
-            Target::Core(core) => {
-                core.check_open()?;
-                KvBuffer::new(len)
-            }
-        }
+        self.inner.backend.alloc_buffer(len)
     }
 
     /// Deregisters (if registered) and releases a buffer from [`Store::alloc_buffer`].
     pub async fn free_buffer(&self, buf: KvBuffer) -> Result<()> {
-        match self.target() {
-            Target::Server(s) => s.client.free(buf),
-            Target::Core(core) => core.deregister_buffer(buf.addr()).await.map(|_| ()),
-        }
+        self.inner.backend.free_buffer(buf).await
     }
 
     /// Standalone mode: the client's reuse-distance line (`UMBP_KEY_HANDLE_DEBUG=1`), and the
     /// request bytes and count of its ranged gets.
     pub fn key_handle_report(&self) -> Option<(Option<String>, u64, u64)> {
-        match self.target() {
-            Target::Server(s) => {
-                let (bytes, calls) = s.client.get_request_bytes();
-                Some((s.client.key_handle_report(), bytes, calls))
-            }
-            Target::Core(_) => None,
-        }
+        self.inner.backend.key_handle_report()
     }
 
     /// The engine the store moves bytes with.
     pub fn engine(&self) -> &TransferEngine {
-        match self.target() {
-            Target::Server(s) => &s.engine,
-            Target::Core(core) => core.engine(),
-        }
+        self.inner.backend.engine()
     }
 
     /// The resolved configuration.
@@ -260,26 +194,14 @@ impl Store {
     /// [`Store::deregister_buffer`] or [`Store::close`], and the caller must not read bytes a
     /// running get writes into, nor change bytes a running put reads.
     pub async unsafe fn register_buffer(&self, addr: u64, len: u64) -> Result<()> {
-        match self.target() {
-            Target::Server(s) => {
-                s.check_open()?;
-                s.client.register(addr, len)
-            }
-            // SAFETY: forwarded contract.
-            Target::Core(core) => unsafe { core.register_buffer(addr, len, None) }.await,
-        }
+        // SAFETY: forwarded contract.
+        let memory = unsafe { CallerMemory::new(addr, len, None) };
+        self.inner.backend.register_buffer(memory).await
     }
 
     /// Deregisters the caller buffer that starts at `addr`. False if none does.
     pub async fn deregister_buffer(&self, addr: u64) -> Result<bool> {
-        match self.target() {
-            Target::Server(s) => {
-                let out = s.client.deregister(addr);
-                s.owners.lock().remove(&addr);
-                out
-            }
-            Target::Core(core) => core.deregister_buffer(addr).await,
-        }
+        self.inner.backend.deregister_buffer(addr).await
     }
 
     /// Registers caller host memory that `owner` keeps alive, as [`Store::register_buffer`]
@@ -299,26 +221,16 @@ impl Store {
         len: u64,
         owner: Box<dyn std::any::Any + Send + Sync>,
     ) -> Result<()> {
-        match self.target() {
-            Target::Server(s) => {
-                s.check_open()?;
-                s.client.register(addr, len)?;
-                s.owners.lock().insert(addr, owner);
-                Ok(())
-            }
-            // SAFETY: forwarded contract.
-            Target::Core(core) => unsafe { core.register_buffer(addr, len, Some(owner)) }.await,
-        }
+        // SAFETY: forwarded contract.
+        let memory = unsafe { CallerMemory::new(addr, len, Some(owner)) };
+        self.inner.backend.register_buffer(memory).await
     }
 
     /// True if `key` is in any tier. In standalone mode an unreachable server is an error, never
     /// a `false`.
     pub fn exists(&self, key: &str) -> Result<bool> {
         self.check_open()?;
-        match self.target() {
-            Target::Server(s) => s.client.exists(key),
-            Target::Core(core) => core.exists(key),
-        }
+        self.inner.backend.exists(key)
     }
 
     /// How many of `keys`, from the first, are stored: stops at the first miss (prefix matching).
@@ -326,13 +238,8 @@ impl Store {
     /// error, never a `0`.
     pub fn batch_exists_consecutive<K: AsRef<str>>(&self, keys: &[K]) -> Result<usize> {
         self.check_open()?;
-        match self.target() {
-            Target::Server(s) => {
-                let keys: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
-                s.client.exists_consecutive(&keys)
-            }
-            Target::Core(core) => core.batch_exists_consecutive(keys),
-        }
+        let keys: Vec<&str> = keys.iter().map(AsRef::as_ref).collect();
+        self.inner.backend.batch_exists_consecutive(&keys)
     }
 
     /// Removes `key` from every tier (in distributed mode, from the directory too). False if it
@@ -340,15 +247,7 @@ impl Store {
     /// bring the removed version back; the SSD record is marked dead on disk before this returns.
     pub fn remove(&self, key: &str) -> Result<bool> {
         self.check_open()?;
-        match &self.inner.mode {
-            Mode::Local(core) => core.remove(key),
-            Mode::Standalone(s) => {
-                check_keys(std::iter::once(key))?;
-                s.client.remove(key)
-            }
-            #[cfg(feature = "cluster")]
-            Mode::Cluster(peer) => peer.remove(key),
-        }
+        self.inner.backend.remove(key)
     }
 
     /// Puts whole objects from registered caller memory: `(key, addr, len, depth)` each.
@@ -364,26 +263,15 @@ impl Store {
     /// object. In distributed mode only this peer's tiers are read.
     pub fn batch_get(&self, items: &[(&str, u64, u64)]) -> Result<Vec<Result<u64>>> {
         self.check_open()?;
-        match self.target() {
-            Target::Server(s) => {
-                check_keys(items.iter().map(|i| i.0))?;
-                s.client.get_whole(items)
-            }
-            Target::Core(core) => core.batch_get(items),
-        }
+        self.inner.backend.batch_get(items)
     }
 
     /// The object lengths of `keys` (None where absent), under one shared lock per tier. In
     /// standalone mode an unreachable server is an error, never a row of `None`.
     pub fn object_lens<'a>(&self, keys: impl Iterator<Item = &'a str>) -> Result<Vec<Option<u64>>> {
         self.check_open()?;
-        match self.target() {
-            Target::Server(s) => {
-                let keys: Vec<&str> = keys.collect();
-                s.client.object_lens(&keys)
-            }
-            Target::Core(core) => core.object_lens(keys),
-        }
+        let keys: Vec<&str> = keys.collect();
+        self.inner.backend.object_lens(&keys)
     }
 
     /// Puts one object from any memory (registered for the call if it is not already).
@@ -392,60 +280,15 @@ impl Store {
     /// or peers does not stall the runtime: on a multi-thread tokio runtime the worker hands its
     /// other tasks on for the duration. On a current-thread runtime the call blocks that thread.
     pub async fn put(&self, key: &str, data: &[u8], depth: u32) -> Result<()> {
-        let core = match self.target() {
-            Target::Server(s) => {
-                s.check_open()?;
-                check_keys(std::iter::once(key))?;
-                return blocking::off_worker(|| s.client.put_bytes(key, data, depth));
-            }
-            Target::Core(core) => core,
-        };
-        let addr = data.as_ptr() as u64;
-        let len = data.len() as u64;
-        if len == 0 {
-            return Err(StoreError::ZeroLength {
-                key_index: 0,
-                range_index: 0,
-            });
-        }
-        let temp = core.temp_register(addr, len).await?;
-        let out = blocking::off_worker(|| self.batch_put(&[(key, addr, len, depth)]));
-        core.temp_release(temp).await?;
-        out?.remove(0)
+        self.check_open()?;
+        self.inner.backend.put(key, data, depth).await
     }
 
     /// Gets one whole object into a new vector. Waits as [`Store::put`] does: other tasks of a
     /// multi-thread runtime keep running.
     pub async fn get(&self, key: &str) -> Result<Vec<u8>> {
-        let core = match self.target() {
-            Target::Server(s) => {
-                s.check_open()?;
-                check_keys(std::iter::once(key))?;
-                return blocking::off_worker(|| s.client.get_bytes(key));
-            }
-            Target::Core(core) => core,
-        };
-        let Some(mut len) = core.object_lens(std::iter::once(key))?[0] else {
-            return Err(StoreError::NotFound { key: key.to_owned() });
-        };
-        // The object may be replaced by a larger one between the size lookup and the read: retry
-        // with the new size a bounded number of times.
-        for _ in 0..8 {
-            let mut out = vec![0u8; len.max(1) as usize];
-            let addr = out.as_mut_ptr() as u64;
-            let temp = core.temp_register(addr, out.len() as u64).await?;
-            let got = blocking::off_worker(|| core.batch_get(&[(key, addr, out.len() as u64)]));
-            core.temp_release(temp).await?;
-            match got?.remove(0) {
-                Ok(n) => {
-                    out.truncate(n as usize);
-                    return Ok(out);
-                }
-                Err(StoreError::BufferTooSmall { need, .. }) => len = need,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(StoreError::WriteConflict { key: key.to_owned() })
+        self.check_open()?;
+        self.inner.backend.get(key).await
     }
 
     /// Runs compaction of the SSD log now (it also runs in the background): every sealed
@@ -453,10 +296,7 @@ impl Store {
     /// with any dead byte. Returns the number of segments compacted.
     pub fn compact(&self, force: bool) -> Result<u64> {
         self.check_open()?;
-        match self.target() {
-            Target::Server(s) => s.client.compact(force),
-            Target::Core(core) => core.compact(force),
-        }
+        self.inner.backend.compact(force)
     }
 
     /// Makes every acknowledged put durable: objects only in DRAM are written to the SSD log
@@ -464,69 +304,33 @@ impl Store {
     /// there is nothing to make durable.
     pub fn flush(&self) -> Result<()> {
         self.check_open()?;
-        match self.target() {
-            Target::Server(s) => s.client.flush(),
-            Target::Core(core) => core.flush(),
-        }
+        self.inner.backend.flush()
     }
 
     /// Flushes, releases caller registrations, and shuts the store's own engine down (in
     /// distributed mode, after leaving the cluster). Calls after this fail with
     /// [`StoreError::Closed`].
     pub async fn close(&self) -> Result<()> {
-        match &self.inner.mode {
-            Mode::Local(core) => core.close().await.map(|_| ()),
-            Mode::Standalone(s) => {
-                if s.closed.swap(true, Ordering::AcqRel) {
-                    return Ok(());
-                }
-                s.client.close();
-                s.owners.lock().clear();
-                Ok(s.engine.shutdown().await?)
-            }
-            #[cfg(feature = "cluster")]
-            Mode::Cluster(peer) => peer.close().await,
-        }
+        self.inner.backend.close().await
     }
 
     /// Counters since open: the tiers', and the section of the mode in use. In standalone mode
     /// they are the server's, and an unreachable server is an error, never a zeroed report.
     pub fn stats(&self) -> Result<StoreStats> {
         self.check_open()?;
-        Ok(match &self.inner.mode {
-            Mode::Local(core) => StoreStats {
-                core: core.stats(),
-                ..Default::default()
-            },
-            Mode::Standalone(s) => s.client.stats()?,
-            #[cfg(feature = "cluster")]
-            Mode::Cluster(peer) => StoreStats {
-                core: peer.core().stats(),
-                cluster: Some(peer.stats()),
-                ..Default::default()
-            },
-        })
+        self.inner.backend.stats()
     }
 
     /// Per-phase timings of ranged calls (`None` unless `UMBP_RANGED_CALL_DEBUG=1`).
     pub fn phase_report(&self) -> Result<Option<PhaseReport>> {
         self.check_open()?;
-        match self.target() {
-            Target::Server(s) => s.client.phase_report(),
-            Target::Core(core) => Ok(core.phase_report()),
-        }
+        self.inner.backend.phase_report()
     }
 
     /// Clears the phase timings.
     pub fn reset_phase_report(&self) -> Result<()> {
         self.check_open()?;
-        match self.target() {
-            Target::Server(s) => s.client.reset_phase_report(),
-            Target::Core(core) => {
-                core.reset_phase_report();
-                Ok(())
-            }
-        }
+        self.inner.backend.reset_phase_report()
     }
 
     /// Reads ranges of many objects into registered caller buffers. Shape errors (a range that
@@ -570,30 +374,7 @@ impl Store {
     /// ```
     pub fn batch_get_ranges(&self, items: &[RangedGet<'_>]) -> Result<Vec<Result<u64>>> {
         self.check_open()?;
-        match &self.inner.mode {
-            Mode::Local(core) => core.batch_get_ranges(items, None, &mut NoMisses),
-            Mode::Standalone(s) => {
-                check_keys(items.iter().map(|i| i.key))?;
-                s.client.get_ranges(items)
-            }
-            #[cfg(feature = "cluster")]
-            Mode::Cluster(peer) => peer.batch_get_ranges(items, None),
-        }
-    }
-
-    /// [`Store::batch_get_ranges`] of a key set asked for before, reusing (and refreshing)
-    /// what was resolved for it then (the standalone server's key handles).
-    pub(crate) fn batch_get_ranges_resolved(
-        &self,
-        items: &[RangedGet<'_>],
-        resolved: &mut Resolved,
-    ) -> Result<Vec<Result<u64>>> {
-        match &self.inner.mode {
-            Mode::Local(core) => core.batch_get_ranges(items, Some(resolved), &mut NoMisses),
-            Mode::Standalone(_) => self.batch_get_ranges(items),
-            #[cfg(feature = "cluster")]
-            Mode::Cluster(peer) => peer.batch_get_ranges(items, Some(resolved)),
-        }
+        self.inner.backend.batch_get_ranges(items, None)
     }
 
     /// Writes objects given as ranges of registered caller memory that tile each object exactly.
@@ -636,34 +417,19 @@ impl Store {
     /// ```
     pub fn batch_put_ranges(&self, items: &[RangedPut<'_>]) -> Result<Vec<Result<()>>> {
         self.check_open()?;
-        match &self.inner.mode {
-            Mode::Local(core) => core.batch_put_ranges(items, &mut NoOverflow),
-            Mode::Standalone(s) => {
-                // Keys are checked here in every mode: a bad key is BadKey, never a wire error.
-                check_keys(items.iter().map(|i| i.key))?;
-                s.client.put_ranges(items)
-            }
-            #[cfg(feature = "cluster")]
-            Mode::Cluster(peer) => peer.batch_put_ranges(items),
-        }
+        self.inner.backend.batch_put_ranges(items)
     }
 
     /// Distributed mode: the peer this store's copy of the directory names as `key`'s owner
     /// (this peer's own name for its keys); `None` in the other modes or when unknown.
     #[cfg(feature = "cluster")]
     pub fn cluster_owner(&self, key: &str) -> Option<String> {
-        match &self.inner.mode {
-            Mode::Cluster(peer) => peer.owner_of(key),
-            _ => None,
-        }
+        self.inner.backend.cluster_owner(key)
     }
 
     /// Distributed mode: the live members this store knows, with their control addresses.
     #[cfg(feature = "cluster")]
     pub fn cluster_members(&self) -> Vec<(String, std::net::SocketAddr)> {
-        match &self.inner.mode {
-            Mode::Cluster(peer) => peer.members(),
-            _ => Vec::new(),
-        }
+        self.inner.backend.cluster_members()
     }
 }
