@@ -9,7 +9,6 @@ use super::pci::PciAddress;
 use super::policy::{NicPolicy, NicSelection, PRIORITY_MATRIX_VAR};
 use super::priority_matrix::{MatrixEntry, MatrixKey, PriorityMatrix};
 use super::rail_map::{RailMap, RailSource};
-use super::striping::RailRate;
 use te_base::config::Env;
 use te_base::device::DevicePlugin;
 use te_base::error::{Error, Result};
@@ -165,20 +164,6 @@ impl NicPlacement {
             MemoryLocation::Cuda { device } => self.gpu_rails(&self.cuda, "cuda", device),
             MemoryLocation::Rocm { device } => self.gpu_rails(&self.rocm, "rocm", device),
         })
-    }
-
-    /// [`rails_for`](Self::rails_for) with each rail's link rate, ready for
-    /// [`StripePlanner`](super::StripePlanner) and segment descriptors.
-    pub fn rail_rates_for(&self, location: MemoryLocation, addr: Option<u64>) -> Result<Vec<RailRate>> {
-        Ok(self
-            .rails_for(location, addr)?
-            .rails
-            .into_iter()
-            .map(|rail| RailRate {
-                rail,
-                rate_mbps: self.topology.nics[rail].rate_mbps(),
-            })
-            .collect())
     }
 
     /// The placement in force as a Mooncake priority matrix: for every NUMA node and GPU ordinal,
