@@ -29,6 +29,12 @@ import socket
 import numpy as np
 
 
+def te_env(env: dict) -> dict:
+    """``env`` over the process's own TE_* variables (a TransferEngine given ``env`` reads only
+    that mapping), so e.g. TE_SHM_COPY_THREADS set around the harness reaches the engines."""
+    return {**{k: v for k, v in os.environ.items() if k.startswith("TE_")}, **env}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -48,7 +54,7 @@ class OursTarget:
         env = {"TE_METADATA": "p2p", "TE_P2P_LISTEN": f"127.0.0.1:{port}", "TE_TRANSPORTS": transports,
                "TE_TCP_LISTEN": f"127.0.0.1:{opts.get('tcp_port', 0)}", "TE_TCP_ADVERTISE": "127.0.0.1"}
         name = opts.get("name") or f"peers-target-{os.getpid()}"
-        self.engine = te.TransferEngine(name, env=env)
+        self.engine = te.TransferEngine(name, env=te_env(env))
         self.reg = self.engine.register(buf)
         self.info = {"segment": f"{name}@127.0.0.1:{port}", "addr": self.reg.addr}
 
@@ -62,7 +68,7 @@ class OursInitiator:
 
         env = {"TE_METADATA": "p2p", "TE_P2P_LISTEN": "127.0.0.1:0", "TE_TRANSPORTS": transports,
                "TE_TCP_LISTEN": "127.0.0.1:0", "TE_TCP_ADVERTISE": "127.0.0.1"}
-        self.engine = te.TransferEngine(f"peers-initiator-{os.getpid()}", env=env)
+        self.engine = te.TransferEngine(f"peers-initiator-{os.getpid()}", env=te_env(env))
         self.reg = self.engine.register(buf)
         self.base = self.reg.addr
         self.info = info

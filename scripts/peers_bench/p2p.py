@@ -90,6 +90,12 @@ def cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def switches() -> int:
+    """Context switches of this whole process so far (voluntary + involuntary)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_nvcsw + r.ru_nivcsw
+
+
 def remote_view(buf: np.ndarray, shape: Shape) -> np.ndarray:
     """The target's bytes in initiator order: fragment i at slot(i)."""
     return buf[: shape.total].reshape(shape.count, shape.block)[shape.slots].reshape(-1)
@@ -122,6 +128,8 @@ def target_main(conn, engine: str, nbytes: int, opts: dict):
             conn.send("ok")
         elif cmd == "cpu":
             conn.send(cpu_s())
+        elif cmd == "switches":
+            conn.send(switches())
         elif cmd == "exit":
             conn.send("bye")
             sys.stdout.flush()
@@ -244,6 +252,7 @@ def main():
                         for b in sh.batches]
                 secs, lat, bad = [], [], 0
                 cpu_i = cpu_t = 0.0
+                sw_i = sw_t = 0
                 for rep in range(args.repeat + 1):  # pass 0 is the untimed warm-up
                     seed = args.round * 1000 + rep + 1
                     if op == "write":
@@ -253,7 +262,9 @@ def main():
                         buf[: sh.total] = 0
                         ask("fill", sh.text, args.batch_bytes, seed)
                     t_cpu0 = ask("cpu")
+                    t_sw0 = ask("switches")
                     c0 = cpu_s()
+                    s0 = switches()
                     t0 = time.perf_counter()
                     for run in runs:
                         b0 = time.perf_counter()
@@ -262,6 +273,8 @@ def main():
                             lat.append(time.perf_counter() - b0)
                     dt = time.perf_counter() - t0
                     c1 = cpu_s()
+                    s1 = switches()
+                    t_sw1 = ask("switches")
                     t_cpu1 = ask("cpu")
                     if op == "write":
                         miss = ask("verify", sh.text, args.batch_bytes, seed)
@@ -272,6 +285,8 @@ def main():
                         secs.append(dt)
                         cpu_i += c1 - c0
                         cpu_t += t_cpu1 - t_cpu0
+                        sw_i += s1 - s0
+                        sw_t += t_sw1 - t_sw0
                 gib = sh.total * args.repeat / (1 << 30)
                 if bad:
                     fail(f"{bad} mismatched bytes", **{k: v for k, v in row.items() if k not in base_row},
@@ -282,6 +297,9 @@ def main():
                     "gbps": statistics.median(gbps), "gbps_runs": gbps,
                     "batch_p50_us": pct(lat, 0.5) * 1e6, "batch_p99_us": pct(lat, 0.99) * 1e6,
                     "cpu_s_per_gib_initiator": cpu_i / gib, "cpu_s_per_gib_target": cpu_t / gib,
+                    # getrusage of each whole process; the target's includes answering this pipe
+                    "switches_per_batch_initiator": sw_i / (len(runs) * args.repeat),
+                    "switches_per_batch_target": sw_t / (len(runs) * args.repeat),
                     "mismatched_bytes": 0, "verified": True,
                 })
                 if hasattr(ini, "routes"):

@@ -645,7 +645,11 @@ def main():
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    command = " ".join(["scripts/peers-bench.sh", *sys.argv[1:]])
+    argv = sys.argv[1:]
+    if "--versions" in argv:  # peers-bench.sh's own: shown as the versions, not the command
+        i = argv.index("--versions")
+        argv = argv[:i] + argv[i + 2:]
+    command = " ".join(["scripts/peers-bench.sh", *argv])
     versions = json.loads(args.versions)
     if not args.summarise_only:
         open(os.path.join(args.out, "rows.jsonl"), "w").close()
