@@ -31,6 +31,11 @@ def u64_bytes(values: list[int]) -> bytes:
     """A list of 64-bit unsigned ints as native-endian 8-byte values in one ``bytes``
     (``memoryview(b).cast("Q")``); ``te.InvalidArgument`` names the first bad index."""
 
+def u64_lists(*lists: list[int]) -> bytes:
+    """Several lists of one length ``n`` as native-endian 8-byte values in one ``bytes``: list
+    ``j`` at ``[j * n, (j + 1) * n)`` of ``memoryview(b).cast("Q")``. Lists of different
+    lengths raise ``te.ShapeError``; a bad value ``te.InvalidArgument`` naming list and index."""
+
 class TransferEngine:
     """A transfer engine. Unset options come from the ``TE_*`` variables (of ``env`` when given,
     which then replaces the process environment); a malformed one raises ``te.ConfigError``."""

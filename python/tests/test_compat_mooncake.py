@@ -387,3 +387,84 @@ def test_mooncakes_http_metadata_server_lets_two_engines_find_each_other():
     finally:
         server.kill()
         server.wait()
+
+
+# initialize's protocol argument picks te's transport (mooncake._TRANSPORTS): "efa" runs here on
+# libfabric's tcp;ofi_rxm provider (as on any host without an EFA device); "rdma" needs a device.
+
+def _transfer_on(protocol: str, device: str = ""):
+    """Two engines initialized with ``protocol``, a byte-verified batch write and a read back
+    through te.compat; returns the transports that carried the segment."""
+    a, b = ours.TransferEngine(), ours.TransferEngine()
+    assert a.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, device) == 0
+    assert b.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, device) == 0
+    n = 256 * KiB
+    src, dst, back = pattern(n, 21), np.zeros(n, np.uint8), np.zeros(n, np.uint8)
+    assert a.batch_register_memory([src.ctypes.data, back.ctypes.data], [n, n]) == 0
+    assert b.register_memory(dst.ctypes.data, n) == 0
+    peer = f"127.0.0.1:{b.get_rpc_port()}"
+    offs = [i * 16 * KiB for i in range(16)]
+    assert a.batch_transfer_sync_write(peer, [src.ctypes.data + o for o in offs], [dst.ctypes.data + o for o in offs],
+                                       [16 * KiB] * len(offs)) == 0
+    assert np.array_equal(src, dst)
+    assert a.transfer_sync_read(peer, back.ctypes.data, dst.ctypes.data, n) == 0
+    assert np.array_equal(back, src)
+    return [r[0] for r in a._engine.routes(a._segment(peer))]
+
+
+def test_efa_protocol_moves_bytes_on_libfabrics_software_provider(monkeypatch):
+    monkeypatch.setenv("TE_FABRIC_PROVIDER", "tcp;ofi_rxm")  # passed through like every TE_ variable
+    try:
+        te.TransferEngine(f"efa-probe-{os.getpid()}", transports=["efa"], env={"TE_FABRIC_PROVIDER": "tcp;ofi_rxm"})
+    except te.NotAvailableError as e:
+        from conftest import skip_or_fail
+
+        skip_or_fail("libfabric", str(e))
+    assert _transfer_on("efa") == ["efa"]
+
+
+def test_rdma_protocol_is_rdma_or_a_code_naming_what_is_missing(caplog):
+    a = ours.TransferEngine()
+    rc = a.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "")
+    if rc == 0:  # an RDMA device here (soft-RoCE, a NIC): a real transfer on it
+        assert _transfer_on("rdma") == ["rdma"]
+        return
+    # No device: Mooncake's code and te's typed error in the log, and nothing after it pretends
+    # to work.
+    assert rc == -1
+    assert "initialize('127.0.0.1', 'P2PHANDSHAKE', 'rdma', '') failed" in caplog.text
+    assert "rdma" in caplog.text.lower() and "not available" in caplog.text, caplog.text
+    buf = np.zeros(4096, np.uint8)
+    assert a.register_memory(buf.ctypes.data, 4096) == -1
+    assert a.transfer_sync_write("127.0.0.1:1", buf.ctypes.data, buf.ctypes.data, 64) == -1
+    assert a.batch_transfer_sync_write("127.0.0.1:1", [buf.ctypes.data], [buf.ctypes.data], [64]) == -1
+    assert a.batch_transfer_async_write("127.0.0.1:1", [buf.ctypes.data], [buf.ctypes.data], [64]) == 0
+    # a named device that is not here: the code again, the device named in the log
+    caplog.clear()
+    assert ours.TransferEngine().initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_9") == -1
+    assert "not available" in caplog.text, caplog.text
+
+
+def test_address_lists_convert_exactly_like_the_c_api():
+    # te._native.u64_lists reads small ints from the objects themselves (CPython 3.11-3.13's
+    # layout) and everything else through the C API: both must give array('Q')'s values.
+    import array
+
+    from te._native import u64_lists
+
+    class Sub(int):
+        pass
+
+    edges = [0, 1, 2, (1 << 30) - 1, 1 << 30, (1 << 30) + 1, (1 << 60) - 1, 1 << 60, (1 << 63) + 5,
+             (1 << 64) - 1, True, Sub(7), Sub(1 << 40), 0x7F00DEADBEEF]
+    repeated = [1 << 33] * 5 + [1 << 33, 5, 5]           # one object repeated, then equal values
+    for values in (edges, repeated, list(range(1000))):
+        n = len(values)
+        got = memoryview(u64_lists(values, values[::-1], [64] * n)).cast("Q")
+        assert got.tolist() == array.array("Q", values + values[::-1] + [64] * n).tolist()
+    for bad in (-1, 1 << 64, 1.0, "1", None, np.uint64(3)):
+        with pytest.raises(te.InvalidArgument, match=r"list 1\[2\]: not a 64-bit unsigned integer"):
+            u64_lists([1, 2, 3], [1, 2, bad])
+    with pytest.raises(te.ShapeError):
+        u64_lists([1, 2], [1])
+    assert u64_lists() == b"" and u64_lists([], []) == b""

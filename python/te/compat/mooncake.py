@@ -33,7 +33,7 @@ from typing import Optional
 
 import te
 from te import errors
-from te._native import u64_bytes
+from te._native import u64_bytes, u64_lists
 
 log = logging.getLogger("te.compat.mooncake")
 
@@ -115,6 +115,31 @@ def _u64s(values):
     return values if isinstance(values, array.array) else array.array("Q", values)
 
 
+def _columns3(a: list, b: list, c: list):
+    """Arrays the engine reads in place for three lists of one length (a connector's local
+    addresses, remote addresses and lengths): one Rust pass per list into one allocation
+    (``te._native.u64_lists``). A one-request batch passes its ints as they are (the native
+    calls take one int per argument)."""
+    n = len(a)
+    if n == 1:
+        x, y, z = a[0], b[0], c[0]
+        if type(x) is int and type(y) is int and type(z) is int:
+            return x, y, z
+    mv = memoryview(u64_lists(a, b, c)).cast("Q")
+    return mv[:n], mv[n:2 * n], mv[2 * n:]
+
+
+def _columns2(a: list, b: list):
+    """``_columns3`` for two lists."""
+    n = len(a)
+    if n == 1:
+        x, y = a[0], b[0]
+        if type(x) is int and type(y) is int:
+            return x, y
+    mv = memoryview(u64_lists(a, b)).cast("Q")
+    return mv[:n], mv[n:]
+
+
 class TransferEngine:
     """``mooncake.engine.TransferEngine`` on te (see the module docstring)."""
 
@@ -144,7 +169,14 @@ class TransferEngine:
             return ERR_INVALID_ARGUMENT
         try:
             name, env = self._config(hostname, metadata_server, protocol, device_name, metadata_type)
-            self._engine = te.TransferEngine(name, env=env)
+            engine = te.TransferEngine(name, env=env)
+            # te builds an engine whose transport cannot run (it says why in transports());
+            # Mooncake's initialize fails then, and so does this one: no engine that moves nothing.
+            why = dict(engine.transports()).get(env["TE_TRANSPORTS"], "not compiled into this build")
+            if why is not None:
+                engine.shutdown()
+                raise errors.NotAvailableError(f"{protocol} not available: {why}")
+            self._engine = engine
         except (errors.TeError, ValueError, OSError) as e:
             log.error("initialize(%r, %r, %r, %r) failed: %s", hostname, metadata_server, protocol, device_name, e)
             return ERR_INVALID_ARGUMENT
@@ -361,7 +393,7 @@ class TransferEngine:
             seg = self._segment(target)
             submit = engine.submit_write if opcode == TransferOpcode.Write else engine.submit_read
             if isinstance(buffers, list):  # a batch call: one array per argument
-                buffers, peer_addrs, lengths = _u64s(buffers), _u64s(peer_addrs), _u64s(lengths)
+                buffers, peer_addrs, lengths = _columns3(buffers, peer_addrs, lengths)
             if notify is not None:
                 return submit(seg, buffers, peer_addrs, lengths, notify=notify._payload())
             return submit(seg, buffers, peer_addrs, lengths)
@@ -370,11 +402,22 @@ class TransferEngine:
             raise _Failed from e
 
     def _sync(self, call, target, opcode, buffers, peer_addrs, lengths, notify=None) -> int:
+        # The connector's hot path: one native call that submits and waits (no Batch object).
         try:
-            self._submit(call, target, opcode, buffers, peer_addrs, lengths, notify).wait()
-        except _Failed:
-            return ERR_INVALID_ARGUMENT
-        except errors.TeError as e:
+            engine = self._engine
+            if engine is None:
+                raise _NotInitialized(call)
+            seg = self._segments.get(target) or self._segment(target)
+            if type(buffers) is list:  # a batch call: one array per argument
+                buffers, peer_addrs, lengths = _columns3(buffers, peer_addrs, lengths)
+            run = engine.write if opcode == TransferOpcode.Write else engine.read
+            if notify is None:
+                run(seg, buffers, peer_addrs, lengths)
+            else:
+                run(seg, buffers, peer_addrs, lengths, notify=notify._payload())
+        except _NotInitialized as e:
+            return e.code()
+        except (errors.TeError, OverflowError, TypeError) as e:
             log.error("%s to %r failed: %s", call, target, e)
             return ERR_INVALID_ARGUMENT
         return OK
@@ -387,7 +430,9 @@ class TransferEngine:
             return ERR_INVALID_ARGUMENT
         if n == 0:
             return OK
-        return self._sync(call, target, opcode, _seq(buffers), _seq(peer_addrs), _seq(lengths), notify)
+        if type(buffers) is not list or type(peer_addrs) is not list or type(lengths) is not list:
+            buffers, peer_addrs, lengths = list(buffers), list(peer_addrs), list(lengths)
+        return self._sync(call, target, opcode, buffers, peer_addrs, lengths, notify)
 
     def transfer_sync_write(self, target_hostname: str, buffer: int, peer_buffer_address: int, length: int,
                             transport_hint: str = "") -> int:
