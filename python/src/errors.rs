@@ -199,10 +199,15 @@ pub fn store_error(py: Python<'_>, e: &StoreError) -> PyErr {
     let msg = e.to_string();
     let (class, kind, fields): (&str, &str, Vec<(&str, Py<PyAny>)>) = match e {
         StoreError::Engine(inner) => return engine_error(py, inner),
-        StoreError::RangeOutsideObject { key_index, .. } => (
+        StoreError::RangeOutsideObject {
+            key_index, object_len, ..
+        } => (
             "RangeError",
             "range_outside_object",
-            vec![("key_index", int(py, *key_index as u64))],
+            vec![
+                ("key_index", int(py, *key_index as u64)),
+                ("object_len", int(py, *object_len)),
+            ],
         ),
         StoreError::RangesOverlap { key_index, .. } => (
             "RangeError",

@@ -24,7 +24,7 @@ from typing import Optional
 
 from te import errors, umbp
 
-from .mooncake import UnsupportedError, _u64s
+from .mooncake import UnsupportedError, _columns2, _u64s
 
 log = logging.getLogger("te.compat.mooncake")
 
@@ -105,9 +105,11 @@ class MooncakeDistributedStore:
         # start address -> (length, StoreBuffer); Mooncake unregisters by start address.
         self._bufs: dict[int, tuple[int, umbp.StoreBuffer]] = {}
         self._starts: list[int] = []
-        self._staging: Optional[bytearray] = None
+        self._staging = None  # a writable buffer (bytearray, or a view of a KV buffer)
         self._staging_reg = None
         self._staging_lock = threading.Lock()
+        self._mode = ""  # the store's mode: "local", "standalone" or "distributed"
+        self._probe_reg = None  # distributed mode: one registered byte for length probes
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -137,14 +139,40 @@ class MooncakeDistributedStore:
         try:
             opts = _options(master_server_addr, global_segment_size, ssd_offload_path)
             store = umbp.Store(**opts)
-            staging = bytearray(int(local_buffer_size)) if local_buffer_size else None
-            staging_reg = store.register(staging) if staging else None
+            self._mode = store.mode
+            staging, staging_reg, _ = self._scratch(store, int(local_buffer_size)) if local_buffer_size \
+                else (None, None, None)
+            probe = self._scratch(store, 8)[1] if self._mode == "distributed" else None
         except (errors.TeError, ValueError, TypeError) as e:
             log.error("setup(%r, master_server_addr=%r) failed: %s", local_hostname, master_server_addr, e)
             return INVALID_PARAMS
         self._store, self._hostname = store, local_hostname
-        self._staging, self._staging_reg = staging, staging_reg
+        self._staging, self._staging_reg, self._probe_reg = staging, staging_reg, probe
         return OK
+
+    def _scratch(self, store: umbp.Store, n: int):
+        """A registered buffer of ``n`` bytes this layer owns: (writable buffer, registration,
+        release). In standalone mode the server can map only memory from ``alloc_buffer`` (a
+        sealed memfd), so the buffer comes from there; elsewhere it is a bytearray."""
+        if self._mode != "standalone":
+            buf = bytearray(max(n, 1))
+            reg = store.register(buf)
+            return buf, reg, reg.close
+        kv = store.alloc_buffer(max(n, 1))
+        view = memoryview(kv)
+        try:
+            reg = store.register(view)
+        except BaseException:
+            view.release()
+            store.free_buffer(kv)
+            raise
+
+        def release():
+            reg.close()
+            view.release()
+            store.free_buffer(kv)
+
+        return view, reg, release
 
     def _ready(self) -> umbp.Store:
         if self._store is None:
@@ -209,17 +237,45 @@ class MooncakeDistributedStore:
     def batch_is_exist(self, keys: list) -> list:
         """Per key: 1 stored, 0 absent, -1 error."""
         try:
-            lens = self._ready().object_lens(_seq(keys))
+            lens = self._lens(_seq(keys))
         except errors.TeError as e:
             log.error("batch_is_exist: %s", e)
             return [-1] * len(keys)
-        if lens.count(None) == 0:  # all present (a restore's usual answer): no loop per key
+        if all(lens):  # all present (a restore's usual answer; no object is empty): no loop per key
             return [1] * len(lens)
         return [0 if n is None else 1 for n in lens]
 
+    def _lens(self, keys: list) -> list:
+        """The object length of each key, None where absent. In distributed mode a key this peer
+        does not hold is asked of the cluster (the store's own lookup reads this peer's tiers)."""
+        lens = self._ready().object_lens(keys)
+        if self._mode == "distributed" and None in lens:
+            missing = [i for i, n in enumerate(lens) if n is None]
+            for i, n in zip(missing, self._remote_lens([keys[i] for i in missing])):
+                lens[i] = n
+        return lens
+
+    def _remote_lens(self, keys: list) -> list:
+        """Distributed mode: the lengths of objects other peers own (None where none does),
+        from their owners without moving a byte: a one-byte range at an offset past any
+        object's end comes back as the key's RangeError carrying the object's length."""
+        got = self._ready().batch_get_ranges(keys, array.array("Q", range(len(keys))), 1 << 62, 1,
+                                             self._probe_reg.addr)
+        out = []
+        for r in got:
+            if isinstance(r, errors.RangeError) and getattr(r, "object_len", None) is not None:
+                out.append(r.object_len)
+            elif isinstance(r, errors.NotFoundError):
+                out.append(None)
+            elif isinstance(r, BaseException):
+                raise r
+            else:  # a byte read at offset 2**62: no object is that large
+                raise errors.ProtocolError(f"a length probe read {r} bytes")
+        return out
+
     def get_size(self, key: str) -> int:
         try:
-            n = self._ready().object_lens([key])[0]
+            n = self._lens([key])[0]
         except errors.TeError as e:
             log.error("get_size(%r): %s", key, e)
             return code_of(e)
@@ -244,9 +300,9 @@ class MooncakeDistributedStore:
         return True
 
     def _put_ranges(self, call, keys, object_lens, key_index, offsets, lengths, addrs) -> list:
+        """The ranges as ints or arrays already (``_arg``)."""
         try:
-            got = self._ready().batch_put_ranges(keys, _arg(object_lens), _arg(key_index), _arg(offsets),
-                                                 _arg(lengths), _arg(addrs))
+            got = self._ready().batch_put_ranges(keys, object_lens, key_index, offsets, lengths, addrs)
         except (errors.TeError, TypeError, OverflowError) as e:
             log.error("%s: %s", call, e)
             return [code_of(e)] * len(keys)
@@ -275,11 +331,11 @@ class MooncakeDistributedStore:
         if n == 0:
             return []
         try:
-            lens = _u64s(_seq(sizes))
+            lens, addrs = _columns2(_seq(sizes), _seq(buffer_ptrs))
         except (errors.TeError, TypeError, OverflowError) as e:
             log.error("batch_put_from: %s", e)
             return [code_of(e)] * n
-        return self._put_ranges("batch_put_from", _seq(keys), lens, _key_index(n), 0, lens, _seq(buffer_ptrs))
+        return self._put_ranges("batch_put_from", _seq(keys), lens, _key_index(n), 0, lens, addrs)
 
     def batch_put_from_multi_buffers(self, keys: list, all_buffer_ptrs: list, all_sizes: list,
                                      config: Optional[ReplicateConfig] = None) -> list:
@@ -289,7 +345,11 @@ class MooncakeDistributedStore:
         shape = self._multi_shape("batch_put_from_multi_buffers", keys, all_buffer_ptrs, all_sizes)
         if shape is None:
             return [INVALID_PARAMS] * len(keys)
-        key_index, offsets, lengths, addrs, totals = shape
+        try:
+            key_index, offsets, lengths, addrs, totals = (_arg(v) for v in shape)
+        except (errors.TeError, TypeError, OverflowError) as e:
+            log.error("batch_put_from_multi_buffers: %s", e)
+            return [code_of(e)] * len(keys)
         return self._put_ranges("batch_put_from_multi_buffers", list(keys), totals, key_index, offsets, lengths, addrs)
 
     @staticmethod
@@ -324,7 +384,7 @@ class MooncakeDistributedStore:
         if n == 0:
             return []
         try:
-            got = self._ready().batch_get_whole(_seq(keys), _u64s(_seq(buffer_ptrs)), _u64s(_seq(sizes)))
+            got = self._ready().batch_get_whole(_seq(keys), *_columns2(_seq(buffer_ptrs), _seq(sizes)))
         except (errors.TeError, TypeError, OverflowError) as e:
             log.error("batch_get_into: %s", e)
             return [code_of(e)] * n
@@ -333,7 +393,40 @@ class MooncakeDistributedStore:
             return got
         except TypeError:
             pass
+        if self._mode == "distributed":
+            self._get_remote("batch_get_into", _seq(keys), _seq(buffer_ptrs), _seq(sizes), got)
         return [self._bytes_or_code("batch_get_into", k, r) for k, r in zip(keys, got)]
+
+    def _get_remote(self, call, keys, ptrs, sizes, got) -> None:
+        """Distributed mode: the keys this peer does not hold (``got[i]`` a NotFoundError) read
+        from the peers that own them, whole, into their buffers; ``got`` updated in place."""
+        missing = [i for i, r in enumerate(got) if isinstance(r, errors.NotFoundError)]
+        if not missing:
+            return
+        try:
+            lens = self._remote_lens([keys[i] for i in missing])
+        except errors.TeError as e:
+            log.error("%s: asking the cluster for %d keys: %s", call, len(missing), e)
+            return
+        want = []
+        for i, n in zip(missing, lens):
+            if n is None:
+                continue
+            if n > sizes[i]:
+                got[i] = errors.BufferTooSmallError(
+                    f"key {keys[i]!r}: object of {n} bytes, buffer of {sizes[i]} bytes")
+            else:
+                want.append((i, n))
+        if not want:
+            return
+        try:
+            read = self._ready().batch_get_ranges([keys[i] for i, _ in want], array.array("Q", range(len(want))), 0,
+                                                  array.array("Q", [n for _, n in want]),
+                                                  array.array("Q", [ptrs[i] for i, _ in want]))
+        except (errors.TeError, OverflowError) as e:
+            read = [e] * len(want)
+        for (i, _), r in zip(want, read):
+            got[i] = r
 
     @staticmethod
     def _bytes_or_code(call, key, r) -> int:
@@ -350,7 +443,7 @@ class MooncakeDistributedStore:
         if shape is None:
             return [INVALID_PARAMS] * len(keys)
         try:
-            lens = self._ready().object_lens(list(keys))
+            lens = self._lens(list(keys))
         except errors.TeError as e:
             log.error("batch_get_into_multi_buffers: %s", e)
             return [code_of(e)] * len(keys)
@@ -491,15 +584,14 @@ class _Staging:
         if o._staging is not None and self.n <= len(o._staging) and o._staging_lock.acquire(blocking=False):
             self.locked = True
             return o._staging, o._staging_reg.addr
-        buf = bytearray(max(self.n, 1))
-        self.temp = o._ready().register(buf)
-        return buf, self.temp.addr
+        buf, reg, self.temp = o._scratch(o._ready(), self.n)
+        return buf, reg.addr
 
     def __exit__(self, *exc):
         if self.locked:
             self.owner._staging_lock.release()
         if self.temp is not None:
-            self.temp.close()
+            self.temp()
         return False
 
 
