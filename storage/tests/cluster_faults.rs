@@ -426,6 +426,70 @@ fn a_member_speaks_only_for_itself_and_stores_only_so_much() {
     assert_eq!(field(&a, "ok"), N, "{a}");
 }
 
+/// A member's name is bound to more than the shared key: a PUBLISH, UNPUBLISH or RETIRE in its
+/// name must come from the IP it announced (its control address). b1 listens on 127.0.0.3, so
+/// its own connections must leave from there (they do: its puts are taken everywhere), and a
+/// client holding the key that proves the name b1 from 127.0.0.1 is refused at every directory
+/// peer, counted, and b1's keys stay routed. (Before: the key alone let it publish and unpublish
+/// as b1.) What stays possible: a process on the host of a member announcing that IP.
+#[test]
+fn a_member_name_is_bound_to_the_ip_it_announced() {
+    let _serial = serial();
+    let Some(cl) = Cluster::start("faults-source", true) else {
+        return;
+    };
+    let names = ["b0", "b1", "b2"];
+    let mut p: Vec<Node> = names
+        .iter()
+        .map(|&n| {
+            let listen = if n == "b1" { "127.0.0.3:0" } else { "127.0.0.1:0" };
+            cl.peer(n, &[("UMBP_CLUSTER_LISTEN", listen)])
+        })
+        .collect();
+    {
+        let mut all: Vec<&mut Node> = p.iter_mut().collect();
+        converge(&mut all, &names);
+    }
+    assert!(p[1].p2p_addr.starts_with("127.0.0.3:"), "{}", p[1].p2p_addr);
+    // b1's own publications, from 127.0.0.3, are taken.
+    const N: u64 = 100;
+    assert_eq!(p[1].ok(&format!("fill w 0 {N} 4096")), "OK failed=0");
+    wait_routed(&mut p[0], "w", N, "b1");
+    let keys: Vec<String> = (0..N).map(|i| format!("w{i}")).collect();
+    for addr in [&p[0].p2p_addr, &p[2].p2p_addr] {
+        // A PUBLISH in b1's own name, with a version newer than any, and an UNPUBLISH of its
+        // keys, from 127.0.0.1.
+        let forged = wire::encode_publish("b1", keys.iter().map(|k| (k.as_str(), u64::MAX - 2)));
+        let (op, why) = Hostile::ask(addr, "b1", Op::Publish, &forged);
+        assert_eq!(op, Op::Refused, "PUBLISH as b1 from 127.0.0.1 at {addr}: {why}");
+        assert!(
+            why.contains("127.0.0.3") && why.contains("UMBP_CLUSTER_CHECK_SOURCE_ADDR"),
+            "{why}"
+        );
+        let forged = wire::encode_owned_keys("b1", keys.iter().map(String::as_str));
+        let (op, why) = Hostile::ask(addr, "b1", Op::Unpublish, &forged);
+        assert_eq!(op, Op::Refused, "UNPUBLISH as b1 from 127.0.0.1 at {addr}: {why}");
+    }
+    assert_eq!(
+        stat(&mut p[0], "directory_refused_identity") + stat(&mut p[2], "directory_refused_identity"),
+        4
+    );
+    for i in [0, 2] {
+        let a = p[i].ok(&format!("sweep w 0 {N} 0:4096"));
+        assert_eq!(
+            field(&a, "ok"),
+            N,
+            "b1's keys at {} after the forged messages: {a}",
+            names[i]
+        );
+    }
+    // b1 overwrites and removes its keys as usual.
+    assert_eq!(p[1].ok("put w0 4096 9"), "OK");
+    assert_eq!(p[1].ok("remove w1"), "OK true");
+    p[0].ok("wait-owner w0 b1 20000");
+    assert_eq!(p[0].ok("get w0 0:4096"), "OK 4096 9");
+}
+
 /// One key's history: (when the put's acknowledgement was seen, its seed); seeds rise.
 type History = std::sync::Arc<std::sync::Mutex<Vec<(Instant, u64)>>>;
 

@@ -9,6 +9,7 @@
 //! | `UMBP_CLUSTER_DIRECTORY` | `sharded` | where the key directory lives: `sharded` (each key's entry at its two rendezvous peers, etcd holds membership only) or `etcd` (every key in etcd, every peer watching all of them: the design before issue 26, kept to measure against) |
 //! | `UMBP_CLUSTER_MAX_ENTRIES_PER_SOURCE` | 4194304 | sharded directory: most entries one member may hold at this peer; a PUBLISH past it is refused (counted) |
 //! | `UMBP_CLUSTER_LOOKUP_KEYS_PER_S` | 1000000 | sharded directory: keys per second one member's LOOKUPs may ask of this peer (a token bucket, a burst of one second's worth; non-members share one); past it a LOOKUP waits, or is refused when the wait would exceed the frame timeout |
+//! | `UMBP_CLUSTER_CHECK_SOURCE_ADDR` | `1` | sharded directory: a PUBLISH, UNPUBLISH or RETIRE in a member's name must come from the IP that member announced (its control address; unchecked when that is unspecified); `0` turns it off (NAT between peers). Peers connect from their announced IP |
 //! | `UMBP_CLUSTER_MAX_CONNECTIONS`, `UMBP_CLUSTER_MAX_CONNECTIONS_PER_SOURCE`, `UMBP_CLUSTER_HANDSHAKE_TIMEOUT_MS`, `UMBP_CLUSTER_IDLE_TIMEOUT_MS` | te-base's listener defaults | the control listener's limits (te_base::listener::ListenerLimits) |
 //! | `UMBP_CLUSTER_COMPACT_S` | 60 | the cluster compacts etcd's revision history this often, keeping one period of it (done by the member with the lowest name); `0` = never (an operator's `--auto-compaction-*` does it) |
 //!
@@ -32,6 +33,7 @@ pub const ENV_VARS: &[&str] = &[
     "UMBP_CLUSTER_COMPACT_S",
     "UMBP_CLUSTER_MAX_ENTRIES_PER_SOURCE",
     "UMBP_CLUSTER_LOOKUP_KEYS_PER_S",
+    "UMBP_CLUSTER_CHECK_SOURCE_ADDR",
     // The control listener's limits (ListenerLimits::from_env under "UMBP_CLUSTER").
     "UMBP_CLUSTER_MAX_CONNECTIONS",
     "UMBP_CLUSTER_MAX_CONNECTIONS_PER_SOURCE",
@@ -72,6 +74,9 @@ pub struct ClusterConfig {
     pub max_entries_per_source: usize,
     /// Keys per second one member's LOOKUPs may ask of this peer (sharded directory).
     pub lookup_keys_per_s: u64,
+    /// A request in a member's name must come from the IP the member announced (sharded
+    /// directory).
+    pub check_source_addr: bool,
 }
 
 impl std::fmt::Debug for ClusterConfig {
@@ -87,6 +92,7 @@ impl std::fmt::Debug for ClusterConfig {
             .field("compact_every", &self.compact_every)
             .field("max_entries_per_source", &self.max_entries_per_source)
             .field("lookup_keys_per_s", &self.lookup_keys_per_s)
+            .field("check_source_addr", &self.check_source_addr)
             .finish()
     }
 }
@@ -123,6 +129,7 @@ impl ClusterConfig {
             compact_every: Some(Duration::from_secs(60)),
             max_entries_per_source: 4 << 20,
             lookup_keys_per_s: 1_000_000,
+            check_source_addr: true,
         })
     }
 
@@ -190,6 +197,9 @@ impl ClusterConfig {
             }
             c.lookup_keys_per_s = n;
         }
+        if let Some(b) = te_base::config::parse_bool(env, "UMBP_CLUSTER_CHECK_SOURCE_ADDR")? {
+            c.check_source_addr = b;
+        }
         c.auth = AuthKey::from_env(env)?;
         Ok(Some(c))
     }
@@ -241,7 +251,7 @@ mod tests {
         ]))
         .unwrap()
         .unwrap();
-        assert_eq!((c.listen.port(), c.lease_ttl_s), (7100, 3));
+        assert_eq!((c.listen.port(), c.lease_ttl_s, c.check_source_addr), (7100, 3, true));
         assert_eq!(
             (c.directory, c.compact_every),
             (DirectoryMode::Sharded, Some(Duration::from_secs(60)))
@@ -258,10 +268,14 @@ mod tests {
             ("UMBP_CLUSTER", "etcd://h:1"),
             ("UMBP_CLUSTER_MAX_ENTRIES_PER_SOURCE", "1000"),
             ("UMBP_CLUSTER_LOOKUP_KEYS_PER_S", "5000"),
+            ("UMBP_CLUSTER_CHECK_SOURCE_ADDR", "0"),
         ]))
         .unwrap()
         .unwrap();
-        assert_eq!((c.max_entries_per_source, c.lookup_keys_per_s), (1000, 5000));
+        assert_eq!(
+            (c.max_entries_per_source, c.lookup_keys_per_s, c.check_source_addr),
+            (1000, 5000, false)
+        );
         for (var, value) in [
             ("UMBP_CLUSTER_LISTEN", "nowhere"),
             ("UMBP_CLUSTER_LEASE_TTL_S", "1"),
@@ -270,6 +284,7 @@ mod tests {
             ("UMBP_CLUSTER_COMPACT_S", "86401"),
             ("UMBP_CLUSTER_MAX_ENTRIES_PER_SOURCE", "0"),
             ("UMBP_CLUSTER_LOOKUP_KEYS_PER_S", "none"),
+            ("UMBP_CLUSTER_CHECK_SOURCE_ADDR", "maybe"),
         ] {
             let e = ClusterConfig::from_env(&env(&[("UMBP_CLUSTER", "etcd://h:1"), (var, value)])).unwrap_err();
             assert!(e.to_string().contains(var), "{e}");

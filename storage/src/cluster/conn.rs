@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -71,15 +71,17 @@ fn member_context(me: &str) -> String {
 pub(crate) const MAX_MEMBER_NAME: usize = 255;
 
 impl Conn {
-    /// Connects as member `me` and runs the handshake, all of it by `end`.
+    /// Connects as member `me` from `source` (see [`tcp_connect`]) and runs the handshake, all
+    /// of it by `end`.
     pub(crate) fn connect(
         addr: SocketAddr,
+        source: Option<IpAddr>,
         auth: Option<&AuthKey>,
         me: &str,
         timeout: Duration,
         end: Instant,
     ) -> io::Result<Conn> {
-        let stream = std::net::TcpStream::connect_timeout(&addr, left(end)?)?;
+        let stream = tcp_connect(addr, source, left(end)?)?;
         stream.set_nodelay(true)?;
         let mut c = Conn {
             stream,
@@ -202,6 +204,54 @@ impl Conn {
 const READ_GRACE: Duration = Duration::from_millis(2);
 
 /// What is left until `end` (never zero, which would mean "no timeout" to the socket).
+/// A TCP connection to `addr` made from `source` (this peer's announced control IP, so that a
+/// peer checking a member's source address against its announcement sees that address, also on
+/// a host with several; `None`, or another address family: the kernel's choice), within
+/// `timeout`.
+fn tcp_connect(addr: SocketAddr, source: Option<IpAddr>, timeout: Duration) -> io::Result<std::net::TcpStream> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType};
+    let Some(ip) = source.filter(|ip| ip.is_ipv4() == addr.is_ipv4() && !ip.is_unspecified()) else {
+        return std::net::TcpStream::connect_timeout(&addr, timeout);
+    };
+    let family = if ip.is_ipv4() {
+        AddressFamily::INET
+    } else {
+        AddressFamily::INET6
+    };
+    let fd = rustix::net::socket_with(
+        family,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?;
+    rustix::net::bind(&fd, &SocketAddr::new(ip, 0))
+        .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("binding to {ip}: {e}")))?;
+    match rustix::net::connect(&fd, &addr) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::INPROGRESS) => {
+            let end = Instant::now() + timeout;
+            loop {
+                let wait = end.saturating_duration_since(Instant::now());
+                let ts = rustix::event::Timespec {
+                    tv_sec: wait.as_secs() as _,
+                    tv_nsec: wait.subsec_nanos() as _,
+                };
+                let mut fds = [rustix::event::PollFd::new(&fd, rustix::event::PollFlags::OUT)];
+                match rustix::event::poll(&mut fds, Some(&ts)) {
+                    Ok(0) => return Err(io::Error::new(io::ErrorKind::TimedOut, "connecting timed out")),
+                    Ok(_) => break,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            rustix::net::sockopt::socket_error(&fd)??;
+        }
+        Err(e) => return Err(e.into()),
+    }
+    rustix::io::ioctl_fionbio(&fd, false)?;
+    Ok(std::net::TcpStream::from(fd))
+}
+
 fn left(end: Instant) -> io::Result<Duration> {
     let d = end.saturating_duration_since(std::time::Instant::now());
     if d.is_zero() {
@@ -285,6 +335,8 @@ pub(crate) struct ConnPool {
     auth: Option<AuthKey>,
     /// This peer's member name, bound into every connection's handshake.
     me: Arc<str>,
+    /// The IP connections are made from: this peer's announced control address.
+    source: Option<IpAddr>,
     timeout: Duration,
     /// Peer name to when it last failed to answer in time.
     suspects: Mutex<HashMap<Arc<str>, Instant>>,
@@ -299,11 +351,14 @@ pub(crate) struct Request {
 }
 
 impl ConnPool {
-    pub(crate) fn new(auth: Option<AuthKey>, me: Arc<str>, timeout: Duration) -> ConnPool {
+    /// `source`: the IP to connect from (this peer's announced control address; `None` or
+    /// unspecified: the kernel's choice).
+    pub(crate) fn new(auth: Option<AuthKey>, me: Arc<str>, source: Option<IpAddr>, timeout: Duration) -> ConnPool {
         ConnPool {
             idle: Default::default(),
             auth,
             me,
+            source,
             timeout,
             suspects: Default::default(),
         }
@@ -323,7 +378,7 @@ impl ConnPool {
                 Ok((c, true))
             }
             None => {
-                let mut c = Conn::connect(addr, self.auth.as_ref(), &self.me, self.timeout, end)?;
+                let mut c = Conn::connect(addr, self.source, self.auth.as_ref(), &self.me, self.timeout, end)?;
                 c.set_deadline(Some(end));
                 Ok((c, false))
             }
@@ -340,7 +395,7 @@ impl ConnPool {
 
     /// A new connection to `addr`, handshake included, by `end`, and bounded by `end` after.
     pub(crate) fn connect(&self, addr: SocketAddr, end: Instant) -> io::Result<Conn> {
-        let mut c = Conn::connect(addr, self.auth.as_ref(), &self.me, self.timeout, end)?;
+        let mut c = Conn::connect(addr, self.source, self.auth.as_ref(), &self.me, self.timeout, end)?;
         c.set_deadline(Some(end));
         Ok(c)
     }
@@ -456,12 +511,13 @@ impl ConnPool {
 
     /// One request on a new connection: connect, send, read the answer, all by `end`.
     fn round_trip_fresh(&self, r: &Request, end: Instant) -> Result<(Op, Vec<u8>), String> {
-        let mut c = Conn::connect(r.addr, self.auth.as_ref(), &self.me, self.timeout, end).map_err(|e| {
-            if e.kind() == io::ErrorKind::TimedOut {
-                self.suspect(&r.peer);
-            }
-            format!("connecting: {e}")
-        })?;
+        let mut c =
+            Conn::connect(r.addr, self.source, self.auth.as_ref(), &self.me, self.timeout, end).map_err(|e| {
+                if e.kind() == io::ErrorKind::TimedOut {
+                    self.suspect(&r.peer);
+                }
+                format!("connecting: {e}")
+            })?;
         c.set_deadline(Some(end));
         if let Err(e) = c.send(r.op, &r.body) {
             if e.kind() == io::ErrorKind::TimedOut {
@@ -493,7 +549,7 @@ impl ConnPool {
 
     fn fresh_send(&self, r: &Request, end: Instant) -> Result<Conn, String> {
         self.forget(&r.peer);
-        let mut c = Conn::connect(r.addr, self.auth.as_ref(), &self.me, self.timeout, end)
+        let mut c = Conn::connect(r.addr, self.source, self.auth.as_ref(), &self.me, self.timeout, end)
             .map_err(|e| format!("connecting: {e}"))?;
         c.set_deadline(Some(end));
         c.send(r.op, &r.body).map_err(|e| format!("sending: {e}"))?;

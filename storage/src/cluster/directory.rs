@@ -140,7 +140,7 @@ impl Directory {
             // by when it has left the membership or come back under a new lease.
             let settle = 2 * cfg.timeout;
             let suspect_for = Duration::from_secs(cfg.lease_ttl_s as u64);
-            let guard = Guard::new(cfg.max_entries_per_source, cfg.lookup_keys_per_s);
+            let guard = Guard::new(cfg.max_entries_per_source, cfg.lookup_keys_per_s, cfg.check_source_addr);
             Arc::new(Sharded::new(
                 name.clone(),
                 pool.clone(),

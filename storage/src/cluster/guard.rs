@@ -46,6 +46,20 @@ pub enum DirectoryRefusal {
         /// The member the handshake proved.
         name: String,
     },
+    /// The connection comes from another IP than the one its member announced.
+    #[error(
+        "{op} in the name of {name:?} from {from}, but {name:?} announced {announced} (UMBP_CLUSTER_CHECK_SOURCE_ADDR)"
+    )]
+    WrongSource {
+        /// PUBLISH, UNPUBLISH or RETIRE.
+        op: &'static str,
+        /// The member the handshake proved.
+        name: String,
+        /// The connection's source IP.
+        from: std::net::IpAddr,
+        /// The IP of the control address the member announced.
+        announced: std::net::IpAddr,
+    },
     /// A RETIRE from a peer that is not a directory peer of every key it names.
     #[error("RETIRE from {name:?}, which is not a directory peer of every key it names")]
     NotDirectoryPeer {
@@ -75,7 +89,8 @@ pub enum DirectoryRefusal {
 /// Counts of refused and throttled directory requests.
 #[derive(Debug, Default)]
 pub(crate) struct GuardCounters {
-    /// PUBLISH/UNPUBLISH refused: forged owner, anonymous or not a member.
+    /// PUBLISH/UNPUBLISH/RETIRE refused: forged owner, anonymous, not a member, or from another
+    /// IP than the member announced.
     pub(crate) refused_identity: AtomicU64,
     /// PUBLISH refused (wholly or partly) by the entries-per-source cap.
     pub(crate) refused_capped: AtomicU64,
@@ -91,15 +106,18 @@ struct Bucket {
 /// The per-source limits of one directory peer.
 pub(crate) struct Guard {
     pub(crate) max_entries_per_source: usize,
+    /// Requests in a member's name must come from the IP it announced.
+    pub(crate) check_source_addr: bool,
     lookup_rate: u64,
     buckets: Mutex<HashMap<Arc<str>, Bucket>>,
     pub(crate) counters: GuardCounters,
 }
 
 impl Guard {
-    pub(crate) fn new(max_entries_per_source: usize, lookup_rate: u64) -> Guard {
+    pub(crate) fn new(max_entries_per_source: usize, lookup_rate: u64, check_source_addr: bool) -> Guard {
         Guard {
             max_entries_per_source,
+            check_source_addr,
             lookup_rate,
             buckets: Mutex::default(),
             counters: GuardCounters::default(),
@@ -129,6 +147,28 @@ impl Guard {
             self.counters.refused_identity.fetch_add(1, Ordering::Relaxed);
         }
         r
+    }
+
+    /// Checks that a request in `name`'s name comes from the IP `name` announced (`announced`:
+    /// the IP of its control address; `None`, not a member, or unspecified: not checked here).
+    pub(crate) fn check_source(
+        &self,
+        op: &'static str,
+        name: &str,
+        from: std::net::IpAddr,
+        announced: Option<std::net::IpAddr>,
+    ) -> Result<(), DirectoryRefusal> {
+        let Some(announced) = announced else { return Ok(()) };
+        if !self.check_source_addr || announced.is_unspecified() || announced.to_canonical() == from.to_canonical() {
+            return Ok(());
+        }
+        self.counters.refused_identity.fetch_add(1, Ordering::Relaxed);
+        Err(DirectoryRefusal::WrongSource {
+            op,
+            name: name.to_owned(),
+            from,
+            announced,
+        })
     }
 
     /// Takes `keys` tokens from `source`'s bucket (`source`: a member's name, or `""` for every
@@ -178,7 +218,7 @@ mod tests {
 
     #[test]
     fn only_the_proven_current_member_may_name_itself_owner() {
-        let g = Guard::new(10, 100);
+        let g = Guard::new(10, 100, true);
         assert!(g.check_owner("PUBLISH", "a", Some("a"), true).is_ok());
         let e = g.check_owner("PUBLISH", "b", Some("a"), true).unwrap_err();
         assert!(matches!(e, DirectoryRefusal::ForgedOwner { .. }), "{e}");
@@ -199,7 +239,7 @@ mod tests {
 
     #[test]
     fn a_source_past_its_lookup_budget_waits_then_is_refused() {
-        let g = Guard::new(10, 1000);
+        let g = Guard::new(10, 1000, true);
         let a: Arc<str> = Arc::from("a");
         let b: Arc<str> = Arc::from("b");
         // A full bucket (one second's worth) serves at once, even one LOOKUP larger than it.

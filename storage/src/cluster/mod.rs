@@ -113,7 +113,10 @@ impl Cluster {
             .await
             .map_err(|e| StoreError::Cluster(format!("starting the control listener: {e}")))?
             .map_err(|e| StoreError::io(format!("binding the control listener on {}", cfg.listen), e))?;
-        let pool = Arc::new(ConnPool::new(cfg.auth.clone(), Arc::from(name), cfg.timeout));
+        // Connections to other peers leave from the announced control IP: a peer checking a
+        // member's source address against its announcement sees that one.
+        let source = Some(server.addr.ip()).filter(|ip| !ip.is_unspecified());
+        let pool = Arc::new(ConnPool::new(cfg.auth.clone(), Arc::from(name), source, cfg.timeout));
         let dir = rt
             .spawn(Directory::join(
                 cfg.clone(),

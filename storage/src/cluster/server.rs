@@ -126,7 +126,7 @@ async fn serve(
             },
             Op::Publish | Op::Unpublish | Op::Lookup | Op::Retire => {
                 drop(core);
-                directory_request(&owner, op, &body, member.as_deref(), &limits).await
+                directory_request(&owner, op, &body, member.as_deref(), from, &limits).await
             }
             other => (Op::Refused, format!("unexpected {other:?}").into_bytes()),
         };
@@ -137,14 +137,16 @@ async fn serve(
     }
 }
 
-/// PUBLISH, UNPUBLISH and LOOKUP against this peer's shard of the directory, from a connection
-/// that proved it speaks for `member` (see `guard.rs`: a member speaks only for itself, holds
-/// at most so many entries here, and looks up at most so many keys per second).
+/// PUBLISH, UNPUBLISH and LOOKUP against this peer's shard of the directory, and RETIRE, from a
+/// connection that proved it speaks for `member` and comes `from` there (see `guard.rs`: a
+/// member speaks only for itself, from the IP it announced, holds at most so many entries here,
+/// and looks up at most so many keys per second).
 async fn directory_request(
     owner: &Owner,
     op: Op,
     body: &[u8],
     member: Option<&str>,
+    from: SocketAddr,
     limits: &ListenerLimits,
 ) -> (Op, Vec<u8>) {
     let Some(sh) = owner.dir.get().and_then(|d| d.sharded().cloned()) else {
@@ -172,6 +174,12 @@ async fn directory_request(
                     false
                 };
                 if let Err(r) = sh.guard.check_owner("PUBLISH", &named, member, is_member) {
+                    return refuse(r);
+                }
+                if let Err(r) = sh
+                    .guard
+                    .check_source("PUBLISH", &named, from.ip(), sh.announced_ip(&named))
+                {
                     return refuse(r);
                 }
                 // Read after its writer stopped waiting (this peer was frozen or cut off): the
@@ -238,6 +246,12 @@ async fn directory_request(
                 if let Err(r) = sh.guard.check_owner("UNPUBLISH", &named, member, is_member) {
                     return refuse(r);
                 }
+                if let Err(r) = sh
+                    .guard
+                    .check_source("UNPUBLISH", &named, from.ip(), sh.announced_ip(&named))
+                {
+                    return refuse(r);
+                }
                 sh.shard.unpublish(&named, keys.iter().map(String::as_str));
                 (Op::Verdicts, wire::encode_verdicts(&[]))
             }
@@ -262,6 +276,10 @@ async fn directory_request(
                         name: member.unwrap_or_default().to_owned(),
                     });
                 }
+                let name = member.unwrap_or_default();
+                if let Err(r) = sh.guard.check_source("RETIRE", name, from.ip(), sh.announced_ip(name)) {
+                    return refuse(r);
+                }
                 if let Some(core) = owner.core() {
                     owner.retire(&core, &keys);
                 }
@@ -271,7 +289,15 @@ async fn directory_request(
         },
         _ => match wire::decode_lookup(body) {
             Ok(keys) => {
-                let (source, members) = sh.source(member);
+                // A member's budget is spent only from the IP it announced; otherwise the
+                // LOOKUP counts as a non-member's.
+                let own = member.filter(|m| {
+                    !sh.guard.check_source_addr
+                        || sh
+                            .announced_ip(m)
+                            .is_none_or(|a| a.is_unspecified() || a.to_canonical() == from.ip().to_canonical())
+                });
+                let (source, members) = sh.source(own);
                 match sh
                     .guard
                     .lookup_tokens(&source, keys.len(), limits.frame_timeout, members)

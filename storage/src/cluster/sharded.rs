@@ -149,6 +149,11 @@ impl Sharded {
         }
     }
 
+    /// The IP of the control address `name` announced, while it is a member.
+    pub(crate) fn announced_ip(&self, name: &str) -> Option<std::net::IpAddr> {
+        self.membership.read().peers.get(name).map(|(a, _)| a.ip())
+    }
+
     /// The name a directory request from `name` is accounted under: the member's own, shared,
     /// or `""` for every non-member.
     pub(crate) fn source(&self, name: Option<&str>) -> (Arc<str>, usize) {
