@@ -85,6 +85,6 @@ echo "== peers: $versions; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 if [ "$smoke" = 1 ]; then
   args=(--out target/peers-bench-smoke --rounds 1 --repeat 1 --shapes 64K:1M,kv:1728 --reg-scale 0.002
-    --mc-duration 1 --batch-bytes 1M --kill-bytes 64M --kill-after 0.01 --store-keys 16 --store-pages 4 --verify "${args[@]}")
+    --mc-duration 1 --batch-bytes 1M --kill-bytes 64M --kill-after 0.01 --kill-restart-limit 5 --store-keys 16 --store-pages 4 --verify "${args[@]}")
 fi
 exec "$py" scripts/peers_bench/run.py --versions "$versions" "${args[@]}"
