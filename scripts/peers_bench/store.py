@@ -28,7 +28,7 @@ Engines, each driven through its public Python API:
   segment over protocol tcp. Whole objects: ``batch_put_from`` / ``batch_get_into``; restore:
   ``batch_put_from_multi_buffers`` and ``get_into_ranges`` (the pinned wheel's
   ``batch_get_into_multi_buffer_ranges`` answers -600, INVALID_PARAMS, to every form tried;
-  MC_RANGED=batch_get_into_multi_buffer_ranges selects it).
+  --mc-ranged batch_get_into_multi_buffer_ranges selects it).
 UMBP: ``batch_put_ranges`` / ``batch_get_ranges`` (one range per key for whole objects).
 """
 
@@ -172,7 +172,7 @@ def flat(frags):
 
 
 class Mooncake:
-    def __init__(self, dram: int, tmp: str, procs: list):
+    def __init__(self, dram: int, tmp: str, procs: list, ranged: str = "get_into_ranges"):
         from mooncake.store import MooncakeDistributedStore
 
         bindir = os.path.dirname(sys.executable)
@@ -190,9 +190,9 @@ class Mooncake:
         self.mode = "mooncake"
         self.keep = []
         # get_into_ranges: the ranged call Mooncake's own structured store makes (one destination
-        # buffer, offsets into it). MC_RANGED=batch_get_into_multi_buffer_ranges tries the other
+        # buffer, offsets into it). --mc-ranged batch_get_into_multi_buffer_ranges tries the other
         # one (0.3.13.post1 answers -600, INVALID_PARAMS, to one address per range).
-        self.ranged_api = os.environ.get("MC_RANGED", "get_into_ranges")
+        self.ranged_api = ranged
 
     def buffer(self, n: int):
         b = np.empty(n, dtype=np.uint8)
@@ -350,6 +350,9 @@ def main():
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--dram", type=int, default=512 << 20)
     p.add_argument("--round", type=int, default=0)
+    p.add_argument("--mc-ranged", default="get_into_ranges",
+                   choices=["get_into_ranges", "batch_get_into_multi_buffer_ranges"],
+                   help="Mooncake's ranged call for the restore")
     args = p.parse_args()
     base = {"bench": "peers-store", "engine": args.engine, "round": args.round, "repeat": args.repeat,
             "dram_bytes": args.dram}
@@ -357,7 +360,7 @@ def main():
     st = None
     try:
         st = Umbp(args.engine, args.dram, tmp, procs) if args.engine.startswith("umbp") else \
-            Mooncake(args.dram, tmp, procs)
+            Mooncake(args.dram, tmp, procs, args.mc_ranged)
         base["mode"] = st.mode
     except Exception as e:
         for t in args.tests.split(","):
