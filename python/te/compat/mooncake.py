@@ -65,6 +65,7 @@ class TransferOpcode(enum.IntEnum):
 
 Read = TransferOpcode.Read
 Write = TransferOpcode.Write
+_WRITE = int(TransferOpcode.Write)  # a plain int: compared on every transfer
 
 
 class TransferNotify:
@@ -389,10 +390,12 @@ class TransferEngine:
     def _submit(self, call, target, opcode, buffers, peer_addrs, lengths, notify=None) -> te.Batch:
         """Submits one batch; raises _Failed (logged) on bad input or an unreachable peer."""
         try:
-            engine = self._ready(call)
-            seg = self._segment(target)
-            submit = engine.submit_write if opcode == TransferOpcode.Write else engine.submit_read
-            if isinstance(buffers, list):  # a batch call: one array per argument
+            engine = self._engine
+            if engine is None:
+                raise _NotInitialized(call)
+            seg = self._segments.get(target) or self._segment(target)
+            submit = engine.submit_write if opcode == _WRITE else engine.submit_read
+            if type(buffers) is list:  # a batch call: one array per argument
                 buffers, peer_addrs, lengths = _columns3(buffers, peer_addrs, lengths)
             if notify is not None:
                 return submit(seg, buffers, peer_addrs, lengths, notify=notify._payload())
@@ -410,7 +413,7 @@ class TransferEngine:
             seg = self._segments.get(target) or self._segment(target)
             if type(buffers) is list:  # a batch call: one array per argument
                 buffers, peer_addrs, lengths = _columns3(buffers, peer_addrs, lengths)
-            run = engine.write if opcode == TransferOpcode.Write else engine.read
+            run = engine.write if opcode == _WRITE else engine.read
             if notify is None:
                 run(seg, buffers, peer_addrs, lengths)
             else:
@@ -478,11 +481,16 @@ class TransferEngine:
             log.error("%s: buffers, peer_buffer_addresses and lengths must be non-empty and of one length "
                       "(%d, %d, %d)", call, n, len(peer_addrs), len(lengths))
             return 0
+        if type(buffers) is not list or type(peer_addrs) is not list or type(lengths) is not list:
+            buffers, peer_addrs, lengths = list(buffers), list(peer_addrs), list(lengths)
         try:
-            batch = self._submit(call, target, opcode, _seq(buffers), _seq(peer_addrs), _seq(lengths))
+            batch = self._submit(call, target, opcode, buffers, peer_addrs, lengths)
         except _Failed:
             return 0
-        return self._keep(batch)
+        batch_id = self._next_batch
+        self._next_batch = batch_id + 1
+        self._batches[batch_id] = batch
+        return batch_id
 
     def batch_transfer_async_write(self, target_hostname: str, buffers: list, peer_buffer_addresses: list,
                                    lengths: list, transport_hint: str = "") -> int:
@@ -502,8 +510,9 @@ class TransferEngine:
     def get_batch_transfer_status(self, batch_ids: list) -> int:
         """Waits for every batch; 0 when all delivered, -1 when any failed or is unknown."""
         rc = OK
+        pop = self._batches.pop
         for batch_id in batch_ids:
-            batch = self._batches.pop(batch_id, None)
+            batch = pop(batch_id, None)
             if batch is None:
                 log.error("get_batch_transfer_status: unknown batch id %r (never returned, or already waited for)",
                           batch_id)
