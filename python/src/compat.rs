@@ -108,12 +108,13 @@ fn read_list(py: Python<'_>, list: &Bound<'_, PyList>, out: &mut [u8], which: Op
         _ => None,
     };
     for (i, slot) in out.chunks_exact_mut(8).enumerate() {
-        // SAFETY: the GIL is held and no Python code runs in this loop (the conversion below
-        // calls no `__index__`), so the list keeps its length and item array; `i < n`, the
-        // list's length, for the array; an index past the end returns NULL from the C API,
-        // handled below.
+        // The GIL is held and no Python code runs in this loop (the conversion below calls no
+        // `__index__`), so the list keeps its length and its item array.
         let item = match items {
+            // SAFETY: `i < n`, the list's length: inside its item array (see above).
             Some(a) => unsafe { a.add(i).read() },
+            // SAFETY: `list` is live, the GIL held; an index past the end returns NULL, handled
+            // below.
             None => unsafe { ffi::PyList_GetItem(list.as_ptr(), i as ffi::Py_ssize_t) },
         };
         let v = if !item.is_null() && item == prev.0 {
