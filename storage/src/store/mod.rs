@@ -1,4 +1,4 @@
-//! The store's public face: one API over the three modes, each a [`backend::Backend`] built
+//! The store's public face: one API over the three modes, each a `backend::Backend` built
 //! once at open from the configured mode.
 //!
 //! - local: the store core (tiers, ranged get and put, eviction, compaction) in this process;
