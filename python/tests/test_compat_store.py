@@ -347,6 +347,43 @@ def test_distributed_umbp_through_an_etcd_master(etcd):
         assert b.close() == 0
 
 
+def test_mori_client_distributed_through_an_etcd_master(etcd):
+    if not umbp.DISTRIBUTED:
+        skip_or_fail("etcd", "this build of te has no distributed mode (cargo feature distributed)")
+
+    def client():
+        cfg = mori_umbp.UMBPConfig()
+        cfg.dram.capacity_bytes = 64 * MiB
+        cfg.distributed = mori_umbp.UMBPDistributedConfig()
+        cfg.distributed.master_config.master_address = master
+        return mori_umbp.UMBPClient(cfg)
+
+    master = f"etcd://{etcd}/{unique('mori')}"
+    a, b = client(), client()
+    try:
+        assert a.is_distributed() and a.get_deployment_mode() == "Distributed"
+        src = (np.arange(3 * 4096, dtype=np.uint64) % 249).astype(np.uint8)
+        dst = np.zeros(3 * 4096, np.uint8)
+        assert a.batch_put_from_ptr(["p0", "p1"], [src.ctypes.data, src.ctypes.data + 4096], [4096, 4096]) == \
+            [True, True]
+        deadline = time.monotonic() + 15  # hang guard: the directory entries reach b
+        while b.batch_exists(["p0", "p1"]) != [True, True]:
+            assert time.monotonic() < deadline, "b never saw a's keys"
+            time.sleep(0.05)
+        assert b.exists("zz") is False
+        assert b.batch_exists_consecutive(["p0", "p1", "zz", "p0"]) == 2
+        assert b.register_memory(dst.ctypes.data, dst.nbytes) is True
+        assert b.batch_get_into_ptr(["p1", "zz", "p0"], [dst.ctypes.data, dst.ctypes.data + 4096,
+                                                          dst.ctypes.data + 8192], [4096, 4096, 100]) == \
+            [True, False, False]  # a's object, a miss, a's object larger than its buffer
+        assert np.array_equal(dst[:4096], src[4096:8192])
+        assert b.get_into_ptr("p0", dst.ctypes.data + 8192, 4096) is True
+        assert np.array_equal(dst[8192:], src[:4096])
+    finally:
+        a.close()
+        b.close()
+
+
 @pytest.mark.xfail(strict=True, raises=BaseException, reason=(
     "umbp.Store(cluster=...) panics when etcd is unreachable: storage/src/cluster/peer.rs Peer::open "
     "drops its control runtime inside async code on the error path (tokio: 'Cannot drop a runtime in a "

@@ -70,6 +70,56 @@ def code_of(e: BaseException) -> int:
     return INTERNAL_ERROR
 
 
+def remote_lens(store: umbp.Store, keys: list, probe_addr: int) -> list:
+    """Distributed mode: the lengths of objects other peers own (None where none does), from
+    their owners without moving a byte: a one-byte range (into registered ``probe_addr``) at an
+    offset past any object's end comes back as the key's RangeError carrying the object's
+    length."""
+    got = store.batch_get_ranges(keys, array.array("Q", range(len(keys))), 1 << 62, 1, probe_addr)
+    out = []
+    for r in got:
+        if isinstance(r, errors.RangeError) and getattr(r, "object_len", None) is not None:
+            out.append(r.object_len)
+        elif isinstance(r, errors.NotFoundError):
+            out.append(None)
+        elif isinstance(r, BaseException):
+            raise r
+        else:  # a byte read at offset 2**62: no object is that large
+            raise errors.ProtocolError(f"a length probe read {r} bytes")
+    return out
+
+
+def get_remote(call: str, store: umbp.Store, keys, ptrs, sizes, got: list, probe_addr: int) -> None:
+    """Distributed mode: the keys this peer does not hold (``got[i]`` a NotFoundError) read from
+    the peers that own them, whole, into their registered buffers; ``got`` updated in place
+    (the length read, or the key's error: BufferTooSmallError when the buffer is smaller)."""
+    missing = [i for i, r in enumerate(got) if isinstance(r, errors.NotFoundError)]
+    if not missing:
+        return
+    try:
+        lens = remote_lens(store, [keys[i] for i in missing], probe_addr)
+    except errors.TeError as e:
+        log.error("%s: asking the cluster for %d keys: %s", call, len(missing), e)
+        return
+    want = []
+    for i, n in zip(missing, lens):
+        if n is None:
+            continue
+        if n > sizes[i]:
+            got[i] = errors.BufferTooSmallError(f"key {keys[i]!r}: object of {n} bytes, buffer of {sizes[i]} bytes")
+        else:
+            want.append((i, n))
+    if not want:
+        return
+    try:
+        read = store.batch_get_ranges([keys[i] for i, _ in want], array.array("Q", range(len(want))), 0,
+                                      array.array("Q", [n for _, n in want]), array.array("Q", [ptrs[i] for i, _ in want]))
+    except (errors.TeError, OverflowError) as e:
+        read = [e] * len(want)
+    for (i, _), r in zip(want, read):
+        got[i] = r
+
+
 class ReplicateConfig:
     """Mooncake's replication settings: te keeps one copy, so only ``replica_num=1`` is done."""
 
@@ -256,22 +306,7 @@ class MooncakeDistributedStore:
         return lens
 
     def _remote_lens(self, keys: list) -> list:
-        """Distributed mode: the lengths of objects other peers own (None where none does),
-        from their owners without moving a byte: a one-byte range at an offset past any
-        object's end comes back as the key's RangeError carrying the object's length."""
-        got = self._ready().batch_get_ranges(keys, array.array("Q", range(len(keys))), 1 << 62, 1,
-                                             self._probe_reg.addr)
-        out = []
-        for r in got:
-            if isinstance(r, errors.RangeError) and getattr(r, "object_len", None) is not None:
-                out.append(r.object_len)
-            elif isinstance(r, errors.NotFoundError):
-                out.append(None)
-            elif isinstance(r, BaseException):
-                raise r
-            else:  # a byte read at offset 2**62: no object is that large
-                raise errors.ProtocolError(f"a length probe read {r} bytes")
-        return out
+        return remote_lens(self._ready(), keys, self._probe_reg.addr)
 
     def get_size(self, key: str) -> int:
         try:
@@ -398,35 +433,7 @@ class MooncakeDistributedStore:
         return [self._bytes_or_code("batch_get_into", k, r) for k, r in zip(keys, got)]
 
     def _get_remote(self, call, keys, ptrs, sizes, got) -> None:
-        """Distributed mode: the keys this peer does not hold (``got[i]`` a NotFoundError) read
-        from the peers that own them, whole, into their buffers; ``got`` updated in place."""
-        missing = [i for i, r in enumerate(got) if isinstance(r, errors.NotFoundError)]
-        if not missing:
-            return
-        try:
-            lens = self._remote_lens([keys[i] for i in missing])
-        except errors.TeError as e:
-            log.error("%s: asking the cluster for %d keys: %s", call, len(missing), e)
-            return
-        want = []
-        for i, n in zip(missing, lens):
-            if n is None:
-                continue
-            if n > sizes[i]:
-                got[i] = errors.BufferTooSmallError(
-                    f"key {keys[i]!r}: object of {n} bytes, buffer of {sizes[i]} bytes")
-            else:
-                want.append((i, n))
-        if not want:
-            return
-        try:
-            read = self._ready().batch_get_ranges([keys[i] for i, _ in want], array.array("Q", range(len(want))), 0,
-                                                  array.array("Q", [n for _, n in want]),
-                                                  array.array("Q", [ptrs[i] for i, _ in want]))
-        except (errors.TeError, OverflowError) as e:
-            read = [e] * len(want)
-        for (i, _), r in zip(want, read):
-            got[i] = r
+        get_remote(call, self._ready(), keys, ptrs, sizes, got, self._probe_reg.addr)
 
     @staticmethod
     def _bytes_or_code(call, key, r) -> int:

@@ -20,6 +20,7 @@ from typing import Optional
 from te import errors, umbp
 
 from .mooncake import UnsupportedError, _u64s
+from .mooncake_store import get_remote, remote_lens
 
 log = logging.getLogger("te.compat.mori")
 
@@ -108,6 +109,9 @@ class UMBPClient:
         # A config te cannot map raises here, as mori's constructor throws on a bad config.
         self._store = umbp.Store(**_options(cfg))
         self._distributed = cfg.distributed is not None
+        # Distributed mode: the store's own lookups read this peer's tiers; keys other peers own
+        # are asked of them (mooncake_store.remote_lens), with one registered byte for the probe.
+        self._probe = self._store.register(bytearray(8)) if self._store.mode == "distributed" else None
         self._regs: dict[int, tuple[int, umbp.StoreBuffer]] = {}
         self._starts: list[int] = []
         self._keys: set[str] = set()  # what this client stored, for clear()
@@ -202,6 +206,9 @@ class UMBPClient:
         try:
             temps = self._cover(ptrs, sizes)
             got = self._store.batch_get_whole(list(keys), _u64s(ptrs), _u64s(sizes))
+            if self._probe is not None:
+                get_remote("batch_get_into_ptr", self._store, list(keys), list(ptrs), list(sizes), got,
+                           self._probe.addr)
         except (errors.TeError, TypeError, OverflowError, ValueError) as e:
             log.error("batch_get_into_ptr: %s", e)
             return [False] * n
@@ -218,13 +225,22 @@ class UMBPClient:
 
     def batch_exists(self, keys: list) -> list:
         try:
-            return [n is not None for n in self._store.object_lens(list(keys))]
+            keys = list(keys)
+            lens = self._store.object_lens(keys)
+            if self._probe is not None and None in lens:
+                missing = [i for i, n in enumerate(lens) if n is None]
+                for i, n in zip(missing, remote_lens(self._store, [keys[i] for i in missing], self._probe.addr)):
+                    lens[i] = n
+            return [n is not None for n in lens]
         except errors.TeError as e:
             log.error("batch_exists: %s", e)
             return [False] * len(keys)
 
     def batch_exists_consecutive(self, keys: list) -> int:
         try:
+            if self._probe is not None:  # the cluster's keys too: the first miss ends the run
+                found = self.batch_exists(keys)
+                return found.index(False) if False in found else len(found)
             return self._store.batch_exists_consecutive(list(keys))
         except errors.TeError as e:
             log.error("batch_exists_consecutive: %s", e)
@@ -268,7 +284,7 @@ class UMBPClient:
         return self._distributed
 
     def get_deployment_mode(self) -> str:
-        return {"local": "Local", "standalone": "StandaloneProcess", "cluster": "Distributed"}.get(
+        return {"local": "Local", "standalone": "StandaloneProcess", "distributed": "Distributed"}.get(
             self._store.mode, self._store.mode)
 
     def __getattr__(self, name: str):
