@@ -127,6 +127,11 @@ impl SharedMapping {
         self.raw as u64 + self.delta as u64
     }
 
+    /// First byte asked for.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.addr() as usize as *mut u8
+    }
+
     /// Bytes asked for.
     pub fn len(&self) -> usize {
         self.len

@@ -57,6 +57,14 @@ pub mod config {
     pub use te_base::config::{parse_byte_size, Env, MapEnv, ProcessEnv, UnknownVar};
 }
 
+/// Host memory another process on this host can map: sealed memfds (`allocate` makes them when
+/// the shm transport runs), checked and mapped with [`shared_memory::map_sealed`].
+pub mod shared_memory {
+    pub use te_base::shared_memory::{
+        create_sealed, map_sealed, memfd_of, MemfdRange, Refusal, SharedMapping, REQUIRED_SEALS,
+    };
+}
+
 /// Device memory (CUDA, ROCm) through the device plugins: allocating it and copying to and from it.
 pub mod device {
     pub use te_base::device::{

@@ -3,82 +3,29 @@
 //! and growing: a worker that truncated a file the server maps would otherwise make the server's
 //! next copy fault (SIGBUS). The server refuses an fd without both seals.
 //!
-//! Uses rustix (memfd_create, fcntl seals, mmap): typed flags and `OwnedFd` instead of raw libc
-//! calls, and it is already in the dependency tree.
+//! The memfd, seal and mapping helpers are the engine's (te-base's `shared_memory`, through
+//! `te_core::shared_memory`): the shm transport shares engine-allocated memory the same way.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use rustix::fs::{MemfdFlags, SealFlags};
-use rustix::mm::{MapFlags, ProtFlags};
+use rustix::fs::MemfdFlags;
+use te_core::shared_memory::{create_sealed, SharedMapping};
 
 use crate::error::{Result, StoreError};
 
-/// The seals a shared buffer must carry.
-pub const REQUIRED_SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW);
+/// The seals a shared buffer must carry (the engine's: te-base's `shared_memory`, which the
+/// shm transport's memfd path uses too).
+pub use te_core::shared_memory::REQUIRED_SEALS;
 
 fn io(context: &str, e: rustix::io::Errno) -> StoreError {
     StoreError::io(context, e.into())
 }
 
-/// A shared mapping of a memfd, unmapped on drop.
-#[derive(Debug)]
-pub struct Mapping {
-    ptr: *mut u8,
-    len: usize,
-}
+/// A shared mapping of a memfd, unmapped on drop (the engine's type).
+pub type Mapping = SharedMapping;
 
-// SAFETY: the mapping is plain shared memory; who may touch its bytes when is the store's
-// registration contract, not this handle's.
-unsafe impl Send for Mapping {}
-// SAFETY: as above.
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    /// Maps `len` bytes of `fd` shared, read-write.
-    pub fn map(fd: BorrowedFd<'_>, len: usize) -> Result<Mapping> {
-        // SAFETY: a fresh mapping chosen by the kernel (null hint) aliases no Rust object; the
-        // file is sealed against shrinking, so every mapped page stays backed.
-        let ptr = unsafe {
-            rustix::mm::mmap(
-                std::ptr::null_mut(),
-                len,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
-                fd,
-                0,
-            )
-        }
-        .map_err(|e| io("mmap of a shared buffer", e))?;
-        Ok(Mapping { ptr: ptr.cast(), len })
-    }
-
-    /// Address of the first byte.
-    pub fn addr(&self) -> u64 {
-        self.ptr as u64
-    }
-
-    /// First byte.
-    pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr
-    }
-
-    /// Bytes mapped.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True for an empty mapping (never made).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: ptr/len are exactly what mmap returned; nothing uses the range after drop
-        // (the store deregisters a buffer before its mapping is dropped).
-        let _ = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) };
-    }
+fn map(fd: BorrowedFd<'_>, len: usize) -> Result<Mapping> {
+    SharedMapping::map(fd, 0, len).map_err(|e| StoreError::io("mmap of a shared buffer", e))
 }
 
 /// A buffer of KV memory a worker shares with the server: a sealed memfd and its mapping in this
@@ -99,11 +46,9 @@ impl KvBuffer {
                 range_index: 0,
             });
         }
-        let fd = rustix::fs::memfd_create("umbp-kv", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
-            .map_err(|e| io("memfd_create", e))?;
-        rustix::fs::ftruncate(&fd, len as u64).map_err(|e| io("sizing a memfd", e))?;
-        rustix::fs::fcntl_add_seals(&fd, REQUIRED_SEALS).map_err(|e| io("sealing a memfd", e))?;
-        let map = Mapping::map(fd.as_fd(), len)?;
+        let fd = create_sealed("umbp-kv", len as u64, false)
+            .map_err(|e| StoreError::io("a sealed memfd (memfd_create, ftruncate, F_ADD_SEALS)", e))?;
+        let map = map(fd.as_fd(), len)?;
         Ok(KvBuffer { fd, map })
     }
 
@@ -113,7 +58,7 @@ impl KvBuffer {
         let fd = rustix::fs::memfd_create("umbp-kv", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
             .map_err(|e| io("memfd_create", e))?;
         rustix::fs::ftruncate(&fd, len as u64).map_err(|e| io("sizing a memfd", e))?;
-        let map = Mapping::map(fd.as_fd(), len)?;
+        let map = map(fd.as_fd(), len)?;
         Ok(KvBuffer { fd, map })
     }
 
@@ -165,20 +110,8 @@ impl KvBuffer {
 }
 
 /// Server side: checks a received fd carries both seals and is at least `len` bytes, then maps
-/// it. The fd is closed once mapped (the mapping keeps the file).
+/// it (te-base's check, shared with the shm transport). The fd is closed once mapped (the
+/// mapping keeps the file).
 pub fn map_sealed(fd: OwnedFd, len: u64) -> Result<Mapping> {
-    let refused = |reason: String| StoreError::Refused { reason };
-    let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|_| refused("the fd is not a sealable memfd".into()))?;
-    if !seals.contains(REQUIRED_SEALS) {
-        return Err(refused(
-            "the memfd is not sealed against shrinking and growing (F_SEAL_SHRINK | F_SEAL_GROW)".into(),
-        ));
-    }
-    let size = rustix::fs::fstat(&fd)
-        .map_err(|e| io("fstat of a shared buffer", e))?
-        .st_size as u64;
-    if len == 0 || len > size || len > isize::MAX as u64 {
-        return Err(refused(format!("buffer of {len} bytes over a memfd of {size}")));
-    }
-    Mapping::map(fd.as_fd(), len as usize)
+    te_core::shared_memory::map_sealed(fd.as_fd(), 0, len).map_err(|r| StoreError::Refused { reason: r.0 })
 }
