@@ -151,3 +151,45 @@ pub fn write_frame_fd(stream: &mut UnixStream, mut h: Header, body: &[u8], fd: B
     };
     stream.write_all(&buf[sent..])
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+
+    use super::*;
+    use crate::wire::{decode_region_fd, Opcode};
+
+    /// A memfd travels with its frame and arrives as a descriptor of the same file; the check the
+    /// initiator makes before mapping refuses one without the seals and maps a sealed one.
+    #[test]
+    fn a_region_fd_arrives_and_only_a_sealed_one_maps() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let flags = rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING;
+        let unsealed = rustix::fs::memfd_create("t", flags).unwrap();
+        rustix::fs::ftruncate(&unsealed, 8192).unwrap();
+        let sealed = te_base::shared_memory::create_sealed("t", 8192, false).unwrap();
+        for fd in [&unsealed, &sealed] {
+            let h = Header {
+                a: 0x10_0000,
+                b: 4096,
+                ..Header::new(Opcode::RegionFd)
+            };
+            write_frame_fd(&mut a, h, &4096u64.to_le_bytes(), fd.as_fd()).unwrap();
+        }
+        // A plain frame between them carries no descriptor.
+        write_frame(&mut a, Header::new(Opcode::Ack), &[]).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            got.push(read_frame_fd(&mut b).unwrap());
+        }
+        assert!(got[2].2.is_none() && got[2].0.op == Opcode::Ack);
+        let (h, body, fd) = &got[0];
+        let (_, len, offset) = decode_region_fd(h, body).unwrap();
+        let e = te_base::shared_memory::map_sealed(fd.as_ref().unwrap().as_fd(), offset, len).unwrap_err();
+        assert!(e.0.contains("not sealed"), "{e}");
+        let (h, body, fd) = &got[1];
+        let (_, len, offset) = decode_region_fd(h, body).unwrap();
+        let m = te_base::shared_memory::map_sealed(fd.as_ref().unwrap().as_fd(), offset, len).unwrap();
+        assert_eq!(m.len(), 4096);
+    }
+}
