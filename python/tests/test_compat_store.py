@@ -384,10 +384,6 @@ def test_mori_client_distributed_through_an_etcd_master(etcd):
         b.close()
 
 
-@pytest.mark.xfail(strict=True, raises=BaseException, reason=(
-    "umbp.Store(cluster=...) panics when etcd is unreachable: storage/src/cluster/peer.rs Peer::open "
-    "drops its control runtime inside async code on the error path (tokio: 'Cannot drop a runtime in a "
-    "context where blocking is not allowed'); the panic reaches Python as PanicException"))
 def test_distributed_master_whose_etcd_is_absent_is_a_code(caplog):
     if not umbp.DISTRIBUTED:
         skip_or_fail("etcd", "this build of te has no distributed mode (cargo feature distributed)")

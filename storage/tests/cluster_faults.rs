@@ -1070,3 +1070,24 @@ fn a_partitioned_member_costs_others_one_timeout_and_rejoins_when_healed() {
     drop(p);
     drop(etcd);
 }
+
+/// Opening a peer whose etcd does not answer is an error within the cluster timeout, never a
+/// panic: the peer's own runtime is created inside the caller's async code and was dropped there
+/// on the error path, which tokio refuses ("Cannot drop a runtime in a context where blocking is
+/// not allowed"; found through Python, where it surfaced as PanicException).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_whose_etcd_is_unreachable_fails_to_open_without_a_panic() {
+    let port = te_base::test_support::free_port().unwrap();
+    let mut cc = umbp::ClusterConfig::parse(&format!("etcd://127.0.0.1:{port}")).unwrap();
+    cc.listen = "127.0.0.1:0".parse().unwrap();
+    cc.timeout = Duration::from_millis(500);
+    let opened = umbp::Store::builder()
+        .local()
+        .dram_capacity(1 << 20)
+        .ssd_dirs(vec![])
+        .cluster(cc)
+        .open()
+        .await;
+    let err = opened.expect_err("no etcd answers");
+    assert!(err.to_string().contains("etcd") || err.to_string().contains("127.0.0.1"), "{err}");
+}

@@ -70,7 +70,7 @@ pub(crate) type Remembered = (Arc<str>, Arc<wire::Place>);
 /// One peer's cluster state.
 pub(crate) struct Cluster {
     pub(crate) cfg: ClusterConfig,
-    rt: Option<tokio::runtime::Runtime>,
+    rt: ControlRuntime,
     pub(crate) dir: Arc<Directory>,
     server: Option<Server>,
     pool: Arc<ConnPool>,
@@ -85,11 +85,9 @@ pub(crate) struct Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        // The listener's task belongs to the runtime; neither may block the dropping thread.
+        // The listener's task belongs to the runtime; neither may block the dropping thread (the
+        // runtime goes right after, with the fields).
         self.server.take();
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
-        }
     }
 }
 
@@ -98,7 +96,7 @@ impl Cluster {
     /// then joins the directory over `etcd` (the engine's etcd connection). `local_keys` lists
     /// the keys this peer holds (re-published after an etcd outage or a membership change).
     pub(crate) async fn start(
-        rt: tokio::runtime::Runtime,
+        rt: ControlRuntime,
         etcd: etcd_client::Client,
         cfg: ClusterConfig,
         name: &str,
@@ -134,7 +132,7 @@ impl Cluster {
         let _ = owner.dir.set(dir.clone());
         Ok(Arc::new(Cluster {
             cfg,
-            rt: Some(rt),
+            rt,
             dir,
             server: Some(server),
             pool,
@@ -146,7 +144,7 @@ impl Cluster {
     }
 
     fn handle(&self) -> &tokio::runtime::Handle {
-        self.rt.as_ref().expect("present until drop").handle()
+        self.rt.handle()
     }
 
     /// Runs `futs` concurrently on the control runtime and waits (blocking this thread) for them,
@@ -310,13 +308,35 @@ impl Cluster {
 
 /// The runtime a peer's control work runs on: the listener, etcd (the engine's metadata
 /// included, so that one connection serves both), and the directory's tasks.
-pub(crate) fn control_runtime() -> Result<tokio::runtime::Runtime> {
+pub(crate) fn control_runtime() -> Result<ControlRuntime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("umbp-cluster")
         .enable_all()
         .build()
+        .map(|rt| ControlRuntime(Some(rt)))
         .map_err(|e| StoreError::io("starting the cluster runtime", e))
+}
+
+/// The cluster's own runtime. It is created inside the caller's async code (`Peer::open`), so
+/// an early error drops it there too: dropping shuts it down in the background, where tokio's
+/// own drop would panic ("Cannot drop a runtime in a context where blocking is not allowed").
+pub(crate) struct ControlRuntime(Option<tokio::runtime::Runtime>);
+
+impl std::ops::Deref for ControlRuntime {
+    type Target = tokio::runtime::Runtime;
+
+    fn deref(&self) -> &tokio::runtime::Runtime {
+        self.0.as_ref().expect("present until drop")
+    }
+}
+
+impl Drop for ControlRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// The engine of a peer: its segment (arena and staging, exported) published in the cluster's
