@@ -1089,5 +1089,8 @@ async fn a_peer_whose_etcd_is_unreachable_fails_to_open_without_a_panic() {
         .open()
         .await;
     let err = opened.expect_err("no etcd answers");
-    assert!(err.to_string().contains("etcd") || err.to_string().contains("127.0.0.1"), "{err}");
+    assert!(
+        err.to_string().contains("etcd") || err.to_string().contains("127.0.0.1"),
+        "{err}"
+    );
 }
