@@ -100,24 +100,19 @@ impl std::fmt::Debug for ClusterConfig {
 impl ClusterConfig {
     /// Parses `etcd://host:port[,host:port...][/prefix]` with default listener, lease and timeout.
     pub fn parse(url: &str) -> Result<ClusterConfig> {
-        let bad = |why: &str| Error::config("UMBP_CLUSTER", url, why);
+        // The endpoint and prefix rules are te-core's etcd metadata rules, not a copy.
         let rest = url
             .strip_prefix("etcd://")
-            .ok_or_else(|| bad("expected etcd://host:port[,host:port...][/prefix]"))?;
+            .ok_or_else(|| Error::config("UMBP_CLUSTER", url, "expected etcd://host:port[,host:port...][/prefix]"))?;
         let (hosts, prefix) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/').to_string()),
             None => (rest, "/umbp".to_string()),
         };
-        if prefix.is_empty() || prefix.contains("//") {
-            return Err(bad("empty prefix segment"));
-        }
-        let endpoints: Vec<String> = hosts.split(',').map(|h| format!("http://{h}")).collect();
-        if hosts
-            .split(',')
-            .any(|h| h.is_empty() || h.contains(char::is_whitespace) || !h.contains(':'))
-        {
-            return Err(bad("each endpoint must be host:port"));
-        }
+        te_core::metadata::etcd::check_prefix("UMBP_CLUSTER", &prefix)?;
+        let endpoints: Vec<String> = te_core::metadata::etcd::parse_endpoints("UMBP_CLUSTER", hosts)?
+            .into_iter()
+            .map(|h| format!("http://{h}"))
+            .collect();
         Ok(ClusterConfig {
             endpoints,
             prefix,

@@ -49,6 +49,36 @@ pub struct EtcdConfig {
     pub timeout: Duration,
 }
 
+/// The etcd endpoint list every etcd setting takes (`TE_ETCD_ENDPOINTS`, UMBP's
+/// `etcd://...`): comma-separated `host:port` or `scheme://host:port`, none empty, none with
+/// whitespace. A malformed list is a config error naming `var`.
+pub fn parse_endpoints(var: &str, raw: &str) -> Result<Vec<String>> {
+    let endpoints: Vec<String> = raw.split(',').map(str::to_string).collect();
+    for e in &endpoints {
+        let hostport = e.split_once("://").map_or(e.as_str(), |(_, rest)| rest);
+        if e.is_empty() || e.contains(char::is_whitespace) {
+            return Err(Error::config(var, raw, "empty or padded endpoint in the list"));
+        }
+        if !hostport.contains(':') || hostport.starts_with(':') || hostport.ends_with(':') {
+            return Err(Error::config(var, raw, format!("endpoint '{e}' is not host:port")));
+        }
+    }
+    Ok(endpoints)
+}
+
+/// The key prefix every etcd setting takes: starts with '/', does not end with one, and has no
+/// empty segment. A malformed prefix is a config error naming `var`.
+pub fn check_prefix(var: &str, prefix: &str) -> Result<()> {
+    if !prefix.starts_with('/') || prefix.ends_with('/') || prefix.contains("//") {
+        return Err(Error::config(
+            var,
+            prefix,
+            "must start with '/', not end with '/', and have no empty segment",
+        ));
+    }
+    Ok(())
+}
+
 impl EtcdConfig {
     /// Settings for `endpoints` with default prefix, TTL and timeout.
     pub fn new(endpoints: Vec<String>) -> Self {
@@ -65,23 +95,9 @@ impl EtcdConfig {
         let raw = env
             .get("TE_ETCD_ENDPOINTS")
             .ok_or_else(|| Error::config("TE_ETCD_ENDPOINTS", "", "not set (expected host:port[,host:port...])"))?;
-        let endpoints: Vec<String> = raw.split(',').map(str::to_string).collect();
-        if endpoints.iter().any(|e| e.is_empty() || e.trim() != e) {
-            return Err(Error::config(
-                "TE_ETCD_ENDPOINTS",
-                raw,
-                "empty or padded endpoint in the list",
-            ));
-        }
-        let mut c = EtcdConfig::new(endpoints);
+        let mut c = EtcdConfig::new(parse_endpoints("TE_ETCD_ENDPOINTS", &raw)?);
         if let Some(prefix) = parse_var::<String>(env, "TE_ETCD_PREFIX")? {
-            if !prefix.starts_with('/') || prefix.ends_with('/') {
-                return Err(Error::config(
-                    "TE_ETCD_PREFIX",
-                    prefix,
-                    "must start with '/' and not end with '/'",
-                ));
-            }
+            check_prefix("TE_ETCD_PREFIX", &prefix)?;
             c.prefix = prefix;
         }
         if let Some(ttl) = parse_var::<i64>(env, "TE_ETCD_LEASE_TTL_S")? {
@@ -526,6 +542,23 @@ impl MetadataStore for EtcdStore {
 mod tests {
     use super::*;
     use te_base::config::MapEnv;
+
+    /// The rules UMBP's `etcd://` URL shares with `TE_ETCD_*` (one source for both).
+    #[test]
+    fn endpoint_and_prefix_rules() {
+        assert_eq!(
+            parse_endpoints("V", "h:1,http://10.0.0.1:2379").unwrap(),
+            ["h:1", "http://10.0.0.1:2379"]
+        );
+        for bad in ["", "h:1,", "h", " h:1", "h :1", "http://h", ":1", "h:"] {
+            let e = parse_endpoints("V", bad).unwrap_err().to_string();
+            assert!(e.contains('V'), "{bad}: {e}");
+        }
+        assert!(check_prefix("V", "/a/b").is_ok());
+        for bad in ["", "/", "a", "/a/", "//a", "/a//b"] {
+            assert!(check_prefix("V", bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn config_is_strict() {
