@@ -534,9 +534,13 @@ class MooncakeDistributedStore:
             if len(data) == 0:
                 log.error("put(%r): an empty value", key)
                 return INVALID_PARAMS
-            with self._staged(len(data)) as (buf, addr):
-                buf[:len(data)] = data
-                rc = self.batch_put_from([key], [addr], [len(data)], config)[0]
+            try:
+                with self._staged(len(data)) as (buf, addr):
+                    buf[:len(data)] = data
+                    rc = self.batch_put_from([key], [addr], [len(data)], config)[0]
+            except errors.TeError as e:  # not set up, or no staging memory
+                log.error("put(%r): %s", key, e)
+                return code_of(e)
             if rc != OK:
                 return rc
         return OK
@@ -547,10 +551,14 @@ class MooncakeDistributedStore:
             n = self.get_size(key)
             if n < 0:
                 return b""
-            with self._staged(n) as (buf, addr):
-                got = self.batch_get_into([key], [addr], [n])[0]
-                if got >= 0:
-                    return bytes(buf[:got])
+            try:
+                with self._staged(n) as (buf, addr):
+                    got = self.batch_get_into([key], [addr], [n])[0]
+                    if got >= 0:
+                        return bytes(buf[:got])
+            except errors.TeError as e:  # not set up, or no staging memory
+                log.error("get(%r): %s", key, e)
+                return b""
             if got != INVALID_PARAMS:
                 return b""
         return b""
