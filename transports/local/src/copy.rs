@@ -9,6 +9,8 @@
 
 use std::ptr;
 
+use crate::plan::CopyOp;
+
 /// Bytes in one cache line; streaming kernels align the destination to it.
 pub const CACHE_LINE: usize = 64;
 
@@ -149,6 +151,45 @@ pub unsafe fn copy_with_threshold(kernel: NtKernel, nt_min: u64, dst: *mut u8, s
         // SAFETY: forwarded caller contract.
         unsafe { ptr::copy_nonoverlapping(src, dst, len) }
     }
+}
+
+/// Copies one [`CopyOp`]: with `memmove` semantics and no streaming stores when its source and
+/// destination overlap, else [`copy_with_threshold`]. No fence: the caller fences once after its
+/// run of copies ([`store_fence`]).
+///
+/// # Safety
+/// The op must name a readable source and a writable destination that no other thread writes
+/// meanwhile.
+#[inline]
+pub unsafe fn copy_op(op: CopyOp, kernel: NtKernel, nt_min: u64) {
+    let (dst, src, len) = (
+        op.dst as usize as *mut u8,
+        op.src as usize as *const u8,
+        op.len as usize,
+    );
+    if op.overlaps_itself() {
+        // SAFETY: valid ranges per the caller; `copy` allows them to overlap.
+        unsafe { ptr::copy(src, dst, len) }
+    } else {
+        // SAFETY: valid, non-overlapping ranges per the caller and the check above.
+        unsafe { copy_with_threshold(kernel, nt_min, dst, src, len) }
+    }
+}
+
+/// Copies `ops` in order ([`copy_op`]), prefetching the start of the next copy while one runs,
+/// then fences the streaming stores.
+///
+/// # Safety
+/// As [`copy_op`], for every op.
+pub unsafe fn copy_ops(ops: &[CopyOp], kernel: NtKernel, nt_min: u64) {
+    for (k, &op) in ops.iter().enumerate() {
+        if let Some(next) = ops.get(k + 1) {
+            prefetch(next.dst, next.src, next.len, next.len >= nt_min);
+        }
+        // SAFETY: forwarded caller contract.
+        unsafe { copy_op(op, kernel, nt_min) };
+    }
+    store_fence();
 }
 
 /// True on x86-64 CPUs that report fast short `rep movsb` (CPUID leaf 7, EDX bit 4).

@@ -32,6 +32,14 @@ pub struct CopyOp {
     pub len: u64,
 }
 
+impl CopyOp {
+    /// True when the copy's source and destination overlap.
+    #[inline]
+    pub fn overlaps_itself(&self) -> bool {
+        self.src < self.dst + self.len && self.dst < self.src + self.len
+    }
+}
+
 /// The result of [`coalesce`] when the batch is safe to run as independent copies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Coalesced {

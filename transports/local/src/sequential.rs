@@ -18,7 +18,7 @@
 
 use te_base::{Error, ResolvedRequest};
 
-use crate::copy::{copy_with_threshold, prefetch, store_fence, NtKernel};
+use crate::copy::{copy_op, prefetch, store_fence, NtKernel};
 use crate::plan::CopyOp;
 use crate::resolve::{Resolved, Resolver};
 
@@ -80,7 +80,7 @@ pub(crate) unsafe fn copy_in_request_order(
                 len: c.len + next.len,
                 ..*c
             };
-            if next.dst == c.dst + c.len && next.src == c.src + c.len && !overlaps_itself(merged) {
+            if next.dst == c.dst + c.len && next.src == c.src + c.len && !merged.overlaps_itself() {
                 c.len = merged.len;
                 continue;
             }
@@ -97,28 +97,4 @@ pub(crate) unsafe fn copy_in_request_order(
     }
     store_fence();
     stop
-}
-
-/// True when a copy's source and destination overlap.
-#[inline]
-fn overlaps_itself(op: CopyOp) -> bool {
-    op.src < op.dst + op.len && op.dst < op.src + op.len
-}
-
-/// # Safety
-/// `op` must name a readable source and a writable destination.
-#[inline]
-unsafe fn copy_op(op: CopyOp, kernel: NtKernel, nt_min: u64) {
-    let (dst, src, len) = (
-        op.dst as usize as *mut u8,
-        op.src as usize as *const u8,
-        op.len as usize,
-    );
-    if overlaps_itself(op) {
-        // SAFETY: valid ranges per the caller; `copy` allows them to overlap.
-        unsafe { std::ptr::copy(src, dst, len) }
-    } else {
-        // SAFETY: valid, non-overlapping ranges per the caller and the check above.
-        unsafe { copy_with_threshold(kernel, nt_min, dst, src, len) }
-    }
 }

@@ -14,7 +14,7 @@ use te_base::auth::{AuthKey, InitiatorHandshake, NONCE_LEN};
 use te_base::notify::{Outcome, MAX_PAYLOAD_LIMIT};
 use te_base::shared_memory::{map_sealed, SharedMapping};
 use te_base::{BatchAborts, BatchState, Error, ResolvedRequest, Result, TransferOp};
-use te_transport_local::copy::{copy_with_threshold, prefetch, store_fence, NtKernel};
+use te_transport_local::copy::{copy_ops, NtKernel};
 use te_transport_local::plan::CopyOp;
 
 use crate::cma::{self, IOV_MAX};
@@ -625,34 +625,6 @@ fn find(exports: &[Export], addr: u64, len: u64) -> Option<&Export> {
     let idx = exports.partition_point(|e| e.base <= addr);
     let e = exports.get(idx.checked_sub(1)?)?;
     (len <= e.len && addr - e.base <= e.len - len).then_some(e)
-}
-
-/// Copies `ops` in order with the local transport's kernels (streaming stores from `nt_min`,
-/// the next copy's start prefetched while one runs), then fences the streaming stores.
-///
-/// # Safety
-/// Every op must name a readable source and a writable destination that no other thread writes
-/// meanwhile.
-unsafe fn copy_ops(ops: &[CopyOp], kernel: NtKernel, nt_min: u64) {
-    for (k, op) in ops.iter().enumerate() {
-        if let Some(next) = ops.get(k + 1) {
-            prefetch(next.dst, next.src, next.len, next.len >= nt_min);
-        }
-        let (dst, src, len) = (
-            op.dst as usize as *mut u8,
-            op.src as usize as *const u8,
-            op.len as usize,
-        );
-        if op.src < op.dst + op.len && op.dst < op.src + op.len {
-            // SAFETY: valid ranges per the caller; `copy` allows them to overlap (two mappings
-            // of one page in this process).
-            unsafe { std::ptr::copy(src, dst, len) }
-        } else {
-            // SAFETY: valid, non-overlapping ranges per the caller and the check above.
-            unsafe { copy_with_threshold(kernel, nt_min, dst, src, len) }
-        }
-    }
-    store_fence();
 }
 
 /// Per-thread iovec arrays, reused by every batch the thread copies (no allocation per batch
