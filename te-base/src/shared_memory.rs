@@ -11,16 +11,23 @@
 //! length) can find the memfd behind it once, at registration ([`memfd_of`]), and share it.
 //! Memory the engine did not allocate is never in the table.
 //!
-//! Uses rustix (memfd_create, fcntl seals, mmap): typed flags and `OwnedFd`.
+//! Uses rustix (memfd_create, fcntl seals, mmap, sendmsg/recvmsg with `SCM_RIGHTS`): typed flags
+//! and `OwnedFd` (std's `SocketAncillary` is still unstable).
 
 use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::mm::{MapFlags, ProtFlags};
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
+};
 
 /// The seals a shared buffer must carry before a peer maps it.
 pub const REQUIRED_SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW);
@@ -221,6 +228,60 @@ pub(crate) fn note(base: u64, len: u64, fd: Arc<OwnedFd>) {
 
 pub(crate) fn forget(base: u64) {
     BACKED.write().remove(&base);
+}
+
+/// Writes `bytes` to a Unix stream with `fd` attached to the first byte (`SCM_RIGHTS`), then
+/// whatever the first call did not take. How a memfd travels to the process that maps it.
+pub fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    let fds = [fd];
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::other("no room for SCM_RIGHTS"));
+    }
+    let sent = loop {
+        match rustix::net::sendmsg(stream, &[io::IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL) {
+            Ok(n) => break n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    (&*stream).write_all(&bytes[sent..])
+}
+
+/// Fills `buf` from a Unix stream, receiving the descriptor sent with its first bytes, if any
+/// (the first one is kept, extras close as they drop). The stream closing before the first byte
+/// is `UnexpectedEof`.
+pub fn recv_exact_with_fd(stream: &UnixStream, buf: &mut [u8]) -> io::Result<Option<OwnedFd>> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = loop {
+        match rustix::net::recvmsg(
+            stream,
+            &mut [io::IoSliceMut::new(buf)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(r) => break r.bytes,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let mut fd = None;
+    for msg in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = msg {
+            for f in fds {
+                if fd.is_none() {
+                    fd = Some(f);
+                }
+            }
+        }
+    }
+    if got == 0 && !buf.is_empty() {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    (&*stream).read_exact(&mut buf[got..])?;
+    Ok(fd)
 }
 
 #[cfg(test)]

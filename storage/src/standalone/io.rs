@@ -2,17 +2,12 @@
 //! reading one under a size cap (the buffer grows only as bytes arrive, so an announced length
 //! costs what was sent), and the peer's credentials (`SO_PEERCRED`).
 //!
-//! Uses rustix's `sendmsg`/`recvmsg` ancillary buffers and `socket_peercred`: typed wrappers of
-//! exactly these calls (std's `SocketAncillary` is still unstable).
+//! Descriptors travel by `te_base::shared_memory::{send_with_fd, recv_exact_with_fd}` (shared
+//! with the shm transport); the credentials come from rustix's `socket_peercred`.
 
 use std::io::{self, Read, Write};
-use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-
-use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage, SendFlags,
-};
 
 use super::wire::{decode_header, Header, WireError, HEADER};
 
@@ -29,23 +24,10 @@ pub enum RecvError {
 
 /// Writes `frame`; with `fd`, the descriptor travels with its first byte.
 pub fn send_frame(stream: &UnixStream, frame: &[u8], fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
-    let Some(fd) = fd else {
-        return (&*stream).write_all(frame);
-    };
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    let fds = [fd];
-    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
-        return Err(io::Error::other("no room for SCM_RIGHTS"));
+    match fd {
+        Some(fd) => te_base::shared_memory::send_with_fd(stream, frame, fd),
+        None => (&*stream).write_all(frame),
     }
-    let sent = loop {
-        match rustix::net::sendmsg(stream, &[io::IoSlice::new(frame)], &mut control, SendFlags::NOSIGNAL) {
-            Ok(n) => break n,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    };
-    (&*stream).write_all(&frame[sent..])
 }
 
 /// Reads one frame into `buf` (its payload), refusing payloads over `max`. With `accept_fd`, a
@@ -57,39 +39,12 @@ pub fn recv_frame(
     accept_fd: bool,
 ) -> Result<(Header, Option<OwnedFd>), RecvError> {
     let mut head = [0u8; HEADER];
-    let mut got = 0;
-    let mut fd = None;
-    if accept_fd {
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-        let mut control = RecvAncillaryBuffer::new(&mut space);
-        let r = loop {
-            match rustix::net::recvmsg(
-                stream,
-                &mut [io::IoSliceMut::new(&mut head)],
-                &mut control,
-                RecvFlags::CMSG_CLOEXEC,
-            ) {
-                Ok(r) => break r,
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(io::Error::from(e).into()),
-            }
-        };
-        for msg in control.drain() {
-            if let RecvAncillaryMessage::ScmRights(fds) = msg {
-                for f in fds {
-                    // The first descriptor is kept; extras close as they drop.
-                    if fd.is_none() {
-                        fd = Some(f);
-                    }
-                }
-            }
-        }
-        got = r.bytes;
-        if got == 0 {
-            return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
-        }
-    }
-    (&*stream).read_exact(&mut head[got..])?;
+    let fd = if accept_fd {
+        te_base::shared_memory::recv_exact_with_fd(stream, &mut head)?
+    } else {
+        (&*stream).read_exact(&mut head)?;
+        None
+    };
     let h = decode_header(&head, max)?;
     read_growing(stream, buf, h.len)?;
     Ok((h, fd))

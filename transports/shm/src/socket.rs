@@ -2,7 +2,6 @@
 //! and blocking frame I/O with per-frame deadlines.
 
 use std::io::{self, Read, Write};
-use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
@@ -93,36 +92,8 @@ pub fn write_frame(stream: &mut UnixStream, mut h: Header, body: &[u8]) -> io::R
 /// bytes are read with `recvmsg`, so a descriptor attached to the frame is received rather than
 /// discarded; a second descriptor on one frame is closed.
 pub fn read_frame_fd(stream: &mut UnixStream) -> io::Result<(Header, Vec<u8>, Option<OwnedFd>)> {
-    use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
     let mut raw = [0u8; HEADER_LEN];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
-    let got = loop {
-        match rustix::net::recvmsg(
-            &*stream,
-            &mut [io::IoSliceMut::new(&mut raw)],
-            &mut control,
-            RecvFlags::CMSG_CLOEXEC,
-        ) {
-            Ok(r) => break r.bytes,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    };
-    let mut fd = None;
-    for msg in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(fds) = msg {
-            for f in fds {
-                if fd.is_none() {
-                    fd = Some(f);
-                }
-            }
-        }
-    }
-    if got == 0 {
-        return Err(io::ErrorKind::UnexpectedEof.into());
-    }
-    stream.read_exact(&mut raw[got..])?;
+    let fd = te_base::shared_memory::recv_exact_with_fd(stream, &mut raw)?;
     let h = Header::decode(&raw).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
     let mut body = vec![0u8; h.len as usize];
     stream.read_exact(&mut body)?;
@@ -131,25 +102,11 @@ pub fn read_frame_fd(stream: &mut UnixStream) -> io::Result<(Header, Vec<u8>, Op
 
 /// Writes one frame with `fd` attached to its first byte (`SCM_RIGHTS`).
 pub fn write_frame_fd(stream: &mut UnixStream, mut h: Header, body: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
-    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
     h.len = body.len() as u32;
     let mut buf = Vec::with_capacity(HEADER_LEN + body.len());
     buf.extend_from_slice(&h.encode());
     buf.extend_from_slice(body);
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    let fds = [fd];
-    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
-        return Err(io::Error::other("no room for SCM_RIGHTS"));
-    }
-    let sent = loop {
-        match rustix::net::sendmsg(&*stream, &[io::IoSlice::new(&buf)], &mut control, SendFlags::NOSIGNAL) {
-            Ok(n) => break n,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    };
-    stream.write_all(&buf[sent..])
+    te_base::shared_memory::send_with_fd(stream, &buf, fd)
 }
 
 #[cfg(test)]
