@@ -67,13 +67,9 @@ pub(crate) trait Backend: Send + Sync {
     /// standalone server's key handles); a mode without a local core ignores it.
     fn batch_get_ranges(&self, items: &[RangedGet<'_>], resolved: Option<&mut Resolved>) -> Result<Vec<Result<u64>>>;
     fn batch_put_ranges(&self, items: &[RangedPut<'_>]) -> Result<Vec<Result<()>>>;
+    /// The cluster peer, in distributed mode.
     #[cfg(feature = "cluster")]
-    fn cluster_owner(&self, key: &str) -> Option<String> {
-        let _ = key;
+    fn cluster(&self) -> Option<&crate::cluster::Peer> {
         None
-    }
-    #[cfg(feature = "cluster")]
-    fn cluster_members(&self) -> Vec<(String, std::net::SocketAddr)> {
-        Vec::new()
     }
 }

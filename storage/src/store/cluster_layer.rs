@@ -39,11 +39,7 @@ impl Layer for Peer {
         }
     }
 
-    fn cluster_owner(&self, key: &str) -> Option<String> {
-        self.owner_of(key)
-    }
-
-    fn cluster_members(&self) -> Vec<(String, std::net::SocketAddr)> {
-        self.members()
+    fn cluster(&self) -> Option<&Peer> {
+        Some(self)
     }
 }

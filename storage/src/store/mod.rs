@@ -424,12 +424,12 @@ impl Store {
     /// (this peer's own name for its keys); `None` in the other modes or when unknown.
     #[cfg(feature = "cluster")]
     pub fn cluster_owner(&self, key: &str) -> Option<String> {
-        self.inner.backend.cluster_owner(key)
+        self.inner.backend.cluster().and_then(|p| p.owner_of(key))
     }
 
     /// Distributed mode: the live members this store knows, with their control addresses.
     #[cfg(feature = "cluster")]
     pub fn cluster_members(&self) -> Vec<(String, std::net::SocketAddr)> {
-        self.inner.backend.cluster_members()
+        self.inner.backend.cluster().map_or_else(Vec::new, |p| p.members())
     }
 }

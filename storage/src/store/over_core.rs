@@ -37,14 +37,10 @@ pub(crate) trait Layer: Send + Sync {
             ..Default::default()
         }
     }
+    /// The cluster peer, when the layer is one.
     #[cfg(feature = "cluster")]
-    fn cluster_owner(&self, key: &str) -> Option<String> {
-        let _ = key;
+    fn cluster(&self) -> Option<&crate::cluster::Peer> {
         None
-    }
-    #[cfg(feature = "cluster")]
-    fn cluster_members(&self) -> Vec<(String, std::net::SocketAddr)> {
-        Vec::new()
     }
 }
 
@@ -192,12 +188,7 @@ impl<L: Layer> Backend for OverCore<L> {
     }
 
     #[cfg(feature = "cluster")]
-    fn cluster_owner(&self, key: &str) -> Option<String> {
-        self.0.cluster_owner(key)
-    }
-
-    #[cfg(feature = "cluster")]
-    fn cluster_members(&self) -> Vec<(String, std::net::SocketAddr)> {
-        self.0.cluster_members()
+    fn cluster(&self) -> Option<&crate::cluster::Peer> {
+        self.0.cluster()
     }
 }
