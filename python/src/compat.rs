@@ -33,8 +33,21 @@ enum IntLayout {
 fn int_layout(py: Python<'_>) -> Option<IntLayout> {
     static LAYOUT: OnceLock<Option<IntLayout>> = OnceLock::new();
     *LAYOUT.get_or_init(|| {
+        // The digits read below are 30 bits in 4 bytes, CPython's default; a build configured
+        // with 15-bit digits (`--enable-big-digits=15`) goes through the C API.
+        let digits_as_read = py
+            .import("sys")
+            .and_then(|sys| sys.getattr("int_info"))
+            .and_then(|i| {
+                Ok((
+                    i.getattr("bits_per_digit")?.extract::<u32>()?,
+                    i.getattr("sizeof_digit")?.extract::<u32>()?,
+                ))
+            })
+            .is_ok_and(|d| d == (30, 4));
         let v = py.version_info();
         match (v.major, v.minor) {
+            _ if !digits_as_read => None,
             (3, 11) => Some(IntLayout::SignedSize),
             (3, 12 | 13) => Some(IntLayout::Tagged),
             _ => None,
