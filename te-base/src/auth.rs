@@ -23,8 +23,11 @@
 //! names the protocol (`"tcp"`, `"p2p"`...) so a proof for one listener is useless on another.
 //! Proofs are compared in constant time (`Mac::verify_slice`). The key never crosses the wire.
 //!
-//! The protocols carry the nonces and proofs in their own frames; this module is pure (no I/O) so
-//! it is tested without sockets.
+//! The protocols carry the nonces and proofs in their own frames. The exchange itself is written
+//! once: [`initiate`] and [`respond`] run it over any framed stream that implements
+//! [`HandshakeFrames`] (each protocol maps the three [`Step`]s to its own frames, and may add its
+//! own fields to its hello). [`InitiatorHandshake`] and [`ResponderHandshake`] are the pure
+//! (no I/O) halves they are built from, tested without sockets.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -266,6 +269,136 @@ impl ResponderHandshake {
     }
 }
 
+/// Bytes of a challenge: the responder's nonce, then its proof.
+pub const CHALLENGE_LEN: usize = NONCE_LEN + PROOF_LEN;
+
+/// The three messages of a handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Initiator -> responder: the initiator's nonce (a protocol may send more in this frame).
+    Hello,
+    /// Responder -> initiator: its nonce and proof ([`CHALLENGE_LEN`] bytes).
+    Challenge,
+    /// Initiator -> responder: its proof ([`PROOF_LEN`] bytes).
+    Proof,
+}
+
+/// A framed stream a handshake runs over: a protocol maps each [`Step`] to one of its frames.
+/// The bodies are the handshake's bytes only; a frame of another kind than the step expected,
+/// a refusal the peer sent instead, or an I/O failure is the protocol's own error.
+///
+/// Frames over a blocking socket implement this with bodies that never wait on anything but the
+/// socket; [`block_on`] then drives [`initiate`] or [`respond`] on the calling thread.
+pub trait HandshakeFrames {
+    /// The protocol's error.
+    type Error;
+    /// Sends (or stages, for a protocol whose next receive sends it) `step`'s frame with `body`.
+    fn send(
+        &mut self,
+        step: Step,
+        body: &[u8],
+    ) -> impl std::future::Future<Output = std::result::Result<(), Self::Error>> + Send;
+    /// Receives `step`'s frame and returns its body.
+    fn recv(
+        &mut self,
+        step: Step,
+    ) -> impl std::future::Future<Output = std::result::Result<Vec<u8>, Self::Error>> + Send;
+}
+
+/// Why a handshake did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError<E> {
+    /// The frames failed: I/O, another frame than the step's, or the peer's refusal.
+    #[error("{0}")]
+    Frames(E),
+    /// A step's body has the wrong length.
+    #[error("a {step:?} of {len} bytes (expected {expected})")]
+    Malformed {
+        /// The step.
+        step: Step,
+        /// Bytes received.
+        len: usize,
+        /// Bytes it must have.
+        expected: usize,
+    },
+    /// The peer's proof is wrong: it does not hold the key ([`Error::Unauthenticated`]).
+    #[error("{0}")]
+    Unauthenticated(Error),
+}
+
+/// The initiator's side of the handshake over `frames`: sends its nonce, checks the responder's
+/// proof, sends its own. What follows (the protocol's welcome) is the caller's.
+pub async fn initiate<F: HandshakeFrames + Send>(
+    frames: &mut F,
+    key: &AuthKey,
+    context: &'static str,
+    peer: &str,
+) -> std::result::Result<(), HandshakeError<F::Error>> {
+    let (hs, nonce) = InitiatorHandshake::start(key, context);
+    frames.send(Step::Hello, &nonce).await.map_err(HandshakeError::Frames)?;
+    let body = frames.recv(Step::Challenge).await.map_err(HandshakeError::Frames)?;
+    if body.len() != CHALLENGE_LEN {
+        return Err(HandshakeError::Malformed {
+            step: Step::Challenge,
+            len: body.len(),
+            expected: CHALLENGE_LEN,
+        });
+    }
+    let (theirs, proof) = body.split_at(NONCE_LEN);
+    let theirs: &Nonce = theirs.try_into().expect("split at NONCE_LEN");
+    let ours = hs
+        .finish(theirs, proof, peer)
+        .map_err(HandshakeError::Unauthenticated)?;
+    frames.send(Step::Proof, &ours).await.map_err(HandshakeError::Frames)
+}
+
+/// The responder's side over `frames`, once the protocol has read the initiator's hello and
+/// taken `initiator_nonce` from it: sends the challenge, checks the initiator's proof.
+pub async fn respond<F: HandshakeFrames + Send>(
+    frames: &mut F,
+    key: &AuthKey,
+    context: &'static str,
+    initiator_nonce: &[u8],
+    peer: &str,
+) -> std::result::Result<(), HandshakeError<F::Error>> {
+    let nonce: &Nonce = initiator_nonce.try_into().map_err(|_| HandshakeError::Malformed {
+        step: Step::Hello,
+        len: initiator_nonce.len(),
+        expected: NONCE_LEN,
+    })?;
+    let (hs, ours, proof) = ResponderHandshake::answer(key, context, nonce);
+    let mut challenge = [0u8; CHALLENGE_LEN];
+    challenge[..NONCE_LEN].copy_from_slice(&ours);
+    challenge[NONCE_LEN..].copy_from_slice(&proof);
+    frames
+        .send(Step::Challenge, &challenge)
+        .await
+        .map_err(HandshakeError::Frames)?;
+    let theirs = frames.recv(Step::Proof).await.map_err(HandshakeError::Frames)?;
+    if theirs.len() != PROOF_LEN {
+        return Err(HandshakeError::Malformed {
+            step: Step::Proof,
+            len: theirs.len(),
+            expected: PROOF_LEN,
+        });
+    }
+    hs.check(&theirs, peer).map_err(HandshakeError::Unauthenticated)
+}
+
+/// Runs a future whose awaits never wait on anything but blocking calls (a handshake over
+/// [`HandshakeFrames`] of a blocking socket) on the calling thread: it is ready at its first
+/// poll. A future that does return pending is polled again after yielding the thread.
+pub fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::yield_now();
+    }
+}
+
 /// Logs, once per process and listener kind, that a listener is open to anyone who reaches it;
 /// `exposes` says what such a peer gets ("exported memory", "segment descriptors"...).
 pub fn warn_unauthenticated(listener: &str, addrs: &str, exposes: &str) {
@@ -376,6 +509,85 @@ mod tests {
         let (resp, nr, pr) = ResponderHandshake::answer(k, "tcp", &ni);
         let pi = init.finish(&nr, &pr, "p").unwrap();
         resp.check(&pi[..16], "p").is_err()
+    }
+
+    /// Two ends of an in-memory framed stream: each frame is (step, body).
+    struct Pipe {
+        out: std::sync::mpsc::Sender<(Step, Vec<u8>)>,
+        inp: std::sync::mpsc::Receiver<(Step, Vec<u8>)>,
+    }
+
+    fn pipe() -> (Pipe, Pipe) {
+        let (a_tx, a_rx) = std::sync::mpsc::channel();
+        let (b_tx, b_rx) = std::sync::mpsc::channel();
+        (Pipe { out: a_tx, inp: b_rx }, Pipe { out: b_tx, inp: a_rx })
+    }
+
+    impl HandshakeFrames for Pipe {
+        type Error = String;
+        async fn send(&mut self, step: Step, body: &[u8]) -> std::result::Result<(), String> {
+            self.out.send((step, body.to_vec())).map_err(|e| e.to_string())
+        }
+        async fn recv(&mut self, step: Step) -> std::result::Result<Vec<u8>, String> {
+            match self.inp.recv() {
+                Ok((s, body)) if s == step => Ok(body),
+                Ok((s, _)) => Err(format!("{s:?} instead of {step:?}")),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    }
+
+    fn run_both(ki: &AuthKey, kr: &AuthKey) -> (std::result::Result<(), String>, std::result::Result<(), String>) {
+        let (mut i, mut r) = pipe();
+        let kr = kr.clone();
+        let responder = std::thread::spawn(move || {
+            block_on(async {
+                let hello = r.recv(Step::Hello).await.map_err(HandshakeError::Frames)?;
+                respond(&mut r, &kr, "test", &hello, "initiator").await
+            })
+            .map_err(|e| e.to_string())
+        });
+        let init = block_on(initiate(&mut i, ki, "test", "responder")).map_err(|e| e.to_string());
+        drop(i);
+        (init, responder.join().unwrap())
+    }
+
+    #[test]
+    fn the_framed_handshake_completes_with_one_key_and_refuses_another() {
+        let (i, r) = run_both(&key(3), &key(3));
+        assert_eq!((i, r), (Ok(()), Ok(())));
+        // The initiator refuses a responder without the key before sending any proof; the
+        // responder then sees the stream end.
+        let (i, r) = run_both(&key(3), &key(4));
+        assert!(i.unwrap_err().contains("does not hold"));
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn a_malformed_step_is_a_typed_error() {
+        let (mut i, mut r) = pipe();
+        let e = block_on(respond(&mut r, &key(1), "t", &[0u8; 5], "p")).unwrap_err();
+        assert!(matches!(
+            e,
+            HandshakeError::Malformed {
+                step: Step::Hello,
+                len: 5,
+                expected: NONCE_LEN
+            }
+        ));
+        block_on(r.send(Step::Challenge, &[1, 2, 3])).unwrap();
+        let e = block_on(initiate(&mut i, &key(1), "t", "p")).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                HandshakeError::Malformed {
+                    step: Step::Challenge,
+                    len: 3,
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -31,6 +31,7 @@ pub mod timing;
 pub mod token;
 pub mod transport;
 pub mod transport_descriptor;
+pub mod wire;
 
 pub use batch::{Batch, BatchError, BatchProgress, BatchReport, BatchState, FailureHook, RequestStatus};
 pub use batch_aborts::BatchAborts;
