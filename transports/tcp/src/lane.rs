@@ -434,94 +434,131 @@ async fn next_job(lane: &Lane) -> Option<Next> {
     }
 }
 
+/// The sending task: writes each job the lane takes, in order, until the lane dies or closes.
 async fn send_loop(lane: &Lane, mut w: OwnedWriteHalf) {
-    let mut headers: Vec<[u8; HEADER_LEN]> = Vec::with_capacity(SEND_GROUP);
-    let mut parts: Vec<RawPart> = Vec::with_capacity(2 * SEND_GROUP);
+    let mut group = SendGroup {
+        headers: Vec::with_capacity(SEND_GROUP),
+        parts: Vec::with_capacity(2 * SEND_GROUP),
+    };
     let mut request_id = 0u64;
     while let Some(next) = next_job(lane).await {
-        let job = match next {
-            Next::Job(job) => job,
-            Next::Ping => {
-                let ping = Header::new(Opcode::Ping).to_bytes();
-                if let Err(e) = crate::frame_io::write_all(&mut w, &ping).await {
-                    lane.kill(lane.gone(format!("send failed: {e}")));
-                    return;
-                }
-                continue;
-            }
-            Next::Note(note) => {
-                let mut frame = note.header(request_id, lane.token).to_bytes().to_vec();
-                frame.extend_from_slice(&note.body);
-                request_id += 1;
-                if let Err(e) = crate::frame_io::write_all(&mut w, &frame).await {
-                    lane.kill(lane.gone(format!("send failed: {e}")));
-                    return;
-                }
-                lane.progress.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
+        let sent = match next {
+            Next::Job(job) => send_job(lane, &mut w, &job, &mut group, &mut request_id).await,
+            Next::Ping => send_ping(lane, &mut w).await,
+            Next::Note(note) => send_note(lane, &mut w, &note, &mut request_id).await,
         };
-        let plan = &job.plan;
-        let mut cursor = job.cursor.clone();
-        let mut left = job.slices;
-        let mut done = false;
-        while !done {
-            headers.clear();
-            parts.clear();
-            let mut payload_bytes = 0u64;
-            // Headers first, so their addresses are stable before parts point at them.
-            let mut payloads: [RawPart; SEND_GROUP] = [RawPart { addr: 0, len: 0 }; SEND_GROUP];
-            while headers.len() < SEND_GROUP && payload_bytes < SEND_GROUP_BYTES {
-                let next = if left == 0 {
-                    None
-                } else {
-                    cursor.next(&plan.requests, plan.slice, plan.lanes)
-                };
-                let Some(s) = next else {
-                    done = true;
-                    break;
-                };
-                left -= 1;
-                let req = &plan.requests[s.pos];
-                let opcode = match req.op {
-                    TransferOp::Write => Opcode::Write,
-                    TransferOp::Read => Opcode::Read,
-                };
-                let h = Header {
-                    request_id,
-                    token: lane.token,
-                    addr: req.remote_addr + s.offset,
-                    len: s.len,
-                    ..Header::new(opcode)
-                };
-                request_id += 1;
-                if req.op == TransferOp::Write {
-                    payloads[headers.len()] = RawPart {
-                        addr: (req.local_addr + s.offset) as usize,
-                        len: s.len as usize,
-                    };
-                    payload_bytes += s.len;
-                }
-                headers.push(h.to_bytes());
-            }
-            for (h, p) in headers.iter().zip(payloads.iter()) {
-                parts.push(RawPart::of(h));
-                if p.len > 0 {
-                    parts.push(*p);
-                }
-            }
-            if parts.is_empty() {
-                continue;
-            }
-            // SAFETY: headers live in `headers` (not modified until the write completes); write
-            // payloads lie in local memory the engine keeps registered and pinned until the batch
-            // completes, which cannot happen before these bytes are acknowledged.
-            if let Err(e) = unsafe { write_all_raw(&mut w, &parts).await } {
-                lane.kill(lane.io_failed("send", e));
-                return;
+        if let Err(err) = sent {
+            lane.kill(err);
+            return;
+        }
+    }
+}
+
+/// Keeps an idle connection open: one PING frame (not progress: nothing was outstanding).
+async fn send_ping(lane: &Lane, w: &mut OwnedWriteHalf) -> Result<()> {
+    let ping = Header::new(Opcode::Ping).to_bytes();
+    crate::frame_io::write_all(w, &ping)
+        .await
+        .map_err(|e| lane.gone(format!("send failed: {e}")))
+}
+
+/// Sends a notification as one frame, with the next request id.
+async fn send_note(lane: &Lane, w: &mut OwnedWriteHalf, note: &NoteJob, request_id: &mut u64) -> Result<()> {
+    let mut frame = note.header(*request_id, lane.token).to_bytes().to_vec();
+    frame.extend_from_slice(&note.body);
+    *request_id += 1;
+    crate::frame_io::write_all(w, &frame)
+        .await
+        .map_err(|e| lane.gone(format!("send failed: {e}")))?;
+    lane.progress.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Streams a job's slices, a group of frames per vectored write.
+async fn send_job(
+    lane: &Lane,
+    w: &mut OwnedWriteHalf,
+    job: &LaneJob,
+    group: &mut SendGroup,
+    request_id: &mut u64,
+) -> Result<()> {
+    let plan = &job.plan;
+    let mut cursor = job.cursor.clone();
+    let mut left = job.slices;
+    loop {
+        let more = group.fill(plan, lane.token, &mut cursor, &mut left, request_id);
+        if !group.parts.is_empty() {
+            // SAFETY: headers live in `group.headers` (not modified until the write completes);
+            // write payloads lie in local memory the engine keeps registered and pinned until the
+            // batch completes, which cannot happen before these bytes are acknowledged.
+            if let Err(e) = unsafe { write_all_raw(w, &group.parts).await } {
+                return Err(lane.io_failed("send", e));
             }
             lane.progress.fetch_add(1, Ordering::Relaxed);
         }
+        if !more {
+            return Ok(());
+        }
+    }
+}
+
+/// The frames of one vectored write: up to [`SEND_GROUP`] slices' headers and their write
+/// payloads (at most [`SEND_GROUP_BYTES`]). The vectors are the sending task's, reused.
+struct SendGroup {
+    headers: Vec<[u8; HEADER_LEN]>,
+    parts: Vec<RawPart>,
+}
+
+impl SendGroup {
+    /// Takes the next slices of a job (from `cursor`, `left` of them) into the group, numbering
+    /// them from `*request_id`. False once the job has no slice left.
+    fn fill(&mut self, plan: &Plan, token: u64, cursor: &mut LaneCursor, left: &mut u64, request_id: &mut u64) -> bool {
+        self.headers.clear();
+        self.parts.clear();
+        let mut more = true;
+        let mut payload_bytes = 0u64;
+        // Headers first, so their addresses are stable before parts point at them.
+        let mut payloads: [RawPart; SEND_GROUP] = [RawPart { addr: 0, len: 0 }; SEND_GROUP];
+        while self.headers.len() < SEND_GROUP && payload_bytes < SEND_GROUP_BYTES {
+            let next = if *left == 0 {
+                None
+            } else {
+                cursor.next(&plan.requests, plan.slice, plan.lanes)
+            };
+            let Some(s) = next else {
+                more = false;
+                break;
+            };
+            *left -= 1;
+            let req = &plan.requests[s.pos];
+            let opcode = match req.op {
+                TransferOp::Write => Opcode::Write,
+                TransferOp::Read => Opcode::Read,
+            };
+            let h = Header {
+                request_id: *request_id,
+                token,
+                addr: req.remote_addr + s.offset,
+                len: s.len,
+                ..Header::new(opcode)
+            };
+            *request_id += 1;
+            if req.op == TransferOp::Write {
+                payloads[self.headers.len()] = RawPart {
+                    addr: (req.local_addr + s.offset) as usize,
+                    len: s.len as usize,
+                };
+                payload_bytes += s.len;
+            }
+            self.headers.push(h.to_bytes());
+        }
+        for (h, p) in self.headers.iter().zip(payloads.iter()) {
+            self.parts.push(RawPart::of(h));
+            if p.len > 0 {
+                self.parts.push(*p);
+            }
+        }
+        more
     }
 }
 
@@ -551,7 +588,6 @@ async fn receive_frames(
     reader: &mut FrameReader<OwnedReadHalf>,
     current: &mut Option<Current>,
 ) -> io::Result<()> {
-    let protocol = |msg: String| io::Error::new(io::ErrorKind::InvalidData, msg);
     let mut expected_id = 0u64;
     let mut message = [0u8; crate::wire::MAX_ERROR_LEN as usize];
     loop {
@@ -561,104 +597,144 @@ async fn receive_frames(
             Some(Err(e)) => return Err(protocol(format!("bad frame from the peer: {e}"))),
         };
         if current.is_none() {
-            let front = lane.queues.lock().in_flight.front().cloned();
-            let job = match front {
-                None => return Err(protocol(format!("unsolicited {:?} frame", h.opcode))),
-                Some(Job::Data(job)) => job,
-                Some(Job::Note(note)) => {
-                    if h.request_id != expected_id {
-                        return Err(protocol(format!(
-                            "reply for request {} while {} was expected",
-                            h.request_id, expected_id
-                        )));
-                    }
-                    expected_id += 1;
-                    let n = h.payload_len() as usize;
-                    if n > message.len() {
-                        return Err(protocol(format!(
-                            "{:?} frame of {n} bytes answers a notification",
-                            h.opcode
-                        )));
-                    }
-                    reader.payload_into(&mut message[..n]).await?;
-                    let text = String::from_utf8_lossy(&message[..n]);
-                    note.answer(&lane.peer, &h, &text).map_err(protocol)?;
-                    lane.progress.fetch_add(1, Ordering::Relaxed);
-                    lane.queues.lock().in_flight.pop_front();
+            match in_flight_front(lane, &h)? {
+                Job::Data(job) => {
+                    *current = Some(Current {
+                        cursor: job.cursor.clone(),
+                        left: job.slices,
+                        job,
+                    })
+                }
+                Job::Note(note) => {
+                    expect_id(&h, &mut expected_id)?;
+                    answer_note(lane, reader, &note, &h, &mut message).await?;
                     continue;
                 }
-            };
-            *current = Some(Current {
-                cursor: job.cursor.clone(),
-                left: job.slices,
-                job,
-            });
+            }
         }
         let Some(cur) = current.as_mut() else {
             return Err(protocol("no job to match the reply against".into()));
         };
-        if h.request_id != expected_id {
-            return Err(protocol(format!(
-                "reply for request {} while {} was expected",
-                h.request_id, expected_id
-            )));
-        }
-        expected_id += 1;
-        let plan = &cur.job.plan;
+        expect_id(&h, &mut expected_id)?;
         // Advanced only once the slice is settled, so a hand-over resumes at an unsettled one.
-        let mut after = cur.cursor.clone();
-        let Some(slice) = after.next(&plan.requests, plan.slice, plan.lanes) else {
-            return Err(protocol("reply beyond the lane's slices".into()));
-        };
-        let req = &plan.requests[slice.pos];
-        match (h.opcode, req.op) {
-            (Opcode::WriteAck, TransferOp::Write) if h.len == slice.len => plan.slice_done(slice.pos),
-            (Opcode::ReadData, TransferOp::Read) if h.len == slice.len => {
-                // SAFETY: the local range lies in memory the engine registered and keeps pinned
-                // until this request completes, which happens only below.
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(
-                        (req.local_addr + slice.offset) as usize as *mut u8,
-                        slice.len as usize,
-                    )
-                };
-                reader.payload_into(dst).await?;
-                plan.slice_done(slice.pos);
-            }
-            (Opcode::Error, _) => {
-                let n = h.len as usize;
-                reader.payload_into(&mut message[..n]).await?;
-                let text = String::from_utf8_lossy(&message[..n]).into_owned();
-                match RefusalCode::from_u16(h.code) {
-                    RefusalCode::OutOfBounds | RefusalCode::ZeroLength => plan.batch.fail(
-                        req.index as usize,
-                        Error::Refused {
-                            peer: lane.peer.clone(),
-                            reason: text,
-                        },
-                    ),
-                    RefusalCode::WrongInstance => return Err(protocol(format!("the peer restarted: {text}"))),
-                    RefusalCode::Unauthenticated => {
-                        return Err(protocol(format!("the peer refused this connection: {text}")))
-                    }
-                    RefusalCode::Protocol | RefusalCode::QueueFull | RefusalCode::TooLarge => {
-                        return Err(protocol(format!("the peer reports a protocol error: {text}")))
-                    }
-                }
-            }
-            (op, _) => {
-                return Err(protocol(format!(
-                    "{op:?} frame of {} bytes answers a {} slice of {} bytes",
-                    h.len, req.op, slice.len
-                )))
-            }
-        }
+        let after = settle_slice(lane, reader, cur, &h, &mut message).await?;
         lane.progress.fetch_add(1, Ordering::Relaxed);
         cur.cursor = after;
         cur.left -= 1;
         if cur.left == 0 {
             lane.queues.lock().in_flight.pop_front();
             *current = None;
+        }
+    }
+}
+
+/// A protocol error of the peer's: ends the lane.
+fn protocol(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+/// The job a reply with header `h` answers when none is being answered: the front in-flight one.
+fn in_flight_front(lane: &Lane, h: &Header) -> io::Result<Job> {
+    let front = lane.queues.lock().in_flight.front().cloned();
+    front.ok_or_else(|| protocol(format!("unsolicited {:?} frame", h.opcode)))
+}
+
+/// Replies come in request order: `h` must answer request `*expected_id`, which then advances.
+fn expect_id(h: &Header, expected_id: &mut u64) -> io::Result<()> {
+    if h.request_id != *expected_id {
+        return Err(protocol(format!(
+            "reply for request {} while {} was expected",
+            h.request_id, expected_id
+        )));
+    }
+    *expected_id += 1;
+    Ok(())
+}
+
+/// Hands a notification its answer (the reply's text in `message`) and retires it.
+async fn answer_note(
+    lane: &Lane,
+    reader: &mut FrameReader<OwnedReadHalf>,
+    note: &NoteJob,
+    h: &Header,
+    message: &mut [u8],
+) -> io::Result<()> {
+    let n = h.payload_len() as usize;
+    if n > message.len() {
+        return Err(protocol(format!(
+            "{:?} frame of {n} bytes answers a notification",
+            h.opcode
+        )));
+    }
+    reader.payload_into(&mut message[..n]).await?;
+    let text = String::from_utf8_lossy(&message[..n]);
+    note.answer(&lane.peer, h, &text).map_err(protocol)?;
+    lane.progress.fetch_add(1, Ordering::Relaxed);
+    lane.queues.lock().in_flight.pop_front();
+    Ok(())
+}
+
+/// Settles the current job's next slice with the reply `h`: an acknowledged write, a read's
+/// payload received straight into local memory, or the target's refusal of that request.
+/// Returns the cursor past the slice.
+async fn settle_slice(
+    lane: &Lane,
+    reader: &mut FrameReader<OwnedReadHalf>,
+    cur: &Current,
+    h: &Header,
+    message: &mut [u8],
+) -> io::Result<LaneCursor> {
+    let plan = &cur.job.plan;
+    let mut after = cur.cursor.clone();
+    let Some(slice) = after.next(&plan.requests, plan.slice, plan.lanes) else {
+        return Err(protocol("reply beyond the lane's slices".into()));
+    };
+    let req = &plan.requests[slice.pos];
+    match (h.opcode, req.op) {
+        (Opcode::WriteAck, TransferOp::Write) if h.len == slice.len => plan.slice_done(slice.pos),
+        (Opcode::ReadData, TransferOp::Read) if h.len == slice.len => {
+            // SAFETY: the local range lies in memory the engine registered and keeps pinned
+            // until this request completes, which happens only below.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut((req.local_addr + slice.offset) as usize as *mut u8, slice.len as usize)
+            };
+            reader.payload_into(dst).await?;
+            plan.slice_done(slice.pos);
+        }
+        (Opcode::Error, _) => {
+            let n = h.len as usize;
+            reader.payload_into(&mut message[..n]).await?;
+            let text = String::from_utf8_lossy(&message[..n]).into_owned();
+            refused(lane, plan, req.index as usize, h.code, text)?;
+        }
+        (op, _) => {
+            return Err(protocol(format!(
+                "{op:?} frame of {} bytes answers a {} slice of {} bytes",
+                h.len, req.op, slice.len
+            )))
+        }
+    }
+    Ok(after)
+}
+
+/// The target refused request `index` with `code`: a refusal of that request fails it alone;
+/// any other code ends the lane.
+fn refused(lane: &Lane, plan: &Plan, index: usize, code: u16, text: String) -> io::Result<()> {
+    match RefusalCode::from_u16(code) {
+        RefusalCode::OutOfBounds | RefusalCode::ZeroLength => {
+            plan.batch.fail(
+                index,
+                Error::Refused {
+                    peer: lane.peer.clone(),
+                    reason: text,
+                },
+            );
+            Ok(())
+        }
+        RefusalCode::WrongInstance => Err(protocol(format!("the peer restarted: {text}"))),
+        RefusalCode::Unauthenticated => Err(protocol(format!("the peer refused this connection: {text}"))),
+        RefusalCode::Protocol | RefusalCode::QueueFull | RefusalCode::TooLarge => {
+            Err(protocol(format!("the peer reports a protocol error: {text}")))
         }
     }
 }

@@ -27,7 +27,7 @@ use te_base::auth::{AuthKey, Nonce, ResponderHandshake, NONCE_LEN};
 use te_base::listener::{
     accept_admitted, deadline, log_refusal, AcceptBackoff, ConnectionGate, ConnectionPermit, ListenerLimits,
 };
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
@@ -350,6 +350,8 @@ where
     Ok(true)
 }
 
+/// Serves one connection past its handshake: a loop of one request at a time, each served by
+/// its own step, replies queued and flushed as the module doc says.
 async fn serve_frames(stream: TcpStream, server: &Server, progress: &ConnProgress) -> io::Result<()> {
     let (r, mut w) = stream.into_split();
     let mut reader = FrameReader::new(r);
@@ -360,113 +362,164 @@ async fn serve_frames(stream: TcpStream, server: &Server, progress: &ConnProgres
         return Ok(());
     }
 
-    // One body buffer per connection, sized on first use to the wire's bound (64 KiB + name).
-    let mut notify_body: Vec<u8> = Vec::new();
-    let mut replies = Replies {
-        queue: Vec::with_capacity(MAX_QUEUED),
-        parts: Vec::with_capacity(2 * MAX_QUEUED),
-        bytes: 0,
-        acked: 0,
+    let mut conn = Conn {
+        server,
+        reader,
+        w,
+        // One body buffer per connection, sized on first use to the wire's bound (64 KiB + name).
+        notify_body: Vec::new(),
+        replies: Replies {
+            queue: Vec::with_capacity(MAX_QUEUED),
+            parts: Vec::with_capacity(2 * MAX_QUEUED),
+            bytes: 0,
+            acked: 0,
+        },
     };
     loop {
-        // Replies wait while the next request is already here (buffered, or ready in the socket):
-        // they are written before this connection waits for its peer, or once the queue is full.
-        // (The initiator never waits for a reply before finishing a frame it started, so held
-        // replies cannot stall it.)
-        if replies.is_full() || !reader.fill_ready().await? {
-            replies.flush(&mut w).await?;
-            progress.mark(false);
-        }
-        if !reader.fill().await? {
+        let Some(h) = conn.next_request(progress).await? else {
             return Ok(());
-        }
-        progress.mark(true);
-        let h = match reader.header().await? {
-            None => return replies.flush(&mut w).await,
-            Some(Ok(h)) => h,
-            Some(Err(e)) => {
-                replies.flush(&mut w).await?;
-                return Err(refuse(&mut w, 0, RefusalCode::Protocol, &e.to_string()).await);
-            }
         };
         if h.token != server.token && matches!(h.opcode, Opcode::Write | Opcode::Read) {
-            reader.discard(h.payload_len()).await?;
-            replies.flush(&mut w).await?;
-            let msg = "request for another instance: the target restarted";
-            send_error(&mut w, h.request_id, RefusalCode::WrongInstance, msg).await?;
+            conn.refuse_other_instance(&h).await?;
             continue;
         }
         match h.opcode {
-            Opcode::Write => match server.regions.acquire(h.addr, h.len) {
-                Ok(pin) => {
-                    // SAFETY: `pin` keeps the registered, exported region [addr, +len) mapped
-                    // until the payload is in; remote writes are the purpose of exporting it.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(h.addr as usize as *mut u8, h.len as usize) };
-                    let received = reader.payload_into(dst).await;
-                    drop(pin);
-                    received?;
-                    let ack = Header {
-                        request_id: h.request_id,
-                        token: server.token,
-                        addr: h.addr,
-                        len: h.len,
-                        ..Header::new(Opcode::WriteAck)
-                    };
-                    replies.push(ack, RawPart { addr: 0, len: 0 }, None);
-                }
-                Err(e) => {
-                    reader.discard(h.len).await?;
-                    replies.flush(&mut w).await?;
-                    let (code, msg) = refusal(e, &h);
-                    send_error(&mut w, h.request_id, code, &msg).await?;
-                }
-            },
-            Opcode::Read => match server.regions.acquire(h.addr, h.len) {
-                Ok(pin) => {
-                    let data = Header {
-                        request_id: h.request_id,
-                        token: server.token,
-                        addr: h.addr,
-                        len: h.len,
-                        ..Header::new(Opcode::ReadData)
-                    };
-                    let payload = RawPart {
-                        addr: h.addr as usize,
-                        len: h.len as usize,
-                    };
-                    replies.push(data, payload, Some(pin));
-                }
-                Err(e) => {
-                    replies.flush(&mut w).await?;
-                    let (code, msg) = refusal(e, &h);
-                    send_error(&mut w, h.request_id, code, &msg).await?;
-                }
-            },
+            Opcode::Write => conn.serve_write(&h).await?,
+            Opcode::Read => conn.serve_read(&h).await?,
             Opcode::Ping => {}
-            Opcode::Notify => {
-                // Frames on a connection are served in order, so the writes before this frame
-                // are in memory already; the initiator sends it only after they were acknowledged.
-                let body = crate::notify::body_buffer(&mut notify_body, h.len);
-                reader.payload_into(body).await?;
-                match crate::notify::deliver(&server.inbox, body) {
-                    Ok(()) => {
-                        let ack = Header {
-                            request_id: h.request_id,
-                            token: server.token,
-                            ..Header::new(Opcode::NotifyAck)
-                        };
-                        replies.push(ack, RawPart { addr: 0, len: 0 }, None);
-                    }
-                    Err(refused) => {
-                        replies.flush(&mut w).await?;
-                        send_refusal(&mut w, h.request_id, &refused).await?;
-                    }
-                }
-            }
+            Opcode::Notify => conn.serve_notify(&h).await?,
             other => {
-                replies.flush(&mut w).await?;
+                conn.replies.flush(&mut conn.w).await?;
                 let msg = format!("{other:?} is not a request");
-                return Err(refuse(&mut w, h.request_id, RefusalCode::Protocol, &msg).await);
+                return Err(refuse(&mut conn.w, h.request_id, RefusalCode::Protocol, &msg).await);
+            }
+        }
+    }
+}
+
+/// A connection being served, past its handshake.
+struct Conn<'s> {
+    server: &'s Server,
+    reader: FrameReader<OwnedReadHalf>,
+    w: OwnedWriteHalf,
+    replies: Replies,
+    notify_body: Vec<u8>,
+}
+
+impl Conn<'_> {
+    /// Waits for the next request's header, flushing the queued replies first unless the next
+    /// request is already here (buffered, or ready in the socket) and the queue has room: they
+    /// are written before this connection waits for its peer. (The initiator never waits for a
+    /// reply before finishing a frame it started, so held replies cannot stall it.) `None`: the
+    /// peer closed the connection (after the replies were flushed).
+    async fn next_request(&mut self, progress: &ConnProgress) -> io::Result<Option<Header>> {
+        if self.replies.is_full() || !self.reader.fill_ready().await? {
+            self.replies.flush(&mut self.w).await?;
+            progress.mark(false);
+        }
+        if !self.reader.fill().await? {
+            return Ok(None);
+        }
+        progress.mark(true);
+        match self.reader.header().await? {
+            None => self.replies.flush(&mut self.w).await.map(|()| None),
+            Some(Ok(h)) => Ok(Some(h)),
+            Some(Err(e)) => {
+                self.replies.flush(&mut self.w).await?;
+                Err(refuse(&mut self.w, 0, RefusalCode::Protocol, &e.to_string()).await)
+            }
+        }
+    }
+
+    /// Sends the queued replies, then an ERROR frame answering `request_id`.
+    async fn error_after_replies(&mut self, request_id: u64, code: RefusalCode, msg: &str) -> io::Result<()> {
+        self.replies.flush(&mut self.w).await?;
+        send_error(&mut self.w, request_id, code, msg).await
+    }
+
+    /// A read or write naming another instance (the target restarted): refused, its payload
+    /// skipped, the connection kept.
+    async fn refuse_other_instance(&mut self, h: &Header) -> io::Result<()> {
+        self.reader.discard(h.payload_len()).await?;
+        let msg = "request for another instance: the target restarted";
+        self.error_after_replies(h.request_id, RefusalCode::WrongInstance, msg)
+            .await
+    }
+
+    /// A write: its payload straight into the region (pinned while it comes in), then an
+    /// acknowledgement queued; outside every exported region, refused and its payload skipped.
+    async fn serve_write(&mut self, h: &Header) -> io::Result<()> {
+        match self.server.regions.acquire(h.addr, h.len) {
+            Ok(pin) => {
+                // SAFETY: `pin` keeps the registered, exported region [addr, +len) mapped
+                // until the payload is in; remote writes are the purpose of exporting it.
+                let dst = unsafe { std::slice::from_raw_parts_mut(h.addr as usize as *mut u8, h.len as usize) };
+                let received = self.reader.payload_into(dst).await;
+                drop(pin);
+                received?;
+                let ack = Header {
+                    request_id: h.request_id,
+                    token: self.server.token,
+                    addr: h.addr,
+                    len: h.len,
+                    ..Header::new(Opcode::WriteAck)
+                };
+                self.replies.push(ack, RawPart { addr: 0, len: 0 }, None);
+                Ok(())
+            }
+            Err(e) => {
+                self.reader.discard(h.len).await?;
+                let (code, msg) = refusal(e, h);
+                self.error_after_replies(h.request_id, code, &msg).await
+            }
+        }
+    }
+
+    /// A read: its reply queued with the region's bytes as payload, the region pinned until the
+    /// reply is written; outside every exported region, refused.
+    async fn serve_read(&mut self, h: &Header) -> io::Result<()> {
+        match self.server.regions.acquire(h.addr, h.len) {
+            Ok(pin) => {
+                let data = Header {
+                    request_id: h.request_id,
+                    token: self.server.token,
+                    addr: h.addr,
+                    len: h.len,
+                    ..Header::new(Opcode::ReadData)
+                };
+                let payload = RawPart {
+                    addr: h.addr as usize,
+                    len: h.len as usize,
+                };
+                self.replies.push(data, payload, Some(pin));
+                Ok(())
+            }
+            Err(e) => {
+                let (code, msg) = refusal(e, h);
+                self.error_after_replies(h.request_id, code, &msg).await
+            }
+        }
+    }
+
+    /// A notification: delivered to the inbox and acknowledged, or refused when the inbox does
+    /// not take it. Frames on a connection are served in order, so the writes before it are in
+    /// memory already; the initiator sends it only after they were acknowledged.
+    async fn serve_notify(&mut self, h: &Header) -> io::Result<()> {
+        let body = crate::notify::body_buffer(&mut self.notify_body, h.len);
+        self.reader.payload_into(body).await?;
+        match crate::notify::deliver(&self.server.inbox, body) {
+            Ok(()) => {
+                let ack = Header {
+                    request_id: h.request_id,
+                    token: self.server.token,
+                    ..Header::new(Opcode::NotifyAck)
+                };
+                self.replies.push(ack, RawPart { addr: 0, len: 0 }, None);
+                Ok(())
+            }
+            Err(refused) => {
+                self.replies.flush(&mut self.w).await?;
+                send_refusal(&mut self.w, h.request_id, &refused).await
             }
         }
     }
