@@ -21,7 +21,7 @@ use super::config::StandaloneConfig;
 use super::io::{recv_frame, send_frame, RecvError};
 use super::key_handles::ClientCache;
 use super::memfd::KvBuffer;
-use super::wire::{self, Op, Put, Reader, Welcome};
+use super::wire::{self, Op, Reader, Welcome, Writer as _};
 use super::AUTH_CONTEXT;
 use crate::core::{RangedGet, RangedPut};
 use crate::error::{Result, StoreError};
@@ -71,7 +71,7 @@ impl Conn {
         match (op, hs) {
             (Op::Challenge, Some(hs)) => {
                 if c.rx.len() != NONCE_LEN + PROOF_LEN {
-                    return Err(wire::WireError::BadCount("challenge").into());
+                    return Err(wire::bad_count("challenge").into());
                 }
                 let nonce: [u8; NONCE_LEN] = c.rx[..NONCE_LEN].try_into().expect("32 bytes");
                 let proof = hs
@@ -125,7 +125,7 @@ impl Conn {
     fn error_reply(&self, op: Op) -> StoreError {
         match op {
             Op::Err => wire::decode_error(&mut Reader::new(&self.rx)).unwrap_or_else(|e| e.into()),
-            other => wire::WireError::BadOp(other as u8).into(),
+            other => wire::bad_op(other as u8).into(),
         }
     }
 }
@@ -498,7 +498,7 @@ impl Client {
             |tx| Ok(wire::encode_keys(tx, Op::ExistsConsecutive, keys.iter().copied())?),
             |_, rx| {
                 let mut r = Reader::new(rx);
-                let n = r.u64()?;
+                let n = r.u64("consecutive keys")?;
                 r.end()?;
                 Ok(n as usize)
             },
@@ -544,7 +544,7 @@ impl Client {
                     return Ok(None);
                 }
                 let mut r = Reader::new(rx);
-                let minted = r.u64()?;
+                let minted = r.u64("minted handle")?;
                 let v = wire::decode_results(&mut r, items.len())?;
                 r.end()?;
                 Ok(Some((minted, v)))
@@ -555,7 +555,7 @@ impl Client {
                     self.cache.lock().forget(look.fingerprint);
                     send_keys = true;
                 }
-                Ok(None) => break Err(wire::WireError::BadOp(Op::KeyHandleUnknown as u8).into()),
+                Ok(None) => break Err(wire::bad_op(Op::KeyHandleUnknown as u8).into()),
                 Ok(Some((minted, v))) => {
                     let mut cache = self.cache.lock();
                     if send_keys {
@@ -595,7 +595,7 @@ impl Client {
             |tx| Ok(wire::encode_get_whole(tx, items)?),
             |_, rx| {
                 let mut r = Reader::new(rx);
-                r.u64()?;
+                r.u64("whole get reply")?;
                 let v = wire::decode_results(&mut r, items.len())?;
                 r.end()?;
                 Ok(v)
@@ -648,7 +648,7 @@ impl Client {
     pub fn compact(&self, force: bool) -> Result<u64> {
         self.simple(Op::Compact, Some(force as u8), |rx| {
             let mut r = Reader::new(rx);
-            let n = r.u64()?;
+            let n = r.u64("compacted")?;
             r.end()?;
             Ok(n)
         })
@@ -693,7 +693,7 @@ fn register_on(c: &mut Conn, base: u64, len: u64, fd: &OwnedFd) -> Result<()> {
 
 fn read_bool(rx: &[u8]) -> Result<bool> {
     let mut r = Reader::new(rx);
-    let b = r.u8()?;
+    let b = r.u8("flag")?;
     r.end()?;
     Ok(b != 0)
 }

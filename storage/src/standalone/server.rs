@@ -35,7 +35,7 @@ use super::io::{peer_credentials, recv_frame, send_frame, RecvError};
 use super::key_handles::{Held, ServerTable, DEFAULT_CAPACITY};
 use super::memfd::{map_sealed, Mapping};
 use super::stats::StandaloneStats;
-use super::wire::{self, Keys, Op, Put, Welcome};
+use super::wire::{self, Keys, Op, Welcome, Writer as _};
 use super::AUTH_CONTEXT;
 use crate::core::{RangedGet, RangedPut};
 use crate::error::{Result, StoreError};
@@ -338,7 +338,7 @@ fn hello(shared: &Shared, stream: &UnixStream, rx: &mut Vec<u8>, tx: &mut Vec<u8
         detail: format!("hello: {e}"),
     })?;
     if h.op != Op::Hello || (rx.len() != 16 && rx.len() != 16 + NONCE_LEN) {
-        return Err(wire::WireError::BadOp(h.op as u8).into());
+        return Err(wire::bad_op(h.op as u8).into());
     }
     let join: [u8; 16] = rx[..16].try_into().expect("16 bytes");
     if let Some(key) = &shared.opts.auth {
@@ -358,7 +358,7 @@ fn hello(shared: &Shared, stream: &UnixStream, rx: &mut Vec<u8>, tx: &mut Vec<u8
             detail: format!("proof: {e}"),
         })?;
         if h.op != Op::Proof || rx.len() != PROOF_LEN {
-            return Err(wire::WireError::BadOp(h.op as u8).into());
+            return Err(wire::bad_op(h.op as u8).into());
         }
         if hs.check(rx, "umbp worker").is_err() {
             te_base::listener::log_refusal(
@@ -429,7 +429,7 @@ fn translate_all(
     let mut it = ranges.iter();
     for k in 0..nkeys {
         for i in 0..count(k) {
-            let r = it.next().ok_or(wire::WireError::BadCount("ranges"))?;
+            let r = it.next().ok_or(wire::bad_count("ranges"))?;
             out.push(translate(regions, k, i, r)?);
         }
     }
@@ -507,7 +507,7 @@ fn dispatch(shared: &Shared, s: &Session, op: Op, payload: &[u8], fd: Option<Own
         }
         Op::Register => {
             let mut r = wire::Reader::new(payload);
-            let (base, len) = (r.u64()?, r.u64()?);
+            let (base, len) = (r.u64("buffer base")?, r.u64("buffer length")?);
             r.end()?;
             let fd = fd.ok_or_else(|| StoreError::Protocol {
                 detail: "register without a memfd".into(),
@@ -516,7 +516,7 @@ fn dispatch(shared: &Shared, s: &Session, op: Op, payload: &[u8], fd: Option<Own
         }
         Op::Deregister => {
             let mut r = wire::Reader::new(payload);
-            let base = r.u64()?;
+            let base = r.u64("buffer base")?;
             r.end()?;
             let removed = {
                 let mut regions = s.regions.write();
@@ -551,11 +551,11 @@ fn dispatch(shared: &Shared, s: &Session, op: Op, payload: &[u8], fd: Option<Own
         Op::Flush => store.flush()?,
         Op::Compact => {
             let mut r = wire::Reader::new(payload);
-            let force = r.u8()? != 0;
+            let force = r.u8("force")? != 0;
             r.end()?;
             tx.u64(store.compact(force)?);
         }
-        other => return Err(wire::WireError::BadOp(other as u8).into()),
+        other => return Err(wire::bad_op(other as u8).into()),
     }
     wire::finish(tx)?;
     Ok(())
@@ -566,13 +566,13 @@ fn one_key(payload: &[u8]) -> Result<&str> {
     let mut it = keys.iter();
     match (it.next(), it.next()) {
         (Some(k), None) => Ok(k),
-        _ => Err(wire::WireError::BadCount("exactly one key").into()),
+        _ => Err(wire::bad_count("exactly one key").into()),
     }
 }
 
 fn register(shared: &Shared, s: &Session, base: u64, len: u64, fd: OwnedFd) -> Result<()> {
     if base.checked_add(len).is_none() {
-        return Err(wire::WireError::BadValue("buffer range").into());
+        return Err(wire::bad_value("buffer range").into());
     }
     let map = map_sealed(fd, len)?;
     let mut regions = s.regions.write();

@@ -4,8 +4,11 @@
 //!
 //! Every frame is an 8-byte header `b"UB" | version | op | payload length (u32 LE)` and a payload of
 //! little-endian fields. Decoding is separate from socket I/O, borrows from the frame (keys are
-//! `&str` into it, ranges a byte slice of 24-byte records) and bounds-checks every read, so a
-//! hostile frame yields a [`WireError`], never a panic or an allocation it announced.
+//! `&str` into it, ranges a byte slice of 24-byte records) and reads through te-base's wire kit
+//! ([`te_base::wire`]): every read is bounds-checked and every count checked against the bytes
+//! left, so a hostile frame yields a [`WireError`] naming the field, never a panic or an
+//! allocation it announced. The stats reply is encoded from one table per section
+//! ([`te_base::stats_table!`]).
 //!
 //! Why not gRPC: a ranged get is a few microseconds of copying inside the server; HTTP/2 framing,
 //! protobuf and a runtime per call would cost more than the call. A fixed header and flat records
@@ -17,6 +20,10 @@ use crate::range_map::Range;
 use crate::ssd::record::MAX_KEY_LEN;
 use crate::standalone::stats::StandaloneStats;
 use crate::store::stats::StoreStats;
+/// The field writers under the name this module gave them before te-base's wire kit.
+pub use te_base::wire::Writer as Put;
+use te_base::wire::{Preamble, StatsTable};
+pub use te_base::wire::{Reader, WireError, Writer};
 
 /// First two bytes of every frame.
 pub const MAGIC: [u8; 2] = *b"UB";
@@ -26,6 +33,11 @@ pub const MAGIC: [u8; 2] = *b"UB";
 pub const VERSION: u8 = 3;
 /// Bytes of a frame header.
 pub const HEADER: usize = 8;
+/// Magic and version at the start of every frame.
+pub const PREAMBLE: Preamble = Preamble {
+    magic: &MAGIC,
+    version: VERSION,
+};
 /// Bytes of one encoded range: object offset, length, worker address.
 pub const RANGE_BYTES: usize = 24;
 /// `ranges_per_key` value saying each key carries its own count.
@@ -106,55 +118,27 @@ impl Op {
     }
 }
 
-/// What was wrong with a frame.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum WireError {
-    /// The frame ended before a field.
-    #[error("frame truncated: {need} more bytes needed at offset {at}")]
-    Truncated {
-        /// Offset of the field.
-        at: usize,
-        /// Bytes it needs.
-        need: usize,
-    },
-    /// Not a UMBP frame.
-    #[error("bad magic {0:?}")]
-    BadMagic([u8; 2]),
-    /// Another protocol version.
-    #[error("protocol version {0} (this side speaks {VERSION})")]
-    BadVersion(u8),
-    /// An operation this side does not know, or one not valid here.
-    #[error("unknown or unexpected operation {0:#x}")]
-    BadOp(u8),
-    /// A frame longer than allowed.
-    #[error("frame of {len} bytes exceeds the limit of {max}")]
-    TooLarge {
-        /// Announced length.
-        len: usize,
-        /// Limit.
-        max: usize,
-    },
-    /// Keys are not UTF-8, or a key length splits a character.
-    #[error("keys are not valid UTF-8")]
-    BadUtf8,
-    /// A key of length 0 or over the maximum.
-    #[error("key #{index} has length {len}")]
-    BadKeyLen {
-        /// Position.
-        index: usize,
-        /// Length.
-        len: usize,
-    },
-    /// Counts that contradict each other or the frame.
-    #[error("inconsistent counts: {0}")]
-    BadCount(&'static str),
-    /// Bytes left after the last field.
-    #[error("{0} trailing bytes")]
-    Trailing(usize),
-    /// A field value out of its domain.
-    #[error("bad value for {0}")]
-    BadValue(&'static str),
+/// An operation this side does not know, or one not valid here.
+pub fn bad_op(op: u8) -> WireError {
+    WireError::BadValue {
+        field: "operation",
+        at: 3,
+        value: op as u64,
+    }
+}
+
+/// Counts that contradict each other or the frame.
+pub fn bad_count(field: &'static str) -> WireError {
+    WireError::Inconsistent {
+        field,
+        at: 0,
+        what: "counts that contradict each other or the frame",
+    }
+}
+
+/// A field value out of its domain.
+pub fn bad_value(field: &'static str) -> WireError {
+    WireError::BadValue { field, at: 0, value: 0 }
 }
 
 impl From<WireError> for StoreError {
@@ -174,16 +158,17 @@ pub struct Header {
 
 /// Decodes a header, refusing payloads over `max`.
 pub fn decode_header(b: &[u8; HEADER], max: usize) -> Result<Header, WireError> {
-    if b[..2] != MAGIC {
-        return Err(WireError::BadMagic([b[0], b[1]]));
-    }
-    if b[2] != VERSION {
-        return Err(WireError::BadVersion(b[2]));
-    }
-    let op = Op::from_u8(b[3]).ok_or(WireError::BadOp(b[3]))?;
-    let len = u32::from_le_bytes([b[4], b[5], b[6], b[7]]) as usize;
+    let mut r = Reader::new(b);
+    PREAMBLE.check(&mut r)?;
+    let op = r.u8("operation")?;
+    let op = Op::from_u8(op).ok_or(bad_op(op))?;
+    let len = r.u32("payload length")? as usize;
     if len > max {
-        return Err(WireError::TooLarge { len, max });
+        return Err(WireError::TooLarge {
+            field: "frame",
+            len: len as u64,
+            max: max as u64,
+        });
     }
     Ok(Header { op, len })
 }
@@ -191,8 +176,7 @@ pub fn decode_header(b: &[u8; HEADER], max: usize) -> Result<Header, WireError> 
 /// Starts a frame in `out` (cleared); [`finish`] writes its length.
 pub fn begin(out: &mut Vec<u8>, op: Op) {
     out.clear();
-    out.extend_from_slice(&MAGIC);
-    out.push(VERSION);
+    PREAMBLE.write(out);
     out.push(op as u8);
     out.extend_from_slice(&[0; 4]);
 }
@@ -201,107 +185,12 @@ pub fn begin(out: &mut Vec<u8>, op: Op) {
 pub fn finish(out: &mut [u8]) -> Result<(), WireError> {
     let len = out.len() - HEADER;
     let l32 = u32::try_from(len).map_err(|_| WireError::TooLarge {
-        len,
-        max: u32::MAX as usize,
+        field: "frame",
+        len: len as u64,
+        max: u32::MAX as u64,
     })?;
     out[4..8].copy_from_slice(&l32.to_le_bytes());
     Ok(())
-}
-
-/// Little-endian field writers.
-pub trait Put {
-    /// One byte.
-    fn u8(&mut self, v: u8);
-    /// u32 LE.
-    fn u32(&mut self, v: u32);
-    /// u64 LE.
-    fn u64(&mut self, v: u64);
-    /// A string of at most `u32::MAX` bytes with a u32 length.
-    fn str(&mut self, s: &str);
-}
-
-impl Put for Vec<u8> {
-    fn u8(&mut self, v: u8) {
-        self.push(v);
-    }
-    fn u32(&mut self, v: u32) {
-        self.extend_from_slice(&v.to_le_bytes());
-    }
-    fn u64(&mut self, v: u64) {
-        self.extend_from_slice(&v.to_le_bytes());
-    }
-    fn str(&mut self, s: &str) {
-        let s = &s.as_bytes()[..s.len().min(u32::MAX as usize)];
-        self.u32(s.len() as u32);
-        self.extend_from_slice(s);
-    }
-}
-
-/// A bounds-checked reader over a payload.
-#[derive(Debug, Clone)]
-pub struct Reader<'a> {
-    b: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    /// Reads `b` from its start.
-    pub fn new(b: &'a [u8]) -> Self {
-        Reader { b, at: 0 }
-    }
-
-    /// The next `n` bytes.
-    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], WireError> {
-        if self.b.len() - self.at < n {
-            return Err(WireError::Truncated { at: self.at, need: n });
-        }
-        let s = &self.b[self.at..self.at + n];
-        self.at += n;
-        Ok(s)
-    }
-
-    /// One byte.
-    pub fn u8(&mut self) -> Result<u8, WireError> {
-        Ok(self.bytes(1)?[0])
-    }
-
-    /// u16 LE.
-    pub fn u16(&mut self) -> Result<u16, WireError> {
-        Ok(u16::from_le_bytes(self.bytes(2)?.try_into().expect("2 bytes")))
-    }
-
-    /// u32 LE.
-    pub fn u32(&mut self) -> Result<u32, WireError> {
-        Ok(u32::from_le_bytes(self.bytes(4)?.try_into().expect("4 bytes")))
-    }
-
-    /// u64 LE.
-    pub fn u64(&mut self) -> Result<u64, WireError> {
-        Ok(u64::from_le_bytes(self.bytes(8)?.try_into().expect("8 bytes")))
-    }
-
-    /// A u32-length string.
-    pub fn str(&mut self) -> Result<&'a str, WireError> {
-        let n = self.u32()? as usize;
-        std::str::from_utf8(self.bytes(n)?).map_err(|_| WireError::BadUtf8)
-    }
-
-    /// A count of `size`-byte records that must fit in what is left.
-    pub fn count(&mut self, size: usize) -> Result<usize, WireError> {
-        let n = self.u32()? as usize;
-        if n.saturating_mul(size) > self.b.len() - self.at {
-            return Err(WireError::BadCount("more records than the frame holds"));
-        }
-        Ok(n)
-    }
-
-    /// Fails unless every byte was read.
-    pub fn end(&self) -> Result<(), WireError> {
-        match self.b.len() - self.at {
-            0 => Ok(()),
-            n => Err(WireError::Trailing(n)),
-        }
-    }
 }
 
 /// Keys as they travel: `u32 n | n x u16 length | the key bytes back to back`.
@@ -325,23 +214,36 @@ impl<'a> Keys<'a> {
 
     /// Decodes keys: lengths in `1..=MAX_KEY_LEN`, UTF-8, each on a character boundary.
     pub fn decode(r: &mut Reader<'a>) -> Result<Keys<'a>, WireError> {
-        let n = r.count(2)?;
-        let lens = r.bytes(2 * n)?;
+        let n = r.count("key count", 2)?;
+        let lens_at = r.position();
+        let lens = r.bytes("key lengths", 2 * n)?;
         let mut total = 0usize;
         for (i, l) in lens.chunks_exact(2).enumerate() {
             let l = u16::from_le_bytes([l[0], l[1]]) as usize;
             if l == 0 || l > MAX_KEY_LEN {
-                return Err(WireError::BadKeyLen { index: i, len: l });
+                return Err(WireError::BadValue {
+                    field: "key length",
+                    at: lens_at + 2 * i,
+                    value: l as u64,
+                });
             }
             total += l;
         }
-        let blob = std::str::from_utf8(r.bytes(total)?).map_err(|_| WireError::BadUtf8)?;
+        let blob_at = r.position();
+        let blob = r.bytes("keys", total)?;
+        let blob = std::str::from_utf8(blob).map_err(|_| WireError::BadUtf8 {
+            field: "keys",
+            at: blob_at,
+        })?;
         let keys = Keys { lens, blob };
         let mut at = 0;
         for l in keys.lens() {
             at += l;
             if !blob.is_char_boundary(at) {
-                return Err(WireError::BadUtf8);
+                return Err(WireError::BadUtf8 {
+                    field: "keys",
+                    at: blob_at + at,
+                });
             }
         }
         Ok(keys)
@@ -484,15 +386,14 @@ pub fn encode_get_ranges(
 /// Decodes a ranged get.
 pub fn decode_get_ranges(payload: &[u8]) -> Result<GetRanges<'_>, WireError> {
     let mut r = Reader::new(payload);
-    let handle = r.u64()?;
-    let fingerprint = r.u64()?;
-    let nkeys = r.u32()? as usize;
-    let per = r.u32()?;
+    let handle = r.u64("key handle")?;
+    let fingerprint = r.u64("fingerprint")?;
+    let nkeys_at = r.position();
+    let nkeys = r.u32("key count")? as usize;
+    let per = r.u32("ranges per key")?;
     let (counts, total) = if per == PER_KEY_COUNTS {
-        if nkeys.saturating_mul(4) > payload.len() {
-            return Err(WireError::BadCount("more keys than the frame holds"));
-        }
-        let b = r.bytes(4 * nkeys)?;
+        r.check_count("key count", nkeys_at, nkeys as u64, 4)?;
+        let b = r.bytes("range counts", 4 * nkeys)?;
         let c = Counts::PerKey(b);
         let total: usize = (0..nkeys).map(|k| c.get(k)).sum();
         (c, total)
@@ -503,16 +404,24 @@ pub fn decode_get_ranges(payload: &[u8]) -> Result<GetRanges<'_>, WireError> {
     let keys = if handle == 0 {
         let k = Keys::decode(&mut r)?;
         if k.len() != nkeys {
-            return Err(WireError::BadCount("key count differs from the header's"));
+            return Err(WireError::Inconsistent {
+                field: "keys",
+                at: nkeys_at,
+                what: "key count differs from the header's",
+            });
         }
         Some(k)
     } else {
         None
     };
-    if total.saturating_mul(RANGE_BYTES) != payload.len() - r.at {
-        return Err(WireError::BadCount("range count differs from the bytes sent"));
+    if total.saturating_mul(RANGE_BYTES) != r.remaining() {
+        return Err(WireError::Inconsistent {
+            field: "ranges",
+            at: r.position(),
+            what: "range count differs from the bytes sent",
+        });
     }
-    let ranges = Ranges(r.bytes(total * RANGE_BYTES)?);
+    let ranges = Ranges(r.bytes("ranges", total * RANGE_BYTES)?);
     Ok(GetRanges {
         handle,
         fingerprint,
@@ -568,17 +477,21 @@ pub fn encode_put_ranges(out: &mut Vec<u8>, items: &[crate::RangedPut<'_>]) -> R
 pub fn decode_put_ranges(payload: &[u8]) -> Result<PutRanges<'_>, WireError> {
     let mut r = Reader::new(payload);
     let keys = Keys::decode(&mut r)?;
-    let meta = r.bytes(keys.len().saturating_mul(PUT_META_BYTES))?;
+    let meta = r.bytes("put metadata", keys.len().saturating_mul(PUT_META_BYTES))?;
     let p = PutRanges {
         keys,
         meta,
         ranges: Ranges(&[]),
     };
     let total: usize = (0..keys.len()).map(|k| p.meta(k).2).sum();
-    if total.saturating_mul(RANGE_BYTES) != payload.len() - r.at {
-        return Err(WireError::BadCount("range count differs from the bytes sent"));
+    if total.saturating_mul(RANGE_BYTES) != r.remaining() {
+        return Err(WireError::Inconsistent {
+            field: "ranges",
+            at: r.position(),
+            what: "range count differs from the bytes sent",
+        });
     }
-    let ranges = Ranges(r.bytes(total * RANGE_BYTES)?);
+    let ranges = Ranges(r.bytes("ranges", total * RANGE_BYTES)?);
     Ok(PutRanges { ranges, ..p })
 }
 
@@ -597,12 +510,16 @@ pub fn encode_get_whole(out: &mut Vec<u8>, items: &[(&str, u64, u64)]) -> Result
 pub fn decode_get_whole(payload: &[u8]) -> Result<(Keys<'_>, Vec<(u64, u64)>), WireError> {
     let mut r = Reader::new(payload);
     let keys = Keys::decode(&mut r)?;
-    if payload.len() - r.at != keys.len().saturating_mul(16) {
-        return Err(WireError::BadCount("one (addr, capacity) per key"));
+    if r.remaining() != keys.len().saturating_mul(16) {
+        return Err(WireError::Inconsistent {
+            field: "buffers",
+            at: r.position(),
+            what: "one (addr, capacity) per key",
+        });
     }
     let mut v = Vec::with_capacity(keys.len());
     for _ in 0..keys.len() {
-        v.push((r.u64()?, r.u64()?));
+        v.push((r.u64("buffer address")?, r.u64("buffer capacity")?));
     }
     Ok((keys, v))
 }
@@ -650,11 +567,10 @@ impl Welcome {
     /// Decodes the reply.
     pub fn decode(payload: &[u8]) -> Result<Welcome, WireError> {
         let mut r = Reader::new(payload);
-        let token = r.bytes(16)?.try_into().expect("16 bytes");
         let w = Welcome {
-            token,
-            idle_ms: r.u32()?,
-            max_frame: r.u32()?,
+            token: r.array("session token")?,
+            idle_ms: r.u32("idle timeout")?,
+            max_frame: r.u32("max frame")?,
         };
         r.end()?;
         Ok(w)
@@ -799,12 +715,13 @@ pub fn encode_error(out: &mut Vec<u8>, e: &StoreError) {
 
 /// Decodes an error written by [`encode_error`].
 pub fn decode_error(r: &mut Reader<'_>) -> Result<StoreError, WireError> {
-    let c = r.u8()?;
-    let a = r.u32()? as usize;
-    let b = r.u32()? as usize;
-    let (x, y, z) = (r.u64()?, r.u64()?, r.u64()?);
-    let s = r.str()?.to_owned();
-    let t = r.str()?.to_owned();
+    let code_at = r.position();
+    let c = r.u8("error code")?;
+    let a = r.u32("error a")? as usize;
+    let b = r.u32("error b")? as usize;
+    let (x, y, z) = (r.u64("error x")?, r.u64("error y")?, r.u64("error z")?);
+    let s = r.str("error text")?.to_owned();
+    let t = r.str("error detail")?.to_owned();
     Ok(match c {
         code::RANGE_OUTSIDE => StoreError::RangeOutsideObject {
             key_index: a,
@@ -871,7 +788,13 @@ pub fn decode_error(r: &mut Reader<'_>) -> Result<StoreError, WireError> {
             reason: s,
         },
         code::OTHER => StoreError::Server { detail: t },
-        _ => return Err(WireError::BadValue("error code")),
+        _ => {
+            return Err(WireError::BadValue {
+                field: "error code",
+                at: code_at,
+                value: c as u64,
+            })
+        }
     })
 }
 
@@ -894,207 +817,164 @@ pub fn encode_results(out: &mut Vec<u8>, results: &[crate::Result<u64>]) {
 
 /// Decodes per-key results, expecting `n` of them.
 pub fn decode_results(r: &mut Reader<'_>, n: usize) -> Result<Vec<crate::Result<u64>>, WireError> {
-    if r.count(9)? != n {
-        return Err(WireError::BadCount("one result per key"));
+    let at = r.position();
+    if r.count("result count", 9)? != n {
+        return Err(WireError::Inconsistent {
+            field: "result count",
+            at,
+            what: "one result per key",
+        });
     }
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
-        v.push(match r.u8()? {
-            0 => Ok(r.u64()?),
+        let tag_at = r.position();
+        v.push(match r.u8("result tag")? {
+            0 => Ok(r.u64("result")?),
             1 => Err(decode_error(r)?),
-            _ => return Err(WireError::BadValue("result tag")),
+            t => {
+                return Err(WireError::BadValue {
+                    field: "result tag",
+                    at: tag_at,
+                    value: t as u64,
+                })
+            }
         });
     }
     Ok(v)
 }
 
-// Each section's counters are listed by destructuring its struct without `..`: a field added to
-// a stats struct fails to compile here until it is sent (or, for fields the client fills itself,
-// named as not sent), so no counter can reach a standalone client as a silent 0.
+// One table per section (te_base::stats_table!): each lists every field of its struct once, as
+// sent or as skipped, and destructures the struct without `..`, so a field added to a stats
+// struct fails to compile here until it is sent (or, for fields the client fills itself, named
+// as not sent), and encode and decode cannot disagree on the order. The wire order is the
+// order of each list.
 
-/// The numeric core counters, in wire order.
-fn core_u64(s: &mut CoreStats) -> [&mut u64; 24] {
-    let CoreStats {
-        dram_objects,
-        dram_used_bytes,
-        dram_capacity_bytes,
-        dram_read_bytes,
-        ssd_objects,
-        ssd_read_bytes,
-        ssd_written_bytes,
-        ssd_delivered_bytes,
-        demoted,
-        dropped,
-        demotion_failed,
-        promoted,
-        puts_ok,
-        puts_failed,
-        ssd_torn_dropped,
-        ssd_corrupt_records,
-        ssd_file_bytes,
-        ssd_capacity_bytes,
-        ssd_segments_compacted,
-        ssd_compaction_written_bytes,
-        ssd_compaction_freed_bytes,
-        // Sent after the counters, in their own encodings.
-        ssd_io_engine: _,
-        ssd_direct_io: _,
-        local_hits,
-        misses,
-        resolve_reused,
-    } = s;
-    [
-        dram_objects,
-        dram_used_bytes,
-        dram_capacity_bytes,
-        dram_read_bytes,
-        ssd_objects,
-        ssd_read_bytes,
-        ssd_written_bytes,
-        ssd_delivered_bytes,
-        demoted,
-        dropped,
-        demotion_failed,
-        promoted,
-        puts_ok,
-        puts_failed,
-        ssd_torn_dropped,
-        ssd_corrupt_records,
-        ssd_file_bytes,
-        ssd_capacity_bytes,
-        ssd_segments_compacted,
-        ssd_compaction_written_bytes,
-        ssd_compaction_freed_bytes,
-        local_hits,
-        misses,
-        resolve_reused,
-    ]
+te_base::stats_table! {
+    /// The core's numeric counters (its engine name and direct-I/O flag follow them in their
+    /// own encodings).
+    pub CoreWire for CoreStats {
+        send: [
+            dram_objects,
+            dram_used_bytes,
+            dram_capacity_bytes,
+            dram_read_bytes,
+            ssd_objects,
+            ssd_read_bytes,
+            ssd_written_bytes,
+            ssd_delivered_bytes,
+            demoted,
+            dropped,
+            demotion_failed,
+            promoted,
+            puts_ok,
+            puts_failed,
+            ssd_torn_dropped,
+            ssd_corrupt_records,
+            ssd_file_bytes,
+            ssd_capacity_bytes,
+            ssd_segments_compacted,
+            ssd_compaction_written_bytes,
+            ssd_compaction_freed_bytes,
+            local_hits,
+            misses,
+            resolve_reused,
+        ],
+        skip: [ssd_io_engine, ssd_direct_io],
+    }
 }
 
-/// The server's own standalone counters, in wire order (the client fills its key-handle
-/// counters itself).
-fn server_u64(s: &mut StandaloneStats) -> [&mut u64; 7] {
-    let StandaloneStats {
-        // The client's own, never sent.
-        key_handle_hits: _,
-        key_handle_misses: _,
-        key_handle_mints: _,
-        key_handle_remints: _,
-        server_key_handle_hits,
-        server_key_handle_misses,
-        server_key_handle_mints,
-        server_key_handle_held,
-        server_key_handle_bytes,
-        server_sessions,
-        server_mapped_buffers,
-    } = s;
-    [
-        server_key_handle_hits,
-        server_key_handle_misses,
-        server_key_handle_mints,
-        server_key_handle_held,
-        server_key_handle_bytes,
-        server_sessions,
-        server_mapped_buffers,
-    ]
+te_base::stats_table! {
+    /// The server's own standalone counters (the client fills its key-handle counters itself).
+    pub ServerWire for StandaloneStats {
+        send: [
+            server_key_handle_hits,
+            server_key_handle_misses,
+            server_key_handle_mints,
+            server_key_handle_held,
+            server_key_handle_bytes,
+            server_sessions,
+            server_mapped_buffers,
+        ],
+        skip: [key_handle_hits, key_handle_misses, key_handle_mints, key_handle_remints],
+    }
 }
 
-/// Counters of a cluster section.
+/// Counters of a cluster section: a build without the cluster feature reads (and drops) this
+/// many from a cluster-mode server.
 const CLUSTER_COUNTERS: usize = 11;
 
-/// A cluster section's counters, in wire order.
 #[cfg(feature = "cluster")]
-fn cluster_u64(c: &mut crate::cluster::stats::ClusterStats) -> [&mut u64; CLUSTER_COUNTERS] {
-    let crate::cluster::stats::ClusterStats {
-        remote_hits,
-        remote_bytes,
-        remote_requests,
-        remote_control_bytes,
-        remote_stale,
-        remote_errors,
-        directory_entries,
-        directory_messages,
-        directory_refused_identity,
-        directory_refused_capped,
-        directory_lookups_throttled,
-    } = c;
-    [
-        remote_hits,
-        remote_bytes,
-        remote_requests,
-        remote_control_bytes,
-        remote_stale,
-        remote_errors,
-        directory_entries,
-        directory_messages,
-        directory_refused_identity,
-        directory_refused_capped,
-        directory_lookups_throttled,
-    ]
+te_base::stats_table! {
+    /// A cluster section's counters.
+    pub ClusterWire for crate::cluster::stats::ClusterStats {
+        send: [
+            remote_hits,
+            remote_bytes,
+            remote_requests,
+            remote_control_bytes,
+            remote_stale,
+            remote_errors,
+            directory_entries,
+            directory_messages,
+            directory_refused_identity,
+            directory_refused_capped,
+            directory_lookups_throttled,
+        ],
+        skip: [],
+    }
 }
+
+// Builds with and without the cluster feature must agree on the section's size.
+#[cfg(feature = "cluster")]
+const _: () = assert!(ClusterWire::FIELDS == CLUSTER_COUNTERS);
 
 /// Encodes a server's counters: the core's, its standalone counters, then a cluster section
 /// (a flag byte, and its counters when the server is a cluster peer).
 pub fn encode_stats(out: &mut Vec<u8>, s: &StoreStats) {
-    let mut core = s.core.clone();
-    for v in core_u64(&mut core) {
-        out.u64(*v);
-    }
-    out.str(&core.ssd_io_engine);
-    out.u8(core.ssd_direct_io as u8);
-    let mut sa = s.standalone.clone().unwrap_or_default();
-    for v in server_u64(&mut sa) {
-        out.u64(*v);
+    CoreWire::encode(out, &s.core);
+    out.str(&s.core.ssd_io_engine);
+    out.bool(s.core.ssd_direct_io);
+    match &s.standalone {
+        Some(sa) => ServerWire::encode(out, sa),
+        None => ServerWire::encode(out, &StandaloneStats::default()),
     }
     #[cfg(feature = "cluster")]
     if let Some(c) = &s.cluster {
-        out.u8(1);
-        for v in cluster_u64(&mut c.clone()) {
-            out.u64(*v);
-        }
+        out.bool(true);
+        ClusterWire::encode(out, c);
         return;
     }
-    out.u8(0);
+    out.bool(false);
 }
 
 /// Decodes a server's counters (the standalone section holds the server's part).
 pub fn decode_stats(payload: &[u8]) -> Result<StoreStats, WireError> {
     let mut r = Reader::new(payload);
-    let mut core = CoreStats::default();
-    for v in core_u64(&mut core) {
-        *v = r.u64()?;
-    }
-    core.ssd_io_engine = r.str()?.to_owned();
-    core.ssd_direct_io = r.u8()? != 0;
-    let mut sa = StandaloneStats::default();
-    for v in server_u64(&mut sa) {
-        *v = r.u64()?;
-    }
-    // A build without the feature reads a server's cluster section and has nowhere to put it.
-    #[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
-    let cluster = match r.u8()? {
-        0 => None,
-        1 => {
-            let mut values = [0u64; CLUSTER_COUNTERS];
-            for v in &mut values {
-                *v = r.u64()?;
-            }
-            Some(values)
-        }
-        _ => return Err(WireError::BadValue("cluster section flag")),
+    let mut core = CoreWire::decode(&mut r)?;
+    core.ssd_io_engine = r.str("ssd_io_engine")?.to_owned();
+    core.ssd_direct_io = r.bool("ssd_direct_io")?;
+    let sa = ServerWire::decode(&mut r)?;
+    let cluster = if r.bool("cluster section flag")? {
+        #[cfg(feature = "cluster")]
+        let c = Some(ClusterWire::decode(&mut r)?);
+        // A build without the feature reads a server's cluster section and has nowhere to put it.
+        #[cfg(not(feature = "cluster"))]
+        let c = {
+            r.bytes("cluster section", 8 * CLUSTER_COUNTERS)?;
+            None::<()>
+        };
+        c
+    } else {
+        None
     };
     r.end()?;
+    #[cfg(not(feature = "cluster"))]
+    let _ = cluster;
     Ok(StoreStats {
         core,
         standalone: Some(sa),
         #[cfg(feature = "cluster")]
-        cluster: cluster.map(|values| {
-            let mut c = crate::cluster::stats::ClusterStats::default();
-            for (f, v) in cluster_u64(&mut c).into_iter().zip(values) {
-                *f = v;
-            }
-            c
-        }),
+        cluster,
     })
 }
 
@@ -1115,16 +995,16 @@ pub fn encode_phases(out: &mut Vec<u8>, p: Option<&te_base::PhaseReport>) {
 /// Decodes an optional phase report.
 pub fn decode_phases(payload: &[u8]) -> Result<Option<te_base::PhaseReport>, WireError> {
     let mut r = Reader::new(payload);
-    if r.u8()? == 0 {
+    if !r.bool("phase report flag")? {
         r.end()?;
         return Ok(None);
     }
     let mut p = te_base::PhaseReport::default();
     for n in p.nanos.iter_mut() {
-        *n = r.u64()?;
+        *n = r.u64("phase nanos")?;
     }
-    p.calls = r.u64()?;
-    p.items = r.u64()?;
+    p.calls = r.u64("phase calls")?;
+    p.items = r.u64("phase items")?;
     r.end()?;
     Ok(Some(p))
 }
@@ -1159,32 +1039,13 @@ mod tests {
 
         #[test]
         fn stats_round_trip_in_their_sections(
-            values in proptest::collection::vec(any::<u64>(), 24 + 7 + CLUSTER_COUNTERS),
+            values in proptest::collection::vec(any::<u64>(), STATS_VALUES),
             engine in "[a-z]{0,8}", direct in any::<bool>(), peer in any::<bool>(),
         ) {
-            let mut core = CoreStats { ssd_io_engine: engine, ssd_direct_io: direct, ..Default::default() };
-            let mut server = StandaloneStats::default();
-            let fields = core_u64(&mut core).into_iter().chain(server_u64(&mut server));
-            for (f, v) in fields.zip(&values) {
-                *f = *v;
-            }
-            let sent = StoreStats {
-                core,
-                standalone: Some(server),
-                #[cfg(feature = "cluster")]
-                cluster: peer.then(|| {
-                    let mut c = crate::cluster::stats::ClusterStats::default();
-                    for (f, v) in cluster_u64(&mut c).into_iter().zip(&values[31..]) {
-                        *f = *v;
-                    }
-                    c
-                }),
-            };
-            #[cfg(not(feature = "cluster"))]
-            let _ = peer;
+            let (sent, expected) = stats_by_hand(&values, engine, direct, peer);
             let mut out = Vec::new();
             encode_stats(&mut out, &sent);
-            prop_assert_eq!(decode_stats(&out).unwrap(), sent);
+            prop_assert_eq!(decode_stats(&out).unwrap(), expected);
             // Every cut of the encoding is a typed error, never a panic or a shorter report.
             for cut in 0..out.len() {
                 prop_assert!(decode_stats(&out[..cut]).is_err());
@@ -1250,6 +1111,111 @@ mod tests {
         }
     }
 
+    /// Values [`stats_by_hand`] takes: 26 core, 11 standalone, 11 cluster.
+    const STATS_VALUES: usize = 26 + 11 + 11;
+
+    /// A report with every field of every section set from `v`, written out field by field
+    /// (struct literals without `..`: a new field must be added here too), and what a client
+    /// must decode from it: the same, less the fields the client fills itself. Built without
+    /// the wire tables, so a field dropped from a table's sent list is caught.
+    fn stats_by_hand(v: &[u64], engine: String, direct: bool, peer: bool) -> (StoreStats, StoreStats) {
+        let core = CoreStats {
+            dram_objects: v[0],
+            dram_used_bytes: v[1],
+            dram_capacity_bytes: v[2],
+            dram_read_bytes: v[3],
+            ssd_objects: v[4],
+            ssd_read_bytes: v[5],
+            ssd_written_bytes: v[6],
+            ssd_delivered_bytes: v[7],
+            demoted: v[8],
+            dropped: v[9],
+            demotion_failed: v[10],
+            promoted: v[11],
+            puts_ok: v[12],
+            puts_failed: v[13],
+            ssd_torn_dropped: v[14],
+            ssd_corrupt_records: v[15],
+            ssd_file_bytes: v[16],
+            ssd_capacity_bytes: v[17],
+            ssd_segments_compacted: v[18],
+            ssd_compaction_written_bytes: v[19],
+            ssd_compaction_freed_bytes: v[20],
+            ssd_io_engine: engine,
+            ssd_direct_io: direct,
+            local_hits: v[23],
+            misses: v[24],
+            resolve_reused: v[25],
+        };
+        let server = StandaloneStats {
+            key_handle_hits: v[26],
+            key_handle_misses: v[27],
+            key_handle_mints: v[28],
+            key_handle_remints: v[29],
+            server_key_handle_hits: v[30],
+            server_key_handle_misses: v[31],
+            server_key_handle_mints: v[32],
+            server_key_handle_held: v[33],
+            server_key_handle_bytes: v[34],
+            server_sessions: v[35],
+            server_mapped_buffers: v[36],
+        };
+        // The client's own key-handle counters never travel: a client decodes them as 0.
+        let received = StandaloneStats {
+            key_handle_hits: 0,
+            key_handle_misses: 0,
+            key_handle_mints: 0,
+            key_handle_remints: 0,
+            ..server.clone()
+        };
+        #[cfg(feature = "cluster")]
+        let cluster = peer.then(|| crate::cluster::stats::ClusterStats {
+            remote_hits: v[37],
+            remote_bytes: v[38],
+            remote_requests: v[39],
+            remote_control_bytes: v[40],
+            remote_stale: v[41],
+            remote_errors: v[42],
+            directory_entries: v[43],
+            directory_messages: v[44],
+            directory_refused_identity: v[45],
+            directory_refused_capped: v[46],
+            directory_lookups_throttled: v[47],
+        });
+        #[cfg(not(feature = "cluster"))]
+        let _ = peer;
+        let sent = StoreStats {
+            core: core.clone(),
+            standalone: Some(server),
+            #[cfg(feature = "cluster")]
+            cluster: cluster.clone(),
+        };
+        let expected = StoreStats {
+            core,
+            standalone: Some(received),
+            #[cfg(feature = "cluster")]
+            cluster,
+        };
+        (sent, expected)
+    }
+
+    #[test]
+    fn every_field_of_every_section_reaches_the_client() {
+        // Distinct non-zero values: a field dropped from a table (or two swapped) shows.
+        let values: Vec<u64> = (1..=STATS_VALUES as u64).map(|i| i * 1_000_003).collect();
+        for peer in [false, true] {
+            let (sent, expected) = stats_by_hand(&values, "uring".into(), true, peer);
+            let mut out = Vec::new();
+            encode_stats(&mut out, &sent);
+            let got = decode_stats(&out).unwrap();
+            assert_eq!(got, expected, "peer section {peer}");
+            // Compared field by field as printed too, so a failure names the field.
+            for (g, e) in format!("{got:#?}").lines().zip(format!("{expected:#?}").lines()) {
+                assert_eq!(g, e);
+            }
+        }
+    }
+
     #[test]
     fn hostile_counts_are_refused_without_allocating_them() {
         // A get claiming 2^32-2 ranges per key for 1000 keys, with nothing behind it.
@@ -1271,11 +1237,17 @@ mod tests {
         b.extend_from_slice(&1u16.to_le_bytes());
         b.extend_from_slice(&1u16.to_le_bytes());
         b.extend_from_slice("é".as_bytes());
-        assert_eq!(decode_keys(&b).unwrap_err(), WireError::BadUtf8);
+        assert!(matches!(decode_keys(&b).unwrap_err(), WireError::BadUtf8 { .. }));
         let mut h = [0u8; HEADER];
         h[..2].copy_from_slice(&MAGIC);
         h[2] = VERSION + 1;
-        assert_eq!(decode_header(&h, 10).unwrap_err(), WireError::BadVersion(VERSION + 1));
+        assert_eq!(
+            decode_header(&h, 10).unwrap_err(),
+            WireError::BadVersion {
+                got: VERSION + 1,
+                speaks: VERSION
+            }
+        );
         h[2] = VERSION;
         h[3] = Op::Stats as u8;
         h[4..8].copy_from_slice(&11u32.to_le_bytes());

@@ -200,7 +200,7 @@ impl Raw {
             return Ok((op, 0, Vec::new()));
         }
         let mut r = Reader::new(&self.rx);
-        let minted = r.u64().unwrap();
+        let minted = r.u64("minted handle").unwrap();
         let v = wire::decode_results(&mut r, items.len()).unwrap();
         Ok((op, minted, v))
     }
