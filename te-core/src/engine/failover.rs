@@ -254,6 +254,15 @@ impl FailureHook for Hook {
     }
 }
 
+/// A group of taken-over requests: one transport call per (segment slot, next route, failed
+/// route).
+struct Regrouped {
+    slot: u16,
+    to: u8,
+    from: u8,
+    requests: Vec<ResolvedRequest>,
+}
+
 /// Resubmits every request the hook took over, grouped by (segment, route), until none is left.
 /// On the engine's runtime: free to ask routes for their health and to count their failures,
 /// which it does with the batch's lock released (a transport's thread may hold its own lock
@@ -262,51 +271,73 @@ fn resubmit(shared: Arc<Shared>) {
     loop {
         let (Some(batch), Some(engine)) = (shared.batch.upgrade(), shared.engine.upgrade()) else {
             // Nobody waits on the batch any more, or the engine is gone with its transports.
-            let queue = {
-                let mut state = shared.state.lock();
-                state.draining = false;
-                std::mem::take(&mut state.queue)
-            };
-            if let Some(batch) = shared.batch.upgrade() {
-                for (index, ..) in queue {
-                    batch.fail_final(index, Error::Closed("engine".into()));
-                }
-            }
-            return;
+            return shared.fail_queued_closed();
         };
-        // Take the work and what it needs out of the batch's state.
-        let (work, newly_failed) = {
-            let mut state = shared.state.lock();
-            if state.queue.is_empty() {
-                state.draining = false;
-                return;
-            }
-            let queue = std::mem::take(&mut state.queue);
-            let mut work: Vec<(Tracked, u8, Error)> = Vec::with_capacity(queue.len());
-            let mut newly_failed: Vec<(u16, u8)> = Vec::new();
-            for (index, from, err) in queue {
-                let Some(Some(t)) = state.tracked.get(index) else {
-                    continue;
-                };
-                let failed = (t.segment, from);
-                if !state.counted.contains(&failed) && !newly_failed.contains(&failed) {
-                    newly_failed.push(failed);
-                }
-                work.push((*t, from, err));
-            }
-            state.counted.extend_from_slice(&newly_failed);
-            (work, newly_failed)
+        let Some((work, newly_failed)) = shared.take_work() else {
+            return;
         };
         for &(slot, from) in &newly_failed {
             let (id, seg) = &shared.segments[slot as usize];
             engine.route_failed(*id, seg, from as usize);
         }
-        // Choose each request's next route (health-aware, so after counting the failures) and
-        // group them: one transport call per (segment, route, failed route).
-        let mut groups: Vec<(u16, u8, u8, Vec<ResolvedRequest>)> = Vec::new();
+        // Choose each request's next route (health-aware, so after counting the failures).
+        let groups = shared.regroup(&batch, work);
+        for group in groups {
+            shared.send_group(&engine, &batch, group);
+        }
+    }
+}
+
+impl Shared {
+    /// Ends the resubmitting task when the batch or the engine is gone: what it had queued fails
+    /// with `Closed` (if anyone still holds the batch).
+    fn fail_queued_closed(&self) {
+        let queue = {
+            let mut state = self.state.lock();
+            state.draining = false;
+            std::mem::take(&mut state.queue)
+        };
+        if let Some(batch) = self.batch.upgrade() {
+            for (index, ..) in queue {
+                batch.fail_final(index, Error::Closed("engine".into()));
+            }
+        }
+    }
+
+    /// Takes the queued work out of the batch's state, with the routes whose failure this batch
+    /// has not counted yet (marked counted now). `None` when the queue is empty: the task ends.
+    #[allow(clippy::type_complexity)]
+    fn take_work(&self) -> Option<(Vec<(Tracked, u8, Error)>, Vec<(u16, u8)>)> {
+        let mut state = self.state.lock();
+        if state.queue.is_empty() {
+            state.draining = false;
+            return None;
+        }
+        let queue = std::mem::take(&mut state.queue);
+        let mut work: Vec<(Tracked, u8, Error)> = Vec::with_capacity(queue.len());
+        let mut newly_failed: Vec<(u16, u8)> = Vec::new();
+        for (index, from, err) in queue {
+            let Some(Some(t)) = state.tracked.get(index) else {
+                continue;
+            };
+            let failed = (t.segment, from);
+            if !state.counted.contains(&failed) && !newly_failed.contains(&failed) {
+                newly_failed.push(failed);
+            }
+            work.push((*t, from, err));
+        }
+        state.counted.extend_from_slice(&newly_failed);
+        Some((work, newly_failed))
+    }
+
+    /// Gives each request of `work` its next route and groups them by (segment, route, failed
+    /// route); a request with no route left fails with its error. Records each request's new
+    /// route for the hook, should it fail there too.
+    fn regroup(&self, batch: &BatchState, work: Vec<(Tracked, u8, Error)>) -> Vec<Regrouped> {
+        let mut groups: Vec<Regrouped> = Vec::new();
         let mut moved: Vec<(usize, u8)> = Vec::with_capacity(work.len());
         for (t, from, err) in work {
-            let seg = &shared.segments[t.segment as usize].1;
+            let seg = &self.segments[t.segment as usize].1;
             let Some(to) = seg.next_route(t.local, t.remote, t.tried) else {
                 // The routes left went away meanwhile: the request fails with its error.
                 batch.fail_final(t.request.index as usize, err);
@@ -314,51 +345,64 @@ fn resubmit(shared: Arc<Shared>) {
             };
             let to = to as u8;
             moved.push((t.request.index as usize, to));
-            match groups.iter_mut().find(|g| g.0 == t.segment && g.1 == to && g.2 == from) {
-                Some(g) => g.3.push(t.request),
-                None => groups.push((t.segment, to, from, vec![t.request])),
+            match groups
+                .iter_mut()
+                .find(|g| g.slot == t.segment && g.to == to && g.from == from)
+            {
+                Some(g) => g.requests.push(t.request),
+                None => groups.push(Regrouped {
+                    slot: t.segment,
+                    to,
+                    from,
+                    requests: vec![t.request],
+                }),
             }
         }
-        {
-            // Where each request is now, for the hook should it fail there too.
-            let mut state = shared.state.lock();
-            for (index, to) in moved {
-                if let Some(Some(t)) = state.tracked.get_mut(index) {
-                    t.route = to;
-                }
+        let mut state = self.state.lock();
+        for (index, to) in moved {
+            if let Some(Some(t)) = state.tracked.get_mut(index) {
+                t.route = to;
             }
         }
-        for (slot, route, from, requests) in groups {
-            let seg = &shared.segments[slot as usize].1;
-            let to = &seg.routes[route as usize];
-            engine.count_failover(seg, from as usize, route as usize, requests.len() as u64);
-            if let Some(peers) = &shared.deadline_peers {
-                if !peers.add(&to.peer) {
-                    let err = Error::Timeout {
-                        what: format!(
-                            "failover of a batch to segment '{}' (its deadline)",
-                            seg.descriptor.name
-                        ),
-                        after_ms: 0,
-                    };
-                    fail_all(&batch, &requests, &err);
-                    continue;
-                }
+        groups
+    }
+
+    /// Counts a group's failover and submits it on its next route, unless the batch's deadline
+    /// passed (its requests fail with `Timeout`). A route that refuses it starts nothing: each
+    /// request goes through the hook again, to the next route or to its final failure.
+    fn send_group(&self, engine: &Arc<EngineInner>, batch: &Arc<BatchState>, group: Regrouped) {
+        let Regrouped {
+            slot,
+            to: route,
+            from,
+            requests,
+        } = group;
+        let seg = &self.segments[slot as usize].1;
+        let to = &seg.routes[route as usize];
+        engine.count_failover(seg, from as usize, route as usize, requests.len() as u64);
+        if let Some(peers) = &self.deadline_peers {
+            if !peers.add(&to.peer) {
+                let err = Error::Timeout {
+                    what: format!(
+                        "failover of a batch to segment '{}' (its deadline)",
+                        seg.descriptor.name
+                    ),
+                    after_ms: 0,
+                };
+                return fail_all(batch, &requests, &err);
             }
-            tracing::debug!(
-                segment = %seg.descriptor.name,
-                from = seg.routes[from as usize].transport_name,
-                to = to.transport_name,
-                requests = requests.len(),
-                "failing over"
-            );
-            let indices: Vec<u32> = requests.iter().map(|r| r.index).collect();
-            if let Err(e) = to.peer.submit(requests, &batch, &shared.ctx) {
-                // Nothing started there: each request goes through the hook again, to the next
-                // route or to its final failure.
-                for i in indices {
-                    batch.fail(i as usize, e.clone());
-                }
+        }
+        tracing::debug!(
+            segment = %seg.descriptor.name,
+            from = seg.routes[from as usize].transport_name,
+            to = to.transport_name,
+            requests = requests.len(),
+            "failing over"
+        );
+        let indices: Vec<u32> = requests.iter().map(|r| r.index).collect();
+        if let Err(e) = to.peer.submit(requests, batch, &self.ctx) {
+            for i in indices {
+                batch.fail(i as usize, e.clone());
             }
         }
     }

@@ -33,91 +33,41 @@ pub struct SubmitOptions {
 }
 
 impl EngineInner {
+    /// One submit, step by step: check the call, resolve and group its requests, make the batch
+    /// (and its failover hook), hand each group to its route, arm the deadline, count the call.
     pub(super) fn submit(self: &Arc<Self>, requests: &[TransferRequest], opts: &SubmitOptions) -> Result<Batch> {
         let timer = opts.timer.as_ref().unwrap_or(&self.timer);
-        let background = opts.background;
         let t0 = timer.start();
         let mut record = self.export.as_ref().map(|_| BatchRecord::start());
-        if self.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed(format!("engine '{}'", self.name)));
-        }
-        let deadline = opts.deadline.or(self.default_deadline);
-        if let Some(d) = opts.deadline {
-            super::deadline::check(d)?;
-        }
-        let segs = self.segments.read();
-        let Grouped { groups, pins, bytes } = group_requests(requests, &segs, self.registry.local_resolver())?;
+        let deadline = self.check_submit(opts)?;
+        let (Grouped { groups, pins, bytes }, routes) = self.resolve_groups(requests)?;
         let t1 = timer.lap(Phase::Resolve, t0);
-        let lens: Box<[u64]> = requests.iter().map(|r| r.len).collect();
-        let state = BatchState::new(lens);
-        state.keep_alive(Box::new(PinsReaper {
-            pins: Some(pins),
-            engine: Arc::downgrade(self),
-        }));
-        let ctx = SubmitContext {
-            timer: timer.clone(),
-            background,
+        let call = Call {
+            state: self.new_batch(requests, pins),
+            ctx: SubmitContext {
+                timer: timer.clone(),
+                background: opts.background,
+            },
+            deadline,
+            deadline_peers: deadline.map(|_| DeadlinePeers::default()),
+            single_group: groups.len() == 1,
+            requests: requests.len(),
+            bytes,
         };
-        let routes: Vec<Arc<OpenSegment>> = groups.iter().map(|g| segs[g.segment as usize].clone()).collect();
-        drop(segs);
-        let deadline_peers = deadline.map(|_| DeadlinePeers::default());
         if self.failover.enabled() && !opts.no_failover {
-            self.install_failover(&groups, &routes, &state, deadline, &deadline_peers, &ctx);
+            self.install_failover(&groups, &routes, &call);
         }
         timer.lap(Phase::Build, t1);
-        let single_group = groups.len() == 1;
         let mut failed = 0u64;
         for (g, seg) in groups.into_iter().zip(routes) {
-            let route = &seg.routes[g.route as usize];
-            let peer = &route.peer;
-            let n = g.requests.len();
-            // With several groups, this group's indices: to fail them if its transport refuses,
-            // and for metrics to tell its failures from the others'. One group needs neither.
-            let indices: Vec<u32> = if single_group {
-                Vec::new()
-            } else {
-                g.requests.iter().map(|r| r.index).collect()
-            };
-            let group_bytes = match (&route.metrics, single_group) {
-                (None, _) => 0,
-                (Some(_), true) => bytes,
-                (Some(_), false) => g.requests.iter().map(|r| r.len).sum(),
-            };
-            if !peer.is_healthy() {
-                // Lost (a peer that went away, or a connection cut for another batch's deadline):
-                // the group waits for the reconnect and goes on the new connection.
-                let parked = Parked {
-                    segment: g.segment,
-                    was: seg.clone(),
-                    transport: route.transport,
-                    requests: g.requests,
-                    state: state.clone(),
-                    deadline_peers: deadline_peers.clone(),
-                    deadline: deadline.map(|d| tokio::time::Instant::now() + d),
-                    ctx: ctx.clone(),
-                };
-                if let Err((requests, err)) = parked.wait_for_reconnect(self) {
-                    failed += n as u64;
-                    state.fail_many(requests.iter().map(|r| r.index as usize), &err);
-                }
-            } else {
-                if let Some(d) = &deadline_peers {
-                    d.add(peer);
-                }
-                // A transport that returns Err started nothing.
-                if let Err(e) = peer.submit(g.requests, &state, &ctx) {
-                    failed += n as u64;
-                    if single_group {
-                        state.fail_many(0..requests.len(), &e);
-                    } else {
-                        state.fail_many(indices.iter().map(|&i| i as usize), &e);
-                    }
-                }
-            }
-            if let (Some(r), Some(m)) = (&mut record, &route.metrics) {
-                r.group(m, n, group_bytes, indices);
-            }
+            failed += self.dispatch_group(g, &seg, &call, &mut record);
         }
+        let Call {
+            state,
+            deadline,
+            deadline_peers,
+            ..
+        } = call;
         if let (Some(after), Some(peers)) = (deadline, deadline_peers) {
             // Armed when a request went anywhere; a failover that starts one later needs it too.
             if !peers.is_empty() || !state.is_complete() {
@@ -127,16 +77,159 @@ impl EngineInner {
         if let Some(r) = record {
             r.finish(&state);
         }
-        // The transports recorded their own plan and submit inside the loop above; the engine's
-        // part after it is the counter update.
+        self.count_submit(timer, opts, requests.len(), bytes, failed);
+        Ok(Batch::new(state))
+    }
+
+    /// Refuses a call to a closed engine or with a bad deadline; returns the batch's deadline
+    /// (the call's, else the engine's default).
+    fn check_submit(&self, opts: &SubmitOptions) -> Result<Option<Duration>> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed(format!("engine '{}'", self.name)));
+        }
+        if let Some(d) = opts.deadline {
+            super::deadline::check(d)?;
+        }
+        Ok(opts.deadline.or(self.default_deadline))
+    }
+
+    /// Resolves and groups every request under one read of the segment table, pinning the
+    /// local regions; returns the groups with each one's segment.
+    fn resolve_groups(&self, requests: &[TransferRequest]) -> Result<(Grouped, Vec<Arc<OpenSegment>>)> {
+        let segs = self.segments.read();
+        let grouped = group_requests(requests, &segs, self.registry.local_resolver())?;
+        let routes = grouped
+            .groups
+            .iter()
+            .map(|g| segs[g.segment as usize].clone())
+            .collect();
+        Ok((grouped, routes))
+    }
+
+    /// The batch's state: one length per request, the pins kept until the batch is dropped.
+    fn new_batch(self: &Arc<Self>, requests: &[TransferRequest], pins: Pins) -> Arc<BatchState> {
+        let lens: Box<[u64]> = requests.iter().map(|r| r.len).collect();
+        let state = BatchState::new(lens);
+        state.keep_alive(Box::new(PinsReaper {
+            pins: Some(pins),
+            engine: Arc::downgrade(self),
+        }));
+        state
+    }
+
+    /// Hands one group to its route's peer (or parks it for the reconnect when the connection
+    /// is lost) and records it for export. Returns how many of its requests failed at once.
+    fn dispatch_group(
+        self: &Arc<Self>,
+        g: Group,
+        seg: &Arc<OpenSegment>,
+        call: &Call,
+        record: &mut Option<BatchRecord>,
+    ) -> u64 {
+        let route = &seg.routes[g.route as usize];
+        let n = g.requests.len();
+        // With several groups, this group's indices: to fail them if its transport refuses,
+        // and for metrics to tell its failures from the others'. One group needs neither.
+        let indices: Vec<u32> = if call.single_group {
+            Vec::new()
+        } else {
+            g.requests.iter().map(|r| r.index).collect()
+        };
+        let group_bytes = match (&route.metrics, call.single_group) {
+            (None, _) => 0,
+            (Some(_), true) => call.bytes,
+            (Some(_), false) => g.requests.iter().map(|r| r.len).sum(),
+        };
+        let failed = if route.peer.is_healthy() {
+            submit_group(g.requests, &route.peer, &indices, call)
+        } else {
+            self.park_group(g.segment, seg, route.transport, g.requests, call)
+        };
+        if let (Some(r), Some(m)) = (record, &route.metrics) {
+            r.group(m, n, group_bytes, indices);
+        }
+        failed
+    }
+
+    /// A group whose route's connection is lost (a peer that went away, or a connection cut for
+    /// another batch's deadline) waits for the reconnect and goes on the new connection. Returns
+    /// how many requests failed at once (all when no reconnect can start).
+    fn park_group(
+        self: &Arc<Self>,
+        segment: u32,
+        seg: &Arc<OpenSegment>,
+        transport: usize,
+        requests: Vec<te_base::ResolvedRequest>,
+        call: &Call,
+    ) -> u64 {
+        let n = requests.len() as u64;
+        let parked = Parked {
+            segment,
+            was: seg.clone(),
+            transport,
+            requests,
+            state: call.state.clone(),
+            deadline_peers: call.deadline_peers.clone(),
+            deadline: call.deadline.map(|d| tokio::time::Instant::now() + d),
+            ctx: call.ctx.clone(),
+        };
+        match parked.wait_for_reconnect(self) {
+            Ok(()) => 0,
+            Err((requests, err)) => {
+                call.state.fail_many(requests.iter().map(|r| r.index as usize), &err);
+                n
+            }
+        }
+    }
+
+    /// Counts the call (the engine's part after the transports' plan and submit).
+    fn count_submit(&self, timer: &PhaseTimer, opts: &SubmitOptions, requests: usize, bytes: u64, failed: u64) {
         let t3 = timer.start();
-        self.metrics.record_call(requests.len() as u64, bytes, failed);
+        self.metrics.record_call(requests as u64, bytes, failed);
         timer.lap(Phase::Other, t3);
         // A caller's own timer counts its own calls; the engine counts only into its own.
         if opts.timer.is_none() {
-            timer.count_call(requests.len());
+            timer.count_call(requests);
         }
-        Ok(Batch::new(state))
+    }
+}
+
+/// What every group of one submit shares.
+struct Call {
+    state: Arc<BatchState>,
+    ctx: SubmitContext,
+    deadline: Option<Duration>,
+    /// The peers the batch went to, for its deadline to cut (`None`: no deadline).
+    deadline_peers: Option<DeadlinePeers>,
+    /// The call is one group: its indices are the whole batch's.
+    single_group: bool,
+    /// The call's request count and bytes.
+    requests: usize,
+    bytes: u64,
+}
+
+/// Submits a group on a healthy route. A transport that returns Err started nothing: the
+/// group's requests fail (the whole batch's when it is the only group). Returns how many failed.
+fn submit_group(
+    requests: Vec<te_base::ResolvedRequest>,
+    peer: &Arc<dyn te_base::Peer>,
+    indices: &[u32],
+    call: &Call,
+) -> u64 {
+    let n = requests.len() as u64;
+    if let Some(d) = &call.deadline_peers {
+        d.add(peer);
+    }
+    match peer.submit(requests, &call.state, &call.ctx) {
+        Ok(()) => 0,
+        Err(e) => {
+            if call.single_group {
+                call.state.fail_many(0..call.requests, &e);
+            } else {
+                call.state.fail_many(indices.iter().map(|&i| i as usize), &e);
+            }
+            n
+        }
     }
 }
 
@@ -144,15 +237,7 @@ impl EngineInner {
     /// Gives the batch a failover hook when one of its groups has a second route for its memory
     /// kinds. Only such a batch pays for failover (a copy of those requests and a hook); finding
     /// out is a few comparisons per group.
-    fn install_failover(
-        self: &Arc<Self>,
-        groups: &[Group],
-        routes: &[Arc<OpenSegment>],
-        state: &Arc<BatchState>,
-        deadline: Option<Duration>,
-        deadline_peers: &Option<DeadlinePeers>,
-        ctx: &SubmitContext,
-    ) {
+    fn install_failover(self: &Arc<Self>, groups: &[Group], routes: &[Arc<OpenSegment>], call: &Call) {
         let mut failover: Option<failover::Builder> = None;
         for (g, seg) in groups.iter().zip(routes) {
             let route = g.route as usize;
@@ -161,14 +246,21 @@ impl EngineInner {
                     failover
                         .get_or_insert_with(|| {
                             let attempts = self.failover.attempts;
-                            failover::Builder::new(self, state, attempts, deadline, deadline_peers.clone(), ctx.clone())
+                            failover::Builder::new(
+                                self,
+                                &call.state,
+                                attempts,
+                                call.deadline,
+                                call.deadline_peers.clone(),
+                                call.ctx.clone(),
+                            )
                         })
                         .track(g.segment, seg, route, local, remote, &g.requests);
                 }
             }
         }
         if let Some(f) = failover {
-            f.install(state);
+            f.install(&call.state);
         }
     }
 }
