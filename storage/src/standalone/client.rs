@@ -26,7 +26,7 @@ use super::AUTH_CONTEXT;
 use crate::core::{RangedGet, RangedPut};
 use crate::error::{Result, StoreError};
 use crate::store::stats::StoreStats;
-use te_base::auth::{InitiatorHandshake, NONCE_LEN, PROOF_LEN};
+use te_base::auth::{self as auth, HandshakeError, HandshakeFrames, Step};
 
 /// Longest reply the client reads.
 const MAX_REPLY: usize = 1 << 30;
@@ -58,37 +58,30 @@ impl Conn {
             generation,
             last_used: Instant::now(),
         };
-        wire::begin(&mut c.tx, Op::Hello);
-        c.tx.extend_from_slice(&join);
-        let hs = opts.auth.as_ref().map(|key| {
-            let (hs, nonce) = InitiatorHandshake::start(key, AUTH_CONTEXT);
-            c.tx.extend_from_slice(&nonce);
-            hs
-        });
-        wire::finish(&mut c.tx)?;
-        let (mut op, _) = c.round_trip(None)?;
         let refused = |reason: String| StoreError::Refused { reason };
-        match (op, hs) {
-            (Op::Challenge, Some(hs)) => {
-                if c.rx.len() != NONCE_LEN + PROOF_LEN {
-                    return Err(wire::bad_count("challenge").into());
-                }
-                let nonce: [u8; NONCE_LEN] = c.rx[..NONCE_LEN].try_into().expect("32 bytes");
-                let proof = hs
-                    .finish(&nonce, &c.rx[NONCE_LEN..], &opts.socket.display().to_string())
-                    .map_err(|e| refused(e.to_string()))?;
-                wire::begin(&mut c.tx, Op::Proof);
-                c.tx.extend_from_slice(&proof);
+        match &opts.auth {
+            // The shared-key handshake (te_base::auth), its last frame (the proof) staged in `tx`
+            // for the round trip below, which answers with the welcome.
+            Some(key) => {
+                let mut frames = HelloFrames { conn: &mut c, join };
+                let peer = opts.socket.display().to_string();
+                auth::block_on(auth::initiate(&mut frames, key, AUTH_CONTEXT, &peer)).map_err(|e| match e {
+                    HandshakeError::Frames(e) => e,
+                    HandshakeError::Malformed { .. } => wire::bad_count("challenge").into(),
+                    HandshakeError::Unauthenticated(e) => refused(e.to_string()),
+                })?;
+            }
+            None => {
+                wire::begin(&mut c.tx, Op::Hello);
+                c.tx.extend_from_slice(&join);
                 wire::finish(&mut c.tx)?;
-                op = c.round_trip(None)?.0;
             }
-            (Op::Challenge, None) => {
-                return Err(refused(
-                    "the server requires the shared key; TE_AUTH_KEY_FILE is not set here".into(),
-                ))
-            }
-            (Op::Ok, Some(_)) => return Err(refused("the server did not prove the shared key".into())),
-            _ => {}
+        }
+        let (op, _) = c.round_trip(None)?;
+        if op == Op::Challenge {
+            return Err(refused(
+                "the server requires the shared key; TE_AUTH_KEY_FILE is not set here".into(),
+            ));
         }
         let w = match op {
             Op::Ok => Welcome::decode(&c.rx)?,
@@ -126,6 +119,39 @@ impl Conn {
         match op {
             Op::Err => wire::decode_error(&mut Reader::new(&self.rx)).unwrap_or_else(|e| e.into()),
             other => wire::bad_op(other as u8).into(),
+        }
+    }
+}
+
+/// The hello's frames for the shared-key handshake: a step is staged in `tx` and sent by the
+/// next round trip, whose reply must be the server's challenge.
+struct HelloFrames<'c> {
+    conn: &'c mut Conn,
+    join: [u8; 16],
+}
+
+impl HandshakeFrames for HelloFrames<'_> {
+    type Error = StoreError;
+
+    async fn send(&mut self, step: Step, body: &[u8]) -> Result<()> {
+        let tx = &mut self.conn.tx;
+        if step == Step::Hello {
+            wire::begin(tx, Op::Hello);
+            tx.extend_from_slice(&self.join);
+        } else {
+            wire::begin(tx, Op::Proof);
+        }
+        tx.extend_from_slice(body);
+        Ok(wire::finish(tx)?)
+    }
+
+    async fn recv(&mut self, _: Step) -> Result<Vec<u8>> {
+        match self.conn.round_trip(None)?.0 {
+            Op::Challenge => Ok(self.conn.rx.clone()),
+            Op::Ok => Err(StoreError::Refused {
+                reason: "the server did not prove the shared key".into(),
+            }),
+            op => Err(self.conn.error_reply(op)),
         }
     }
 }

@@ -27,7 +27,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
-use te_base::auth::{AuthKey, ResponderHandshake, NONCE_LEN, PROOF_LEN};
+use te_base::auth::{self as auth, AuthKey, HandshakeError, HandshakeFrames, Step, NONCE_LEN};
 use te_base::config::{parse_bytes, parse_var, Env};
 use te_base::listener::{AcceptBackoff, ConnectionGate, ConnectionPermit, ListenerLimits};
 
@@ -333,6 +333,35 @@ fn reply_error(stream: &UnixStream, tx: &mut Vec<u8>, e: &StoreError) {
     }
 }
 
+/// The hello's frames for the shared-key handshake (te_base::auth): the challenge out, the
+/// worker's proof in.
+struct HelloFrames<'a> {
+    stream: &'a UnixStream,
+    rx: &'a mut Vec<u8>,
+    tx: &'a mut Vec<u8>,
+}
+
+impl HandshakeFrames for HelloFrames<'_> {
+    type Error = StoreError;
+
+    async fn send(&mut self, _: Step, body: &[u8]) -> Result<()> {
+        wire::begin(self.tx, Op::Challenge);
+        self.tx.extend_from_slice(body);
+        wire::finish(self.tx)?;
+        send_frame(self.stream, self.tx, None).map_err(|e| StoreError::io("challenge", e))
+    }
+
+    async fn recv(&mut self, _: Step) -> Result<Vec<u8>> {
+        let (h, _) = recv_frame(self.stream, self.rx, 64, false).map_err(|e| StoreError::Protocol {
+            detail: format!("proof: {e}"),
+        })?;
+        if h.op != Op::Proof {
+            return Err(wire::bad_op(h.op as u8).into());
+        }
+        Ok(self.rx.clone())
+    }
+}
+
 fn hello(shared: &Shared, stream: &UnixStream, rx: &mut Vec<u8>, tx: &mut Vec<u8>) -> Result<(Arc<Session>, bool)> {
     let (h, _) = recv_frame(stream, rx, 64, false).map_err(|e| StoreError::Protocol {
         detail: format!("hello: {e}"),
@@ -348,25 +377,19 @@ fn hello(shared: &Shared, stream: &UnixStream, rx: &mut Vec<u8>, tx: &mut Vec<u8
             reason: "this server requires the shared key (TE_AUTH_KEY_FILE)".into(),
         };
         let initiator: [u8; NONCE_LEN] = rx.get(16..16 + NONCE_LEN).ok_or_else(refused)?.try_into().expect("32");
-        let (hs, nonce, proof) = ResponderHandshake::answer(key, AUTH_CONTEXT, &initiator);
-        wire::begin(tx, Op::Challenge);
-        tx.extend_from_slice(&nonce);
-        tx.extend_from_slice(&proof);
-        wire::finish(tx)?;
-        send_frame(stream, tx, None).map_err(|e| StoreError::io("challenge", e))?;
-        let (h, _) = recv_frame(stream, rx, 64, false).map_err(|e| StoreError::Protocol {
-            detail: format!("proof: {e}"),
-        })?;
-        if h.op != Op::Proof || rx.len() != PROOF_LEN {
-            return Err(wire::bad_op(h.op as u8).into());
-        }
-        if hs.check(rx, "umbp worker").is_err() {
-            te_base::listener::log_refusal(
-                "umbp standalone server",
-                &"a worker",
-                &"it did not prove the shared key",
-            );
-            return Err(refused());
+        let mut frames = HelloFrames { stream, rx, tx };
+        match auth::block_on(auth::respond(&mut frames, key, AUTH_CONTEXT, &initiator, "umbp worker")) {
+            Ok(()) => {}
+            Err(HandshakeError::Frames(e)) => return Err(e),
+            Err(HandshakeError::Malformed { .. }) => return Err(wire::bad_op(Op::Proof as u8).into()),
+            Err(HandshakeError::Unauthenticated(_)) => {
+                te_base::listener::log_refusal(
+                    "umbp standalone server",
+                    &"a worker",
+                    &"it did not prove the shared key",
+                );
+                return Err(refused());
+            }
         }
     }
     let (session, control) = if join == [0; 16] {
