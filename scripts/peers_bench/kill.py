@@ -37,16 +37,21 @@ def main():
     p.add_argument("--round", type=int, default=0)
     p.add_argument("--restart-limit", type=float, default=90.0,
                    help="seconds to keep restarting a target that did not get the same address")
+    p.add_argument("--ours-transports", default="tcp",
+                   help="ours: TE_TRANSPORTS of both sides (shm,tcp: our same-host route, beside NIXL's default)")
     p.add_argument("--no-next", dest="next", action="store_false",
                    help="skip the transfer to a restarted target after the failure")
     args = p.parse_args()
     row = {"bench": "peers-kill", "engine": args.engine, "bytes": args.bytes, "block_bytes": args.block,
            "round": args.round, "kill_after_s": args.kill_after, "ucx_tls": os.environ.get("UCX_TLS", "default")}
+    if args.engine == "ours":
+        row["ours_transports"] = args.ours_transports
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     # Fixed addresses, so the restarted target can take them again (next_transfer).
     if args.engine == "ours":
-        opts = {"port": engines.free_port(), "tcp_port": engines.free_port(), "name": f"peers-kill-{os.getpid()}"}
+        opts = {"port": engines.free_port(), "tcp_port": engines.free_port(), "name": f"peers-kill-{os.getpid()}",
+                "ours_transports": args.ours_transports}
     elif args.engine == "nixl":
         opts = {"name": f"peers-kill-target-{os.getpid()}"}
     else:
@@ -60,7 +65,7 @@ def main():
         os._exit(1)
     buf = np.empty(args.bytes, dtype=np.uint8)
     buf[:] = 7
-    ini = engines.make_initiator(args.engine, buf, info, {})
+    ini = engines.make_initiator(args.engine, buf, info, {"ours_transports": args.ours_transports})
     ini.connect()
     n = args.bytes // args.block
     local = np.uint64(ini.base) + np.arange(n, dtype=np.uint64) * np.uint64(args.block)
@@ -68,6 +73,8 @@ def main():
     lengths = np.full(n, args.block, dtype=np.uint64)
     # A small write first, so the connection exists before the big batch.
     ini.prepare("write", local[:1], remote[:1], lengths[:1])()
+    if args.engine == "ours":
+        row["route"] = next((r[0] for r in ini.routes() if r[2]), None)  # connected, preferred first
     result = {}
     done = threading.Event()
 
@@ -118,6 +125,7 @@ def main():
         freed = threading.Event()
 
         def free():
+            result["free_start"] = time.perf_counter()
             try:
                 if args.engine == "ours":
                     ini.reg.close()
@@ -130,12 +138,18 @@ def main():
                 result["freed"] = "ok"
             except Exception as e:
                 result["freed"] = f"{type(e).__name__}: {e}"[:200]
+            result["free_end"] = time.perf_counter()
             freed.set()
 
         t1 = time.perf_counter()
         threading.Thread(target=free, daemon=True).start()
         if freed.wait(args.limit):
-            row.update({"deregister": result["freed"], "deregister_ms": (time.perf_counter() - t1) * 1e3})
+            # deregister_ms: from starting the freeing thread until the waiter saw it done (what a
+            # caller waits); deregister_call_ms: the engine's call alone, on that thread.
+            seen = time.perf_counter()
+            row.update({"deregister": result["freed"], "deregister_ms": (seen - t1) * 1e3,
+                        "deregister_call_ms": (result["free_end"] - result["free_start"]) * 1e3,
+                        "deregister_wake_ms": (seen - result["free_end"]) * 1e3})
         else:
             row.update({"deregister": f"no return within {args.limit:.0f} s", "deregister_ms": None})
     if finished and args.next:
