@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use te_base::auth::{AuthKey, Nonce, ResponderHandshake, NONCE_LEN};
+use te_base::auth::{self as auth, AuthKey, HandshakeError, HandshakeFrames, Nonce, Step, NONCE_LEN};
 use te_base::listener::{
     accept_admitted, deadline, log_refusal, AcceptBackoff, ConnectionGate, ConnectionPermit, ListenerLimits,
 };
@@ -278,10 +278,55 @@ pub(crate) async fn serve_connection(stream: TcpStream, server: &Server, permit:
     result
 }
 
+/// Why the handshake's frames failed on the target's side.
+enum HelloFailed {
+    /// The initiator closed the connection.
+    Closed,
+    /// The socket failed.
+    Io(io::Error),
+    /// Another frame than the proof (or one for another request id): refused.
+    Unexpected,
+}
+
+/// The handshake's frames on the target's side: CHALLENGE out, PROOF in, both under the
+/// HELLO's request id.
+struct HelloFrames<'a, R> {
+    reader: &'a mut FrameReader<R>,
+    w: &'a mut OwnedWriteHalf,
+    id: u64,
+}
+
+impl<R: crate::frame_io::FrameSource + Send> HandshakeFrames for HelloFrames<'_, R> {
+    type Error = HelloFailed;
+
+    async fn send(&mut self, _: Step, body: &[u8]) -> Result<(), HelloFailed> {
+        let challenge = Header {
+            request_id: self.id,
+            len: body.len() as u64,
+            ..Header::new(Opcode::Challenge)
+        };
+        let mut frame = challenge.to_bytes().to_vec();
+        frame.extend_from_slice(body);
+        write_all(self.w, &frame).await.map_err(HelloFailed::Io)
+    }
+
+    async fn recv(&mut self, _: Step) -> Result<Vec<u8>, HelloFailed> {
+        match self.reader.header().await.map_err(HelloFailed::Io)? {
+            Some(Ok(h)) if h.opcode == Opcode::Proof && h.len == PROOF_LEN && h.request_id == self.id => {
+                let mut theirs = vec![0u8; PROOF_LEN as usize];
+                self.reader.payload_into(&mut theirs).await.map_err(HelloFailed::Io)?;
+                Ok(theirs)
+            }
+            None => Err(HelloFailed::Closed),
+            _ => Err(HelloFailed::Unexpected),
+        }
+    }
+}
+
 /// The HELLO exchange, authenticated when the server has a key. `Ok(false)`: the peer closed.
 async fn handshake<R>(reader: &mut FrameReader<R>, w: &mut OwnedWriteHalf, server: &Server) -> io::Result<bool>
 where
-    R: crate::frame_io::FrameSource,
+    R: crate::frame_io::FrameSource + Send,
 {
     let hello = match reader.header().await? {
         None => return Ok(false),
@@ -299,25 +344,12 @@ where
         (Some(key), true) => {
             let mut nonce: Nonce = [0u8; NONCE_LEN];
             reader.payload_into(&mut nonce).await?;
-            let (pending, ours, proof) = ResponderHandshake::answer(key, AUTH_CONTEXT, &nonce);
-            let challenge = Header {
-                request_id: id,
-                len: (ours.len() + proof.len()) as u64,
-                ..Header::new(Opcode::Challenge)
-            };
-            let mut frame = challenge.to_bytes().to_vec();
-            frame.extend_from_slice(&ours);
-            frame.extend_from_slice(&proof);
-            write_all(w, &frame).await?;
-            let answer = match reader.header().await? {
-                Some(Ok(h)) if h.opcode == Opcode::Proof && h.len == PROOF_LEN => h,
-                None => return Ok(false),
-                _ => return Err(refuse(w, id, RefusalCode::Unauthenticated, "authentication failed").await),
-            };
-            let mut theirs = [0u8; PROOF_LEN as usize];
-            reader.payload_into(&mut theirs).await?;
-            if pending.check(&theirs, "initiator").is_err() || answer.request_id != id {
-                return Err(refuse(w, id, RefusalCode::Unauthenticated, "authentication failed").await);
+            let mut frames = HelloFrames { reader, w, id };
+            match auth::respond(&mut frames, key, AUTH_CONTEXT, &nonce, "initiator").await {
+                Ok(()) => {}
+                Err(HandshakeError::Frames(HelloFailed::Closed)) => return Ok(false),
+                Err(HandshakeError::Frames(HelloFailed::Io(e))) => return Err(e),
+                Err(_) => return Err(refuse(w, id, RefusalCode::Unauthenticated, "authentication failed").await),
             }
         }
         (Some(_), false) => {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
-use te_base::auth::{AuthKey, InitiatorHandshake, Nonce, NONCE_LEN};
+use te_base::auth::{self as auth, AuthKey, HandshakeError, HandshakeFrames, Step};
 use te_base::listener::{tune_socket, ConnectionGate};
 use te_base::{
     Capabilities, Error, InstallContext, MemoryKinds, Peer, RegionInfo, Result, SegmentDescriptor, Transport,
@@ -23,7 +23,7 @@ use crate::lane::{Lane, LaneOpener};
 use crate::peer::{Connection, TcpPeer};
 use crate::regions::RegionTable;
 use crate::serve::{accept_loop, Server, AUTH_CONTEXT};
-use crate::wire::{Header, Opcode, RefusalCode, CHALLENGE_LEN, HEADER_LEN, HELLO_AUTH_LEN, MAX_ERROR_LEN, PROOF_LEN};
+use crate::wire::{Header, Opcode, RefusalCode, CHALLENGE_LEN, HEADER_LEN, MAX_ERROR_LEN};
 
 /// The TCP transport.
 pub struct TcpTransport {
@@ -235,55 +235,102 @@ async fn greet(
     // Before the first frame: the handshake is small frames back and forth, which must never
     // wait for a delayed ACK (TCP_NODELAY is part of the tuning).
     tune_socket(&stream, timeout);
-    let pending = auth.map(|key| InitiatorHandshake::start(key, AUTH_CONTEXT));
-    let hello = Header {
-        token,
-        len: if pending.is_some() { HELLO_AUTH_LEN } else { 0 },
-        ..Header::new(Opcode::Hello)
-    };
-    let mut frame = hello.to_bytes().to_vec();
-    if let Some((_, nonce)) = &pending {
-        frame.extend_from_slice(nonce);
-    }
-    stream.write_all(&frame).await.map_err(other)?;
-    let mut reply = read_header(&mut stream).await?;
-    if let Some((handshake, _)) = pending {
-        if reply.opcode == Opcode::HelloAck {
-            return Err(GreetError::Unauthenticated(
-                "the target does not authenticate (it has no key)".into(),
-            ));
-        }
-        if reply.opcode == Opcode::Challenge && reply.len == CHALLENGE_LEN {
-            let mut body = [0u8; CHALLENGE_LEN as usize];
-            stream.read_exact(&mut body).await.map_err(other)?;
-            let (nonce, proof) = body.split_at(NONCE_LEN);
-            let nonce: Nonce = nonce.try_into().expect("split at the nonce length");
-            let ours = handshake
-                .finish(&nonce, proof, &addr.to_string())
-                .map_err(|_| GreetError::Unauthenticated("the target does not hold this engine's key".into()))?;
-            let answer = Header {
-                len: PROOF_LEN,
-                ..Header::new(Opcode::Proof)
+    match auth {
+        // The shared-key handshake (te_base::auth): HELLO with the nonce, CHALLENGE, PROOF.
+        Some(key) => {
+            let mut frames = GreetFrames {
+                stream: &mut stream,
+                token,
             };
-            let mut frame = answer.to_bytes().to_vec();
-            frame.extend_from_slice(&ours);
-            stream.write_all(&frame).await.map_err(other)?;
-            reply = read_header(&mut stream).await?;
+            auth::initiate(&mut frames, key, AUTH_CONTEXT, &addr.to_string())
+                .await
+                .map_err(|e| match e {
+                    HandshakeError::Frames(e) => e,
+                    HandshakeError::Malformed { .. } => GreetError::Other("a malformed challenge".into()),
+                    HandshakeError::Unauthenticated(_) => {
+                        GreetError::Unauthenticated("the target does not hold this engine's key".into())
+                    }
+                })?;
+        }
+        None => {
+            let hello = Header {
+                token,
+                ..Header::new(Opcode::Hello)
+            };
+            stream.write_all(&hello.to_bytes()).await.map_err(other)?;
         }
     }
+    let reply = read_header(&mut stream).await?;
     match reply.opcode {
         Opcode::HelloAck if reply.token == token => Ok((stream, Duration::from_millis(reply.addr))),
+        _ => Err(refusal(&mut stream, reply).await),
+    }
+}
+
+/// The handshake's frames on the initiator's side: HELLO (carrying the expected instance token)
+/// and PROOF out, CHALLENGE in.
+struct GreetFrames<'s> {
+    stream: &'s mut TcpStream,
+    token: u64,
+}
+
+impl HandshakeFrames for GreetFrames<'_> {
+    type Error = GreetError;
+
+    async fn send(&mut self, step: Step, body: &[u8]) -> std::result::Result<(), GreetError> {
+        let (opcode, token) = match step {
+            Step::Hello => (Opcode::Hello, self.token),
+            _ => (Opcode::Proof, 0),
+        };
+        let h = Header {
+            token,
+            len: body.len() as u64,
+            ..Header::new(opcode)
+        };
+        let mut frame = h.to_bytes().to_vec();
+        frame.extend_from_slice(body);
+        self.stream
+            .write_all(&frame)
+            .await
+            .map_err(|e| GreetError::Other(e.to_string()))
+    }
+
+    async fn recv(&mut self, _: Step) -> std::result::Result<Vec<u8>, GreetError> {
+        let reply = read_header(self.stream).await?;
+        match reply.opcode {
+            Opcode::Challenge if reply.len == CHALLENGE_LEN => {
+                let mut body = vec![0u8; CHALLENGE_LEN as usize];
+                self.stream
+                    .read_exact(&mut body)
+                    .await
+                    .map_err(|e| GreetError::Other(e.to_string()))?;
+                Ok(body)
+            }
+            Opcode::HelloAck => Err(GreetError::Unauthenticated(
+                "the target does not authenticate (it has no key)".into(),
+            )),
+            _ => Err(refusal(self.stream, reply).await),
+        }
+    }
+}
+
+/// What a reply other than HELLO_ACK (for this instance) to a HELLO means.
+async fn refusal(stream: &mut TcpStream, reply: Header) -> GreetError {
+    let other = |e: std::io::Error| GreetError::Other(e.to_string());
+    match reply.opcode {
         Opcode::Error => {
             let mut msg = vec![0u8; reply.len.min(MAX_ERROR_LEN) as usize];
-            stream.read_exact(&mut msg).await.map_err(other)?;
+            if let Err(e) = stream.read_exact(&mut msg).await {
+                return other(e);
+            }
             let text = String::from_utf8_lossy(&msg).into_owned();
             match RefusalCode::from_u16(reply.code) {
-                RefusalCode::WrongInstance => Err(GreetError::Restarted(text)),
-                RefusalCode::Unauthenticated => Err(GreetError::Unauthenticated(text)),
-                _ => Err(GreetError::Other(text)),
+                RefusalCode::WrongInstance => GreetError::Restarted(text),
+                RefusalCode::Unauthenticated => GreetError::Unauthenticated(text),
+                _ => GreetError::Other(text),
             }
         }
-        op => Err(GreetError::Other(format!("unexpected {op:?} reply to HELLO"))),
+        op => GreetError::Other(format!("unexpected {op:?} reply to HELLO")),
     }
 }
 
