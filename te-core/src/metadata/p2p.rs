@@ -23,8 +23,10 @@
 //! (no descriptor, no token, no instance id, not even whether a name exists). The client checks the
 //! server's proof too: a server without the key cannot hand it a forged descriptor.
 //!
-//! The framing ([`frame`]) is pure (no I/O) and property-tested; the socket code below only moves
-//! the bytes it asks for. The server caps connections (total and per source), and bounds the
+//! The framing ([`frame`]) is pure (no I/O), reads through te-base's wire kit
+//! ([`te_base::wire`]) and is property-tested; the socket code below only moves the bytes it asks
+//! for. The handshake is te-base's ([`te_base::auth::initiate`] / [`te_base::auth::respond`]) over
+//! these frames. The server caps connections (total and per source), and bounds the
 //! handshake, reading the request and writing the answer by deadlines (`TE_P2P_*`, see
 //! [`P2pConfig::from_env`]). The client reads an answer of at most `TE_P2P_MAX_ANSWER_BYTES`,
 //! growing its buffer as bytes arrive (never by the announced size), within `TE_P2P_TIMEOUT_MS`.
@@ -36,7 +38,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::RwLock;
-use te_base::auth::{warn_unauthenticated, AuthKey, InitiatorHandshake, ResponderHandshake, NONCE_LEN, PROOF_LEN};
+use te_base::auth::{self as auth, warn_unauthenticated, AuthKey, HandshakeError, HandshakeFrames, Step, NONCE_LEN};
 use te_base::config::{parse_bytes, parse_var, Env};
 use te_base::listener::{
     accept_admitted, deadline, log_refusal, read_growing, AcceptBackoff, ConnectionGate, ListenerLimits,
@@ -63,10 +65,20 @@ const UNAUTHENTICATED_TEXT: &str = "authentication required";
 
 /// The framing of the p2p protocol: pure encoders and decoders, no I/O.
 pub mod frame {
+    use te_base::wire::{Preamble, Reader};
+
+    /// What is wrong with a frame (te-base's wire error: it names the field and its offset).
+    pub use te_base::wire::WireError as FrameError;
+
     /// The first bytes of every frame.
     pub const MAGIC: [u8; 4] = *b"TEmd";
     /// The protocol version.
     pub const VERSION: u8 = 1;
+    /// Magic and version at the start of every frame.
+    pub const PREAMBLE: Preamble = Preamble {
+        magic: &MAGIC,
+        version: VERSION,
+    };
     /// Bytes of a request header.
     pub const REQUEST_HEAD: usize = 8;
     /// Bytes of an answer header.
@@ -138,31 +150,6 @@ pub mod frame {
         }
     }
 
-    /// What is wrong with a frame.
-    #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-    #[non_exhaustive]
-    pub enum FrameError {
-        /// The bytes are not a p2p metadata frame (another protocol, or another version).
-        #[error("not the p2p metadata protocol (magic or version)")]
-        Protocol,
-        /// An operation or status this build does not know.
-        #[error("unknown {what} code {code}")]
-        UnknownCode {
-            /// `"operation"` or `"status"`.
-            what: &'static str,
-            /// The code received.
-            code: u8,
-        },
-        /// The announced payload is larger than the reader accepts.
-        #[error("announced a {len}-byte payload (max {max})")]
-        TooLong {
-            /// Announced length.
-            len: u64,
-            /// Largest accepted.
-            max: u64,
-        },
-    }
-
     /// A decoded request header.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub struct RequestHead {
@@ -204,16 +191,18 @@ pub mod frame {
 
     /// Decodes a request header.
     pub fn decode_request_head(head: &[u8; REQUEST_HEAD]) -> Result<RequestHead, FrameError> {
-        if head[..4] != MAGIC || head[4] != VERSION {
-            return Err(FrameError::Protocol);
-        }
-        let op = Op::from_code(head[5]).ok_or(FrameError::UnknownCode {
-            what: "operation",
-            code: head[5],
+        let mut r = Reader::new(head);
+        PREAMBLE.check(&mut r)?;
+        let at = r.position();
+        let code = r.u8("operation")?;
+        let op = Op::from_code(code).ok_or(FrameError::BadValue {
+            field: "operation",
+            at,
+            value: code as u64,
         })?;
         Ok(RequestHead {
             op,
-            len: u16::from_le_bytes([head[6], head[7]]) as usize,
+            len: r.u16("payload length")? as usize,
         })
     }
 
@@ -229,8 +218,7 @@ pub mod frame {
     /// Encodes an answer header announcing `len` bytes of payload.
     pub fn encode_answer_head(status: Status, len: u32) -> [u8; ANSWER_HEAD] {
         let mut h = [0u8; ANSWER_HEAD];
-        h[..4].copy_from_slice(&MAGIC);
-        h[4] = VERSION;
+        PREAMBLE.write_into(&mut h);
         h[5] = status.code();
         h[6..].copy_from_slice(&len.to_le_bytes());
         h
@@ -239,16 +227,19 @@ pub mod frame {
     /// Decodes an answer header, refusing a payload longer than `max` before anything is
     /// allocated for it.
     pub fn decode_answer_head(head: &[u8; ANSWER_HEAD], max: usize) -> Result<AnswerHead, FrameError> {
-        if head[..4] != MAGIC || head[4] != VERSION {
-            return Err(FrameError::Protocol);
-        }
-        let status = Status::from_code(head[5]).ok_or(FrameError::UnknownCode {
-            what: "status",
-            code: head[5],
+        let mut r = Reader::new(head);
+        PREAMBLE.check(&mut r)?;
+        let at = r.position();
+        let code = r.u8("status")?;
+        let status = Status::from_code(code).ok_or(FrameError::BadValue {
+            field: "status",
+            at,
+            value: code as u64,
         })?;
-        let len = u32::from_le_bytes([head[6], head[7], head[8], head[9]]);
+        let len = r.u32("payload length")?;
         if len as u64 > max as u64 {
-            return Err(FrameError::TooLong {
+            return Err(FrameError::TooLarge {
+                field: "answer",
                 len: len as u64,
                 max: max as u64,
             });
@@ -530,22 +521,23 @@ impl Client<'_> {
     }
 
     async fn authenticate(&self, stream: &mut TcpStream, key: &AuthKey) -> Result<()> {
-        let (hs, nonce_i) = InitiatorHandshake::start(key, AUTH_CONTEXT);
-        self.send(stream, Op::Hello, &nonce_i).await?;
+        let mut frames = ClientFrames { client: self, stream };
+        auth::initiate(&mut frames, key, AUTH_CONTEXT, self.addr)
+            .await
+            .map_err(|e| match e {
+                HandshakeError::Frames(e) | HandshakeError::Unauthenticated(e) => e,
+                HandshakeError::Malformed { len, expected, .. } => Error::Metadata(format!(
+                    "p2p: {}: a challenge of {len} bytes (expected {expected})",
+                    self.addr
+                )),
+            })
+    }
+
+    /// The handshake's challenge, or why the peer answered something else.
+    async fn challenge(&self, stream: &mut TcpStream) -> Result<Vec<u8>> {
         let (status, payload) = self.receive(stream, MAX_HANDSHAKE_ANSWER).await?;
         match status {
-            Status::Challenge if payload.len() == NONCE_LEN + PROOF_LEN => {
-                let (nonce_r, proof_r) = payload.split_at(NONCE_LEN);
-                let nonce_r: &[u8; NONCE_LEN] = nonce_r.try_into().expect("split at NONCE_LEN");
-                let proof = hs.finish(nonce_r, proof_r, self.addr)?;
-                self.send(stream, Op::Proof, &proof).await
-            }
-            Status::Challenge => Err(Error::Metadata(format!(
-                "p2p: {}: a challenge of {} bytes (expected {})",
-                self.addr,
-                payload.len(),
-                NONCE_LEN + PROOF_LEN
-            ))),
+            Status::Challenge => Ok(payload),
             Status::Refused | Status::Unauthenticated => {
                 Err(self.unauthenticated("the peer does not authenticate (it has no shared key configured)"))
             }
@@ -593,6 +585,26 @@ impl Client<'_> {
                 self.addr
             ))),
         }
+    }
+}
+
+/// The handshake's frames on the fetching side: HELLO and PROOF requests out, the CHALLENGE
+/// answer in.
+struct ClientFrames<'c, 's> {
+    client: &'c Client<'c>,
+    stream: &'s mut TcpStream,
+}
+
+impl HandshakeFrames for ClientFrames<'_, '_> {
+    type Error = Error;
+
+    async fn send(&mut self, step: Step, body: &[u8]) -> Result<()> {
+        let op = if step == Step::Hello { Op::Hello } else { Op::Proof };
+        self.client.send(self.stream, op, body).await
+    }
+
+    async fn recv(&mut self, _: Step) -> Result<Vec<u8>> {
+        self.client.challenge(self.stream).await
     }
 }
 
@@ -645,17 +657,36 @@ async fn write_answer(stream: &mut TcpStream, status: Status, payload: &[u8], li
 /// `Ok(false)` when the peer did not prove the key.
 async fn authenticate_peer(stream: &mut TcpStream, key: &AuthKey, peer: &str) -> std::io::Result<bool> {
     let (h, nonce_i) = read_frame(stream).await?;
-    let Ok(nonce_i) = <[u8; NONCE_LEN]>::try_from(nonce_i.as_slice()) else {
-        return Ok(false);
-    };
-    if h.op != Op::Hello {
+    if h.op != Op::Hello || nonce_i.len() != NONCE_LEN {
         return Ok(false);
     }
-    let (hs, nonce_r, proof_r) = ResponderHandshake::answer(key, AUTH_CONTEXT, &nonce_i);
-    let challenge = frame::encode_answer(Status::Challenge, &[nonce_r, proof_r].concat()).expect("64 bytes fit");
-    stream.write_all(&challenge).await?;
-    let (h, proof_i) = read_frame(stream).await?;
-    Ok(h.op == Op::Proof && hs.check(&proof_i, peer).is_ok())
+    match auth::respond(&mut ServerFrames { stream }, key, AUTH_CONTEXT, &nonce_i, peer).await {
+        Ok(()) => Ok(true),
+        Err(HandshakeError::Frames(Some(e))) => Err(e),
+        Err(_) => Ok(false),
+    }
+}
+
+/// The handshake's frames on the serving side: the CHALLENGE answer out, the PROOF request in.
+/// The error is `None` when the request is not a proof.
+struct ServerFrames<'s> {
+    stream: &'s mut TcpStream,
+}
+
+impl HandshakeFrames for ServerFrames<'_> {
+    type Error = Option<std::io::Error>;
+
+    async fn send(&mut self, _: Step, body: &[u8]) -> std::result::Result<(), Self::Error> {
+        let challenge = frame::encode_answer(Status::Challenge, body).expect("64 bytes fit");
+        self.stream.write_all(&challenge).await.map_err(Some)
+    }
+
+    async fn recv(&mut self, _: Step) -> std::result::Result<Vec<u8>, Self::Error> {
+        match read_frame(self.stream).await.map_err(Some)? {
+            (h, proof) if h.op == Op::Proof => Ok(proof),
+            _ => Err(None),
+        }
+    }
 }
 
 async fn answer(
@@ -847,7 +878,7 @@ mod tests {
                 if !payload.is_empty() {
                     let too_long = decode_answer(&bytes, payload.len() - 1).unwrap_err();
                     prop_assert!(
-                        matches!(too_long, FrameError::TooLong { .. }),
+                        matches!(too_long, FrameError::TooLarge { .. }),
                         "{:?}",
                         too_long
                     );
@@ -857,19 +888,28 @@ mod tests {
 
         #[test]
         fn other_protocols_and_codes_are_named() {
-            assert_eq!(decode_request(b"GET / HTTP/1.1\r\n"), Err(FrameError::Protocol));
+            assert!(matches!(
+                decode_request(b"GET / HTTP/1.1\r\n"),
+                Err(FrameError::BadMagic { .. })
+            ));
+            assert_eq!(
+                decode_request(b"TEmd\x02\x01\x00\x00"),
+                Err(FrameError::BadVersion { got: 2, speaks: 1 })
+            );
             assert_eq!(
                 decode_request(b"TEmd\x01\x09\x00\x00"),
-                Err(FrameError::UnknownCode {
-                    what: "operation",
-                    code: 9
+                Err(FrameError::BadValue {
+                    field: "operation",
+                    at: 5,
+                    value: 9
                 })
             );
             assert_eq!(
                 decode_answer(b"TEmd\x01\x07\x00\x00\x00\x00", 10),
-                Err(FrameError::UnknownCode {
-                    what: "status",
-                    code: 7
+                Err(FrameError::BadValue {
+                    field: "status",
+                    at: 5,
+                    value: 7
                 })
             );
             assert!(encode_request(Op::Get, &vec![0u8; 1 << 16]).is_none());
