@@ -15,7 +15,7 @@
 mod common;
 mod history;
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,11 @@ const KEYS: usize = 10;
 const LAYER: u64 = 3000;
 const MAX_LAYERS: u64 = 10;
 const THREADS: usize = 4;
+/// The run goes on at least this long, and then until what it must exercise was seen (see
+/// [`exercised`]): how fast the machine is changes how long it takes, not the verdict.
 const RUN: Duration = Duration::from_secs(3);
+/// A hang guard only: a run that has not exercised the tiers by then fails.
+const HANG_GUARD: Duration = Duration::from_secs(300);
 const MAX_OPS_PER_THREAD: usize = 20_000;
 
 /// Layers of version `v` (2..=10), so versions differ in length and truncation shows.
@@ -65,12 +69,14 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
         // Source object, whole-get target, ranged-get target.
         bufs.push(Buf::new(&store, (3 * MAX_LAYERS * LAYER) as usize).await);
     }
-    let deadline = Instant::now() + RUN;
+    let stop = Arc::new(AtomicBool::new(false));
+    let gets_done = Arc::new(AtomicUsize::new(0));
     let threads: Vec<_> = bufs
         .into_iter()
         .enumerate()
         .map(|(t, mut buf)| {
             let (store, log, versions) = (store.clone(), log.clone(), versions.clone());
+            let (stop, gets_done) = (stop.clone(), gets_done.clone());
             std::thread::spawn(move || {
                 let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ ((t as u64 + 1) * 0x2545_F491_4F6C_DD1D);
                 let mut next = move || {
@@ -85,7 +91,7 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
                 let ranged_at = 2 * MAX_LAYERS * LAYER;
                 let mut problems = Vec::new();
                 for _ in 0..MAX_OPS_PER_THREAD {
-                    if Instant::now() >= deadline {
+                    if stop.load(Ordering::Acquire) {
                         break;
                     }
                     let k = (next() % KEYS as u64) as usize;
@@ -155,6 +161,7 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
                             }
                         };
                         log.push(k, Op::Get { saw }, start, end);
+                        gets_done.fetch_add(1, Ordering::Relaxed);
                     } else {
                         // Layers 1 and 0 (every version has both) into separate places, plus a
                         // range that crosses from layer 0 into layer 1.
@@ -200,6 +207,7 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
                             }
                         };
                         log.push(k, Op::Get { saw }, start, end);
+                        gets_done.fetch_add(1, Ordering::Relaxed);
                     }
                 }
                 problems
@@ -208,16 +216,25 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
         .collect();
     // Compaction runs all the time too, moving records while they are read, replaced, removed.
     let compactor = {
-        let store = store.clone();
+        let (store, stop) = (store.clone(), stop.clone());
         std::thread::spawn(move || {
             let mut runs = 0u32;
-            while Instant::now() < deadline && runs < 100_000 {
+            while !stop.load(Ordering::Acquire) && runs < 100_000 {
                 store.compact(true).unwrap();
                 runs += 1;
                 std::thread::yield_now();
             }
         })
     };
+    // Stop once the run lasted RUN and the tiers were exercised, or every thread ran its ops.
+    let started = Instant::now();
+    while started.elapsed() < HANG_GUARD && !threads.iter().all(|t| t.is_finished()) {
+        if started.elapsed() >= RUN && exercised(&store.stats().unwrap(), gets_done.load(Ordering::Relaxed)) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::Release);
     let mut problems = Vec::new();
     for t in threads {
         problems.extend(t.join().unwrap());
@@ -274,4 +291,10 @@ async fn gets_are_linearizable_under_puts_removes_promotion_and_demotion() {
     );
     assert!(gets > 100, "only {gets} gets ran");
     history::assert_clean(&problems, &stale);
+}
+
+/// What the run must have exercised before it may stop: objects demoted and promoted, SSD
+/// segments compacted, and more than 100 gets (the final assertions).
+fn exercised(stats: &umbp::StoreStats, gets: usize) -> bool {
+    stats.core.demoted > 0 && stats.core.promoted > 0 && stats.core.ssd_segments_compacted > 0 && gets > 100
 }
