@@ -128,7 +128,9 @@ fn a_killed_server_fails_calls_in_bound_and_the_restart_serves_the_ssd_again() {
     put_whole(&store, &keys, buf.addr(), 4096);
     server.kill();
 
-    // Calls fail, typed, well within the bound (the socket closes with the process).
+    // Calls fail, typed, well within the bound (the socket closes with the process): half the
+    // 30 s call timeout, so a failure within it is the closed socket's, not the timeout's,
+    // however slow the machine.
     let t = Instant::now();
     let back: Vec<[Range; 1]> = (0..32)
         .map(|i| [Range::new(0, 4096, buf.addr() + (32 + i) * 4096)])
@@ -140,7 +142,7 @@ fn a_killed_server_fails_calls_in_bound_and_the_restart_serves_the_ssd_again() {
         .collect();
     let e = store.batch_get_ranges(&gets).unwrap_err();
     assert!(matches!(e, StoreError::ServerGone { .. }), "{e}");
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
     let e = store.batch_get_ranges(&gets).unwrap_err();
     assert!(matches!(e, StoreError::ServerGone { .. }), "{e}");
 
