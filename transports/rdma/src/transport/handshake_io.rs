@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use te_base::auth::{AuthKey, InitiatorHandshake};
+use te_base::auth::{self as auth, AuthKey, HandshakeError, HandshakeFrames, Step, NONCE_LEN};
 use te_base::listener::read_growing;
 use te_base::{Error, Result};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -54,26 +54,81 @@ pub async fn write_message<T: Serialize>(stream: &mut TcpStream, message: &T) ->
         .map_err(|e| Error::io("rdma handshake: writing", e))
 }
 
+/// The authentication exchange's frames ([`AuthMessage`]s, nonces and proofs in hex), for
+/// te-base's one handshake ([`te_base::auth::initiate`] / [`te_base::auth::respond`]).
+pub(crate) struct AuthFrames<'s> {
+    /// The connection.
+    pub stream: &'s mut TcpStream,
+    /// Who is at the other end, for errors.
+    pub peer: &'s str,
+}
+
+impl AuthFrames<'_> {
+    fn unauthenticated(&self, reason: &str) -> Error {
+        Error::Unauthenticated {
+            peer: self.peer.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+fn half(body: &[u8], at: usize) -> &[u8; 32] {
+    body[at..at + 32]
+        .try_into()
+        .expect("a handshake body is made of 32-byte halves")
+}
+
+impl HandshakeFrames for AuthFrames<'_> {
+    type Error = Error;
+
+    async fn send(&mut self, step: Step, body: &[u8]) -> Result<()> {
+        let message = match step {
+            Step::Hello => AuthMessage::Hello {
+                nonce: hex32(half(body, 0)),
+            },
+            Step::Challenge => AuthMessage::Challenge {
+                nonce: hex32(half(body, 0)),
+                proof: hex32(half(body, NONCE_LEN)),
+            },
+            Step::Proof => AuthMessage::Proof {
+                proof: hex32(half(body, 0)),
+            },
+        };
+        write_message(self.stream, &message).await
+    }
+
+    async fn recv(&mut self, step: Step) -> Result<Vec<u8>> {
+        let body = read_body(self.stream, MAX_AUTH_MESSAGE_BYTES).await?;
+        match (step, decode::<AuthMessage>(&body)) {
+            (Step::Challenge, Ok(AuthMessage::Challenge { nonce, proof })) => Ok([
+                parse_hex32(&nonce, "the target's nonce")?,
+                parse_hex32(&proof, "the target's proof")?,
+            ]
+            .concat()),
+            // A target without a key answers `Refused`; anything else is as good as that.
+            (Step::Challenge, _) => {
+                Err(self.unauthenticated("the target does not authenticate (no shared key configured there)"))
+            }
+            (Step::Proof, Ok(AuthMessage::Proof { proof })) => Ok(parse_hex32(&proof, "proof")?.to_vec()),
+            (_, Err(e)) => Err(e),
+            (_, Ok(_)) => Err(self.unauthenticated("no proof")),
+        }
+    }
+}
+
+/// Maps a handshake's failure to the engine's error.
+pub(crate) fn handshake_error(e: HandshakeError<Error>) -> Error {
+    match e {
+        HandshakeError::Frames(e) | HandshakeError::Unauthenticated(e) => e,
+        malformed => invalid(malformed.to_string()),
+    }
+}
+
 /// The initiator's side of the authentication exchange.
 async fn authenticate(stream: &mut TcpStream, key: &AuthKey, peer: &str) -> Result<()> {
-    let (hs, nonce_i) = InitiatorHandshake::start(key, AUTH_CONTEXT);
-    write_message(stream, &AuthMessage::Hello { nonce: hex32(&nonce_i) }).await?;
-    let body = read_body(stream, MAX_AUTH_MESSAGE_BYTES).await?;
-    let (nonce_r, proof_r) = match decode::<AuthMessage>(&body) {
-        Ok(AuthMessage::Challenge { nonce, proof }) => (
-            parse_hex32(&nonce, "the target's nonce")?,
-            parse_hex32(&proof, "the target's proof")?,
-        ),
-        _ => {
-            // A target without a key answers `Refused`; anything else is as good as that.
-            return Err(Error::Unauthenticated {
-                peer: peer.to_string(),
-                reason: "the target does not authenticate (no shared key configured there)".into(),
-            });
-        }
-    };
-    let proof = hs.finish(&nonce_r, &proof_r, peer)?;
-    write_message(stream, &AuthMessage::Proof { proof: hex32(&proof) }).await
+    auth::initiate(&mut AuthFrames { stream, peer }, key, AUTH_CONTEXT, peer)
+        .await
+        .map_err(handshake_error)
 }
 
 /// Sends `request` to the target's listener at `addr` (authenticating first when `auth` is set)

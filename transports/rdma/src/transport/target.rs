@@ -18,17 +18,17 @@ use std::net::IpAddr;
 use std::sync::Weak;
 use std::time::Duration;
 
-use te_base::auth::{AuthKey, ResponderHandshake};
+use te_base::auth::{self as auth, AuthKey};
 use te_base::listener::{accept_admitted, deadline, AcceptBackoff, ConnectionGate, ListenerLimits};
 use te_base::{Error, Result};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::handshake_io::{read_body, write_message};
+use super::handshake_io::{handshake_error, read_body, write_message, AuthFrames};
 use super::notify::NoteRing;
 use super::rails::RailSet;
 use super::Shared;
 use crate::protocol::handshake::{
-    decode, decode_opening, hex32, mtu_offer, negotiate_mtu, parse_hex32, AuthMessage, ConnectRequest, ConnectResponse,
+    decode, decode_opening, mtu_offer, negotiate_mtu, parse_hex32, AuthMessage, ConnectRequest, ConnectResponse,
     Opening, QpOffer, AUTH_CONTEXT, MAX_AUTH_MESSAGE_BYTES, MAX_MESSAGE_BYTES,
 };
 use crate::protocol::qp_state::QpTransition;
@@ -224,19 +224,9 @@ async fn authenticate(stream: &mut TcpStream, key: &AuthKey, hello: AuthMessage,
         });
     };
     let nonce_i = parse_hex32(&nonce, "nonce")?;
-    let (hs, nonce_r, proof_r) = ResponderHandshake::answer(key, AUTH_CONTEXT, &nonce_i);
-    let challenge = AuthMessage::Challenge {
-        nonce: hex32(&nonce_r),
-        proof: hex32(&proof_r),
-    };
-    write_message(stream, &challenge).await?;
-    match decode::<AuthMessage>(&read_body(stream, MAX_AUTH_MESSAGE_BYTES).await?)? {
-        AuthMessage::Proof { proof } => hs.check(&parse_hex32(&proof, "proof")?, peer),
-        _ => Err(Error::Unauthenticated {
-            peer: peer.into(),
-            reason: "no proof".into(),
-        }),
-    }
+    auth::respond(&mut AuthFrames { stream, peer }, key, AUTH_CONTEXT, &nonce_i, peer)
+        .await
+        .map_err(handshake_error)
 }
 
 /// Reads the request of one connection: after authentication when `auth` is set. `Err` carries
