@@ -1,6 +1,7 @@
 //! The wire format: a fixed 40-byte little-endian frame header, optionally followed by a payload.
 //!
-//! Pure encoding and decoding, no I/O, so the codec is tested (and fuzzed) without sockets.
+//! Pure encoding and decoding, no I/O, so the codec is tested (and fuzzed) without sockets. Magic
+//! and version are checked, and the fields read, by te-base's wire kit ([`te_base::wire`]).
 //!
 //! ```text
 //! offset  size  field
@@ -22,12 +23,19 @@
 
 use std::fmt;
 
+use te_base::wire::{Preamble, Reader};
+
 /// Frame magic.
 pub const MAGIC: [u8; 4] = *b"TEtc";
 /// Wire version this build speaks (2: authenticated HELLO, PING; 3: NOTIFY, NOTIFY_ACK).
 pub const VERSION: u8 = 3;
 /// Size of every frame header.
 pub const HEADER_LEN: usize = 40;
+/// Magic and version at the start of every frame.
+pub const PREAMBLE: Preamble = Preamble {
+    magic: &MAGIC,
+    version: VERSION,
+};
 /// Largest data payload one frame may carry (slices are at most this long).
 pub const MAX_DATA_LEN: u64 = 1 << 30;
 /// Largest error message one frame may carry.
@@ -172,12 +180,11 @@ pub struct Header {
 }
 
 /// A header that cannot be accepted. Any of these ends the connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WireError {
-    /// The first four bytes are not the magic: not our protocol, or the stream lost sync.
-    BadMagic([u8; 4]),
-    /// A version this build does not speak.
-    BadVersion(u8),
+    /// Not our magic (another protocol, or the stream lost sync) or another version: te-base's
+    /// wire error says which.
+    Frame(te_base::wire::WireError),
     /// An unknown opcode.
     BadOpcode(u8),
     /// A non-zero code on a frame other than ERROR.
@@ -189,8 +196,7 @@ pub enum WireError {
 impl fmt::Display for WireError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            WireError::BadMagic(m) => write!(f, "bad frame magic {m:02x?}"),
-            WireError::BadVersion(v) => write!(f, "unsupported wire version {v} (this build speaks {VERSION})"),
+            WireError::Frame(e) => write!(f, "{e}"),
             WireError::BadOpcode(o) => write!(f, "unknown opcode {o}"),
             WireError::StrayCode { opcode, code } => write!(f, "{opcode:?} frame carries error code {code}"),
             WireError::Oversized { opcode, len, max } => {
@@ -201,6 +207,12 @@ impl fmt::Display for WireError {
 }
 
 impl std::error::Error for WireError {}
+
+impl From<te_base::wire::WireError> for WireError {
+    fn from(e: te_base::wire::WireError) -> Self {
+        WireError::Frame(e)
+    }
+}
 
 impl Header {
     /// A header with every numeric field zero.
@@ -226,8 +238,7 @@ impl Header {
 
     /// Encodes into `out`.
     pub fn encode(&self, out: &mut [u8; HEADER_LEN]) {
-        out[0..4].copy_from_slice(&MAGIC);
-        out[4] = VERSION;
+        PREAMBLE.write_into(out);
         out[5] = self.opcode as u8;
         out[6..8].copy_from_slice(&self.code.to_le_bytes());
         out[8..16].copy_from_slice(&self.request_id.to_le_bytes());
@@ -244,25 +255,20 @@ impl Header {
     }
 
     /// Decodes and validates a header.
+    #[inline]
     pub fn decode(bytes: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
-        let u64_at = |at: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&bytes[at..at + 8]);
-            u64::from_le_bytes(b)
-        };
-        let magic = [bytes[0], bytes[1], bytes[2], bytes[3]];
-        if magic != MAGIC {
-            return Err(WireError::BadMagic(magic));
-        }
-        if bytes[4] != VERSION {
-            return Err(WireError::BadVersion(bytes[4]));
-        }
-        let opcode = Opcode::from_u8(bytes[5]).ok_or(WireError::BadOpcode(bytes[5]))?;
-        let code = u16::from_le_bytes([bytes[6], bytes[7]]);
+        let mut r = Reader::new(bytes);
+        PREAMBLE.check(&mut r)?;
+        let op = r.u8("opcode")?;
+        let opcode = Opcode::from_u8(op).ok_or(WireError::BadOpcode(op))?;
+        let code = r.u16("code")?;
         if code != 0 && opcode != Opcode::Error {
             return Err(WireError::StrayCode { opcode, code });
         }
-        let len = u64_at(32);
+        let request_id = r.u64("request id")?;
+        let token = r.u64("token")?;
+        let addr = r.u64("address")?;
+        let len = r.u64("length")?;
         let max = opcode.max_len();
         if len > max {
             return Err(WireError::Oversized { opcode, len, max });
@@ -270,9 +276,9 @@ impl Header {
         Ok(Header {
             opcode,
             code,
-            request_id: u64_at(8),
-            token: u64_at(16),
-            addr: u64_at(24),
+            request_id,
+            token,
+            addr,
             len,
         })
     }
@@ -355,11 +361,20 @@ mod tests {
 
         let mut b = good;
         b[0] = b'X';
-        assert!(matches!(Header::decode(&b), Err(WireError::BadMagic(_))));
+        assert!(matches!(
+            Header::decode(&b),
+            Err(WireError::Frame(te_base::wire::WireError::BadMagic { .. }))
+        ));
 
         let mut b = good;
         b[4] = 2;
-        assert_eq!(Header::decode(&b), Err(WireError::BadVersion(2)));
+        assert_eq!(
+            Header::decode(&b),
+            Err(WireError::Frame(te_base::wire::WireError::BadVersion {
+                got: 2,
+                speaks: VERSION
+            }))
+        );
 
         for op in [0u8, 13, 200, 255] {
             let mut b = good;
