@@ -644,7 +644,10 @@ impl PyRegistration {
         let Some(reg) = self.reg.lock().take() else {
             return Ok(true);
         };
-        let out = py.detach(move || block_on(reg.deregister()));
+        // The region's owner, dropped by the deregistration on this thread, is released here
+        // under the GIL, not by a blocking-pool thread started for it.
+        let out = py.detach(move || crate::memory::released_by_caller(|| block_on(reg.deregister())));
+        release_pending(py);
         match out {
             Ok(()) => Ok(true),
             Err(te_base::Error::InFlight { .. }) => Ok(false),

@@ -5,6 +5,7 @@
 //! (`register_raw_owned`), so the memory lives until the engine released the region, never
 //! less, whatever Python collects meanwhile.
 
+use std::cell::Cell;
 use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -28,7 +29,8 @@ pub struct Acquired {
 /// exported view (which also stops a bytearray from resizing). Dropped on whatever thread
 /// releases the region (an engine task, usually), where the GIL is not held: both are then queued
 /// and released under the GIL by a blocking-pool task (never on a runtime worker, which must not
-/// wait for the GIL), or earlier by the next call into the package.
+/// wait for the GIL), or earlier by the next call into the package; `Registration.close()`
+/// releases what its own deregistration dropped before it returns (`released_by_caller`).
 pub struct Owner {
     object: Option<Py<PyAny>>,
     view: Option<View>,
@@ -52,6 +54,28 @@ struct Released {
 static PENDING: Mutex<Vec<Released>> = Mutex::new(Vec::new());
 static ANY_PENDING: AtomicBool = AtomicBool::new(false);
 
+thread_local! {
+    /// Set on a thread whose caller calls [`release_pending`] itself once the engine call
+    /// returns (see [`released_by_caller`]).
+    static CALLER_RELEASES: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` (an engine call, the GIL released) on this thread; owners it drops here are left for
+/// the caller, which must call [`release_pending`] when it holds the GIL again, instead of being
+/// handed to a blocking-pool thread. `Registration.close()` thus returns with the buffer view
+/// released, and without starting a thread that competes with it for the GIL. Owners dropped
+/// meanwhile on other threads still take the blocking-pool path.
+pub fn released_by_caller<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            CALLER_RELEASES.with(|c| c.set(self.0));
+        }
+    }
+    let _reset = Reset(CALLER_RELEASES.with(|c| c.replace(true)));
+    f()
+}
+
 impl Owner {
     fn new(object: Py<PyAny>, view: Option<View>) -> Self {
         Owner {
@@ -67,7 +91,9 @@ impl Drop for Owner {
             view: self.view.take(),
             _object: self.object.take(),
         });
-        if !ANY_PENDING.swap(true, Ordering::AcqRel) {
+        // Anything already pending is released by whoever set the flag, or by this thread's
+        // caller (`released_by_caller`), which takes every queued owner.
+        if !ANY_PENDING.swap(true, Ordering::AcqRel) && !CALLER_RELEASES.with(Cell::get) {
             // Nothing to do once the interpreter is exiting (the process is ending; the views go
             // with it): see `attach_from_runtime`.
             crate::runtime::runtime().spawn_blocking(|| crate::runtime::attach_from_runtime(release_pending));
