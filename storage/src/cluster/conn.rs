@@ -180,13 +180,22 @@ impl Conn {
 
     fn fill(&mut self, buf: &mut [u8], end: Instant) -> io::Result<()> {
         use std::io::Read;
-        // An answer that arrived while the caller waited on another peer is still read: reads
-        // may take up to this much past the deadline, never blocking longer.
-        let end = end + READ_GRACE;
         let mut at = 0;
         while at < buf.len() {
-            self.stream.set_read_timeout(Some(left(end)?))?;
-            match self.stream.read(&mut buf[at..]) {
+            let wait = end.saturating_duration_since(Instant::now());
+            // Past the deadline, an answer that arrived while the caller waited on another peer
+            // (one exchange reads its answers in turn) is still taken, without blocking.
+            let late = wait.is_zero();
+            if late {
+                self.stream.set_nonblocking(true)?;
+            } else {
+                self.stream.set_read_timeout(Some(wait))?;
+            }
+            let r = self.stream.read(&mut buf[at..]);
+            if late {
+                self.stream.set_nonblocking(false)?;
+            }
+            match r {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => at += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -199,9 +208,6 @@ impl Conn {
         Ok(())
     }
 }
-
-/// How far past its deadline a read may go to take bytes already received.
-const READ_GRACE: Duration = Duration::from_millis(2);
 
 /// What is left until `end` (never zero, which would mean "no timeout" to the socket).
 /// A TCP connection to `addr` made from `source` (this peer's announced control IP, so that a

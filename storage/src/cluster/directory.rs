@@ -429,8 +429,9 @@ impl Directory {
                     Some(o) => o.versions.recorded(&keys),
                     None => vec![0; keys.len()],
                 };
-                // Keys no directory peer took: a fresh write's copies are dropped; held ones
-                // are published again within a lease period.
+                // Keys too few directory peers took (a fresh write: fewer than a majority; a
+                // held copy: none): a fresh write's copies are dropped; held ones are published
+                // again within a lease period.
                 let unreached = sh.publish(&keys, &versions, fresh, sh.deadline());
                 match (fresh, unreached.len()) {
                     (true, _) | (false, 0) => Ok(unreached),

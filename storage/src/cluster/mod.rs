@@ -235,12 +235,12 @@ impl Cluster {
                 return Vec::new();
             }
             tracing::warn!(
-                "umbp cluster: {} keys reached none of their directory peers within {} ms; not acknowledged",
+                "umbp cluster: {} keys were not taken by a majority of their directory peers within {} ms; not acknowledged",
                 unreached.len(),
                 self.cfg.timeout.as_millis()
             );
             let why = format!(
-                "none of its directory peers answered within {} ms",
+                "fewer than a majority of its directory peers took it within {} ms",
                 self.cfg.timeout.as_millis()
             );
             return unreached.into_iter().map(|i| (i, why.clone())).collect();

@@ -175,12 +175,10 @@ impl Shard {
         self.entries.read().counts.get(owner).copied().unwrap_or(0)
     }
 
-    /// The owner of each key, as published here.
-    pub(crate) fn lookup<'k>(&self, keys: impl IntoIterator<Item = &'k str>) -> Vec<Option<Arc<str>>> {
+    /// The owner of each key and the version it published, as indexed here.
+    pub(crate) fn lookup<'k>(&self, keys: impl IntoIterator<Item = &'k str>) -> Vec<Option<(Arc<str>, u64)>> {
         let e = self.entries.read();
-        keys.into_iter()
-            .map(|k| e.keys.get(k).map(|(o, _)| o.clone()))
-            .collect()
+        keys.into_iter().map(|k| e.keys.get(k).cloned()).collect()
     }
 
     /// Whether an unknown key here means the directory does not know it.
@@ -234,7 +232,7 @@ mod tests {
         let got: Vec<Option<String>> = s
             .lookup(["k1", "k2", "k3"])
             .into_iter()
-            .map(|o| o.map(|o| o.to_string()))
+            .map(|o| o.map(|(o, _)| o.to_string()))
             .collect();
         assert_eq!(got, [None, Some("b".into()), None]);
         assert_eq!(s.len(), 1);
@@ -243,7 +241,7 @@ mod tests {
     #[test]
     fn the_newest_version_wins_whatever_the_order_it_arrives_in() {
         let s = Shard::new(Duration::ZERO);
-        let owner = |k| s.lookup([k]).pop().flatten().map(|o| o.to_string());
+        let owner = |k| s.lookup([k]).pop().flatten().map(|(o, _)| o.to_string());
         let p = s.publish("q1", [("k", 20)], usize::MAX);
         assert_eq!((p.taken, p.superseded.len()), (vec![TAKEN], 0));
         // An older version of another owner arrives late: refused with the newer version,

@@ -6,13 +6,14 @@
 //!   Each key carries the version its writer minted; a directory peer keeps the newest, and has
 //!   the owner of an entry it superseded retire that copy before it answers (docs/umbp.md,
 //!   "the last acknowledged write wins").
-//! - A miss asks the key's first directory peer (itself when it is one, without a message), and
-//!   the second when the first is unreachable, or answers "unknown" while it is still settling
-//!   after a membership change.
+//! - A put is acknowledged once a write quorum of the key's directory peers took it, and a miss
+//!   asks a read quorum of them (itself first when it is one, without a message; the next one
+//!   when one is unreachable, or answers "unknown" while it is still settling after a membership
+//!   change) and believes the newest entry: every lookup meets every acknowledged put.
 //! - A membership change (join, clean leave, lease expiry, a restart under a new lease) makes
 //!   every owner send the keys whose top set gained a peer to that peer, and every directory
-//!   peer drop what it no longer indexes or whose owner left. With two directory peers per key,
-//!   one of them always survives a single change, so no routable key is lost meanwhile.
+//!   peer drop what it no longer indexes or whose owner left. With three directory peers per key,
+//!   two of them survive a single change, so no routable key is lost meanwhile.
 //!
 //! All I/O here is blocking on pooled control connections (`conn.rs`), bounded per frame.
 
@@ -27,7 +28,7 @@ use parking_lot::RwLock;
 use super::conn::{ConnPool, Request};
 use super::guard::Guard;
 use super::owner::Owner;
-use super::rendezvous::{self, Member, REPLICAS};
+use super::rendezvous::{self, Member};
 use super::shard::{Shard, BLOCKED, CAPPED, TAKEN};
 use super::wire::{self, Op};
 
@@ -204,18 +205,27 @@ impl Sharded {
             .upgrade()
             .map_or_else(|| vec![0; local_keys.len()], |o| o.versions.recorded(local_keys));
         let (mut newer, mut unreached) = (Vec::new(), Vec::new());
-        let r = self.publish_since(local_keys, &versions, Some(old), None, &mut newer, &mut unreached);
+        let r = self.publish_since(
+            local_keys,
+            &versions,
+            Some(old),
+            None,
+            false,
+            &mut newer,
+            &mut unreached,
+        );
         self.settle_newer(local_keys, &versions, false, newer, self.deadline());
         r
     }
 
     /// Indexes `keys` (with the versions this peer minted for them) as owned here at every
-    /// directory peer, all of it by `end`; returns the indices of the keys that reached none of
-    /// their directory peers. The directory does not know those: with `fresh`, the caller does
-    /// not acknowledge them and this peer drops its copies (a copy it kept would be read here
-    /// after a write acknowledged later elsewhere, which no directory entry tells it about). A directory peer that holds a newer version of a
-    /// key keeps it, and this peer's copy is retired; one whose entry this supersedes has the
-    /// older owner retire its copy before it answers.
+    /// directory peer, all of it by `end`; returns the indices of the keys not acknowledged:
+    /// with `fresh`, those fewer than a write quorum of their directory peers took
+    /// ([`rendezvous::write_quorum`]), otherwise those none took. The caller does not
+    /// acknowledge a fresh write of those keys and this peer drops its copies (a copy it kept
+    /// would be read here after a write acknowledged later elsewhere, which no directory entry
+    /// tells it about). A directory peer that holds a newer version of a key keeps it; one
+    /// whose entry this supersedes has the older owner retire its copy before it answers.
     ///
     /// `fresh`: the keys were just written here, so where a directory peer holds a newer version
     /// (another peer's write, or a clock behind another peer's) this peer's clock moves past it
@@ -224,8 +234,19 @@ impl Sharded {
     /// retired: a newer write elsewhere superseded it.
     pub(crate) fn publish(&self, keys: &[String], versions: &[u64], fresh: bool, end: Instant) -> Vec<usize> {
         let (mut newer, mut unreached) = (Vec::new(), Vec::new());
-        let _ = self.publish_since(keys, versions, None, Some(end), &mut newer, &mut unreached);
-        self.settle_newer(keys, versions, fresh, newer, end);
+        let _ = self.publish_since(keys, versions, None, Some(end), fresh, &mut newer, &mut unreached);
+        // A key some directory peer held newer: a fresh write's verdict is that of its last
+        // publication; a re-published copy is retired (superseded), not unreached.
+        if !newer.is_empty() {
+            let again: std::collections::HashSet<usize> = newer.iter().map(|&(i, _)| i).collect();
+            unreached.retain(|i| !again.contains(i));
+        }
+        let settled = self.settle_newer(keys, versions, fresh, newer, end);
+        if fresh {
+            unreached.extend(settled);
+            unreached.sort_unstable();
+            unreached.dedup();
+        }
         if fresh && !unreached.is_empty() {
             // Not acknowledged: this peer stops serving the copy (unless written again since),
             // so it can never be read after a write acknowledged later.
@@ -235,29 +256,50 @@ impl Sharded {
         unreached
     }
 
-    /// Handles the keys a directory peer holds newer versions of (`(index, version)`).
-    fn settle_newer(&self, keys: &[String], versions: &[u64], fresh: bool, newer: Vec<(usize, u64)>, end: Instant) {
+    /// Handles the keys a directory peer holds newer versions of (`(index, version)`): a fresh
+    /// write is published again above them (at most three rounds, by `end`), anything else is
+    /// retired here. Returns the indices of the fresh keys that end not acknowledged (their
+    /// copies retired here too).
+    fn settle_newer(
+        &self,
+        keys: &[String],
+        versions: &[u64],
+        fresh: bool,
+        newer: Vec<(usize, u64)>,
+        end: Instant,
+    ) -> Vec<usize> {
+        let mut failed = Vec::new();
         if newer.is_empty() {
-            return;
+            return failed;
         }
-        let Some(owner) = self.owner.upgrade() else { return };
+        let Some(owner) = self.owner.upgrade() else {
+            return newer.into_iter().map(|(i, _)| i).collect();
+        };
+        // `orig[j]`: the index in `keys` of the round's key j.
+        let mut orig: Vec<usize> = (0..keys.len()).collect();
         let (mut keys, mut versions, mut newer) = (keys.to_vec(), versions.to_vec(), newer);
         for round in 0.. {
             if newer.is_empty() {
-                return;
+                break;
             }
             if !fresh || round == 3 || Instant::now() >= end {
                 let lost: Vec<(String, u64)> = newer.iter().map(|&(i, _)| (keys[i].clone(), versions[i])).collect();
                 self.retire_here(&lost);
-                return;
+                failed.extend(newer.iter().map(|&(i, _)| orig[i]));
+                break;
             }
             owner.versions.observe(newer.iter().map(|&(_, v)| v).max().unwrap_or(0));
             let again: Vec<String> = newer.iter().map(|&(i, _)| keys[i].clone()).collect();
+            let next_orig: Vec<usize> = newer.iter().map(|&(i, _)| orig[i]).collect();
             let vs = owner.versions.stamp(&again, None);
             let (mut still, mut unreached) = (Vec::new(), Vec::new());
-            let _ = self.publish_since(&again, &vs, None, Some(end), &mut still, &mut unreached);
-            (keys, versions, newer) = (again, vs, still);
+            let _ = self.publish_since(&again, &vs, None, Some(end), true, &mut still, &mut unreached);
+            // Keys that came back newer again go round once more; the rest have their verdict.
+            let retry: std::collections::HashSet<usize> = still.iter().map(|&(i, _)| i).collect();
+            failed.extend(unreached.iter().filter(|i| !retry.contains(i)).map(|&i| next_orig[i]));
+            (keys, versions, newer, orig) = (again, vs, still, next_orig);
         }
+        failed
     }
 
     /// Has each owner of a superseded entry drop its copy of that version (this peer's own
@@ -344,19 +386,23 @@ impl Sharded {
     /// As [`Sharded::publish`], skipping directory peers that already indexed a key under `old`.
     /// A membership change while it runs sends again under the new view (by the same `end`;
     /// `None`: each round of messages within the timeout, for a rebalance's many rounds).
+    /// `quorum`: a key is reached when a write quorum of its directory peers took it (a fresh
+    /// write); otherwise when any did (a re-publication).
+    #[allow(clippy::too_many_arguments)]
     fn publish_since(
         &self,
         keys: &[String],
         versions: &[u64],
         old: Option<&Membership>,
         end: Option<Instant>,
+        quorum: bool,
         newer: &mut Vec<(usize, u64)>,
         unreached: &mut Vec<usize>,
     ) -> Result<(), String> {
         let mut m = self.membership();
         let mut old = old;
         for _ in 0..3 {
-            let r = self.publish_under(&m, keys, versions, old, end, newer, unreached);
+            let r = self.publish_under(&m, keys, versions, old, end, quorum, newer, unreached);
             let now = self.membership();
             if Arc::ptr_eq(&now, &m) {
                 return r;
@@ -365,10 +411,11 @@ impl Sharded {
             old = None;
             m = now;
         }
-        self.publish_under(&m, keys, versions, old, end, newer, unreached)
+        self.publish_under(&m, keys, versions, old, end, quorum, newer, unreached)
     }
 
-    /// One publication under view `m`; `unreached`: the keys no directory peer took.
+    /// One publication under view `m`; `unreached`: the keys fewer than a write quorum (with
+    /// `quorum`; otherwise one) of their directory peers took.
     #[allow(clippy::too_many_arguments)]
     fn publish_under(
         &self,
@@ -377,6 +424,7 @@ impl Sharded {
         versions: &[u64],
         old: Option<&Membership>,
         end: Option<Instant>,
+        quorum: bool,
         newer: &mut Vec<(usize, u64)>,
         unreached: &mut Vec<usize>,
     ) -> Result<(), String> {
@@ -384,8 +432,9 @@ impl Sharded {
         if keys.is_empty() || m.members.is_empty() {
             return Ok(());
         }
-        // Per key: directory peers asked, and those that took it.
+        // Per key: directory peers asked, those that must take it, and those that took it.
         let mut asked = vec![0u8; keys.len()];
+        let mut need = vec![1u8; keys.len()];
         let mut took = vec![0u8; keys.len()];
         let mut local: Vec<usize> = Vec::new();
         let mut groups: HashMap<Arc<str>, Vec<usize>> = HashMap::new();
@@ -393,7 +442,11 @@ impl Sharded {
         for (i, k) in keys.iter().enumerate() {
             let h = rendezvous::stable_hash(k.as_bytes());
             let before = old.map(|o| (o, rendezvous::top(h, &o.members)));
-            for p in rendezvous::top(h, &m.members).into_iter().flatten() {
+            let top = rendezvous::top(h, &m.members);
+            if quorum {
+                need[i] = rendezvous::write_quorum(top.iter().flatten().count()) as u8;
+            }
+            for p in top.into_iter().flatten() {
                 let had = before
                     .as_ref()
                     .is_some_and(|(o, t)| t.iter().flatten().any(|q| q.name == p.name) && o.unchanged(m, &p.name));
@@ -417,7 +470,10 @@ impl Sharded {
         );
         for (&i, &v) in local.iter().zip(&here.taken) {
             if v != TAKEN {
-                newer.push((i, v));
+                took[i] = took[i].saturating_sub(1);
+                if v != CAPPED {
+                    newer.push((i, v));
+                }
             }
         }
         let round_end = end.unwrap_or_else(|| self.deadline());
@@ -473,13 +529,12 @@ impl Sharded {
                         let held = wire::decode_versions(&body).unwrap_or_default();
                         for (j, i) in chunk.into_iter().enumerate() {
                             match held.get(j) {
-                                // Not taken there: a copy it would supersede is still readable.
-                                Some(&BLOCKED) => {}
-                                Some(&v) if v != TAKEN && v != CAPPED => {
-                                    took[i] += 1;
-                                    newer.push((i, v));
-                                }
-                                _ => took[i] += 1,
+                                Some(&TAKEN) => took[i] += 1,
+                                // Not taken there: a copy it would supersede is still readable,
+                                // or the sender's entries there are capped.
+                                Some(&BLOCKED) | Some(&CAPPED) | None => {}
+                                // A newer version is indexed there.
+                                Some(&v) => newer.push((i, v)),
                             }
                         }
                     }
@@ -505,10 +560,10 @@ impl Sharded {
                 break;
             }
         }
-        unreached.extend((0..keys.len()).filter(|&i| asked[i] > 0 && took[i] == 0));
+        unreached.extend((0..keys.len()).filter(|&i| asked[i] > 0 && took[i] < need[i].min(asked[i])));
         if !unreached.is_empty() {
             return Err(format!(
-                "{} keys reached none of their directory peers",
+                "{} keys were not taken by enough of their directory peers",
                 unreached.len()
             ));
         }
@@ -563,52 +618,63 @@ impl Sharded {
             .collect()
     }
 
-    /// The owner of each key as its directory peers say (this peer included); `None`: unknown,
-    /// or its owner is not a live member. At most [`REPLICAS`] rounds of one LOOKUP per
-    /// directory peer, all of it by `end`: a round that still has one after it ends by half of
-    /// what is left, so a silent first directory peer leaves the second half of the budget to
-    /// the second (and is marked suspect: the next calls ask the other first).
+    /// The owner of each key as a read quorum of its directory peers says (this peer included,
+    /// without a message): the newest entry among their answers ([`rendezvous::read_quorum`]:
+    /// every read quorum meets every write quorum, so the newest acknowledged put is among
+    /// them). `None`: unknown, fewer than a read quorum answered, or its owner is not a live
+    /// member. An "unknown" from a peer still settling after a membership change is not an
+    /// answer. Rounds of one LOOKUP per directory peer, all of it by `end`: a round after which
+    /// a key still has a directory peer left to ask ends by half of what is left, so silent
+    /// directory peers leave the rest of the budget to the others (and are marked suspect: the
+    /// next calls ask them last).
     pub(crate) fn lookup(&self, keys: &[&str], end: Instant) -> Vec<Option<Arc<str>>> {
         let m = self.membership();
         let view_settled = m.since.elapsed() >= self.settle;
         let suspects = self.suspects();
-        let mut out: Vec<Option<Arc<str>>> = vec![None; keys.len()];
-        // Per pending key: its directory peers in the order to ask them (this peer first when it
-        // is one: no message; suspects last).
-        let mut pending: Vec<(usize, Vec<&Member>)> = keys
+        let mut st: Vec<Quorum> = keys
             .iter()
-            .enumerate()
-            .map(|(i, k)| {
-                let mut c: Vec<&Member> = rendezvous::top(rendezvous::stable_hash(k.as_bytes()), &m.members)
+            .map(|k| {
+                let mut cands: Vec<&Member> = rendezvous::top(rendezvous::stable_hash(k.as_bytes()), &m.members)
                     .into_iter()
                     .flatten()
                     .collect();
-                c.sort_by_key(|p| (p.name != self.me, suspects.contains(&p.name)));
-                (i, c)
+                // This peer first (no message), suspects last.
+                cands.sort_by_key(|p| (p.name != self.me, suspects.contains(&p.name)));
+                Quorum {
+                    need: if cands.is_empty() {
+                        0
+                    } else {
+                        rendezvous::read_quorum(cands.len())
+                    },
+                    cands: cands.into_iter().map(|p| p.name.clone()).collect(),
+                    next: 0,
+                    best: None,
+                }
             })
             .collect();
-        for round in 0..REPLICAS {
-            let mut next = Vec::new();
+        // This peer's own share: one read lock, no message.
+        let local: Vec<usize> = (0..keys.len())
+            .filter(|&i| st[i].cands.first().is_some_and(|c| *c == self.me))
+            .collect();
+        let settled = view_settled && self.shard.settled();
+        for (&i, o) in local.iter().zip(self.shard.lookup(local.iter().map(|&i| keys[i]))) {
+            st[i].next = 1;
+            st[i].heard(o, settled);
+        }
+        loop {
+            // Each key asks as many more of its directory peers as it still needs answers from.
             let mut groups: HashMap<Arc<str>, Vec<usize>> = HashMap::new();
-            let mut local: Vec<(usize, Vec<&Member>)> = Vec::new();
-            for (i, cands) in pending.drain(..) {
-                let Some(p) = cands.get(round) else { continue };
-                if p.name == self.me {
-                    local.push((i, cands));
-                } else {
-                    groups.entry(p.name.clone()).or_default().push(i);
-                    next.push((i, cands));
+            for (i, q) in st.iter_mut().enumerate() {
+                let take = q.need.min(q.cands.len() - q.next);
+                for c in &q.cands[q.next..q.next + take] {
+                    groups.entry(c.clone()).or_default().push(i);
                 }
+                q.next += take;
             }
-            // This peer's own share: one read lock, no message.
-            let settled = view_settled && self.shard.settled();
-            for ((i, cands), o) in local.iter().zip(self.shard.lookup(local.iter().map(|(i, _)| keys[*i]))) {
-                match o {
-                    Some(o) => out[*i] = Some(o),
-                    None if settled => {}
-                    None => next.push((*i, cands.clone())),
-                }
+            if groups.is_empty() {
+                break;
             }
+            let more_after = groups.values().flatten().any(|&i| st[i].next < st[i].cands.len());
             let reqs: Vec<(Request, Vec<usize>)> = groups
                 .into_iter()
                 .filter_map(|(p, ks)| {
@@ -627,9 +693,8 @@ impl Sharded {
                 .collect();
             let (reqs, asked): (Vec<Request>, Vec<Vec<usize>>) = reqs.into_iter().unzip();
             self.messages.fetch_add(reqs.len() as u64, Ordering::Relaxed);
-            let mut done = vec![false; keys.len()];
             let now = Instant::now();
-            let round_end = if round + 1 < REPLICAS && next.iter().any(|(_, c)| c.len() > round + 1) {
+            let round_end = if more_after {
                 now + end.saturating_duration_since(now) / 2
             } else {
                 end
@@ -656,14 +721,11 @@ impl Sharded {
                 match decoded {
                     Ok((settled, owners)) if owners.len() == ks.len() => {
                         for (i, o) in ks.into_iter().zip(owners) {
-                            match o {
-                                Some(o) => {
-                                    out[i] = m.addr(&o).map(|(n, _)| n);
-                                    done[i] = true;
-                                }
-                                None if settled && view_settled => done[i] = true,
-                                None => {}
-                            }
+                            // A member's name is the view's (no allocation); a departed owner's
+                            // entry still counts: a newer entry of a gone owner is not to be
+                            // passed over for an older one of a live owner.
+                            let o = o.map(|(n, v)| (m.addr(&n).map_or_else(|| Arc::from(n), |(n, _)| n), v));
+                            st[i].heard(o, settled && view_settled);
                         }
                     }
                     Ok(_) => {
@@ -679,14 +741,45 @@ impl Sharded {
                     }
                 }
             }
-            next.retain(|(i, _)| !done[*i] && out[*i].is_none());
-            pending = next;
-            if pending.is_empty() || Instant::now() >= end {
+            if Instant::now() >= end {
                 break;
             }
         }
-        out.into_iter()
-            .map(|o| o.and_then(|o| m.addr(&o)).map(|(n, _)| n))
+        st.into_iter()
+            .map(|q| match (q.need, q.best) {
+                (0, Some((_, o))) => m.addr(&o).map(|(n, _)| n),
+                _ => None,
+            })
             .collect()
+    }
+}
+
+/// One key's lookup: its directory peers in the order to ask them, the next to ask, how many
+/// more answers it needs, and the newest entry heard (version, owner).
+struct Quorum {
+    cands: Vec<Arc<str>>,
+    next: usize,
+    need: usize,
+    best: Option<(u64, Arc<str>)>,
+}
+
+impl Quorum {
+    /// One directory peer's answer: an entry, or "not indexed here" (an answer only from a
+    /// peer that has `settled`).
+    fn heard(&mut self, entry: Option<(Arc<str>, u64)>, settled: bool) {
+        match entry {
+            Some((o, v)) => {
+                self.need = self.need.saturating_sub(1);
+                if self
+                    .best
+                    .as_ref()
+                    .is_none_or(|(w, b)| super::shard::newer(v, &o, *w, b))
+                {
+                    self.best = Some((v, o));
+                }
+            }
+            None if settled => self.need = self.need.saturating_sub(1),
+            None => {}
+        }
     }
 }

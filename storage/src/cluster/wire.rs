@@ -36,7 +36,8 @@
 //!   with no entries.
 //! - LOOKUP: `u32 n`, then per key `u16 key_len, key`; answered by OWNERS: `u8 settled` (1: this
 //!   peer's index has seen no membership change lately, so an unknown key is unknown), `u32 n`,
-//!   then per key `u16 owner_len, owner` (length 0: not indexed here).
+//!   then per key `u16 owner_len, owner, u64 version` (length 0: not indexed here, and no
+//!   version): a lookup asks a read quorum of the key's directory peers and believes the newest.
 
 use thiserror::Error;
 
@@ -602,20 +603,27 @@ pub fn decode_lookup(body: &[u8]) -> Result<Vec<String>, WireError> {
 }
 
 /// Encodes an OWNERS body: whether the answering index is settled, and per key its owner.
-pub fn encode_owners<S: AsRef<str>>(settled: bool, owners: &[Option<S>]) -> Vec<u8> {
+pub fn encode_owners<S: AsRef<str>>(settled: bool, owners: &[Option<(S, u64)>]) -> Vec<u8> {
     let mut out = vec![settled as u8];
     out.extend_from_slice(&(owners.len() as u32).to_le_bytes());
     for o in owners {
         match o {
-            Some(name) => put_key(&mut out, name.as_ref()),
+            Some((name, version)) => {
+                put_key(&mut out, name.as_ref());
+                out.extend_from_slice(&version.to_le_bytes());
+            }
             None => out.extend_from_slice(&0u16.to_le_bytes()),
         }
     }
     out
 }
 
+/// An OWNERS body: whether the answering peer has settled, and per key the owner and version
+/// it indexes (`None`: not indexed there).
+pub type OwnersAnswer = (bool, Vec<Option<(String, u64)>>);
+
 /// Decodes an OWNERS body.
-pub fn decode_owners(body: &[u8]) -> Result<(bool, Vec<Option<String>>), WireError> {
+pub fn decode_owners(body: &[u8]) -> Result<OwnersAnswer, WireError> {
     let mut r = Reader { b: body };
     let settled = match r.u8("settled")? {
         0 => false,
@@ -630,7 +638,9 @@ pub fn decode_owners(body: &[u8]) -> Result<(bool, Vec<Option<String>>), WireErr
             0 => None,
             l if l > MAX_KEY => return Err(WireError::Bad("owner length")),
             l => {
-                Some(String::from_utf8(r.take(l, "owner")?.to_vec()).map_err(|_| WireError::Bad("owner (not UTF-8)"))?)
+                let name =
+                    String::from_utf8(r.take(l, "owner")?.to_vec()).map_err(|_| WireError::Bad("owner (not UTF-8)"))?;
+                Some((name, r.u64("owner version")?))
             }
         });
     }
@@ -728,7 +738,7 @@ mod tests {
         }
 
         #[test]
-        fn directory_messages_round_trip(owner in "[a-z0-9-]{1,12}", keys in prop::collection::vec("[a-z0-9/]{1,20}", 0..6), settled in any::<bool>(), owners in prop::collection::vec(prop::option::of("[a-z0-9-]{1,12}"), 0..6)) {
+        fn directory_messages_round_trip(owner in "[a-z0-9-]{1,12}", keys in prop::collection::vec("[a-z0-9/]{1,20}", 0..6), settled in any::<bool>(), owners in prop::collection::vec(prop::option::of(("[a-z0-9-]{1,12}", any::<u64>())), 0..6)) {
             let body = encode_owned_keys(&owner, keys.iter().map(String::as_str));
             prop_assert_eq!(decode_owned_keys(&body).unwrap(), (owner.clone(), keys.clone()));
             for cut in 0..body.len() {
