@@ -384,10 +384,12 @@ impl Sharded {
     }
 
     /// As [`Sharded::publish`], skipping directory peers that already indexed a key under `old`.
-    /// A membership change while it runs sends again under the new view (by the same `end`;
-    /// `None`: each round of messages within the timeout, for a rebalance's many rounds).
+    /// A membership change while it runs sends again to the directory peers the new view added
+    /// (by the same `end`; `None`: each round of messages within the timeout, for a rebalance's
+    /// many rounds), and the verdict is taken under the last view: the peers that took a key and
+    /// are still its directory peers count, whichever view they were asked under.
     /// `quorum`: a key is reached when a write quorum of its directory peers took it (a fresh
-    /// write); otherwise when any did (a re-publication).
+    /// write); otherwise when any it was sent to did (a re-publication).
     #[allow(clippy::too_many_arguments)]
     fn publish_since(
         &self,
@@ -399,23 +401,48 @@ impl Sharded {
         newer: &mut Vec<(usize, u64)>,
         unreached: &mut Vec<usize>,
     ) -> Result<(), String> {
+        unreached.clear();
+        let mut takers: Vec<Takers> = vec![Takers::default(); keys.len()];
+        let mut asked = vec![false; keys.len()];
         let mut m = self.membership();
-        let mut old = old;
-        for _ in 0..3 {
-            let r = self.publish_under(&m, keys, versions, old, end, quorum, newer, unreached);
+        let mut prev: Option<Arc<Membership>> = None;
+        for round in 0..4 {
+            let since = if round == 0 { old } else { prev.as_deref() };
+            self.publish_under(&m, keys, versions, since, end, newer, &mut asked, &mut takers);
             let now = self.membership();
-            if Arc::ptr_eq(&now, &m) {
-                return r;
+            if Arc::ptr_eq(&now, &m) || round == 3 {
+                break;
             }
-            // The view changed meanwhile: whatever the new one added gets the keys too.
-            old = None;
-            m = now;
+            prev = Some(std::mem::replace(&mut m, now));
         }
-        self.publish_under(&m, keys, versions, old, end, quorum, newer, unreached)
+        for (i, k) in keys.iter().enumerate() {
+            if !asked[i] {
+                continue;
+            }
+            let top = rendezvous::top(rendezvous::stable_hash(k.as_bytes()), &m.members);
+            let n = top.iter().flatten().count();
+            let need = if quorum { rendezvous::write_quorum(n) } else { 1 };
+            if top.iter().flatten().filter(|p| takers[i].has(&p.name)).count() < need {
+                unreached.push(i);
+            }
+        }
+        if newer.len() > 1 {
+            // One entry per key (a key can come back newer under two views): the highest.
+            newer.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+            newer.dedup_by_key(|e| e.0);
+        }
+        if unreached.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} keys were not taken by enough of their directory peers",
+                unreached.len()
+            ))
+        }
     }
 
-    /// One publication under view `m`; `unreached`: the keys fewer than a write quorum (with
-    /// `quorum`; otherwise one) of their directory peers took.
+    /// One publication under view `m`: sends each key to its directory peers (but those that
+    /// already had it under `old`), marking it `asked` and recording who took it in `takers`.
     #[allow(clippy::too_many_arguments)]
     fn publish_under(
         &self,
@@ -424,39 +451,29 @@ impl Sharded {
         versions: &[u64],
         old: Option<&Membership>,
         end: Option<Instant>,
-        quorum: bool,
         newer: &mut Vec<(usize, u64)>,
-        unreached: &mut Vec<usize>,
-    ) -> Result<(), String> {
-        unreached.clear();
+        asked: &mut [bool],
+        takers: &mut [Takers],
+    ) {
         if keys.is_empty() || m.members.is_empty() {
-            return Ok(());
+            return;
         }
-        // Per key: directory peers asked, those that must take it, and those that took it.
-        let mut asked = vec![0u8; keys.len()];
-        let mut need = vec![1u8; keys.len()];
-        let mut took = vec![0u8; keys.len()];
         let mut local: Vec<usize> = Vec::new();
         let mut groups: HashMap<Arc<str>, Vec<usize>> = HashMap::new();
         let mut suspects = self.suspects();
         for (i, k) in keys.iter().enumerate() {
             let h = rendezvous::stable_hash(k.as_bytes());
             let before = old.map(|o| (o, rendezvous::top(h, &o.members)));
-            let top = rendezvous::top(h, &m.members);
-            if quorum {
-                need[i] = rendezvous::write_quorum(top.iter().flatten().count()) as u8;
-            }
-            for p in top.into_iter().flatten() {
+            for p in rendezvous::top(h, &m.members).into_iter().flatten() {
                 let had = before
                     .as_ref()
                     .is_some_and(|(o, t)| t.iter().flatten().any(|q| q.name == p.name) && o.unchanged(m, &p.name));
                 if had {
                     continue;
                 }
-                asked[i] += 1;
+                asked[i] = true;
                 if p.name == self.me {
                     local.push(i);
-                    took[i] += 1;
                 } else if !suspects.contains(&p.name) {
                     groups.entry(p.name.clone()).or_default().push(i);
                 }
@@ -469,11 +486,10 @@ impl Sharded {
             usize::MAX,
         );
         for (&i, &v) in local.iter().zip(&here.taken) {
-            if v != TAKEN {
-                took[i] = took[i].saturating_sub(1);
-                if v != CAPPED {
-                    newer.push((i, v));
-                }
+            match v {
+                TAKEN => takers[i].add(&self.me),
+                CAPPED => {}
+                v => newer.push((i, v)),
             }
         }
         let round_end = end.unwrap_or_else(|| self.deadline());
@@ -491,7 +507,7 @@ impl Sharded {
                 .revert(&self.me, |k| at.get(k).map_or(0, |&i| versions[i]), &failed);
             for (k, _, _) in &failed {
                 if let Some(&i) = at.get(k.as_str()) {
-                    took[i] = took[i].saturating_sub(1);
+                    takers[i].remove(&self.me);
                 }
             }
         }
@@ -529,7 +545,7 @@ impl Sharded {
                         let held = wire::decode_versions(&body).unwrap_or_default();
                         for (j, i) in chunk.into_iter().enumerate() {
                             match held.get(j) {
-                                Some(&TAKEN) => took[i] += 1,
+                                Some(&TAKEN) => takers[i].add(&req.peer),
                                 // Not taken there: a copy it would supersede is still readable,
                                 // or the sender's entries there are capped.
                                 Some(&BLOCKED) | Some(&CAPPED) | None => {}
@@ -560,14 +576,6 @@ impl Sharded {
                 break;
             }
         }
-        unreached.extend((0..keys.len()).filter(|&i| asked[i] > 0 && took[i] < need[i].min(asked[i])));
-        if !unreached.is_empty() {
-            return Err(format!(
-                "{} keys were not taken by enough of their directory peers",
-                unreached.len()
-            ));
-        }
-        Ok(())
     }
 
     /// Forgets `keys` (as owned here) at their directory peers; best effort: a leftover entry
@@ -751,6 +759,27 @@ impl Sharded {
                 _ => None,
             })
             .collect()
+    }
+}
+
+/// The directory peers that took one key's publication, under any view it was sent under (a
+/// reference count each; inline up to two views' worth, so no allocation per key).
+#[derive(Clone, Default)]
+struct Takers(smallvec::SmallVec<[Arc<str>; 2 * rendezvous::REPLICAS]>);
+
+impl Takers {
+    fn add(&mut self, name: &Arc<str>) {
+        if !self.has(name) {
+            self.0.push(name.clone());
+        }
+    }
+
+    fn remove(&mut self, name: &str) {
+        self.0.retain(|n| &**n != name);
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.0.iter().any(|n| &**n == name)
     }
 }
 
