@@ -794,6 +794,64 @@ fn two_puts_that_each_missed_a_different_directory_peer_are_still_ordered() {
     }
 }
 
+/// A member frozen for longer than its lease TTL has lost its membership: the others dropped its
+/// directory entries, so another peer's put of its key supersedes nothing and retires nothing.
+/// When it resumes, it must not serve its own older copy: it reads nothing until it has re-joined
+/// (a new lease, its keys published again, which has the superseded copy retired), and then the
+/// newer version. (Before, its first gets after the thaw returned its own copy, version 1, after
+/// version 2 was acknowledged.)
+#[test]
+fn a_member_frozen_past_its_lease_does_not_serve_its_old_copy() {
+    let _serial = serial();
+    let Some(cl) = Cluster::start("faults-lapsed", false) else {
+        return;
+    };
+    let names = ["l0", "l1", "l2", "l3"];
+    let mut p: Vec<Node> = names
+        .iter()
+        .map(|n| {
+            cl.peer(
+                n,
+                if *n == "l0" {
+                    &[("UMBP_CLUSTER_LEASE_TTL_S", "2")]
+                } else {
+                    &[]
+                },
+            )
+        })
+        .collect();
+    {
+        let mut all: Vec<&mut Node> = p.iter_mut().collect();
+        converge(&mut all, &names);
+    }
+    let hist = History::default();
+    assert_eq!(p[0].ok("put lapsed 4096 1"), "OK");
+    hist.lock().unwrap().push((Instant::now(), 1));
+    p[1].ok("wait-owner lapsed l0 20000");
+
+    p[0].freeze();
+    // Its lease expires: the others see it leave (an event; the bound guards a hang).
+    {
+        let mut rest: Vec<&mut Node> = p[1..].iter_mut().collect();
+        converge(&mut rest, &names[1..]);
+    }
+    assert_eq!(p[1].ok("put lapsed 4096 2"), "OK");
+    hist.lock().unwrap().push((Instant::now(), 2));
+    p[0].signal("CONT");
+    // From the thaw on: version 2, a miss or an error, never version 1; version 2 once it has
+    // re-joined.
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let t0 = Instant::now();
+        let a = p[0].cmd("get lapsed 0:4096").unwrap();
+        if !a.starts_with("ERR") && check_get(&a, &hist, t0, "l0 after the thaw", "lapsed") == 2 {
+            break;
+        }
+        assert!(Instant::now() < end, "l0 never read version 2: {a}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn the_first_get_after_an_owner_restarts_reaches_the_new_instance() {
     let _serial = serial();

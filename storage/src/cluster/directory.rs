@@ -64,6 +64,8 @@ pub(crate) struct Directory {
     name: Arc<str>,
     addr: SocketAddr,
     lease: AtomicI64,
+    /// Whether the lease is known to stand, so this peer may serve its own copies.
+    pub(crate) standing: super::standing::Standing,
     view: RwLock<View>,
     /// The watch is established and the view current.
     live: AtomicBool,
@@ -160,6 +162,7 @@ impl Directory {
             name,
             addr,
             lease: AtomicI64::new(0),
+            standing: super::standing::Standing::new(),
             view: RwLock::default(),
             live: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
@@ -188,10 +191,13 @@ impl Directory {
 
     async fn grant(&self) -> Result<(), String> {
         let mut c = self.client.clone();
+        let sent = std::time::Instant::now();
         let l = self
             .timed("granting a lease", c.lease_grant(self.cfg.lease_ttl_s, None))
             .await?;
         self.lease.store(l.id(), Ordering::Release);
+        self.standing
+            .confirmed(sent, Duration::from_secs(l.ttl().max(0) as u64));
         Ok(())
     }
 
@@ -565,6 +571,7 @@ impl Directory {
                 return Err(e);
             }
         }
+        self.standing.rejoined();
         Ok(())
     }
 }
@@ -680,9 +687,11 @@ async fn keep_alive_loop(d: Arc<Directory>) {
             let (mut keeper, mut stream) = d.timed("keeping the lease", c.lease_keep_alive(id)).await?;
             let mut recovered = !d.dirty.load(Ordering::Acquire);
             loop {
+                let sent = std::time::Instant::now();
                 d.timed("keeping the lease", keeper.keep_alive()).await?;
                 match d.timed("keeping the lease", stream.message()).await? {
                     Some(r) if r.ttl() > 0 => {
+                        d.standing.confirmed(sent, Duration::from_secs(r.ttl() as u64));
                         // Also a publication that failed or timed out while etcd kept answering
                         // (the dirty flag): written again in this round, not at the next outage.
                         if !recovered || d.dirty.load(Ordering::Acquire) {
@@ -707,10 +716,17 @@ async fn keep_alive_loop(d: Arc<Directory>) {
             Err(_) => {
                 d.dirty.store(true, Ordering::Release);
                 let mut c = d.client.clone();
-                te_core::metadata::etcd::lease_exists(&mut c, id, d.cfg.timeout).await == Some(false)
+                match te_core::metadata::etcd::lease_exists(&mut c, id, d.cfg.timeout).await {
+                    Some(exists) => !exists,
+                    None => {
+                        d.standing.unreachable();
+                        false
+                    }
+                }
             }
         };
         if expired {
+            d.standing.lapsed();
             // Whatever was written under the old lease is gone: a new lease, membership and
             // every local key again.
             if let Err(e) = d.recover(true).await {

@@ -30,6 +30,7 @@ mod rendezvous;
 pub(crate) mod server;
 mod shard;
 mod sharded;
+pub(crate) mod standing;
 pub mod stats;
 mod wake;
 pub mod wire;

@@ -56,12 +56,24 @@ impl Peer {
         &self.core
     }
 
+    /// Whether this peer may serve reads now: its lease must be known to stand
+    /// (`standing.rs`), or its own copies could be older than a write acknowledged elsewhere.
+    pub(crate) fn check_standing(&self) -> Result<()> {
+        if self.cluster.dir.standing.may_serve_local() {
+            return Ok(());
+        }
+        Err(StoreError::Cluster(
+            "this peer's lease is not known to stand (frozen or cut off from etcd for longer than its TTL, or re-joining): no reads until it has re-joined".into(),
+        ))
+    }
+
     /// A ranged get: local tiers first, then the owners of the keys they miss.
     pub(crate) fn batch_get_ranges(
         &self,
         items: &[RangedGet<'_>],
         resolved: Option<&mut Resolved>,
     ) -> Result<Vec<Result<u64>>> {
+        self.check_standing()?;
         self.core
             .batch_get_ranges(items, resolved, &mut RemoteReads(&self.cluster))
     }

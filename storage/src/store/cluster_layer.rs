@@ -15,6 +15,10 @@ impl Layer for Peer {
         Peer::core(self)
     }
 
+    fn check_local_reads(&self) -> Result<()> {
+        self.check_standing()
+    }
+
     fn remove(&self, key: &str) -> Result<bool> {
         Peer::remove(self, key)
     }

@@ -19,6 +19,10 @@ use crate::standalone::KvBuffer;
 #[async_trait::async_trait]
 pub(crate) trait Layer: Send + Sync {
     fn core(&self) -> &Arc<Core>;
+    /// Whether the core's copies may be read now (a cluster peer: while its lease stands).
+    fn check_local_reads(&self) -> Result<()> {
+        Ok(())
+    }
     fn remove(&self, key: &str) -> Result<bool> {
         self.core().remove(key)
     }
@@ -90,10 +94,12 @@ impl<L: Layer> Backend for OverCore<L> {
     }
 
     fn exists(&self, key: &str) -> Result<bool> {
+        self.0.check_local_reads()?;
         self.core().exists(key)
     }
 
     fn batch_exists_consecutive(&self, keys: &[&str]) -> Result<usize> {
+        self.0.check_local_reads()?;
         self.core().batch_exists_consecutive(keys)
     }
 
@@ -102,10 +108,12 @@ impl<L: Layer> Backend for OverCore<L> {
     }
 
     fn batch_get(&self, items: &[(&str, u64, u64)]) -> Result<Vec<Result<u64>>> {
+        self.0.check_local_reads()?;
         self.core().batch_get(items)
     }
 
     fn object_lens(&self, keys: &[&str]) -> Result<Vec<Option<u64>>> {
+        self.0.check_local_reads()?;
         self.core().object_lens(keys.iter().copied())
     }
 
@@ -130,6 +138,7 @@ impl<L: Layer> Backend for OverCore<L> {
     }
 
     async fn get(&self, key: &str) -> Result<Vec<u8>> {
+        self.0.check_local_reads()?;
         let core = self.core();
         let Some(mut len) = core.object_lens(std::iter::once(key))?[0] else {
             return Err(StoreError::NotFound { key: key.to_owned() });
