@@ -294,9 +294,14 @@ impl Sharded {
             let vs = owner.versions.stamp(&again, None);
             let (mut still, mut unreached) = (Vec::new(), Vec::new());
             let _ = self.publish_since(&again, &vs, None, Some(end), true, &mut still, &mut unreached);
-            // Keys that came back newer again go round once more; the rest have their verdict.
+            // Keys that came back newer again go round once more; the rest have their verdict,
+            // and a copy not acknowledged is dropped here at the version it now has.
             let retry: std::collections::HashSet<usize> = still.iter().map(|&(i, _)| i).collect();
-            failed.extend(unreached.iter().filter(|i| !retry.contains(i)).map(|&i| next_orig[i]));
+            let lost: Vec<usize> = unreached.iter().copied().filter(|i| !retry.contains(i)).collect();
+            if !lost.is_empty() {
+                self.retire_here(&lost.iter().map(|&i| (again[i].clone(), vs[i])).collect::<Vec<_>>());
+            }
+            failed.extend(lost.iter().map(|&i| next_orig[i]));
             (keys, versions, newer, orig) = (again, vs, still, next_orig);
         }
         failed
