@@ -13,7 +13,10 @@ run() { # arm bench binary args...
   echo "{\"arm\":\"$arm\",\"bench\":\"$bench\",\"result\":$json}" | tee -a "$out" >/dev/null
 }
 for r in $(seq "$rounds"); do
-  for arm in old new; do
+  # The order flips every round, so a position effect (the first arm warming caches and
+  # frequencies for the second) hits both arms alike.
+  order="old new"; [ $((r % 2)) = 0 ] && order="new old"
+  for arm in $order; do
     bin=$([ $arm = old ] && echo "$old" || echo "$new")
     run $arm local-copy-1728-cache "$bin" local-copy --fragments 2048 --fragment-bytes 1728 --repeat 11
     run $arm local-copy-1728-dram "$bin" local-copy --fragment-bytes 1728 --repeat 5

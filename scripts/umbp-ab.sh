@@ -13,7 +13,10 @@ run() { # arm bench dir args...
     while read -r json; do echo "{\"arm\":\"$arm\",\"bench\":\"$bench\",\"result\":$json}"; done >>"$out"
 }
 for r in $(seq "$rounds"); do
-  for arm in old new; do
+  # The order flips every round, so a position effect (the first arm warming caches and
+  # frequencies for the second) hits both arms alike.
+  order="old new"; [ $((r % 2)) = 0 ] && order="new old"
+  for arm in $order; do
     dir=$([ $arm = old ] && echo "$old" || echo "$new")
     run $arm local-dram "$dir" --pages 32 --layer-group 8 --ranks 1 --requests 9 --verify
     run $arm standalone-reader "$dir" --standalone --keys 8192 --chunk 1024 --ranges-per-key 8 --threads 1 --reps 5 --verify
