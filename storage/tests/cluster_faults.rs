@@ -1110,6 +1110,146 @@ fn sixteen_peers_keep_deadlines_and_histories_under_a_frozen_and_a_killed_member
     drop(writers);
 }
 
+/// A peer `name` in host namespace `h` of `net`, with etcd on the bridge under `prefix`.
+fn netns_peer(net: &te_tests::netns::Network, prefix: &str, name: &str, h: usize, lease_ttl_s: &str) -> Node {
+    let ip = net.host_ip(h);
+    let mut c = te_tests::netns::Network::command_in(&net.host_ns(h), env!("CARGO_BIN_EXE_umbp-peer"));
+    c.args(["--name", name])
+        .env("UMBP_CLUSTER", format!("etcd://{}:2379/{prefix}", net.bridge_ip()))
+        .env("UMBP_CLUSTER_LISTEN", format!("{ip}:7100"))
+        .env("UMBP_CLUSTER_LEASE_TTL_S", lease_ttl_s)
+        .env("UMBP_CLUSTER_TIMEOUT_MS", TIMEOUT_MS.to_string())
+        .env("TE_TCP_LISTEN", format!("{ip}:0"))
+        .env("TE_TCP_TIMEOUT_MS", TIMEOUT_MS.to_string())
+        .env("UMBP_DRAM_CAPACITY", "32M")
+        .env_remove("UMBP_SSD_DIRS")
+        .env_remove("UMBP_CLUSTER_DIRECTORY")
+        .env_remove("TE_AUTH_KEY_FILE");
+    Node::start(c).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// A member cut off from its peers but not from etcd (issue 38's partitions): in its network
+/// namespace, the other peers' addresses are blackholed, so its packets to them vanish and theirs
+/// get no answer, while its lease is kept alive through etcd. It stays a member; the others' gets
+/// and puts keep the deadline (a majority of each key's directory peers is reachable without
+/// it); its keys fail for the others within the deadline; a put of one of its keys elsewhere is
+/// not acknowledged (the copy it would supersede cannot be retired), so it goes on reading its
+/// own copies, which are still the last acknowledged; its own puts are not acknowledged (no
+/// majority of directory peers reachable). Healed, a put of its key is acknowledged and read
+/// everywhere. Needs root and iproute2.
+#[test]
+fn a_member_cut_off_from_its_peers_but_not_from_etcd_stays_a_member_and_keeps_the_rule() {
+    let _serial = serial();
+    use te_tests::netns::network_or_skip;
+    let Some(net) = network_or_skip(4) else { return };
+    let etcd = match EtcdServer::start(&net.bridge_ns(), &net.bridge_ip()) {
+        Ok(e) => e,
+        Err(e) => {
+            te_tests::skip_or_fail("etcd", &e);
+            return;
+        }
+    };
+    let names = ["k0", "k1", "k2", "k3"];
+    let mut p: Vec<Node> = (0..4)
+        .map(|h| netns_peer(&net, "faults-peers-cut", names[h], h, "3"))
+        .collect();
+    {
+        let mut all: Vec<&mut Node> = p.iter_mut().collect();
+        converge(&mut all, &names);
+    }
+    const N: u64 = 48;
+    assert_eq!(p[0].ok(&format!("fill a 0 {N} 4096")), "OK failed=0");
+    assert_eq!(p[3].ok("fill z 0 16 4096"), "OK failed=0");
+    wait_routed(&mut p[1], "a", N, "k0");
+    wait_routed(&mut p[1], "z", 16, "k3");
+
+    let route = |op: &str| {
+        for h in 0..3 {
+            let ok = Command::new("ip")
+                .args([
+                    "-n",
+                    &net.host_ns(3),
+                    "route",
+                    op,
+                    "blackhole",
+                    &format!("{}/32", net.host_ip(h)),
+                ])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            assert!(ok, "ip route {op} blackhole {} in k3's namespace", net.host_ip(h));
+        }
+    };
+    route("add");
+    let bound = TIMEOUT_MS + SLACK_MS;
+    let a = p[1].ok(&format!("sweep-timed a 0 {N} 0:4096"));
+    assert_eq!(field(&a, "ok"), N, "k0's keys with k3 cut off from its peers: {a}");
+    assert!(field(&a, "max_ms") <= bound, "a get took longer than {bound} ms: {a}");
+    let a = p[2].ok(&format!("fill-timed b 0 {N} 4096"));
+    assert_eq!(field(&a, "failed"), 0, "{a}");
+    assert!(field(&a, "max_ms") <= bound, "a put took longer than {bound} ms: {a}");
+    let a = p[1].ok(&format!("sweep-timed b 0 {N} 0:4096"));
+    assert_eq!(field(&a, "ok"), N, "{a}");
+    let a = p[1].ok("sweep-timed z 0 16 0:4096");
+    assert_eq!(field(&a, "ok"), 0, "{a}");
+    assert!(
+        field(&a, "max_ms") <= bound,
+        "a get of the cut-off member's key took longer than {bound} ms: {a}"
+    );
+    // A put of its key elsewhere: not acknowledged, within the deadline.
+    let t = Instant::now();
+    let a = p[1].cmd("put z0 4096 100").unwrap();
+    assert!(
+        a.starts_with("ERR") && a.contains("not acknowledged"),
+        "put of k3's key while k3 is cut off: {a}"
+    );
+    assert!(
+        t.elapsed() <= Duration::from_millis(bound),
+        "the refused put took {:?}",
+        t.elapsed()
+    );
+    // Its own put: no majority of directory peers reachable.
+    let a = p[3].cmd("put c0 4096 7").unwrap();
+    assert!(
+        a.starts_with("ERR") && a.contains("not acknowledged"),
+        "k3's own put while cut off: {a}"
+    );
+    // Its lease is kept alive through etcd: after two lease periods it is still a member
+    // everywhere, and it still reads its own copies (the last acknowledged).
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(p[1].ok("members"), format!("OK {}", names.join(",")));
+    assert_eq!(field(&p[3].ok("sweep z 0 16 0:4096"), "ok"), 16);
+
+    route("del");
+    // Healed: a put of its key is acknowledged (once k3 answers again) and read everywhere.
+    let end = Instant::now() + Duration::from_secs(30);
+    while p[1].cmd("put z0 4096 101").unwrap() != "OK" {
+        assert!(
+            Instant::now() < end,
+            "a put of z0 was never acknowledged after the heal"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (i, node) in p.iter_mut().enumerate() {
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            let a = node.cmd("get z0 0:4096").unwrap();
+            if a == "OK 4096 101" {
+                break;
+            }
+            assert!(
+                a == "MISS" || a.starts_with("ERR"),
+                "z0 at {} after version 101 was acknowledged: {a}",
+                names[i]
+            );
+            assert!(Instant::now() < end, "z0 at {}: still {a}", names[i]);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    drop(p);
+    drop(etcd);
+}
+
 /// A network partition (issue 38 item 5): four peers in network namespaces (separate network
 /// stacks on a bridge, etcd on the bridge); one host's link is cut, so its packets vanish
 /// silently (no reset), unlike a killed process. Others' gets and puts keep the deadline, the
@@ -1119,7 +1259,7 @@ fn sixteen_peers_keep_deadlines_and_histories_under_a_frozen_and_a_killed_member
 #[test]
 fn a_partitioned_member_costs_others_one_timeout_and_rejoins_when_healed() {
     let _serial = serial();
-    use te_tests::netns::{network_or_skip, Network};
+    use te_tests::netns::network_or_skip;
     let Some(net) = network_or_skip(4) else { return };
     let etcd = match EtcdServer::start(&net.bridge_ns(), &net.bridge_ip()) {
         Ok(e) => e,
@@ -1129,31 +1269,13 @@ fn a_partitioned_member_costs_others_one_timeout_and_rejoins_when_healed() {
         }
     };
     let names = ["m0", "m1", "m2", "m3"];
-    let start = |h: usize| {
-        let ip = net.host_ip(h);
-        let mut c = Network::command_in(&net.host_ns(h), env!("CARGO_BIN_EXE_umbp-peer"));
-        c.args(["--name", names[h]])
-            .env(
-                "UMBP_CLUSTER",
-                format!("etcd://{}:2379/faults-partition", net.bridge_ip()),
-            )
-            .env("UMBP_CLUSTER_LISTEN", format!("{ip}:7100"))
-            // Short, so the cut-off member's lease usually expires while the partitioned phase's
-            // puts and gets run: the keys it was a directory peer of are re-homed mid-call. Those
-            // puts must still be acknowledged (before, the publication was sent again under the
-            // new view after the call's deadline had been spent on the silent peer, and the
-            // verdict counted only that late round: 7 of 48 failed). Every verdict below holds
-            // whether the expiry falls inside the phase or after it.
-            .env("UMBP_CLUSTER_LEASE_TTL_S", "3")
-            .env("UMBP_CLUSTER_TIMEOUT_MS", TIMEOUT_MS.to_string())
-            .env("TE_TCP_LISTEN", format!("{ip}:0"))
-            .env("TE_TCP_TIMEOUT_MS", TIMEOUT_MS.to_string())
-            .env("UMBP_DRAM_CAPACITY", "32M")
-            .env_remove("UMBP_SSD_DIRS")
-            .env_remove("UMBP_CLUSTER_DIRECTORY")
-            .env_remove("TE_AUTH_KEY_FILE");
-        Node::start(c).unwrap_or_else(|e| panic!("{}: {e}", names[h]))
-    };
+    // A short lease, so the cut-off member's lease usually expires while the partitioned phase's
+    // puts and gets run: the keys it was a directory peer of are re-homed mid-call. Those puts
+    // must still be acknowledged (before, the publication was sent again under the new view after
+    // the call's deadline had been spent on the silent peer, and the verdict counted only that
+    // late round: 7 of 48 failed). Every verdict below holds whether the expiry falls inside the
+    // phase or after it.
+    let start = |h: usize| netns_peer(&net, "faults-partition", names[h], h, "3");
     let mut p: Vec<Node> = (0..4).map(start).collect();
     {
         let mut all: Vec<&mut Node> = p.iter_mut().collect();
