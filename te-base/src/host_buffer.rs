@@ -67,9 +67,20 @@ fn resolve_backing(
     shmem_huge: impl FnOnce() -> bool,
 ) -> HostBacking {
     match asked {
-        HostBacking::Auto if huge == HugePages::Transparent && !shmem_huge() => HostBacking::Anonymous,
+        HostBacking::Auto if !memfd_gives(huge, shmem_huge) => HostBacking::Anonymous,
         HostBacking::Auto => default(),
         b => b,
+    }
+}
+
+/// Whether a memfd can back memory with the huge pages asked for: explicit ones only through an
+/// explicit hugetlb memfd, transparent ones where the kernel gives them to shared memory
+/// (`shmem_huge`). Where not, memory left to choose (`HostBacking::Auto`) is anonymous.
+pub fn memfd_gives(huge: HugePages, shmem_huge: impl FnOnce() -> bool) -> bool {
+    match huge {
+        HugePages::None => true,
+        HugePages::Transparent => shmem_huge(),
+        HugePages::Explicit => false,
     }
 }
 

@@ -129,6 +129,19 @@ async fn the_engine_allocates_memfds_for_shm_unless_turned_off() {
         ..Default::default()
     };
     assert!(shared(&off, memfd).await);
+    // Transparent huge pages asked for (a DRAM arena): a memfd only where the kernel gives shared
+    // memory huge pages, anonymous memory otherwise (a memfd's 4 KiB pages made first writes 6-9x
+    // slower).
+    let thp = HostBufferOptions {
+        huge_pages: te_core::HugePages::Transparent,
+        ..Default::default()
+    };
+    assert_eq!(
+        shared(&on, thp).await,
+        te_base::host_buffer::shmem_takes_huge_pages(),
+        "transparent huge pages with shmem_enabled {:?}",
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled").ok()
+    );
     // A malformed setting is the engine's configuration error, not a silent default.
     let bad = TransferEngine::builder()
         .segment_name("shm-memfd-bad")
