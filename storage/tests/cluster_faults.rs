@@ -781,16 +781,22 @@ fn two_puts_that_each_missed_a_different_directory_peer_are_still_ordered() {
     // 3 or misses, never A; and in the end reads version 3 (the wait guards a hang: a read
     // error or a miss while a thawed peer is still a suspect is waited out).
     for (i, node) in p.iter_mut().enumerate() {
-        let end = Instant::now() + Duration::from_secs(30);
-        loop {
-            let t0 = Instant::now();
-            let a = node.cmd(&format!("get {key} 0:4096")).unwrap();
-            if !a.starts_with("ERR") && check_get(&a, &hist, t0, names[i], &key) == 3 {
-                break;
-            }
-            assert!(Instant::now() < end, "{key} at {}: still {a}", names[i]);
-            std::thread::sleep(Duration::from_millis(50));
+        read_until(node, names[i], &key, &hist, 3);
+    }
+}
+
+/// Reads `key` at `node` until it returns version `want`: every answer before must be allowed by
+/// `hist` (a read error or a miss is waited out); the 30 s bound only guards a hang.
+fn read_until(node: &mut Node, who: &str, key: &str, hist: &History, want: u64) {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let t0 = Instant::now();
+        let a = node.cmd(&format!("get {key} 0:4096")).unwrap();
+        if !a.starts_with("ERR") && check_get(&a, hist, t0, who, key) == want {
+            return;
         }
+        assert!(Instant::now() < end, "{key} at {who}: still {a}, never version {want}");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -840,16 +846,7 @@ fn a_member_frozen_past_its_lease_does_not_serve_its_old_copy() {
     p[0].signal("CONT");
     // From the thaw on: version 2, a miss or an error, never version 1; version 2 once it has
     // re-joined.
-    let end = Instant::now() + Duration::from_secs(30);
-    loop {
-        let t0 = Instant::now();
-        let a = p[0].cmd("get lapsed 0:4096").unwrap();
-        if !a.starts_with("ERR") && check_get(&a, &hist, t0, "l0 after the thaw", "lapsed") == 2 {
-            break;
-        }
-        assert!(Instant::now() < end, "l0 never read version 2: {a}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    read_until(&mut p[0], "l0 after the thaw", "lapsed", &hist, 2);
 }
 
 #[test]
