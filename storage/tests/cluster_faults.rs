@@ -1247,6 +1247,132 @@ fn a_member_cut_off_from_its_peers_but_not_from_etcd_stays_a_member_and_keeps_th
     drop(etcd);
 }
 
+/// A member cut off from etcd but not from its peers (issue 38's partitions, the second one):
+/// in its network namespace etcd's address is blackholed. Its keep-alives get no answer, so it
+/// asks the other members to renew its lease for it (RENEW), and it stays a member everywhere,
+/// past two lease periods. Meanwhile the rule holds both ways: a put of its key elsewhere
+/// retires its copy before it is acknowledged (it is reachable), and its own put of a key
+/// another member wrote goes through the key's directory peers as always, retiring that
+/// member's older copy (before, the put stayed local: the other member kept reading its own
+/// older version, and the cut-off member's lease ran out, so a write elsewhere was acknowledged
+/// while it still served its copy). Healed, everything is read everywhere. Needs root and
+/// iproute2.
+#[test]
+fn a_member_cut_off_from_etcd_but_not_from_its_peers_stays_a_member_and_keeps_the_rule() {
+    let _serial = serial();
+    use te_tests::netns::network_or_skip;
+    let Some(net) = network_or_skip(4) else { return };
+    let etcd = match EtcdServer::start(&net.bridge_ns(), &net.bridge_ip()) {
+        Ok(e) => e,
+        Err(e) => {
+            te_tests::skip_or_fail("etcd", &e);
+            return;
+        }
+    };
+    let names = ["e0", "e1", "e2", "e3"];
+    const TTL_S: u64 = 5;
+    let mut p: Vec<Node> = (0..4)
+        .map(|h| netns_peer(&net, "faults-etcd-cut", names[h], h, &TTL_S.to_string()))
+        .collect();
+    {
+        let mut all: Vec<&mut Node> = p.iter_mut().collect();
+        converge(&mut all, &names);
+    }
+    // e3 owns z0..z15 (seed i + 1); e1 wrote x, which e3 will overwrite during the cut.
+    assert_eq!(p[3].ok("fill z 0 16 4096"), "OK failed=0");
+    assert_eq!(p[1].ok("put x 4096 1"), "OK");
+    wait_routed(&mut p[2], "z", 16, "e3");
+    assert_eq!(p[1].ok("get x 0:4096"), "OK 4096 1");
+
+    let route = |op: &str| {
+        let ok = Command::new("ip")
+            .args([
+                "-n",
+                &net.host_ns(3),
+                "route",
+                op,
+                "blackhole",
+                &format!("{}/32", net.bridge_ip()),
+            ])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(
+            ok,
+            "ip route {op} blackhole {} (etcd) in e3's namespace",
+            net.bridge_ip()
+        );
+    };
+    route("add");
+    let cut = Instant::now();
+    // A put of e3's key elsewhere: acknowledged once e3 dropped its copy, which it then never
+    // serves again.
+    assert_eq!(p[1].ok("put z0 4096 100"), "OK");
+    let a = p[3].cmd("get z0 0:4096").unwrap();
+    assert!(
+        a == "MISS" || a == "OK 4096 100" || a.starts_with("ERR"),
+        "e3 read z0 after version 100 was acknowledged: {a}"
+    );
+    // e3's own put of x (e1's key until now): acknowledged through the directory peers; e1's
+    // version 1 is never read again, and the others read version 2 from e3.
+    assert_eq!(p[3].ok("put x 4096 2"), "OK");
+    for i in 0..3 {
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            let a = p[i].cmd("get x 0:4096").unwrap();
+            if a == "OK 4096 2" {
+                break;
+            }
+            assert!(
+                a == "MISS" || a.starts_with("ERR"),
+                "x at {} after e3's version 2 was acknowledged: {a}",
+                names[i]
+            );
+            assert!(Instant::now() < end, "x at {}: still {a}", names[i]);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    // Two lease periods into the cut, e3 is still a member everywhere and still serves its own
+    // copies (its lease renewed by the others).
+    let mut waited = 0;
+    while cut.elapsed() < Duration::from_secs(2 * TTL_S + 1) {
+        std::thread::sleep(Duration::from_millis(500));
+        waited += 1;
+        assert_eq!(
+            p[waited % 3].ok("members"),
+            format!("OK {}", names.join(",")),
+            "{:?} into e3's cut from etcd",
+            cut.elapsed()
+        );
+    }
+    let a = p[3].ok("sweep z 1 15 0:4096");
+    assert_eq!(field(&a, "ok"), 15, "e3's own keys, cut off from etcd: {a}");
+    let a = p[2].ok("sweep z 1 15 0:4096");
+    assert_eq!(field(&a, "ok"), 15, "e3's keys read by e2: {a}");
+
+    route("del");
+    // Healed: a put of e3's key is acknowledged and read everywhere.
+    assert_eq!(p[1].ok("put z0 4096 101"), "OK");
+    for (i, node) in p.iter_mut().enumerate() {
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            let a = node.cmd("get z0 0:4096").unwrap();
+            if a == "OK 4096 101" {
+                break;
+            }
+            assert!(
+                a == "MISS" || a.starts_with("ERR"),
+                "z0 at {} after version 101 was acknowledged: {a}",
+                names[i]
+            );
+            assert!(Instant::now() < end, "z0 at {}: still {a}", names[i]);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    drop(p);
+    drop(etcd);
+}
+
 /// A network partition (issue 38 item 5): four peers in network namespaces (separate network
 /// stacks on a bridge, etcd on the bridge); one host's link is cut, so its packets vanish
 /// silently (no reset), unlike a killed process. Others' gets and puts keep the deadline, the
@@ -1315,6 +1441,20 @@ fn a_partitioned_member_costs_others_one_timeout_and_rejoins_when_healed() {
         let mut rest: Vec<&mut Node> = p[..3].iter_mut().collect();
         converge(&mut rest, &names[..3]);
     }
+    // Now a put of its key elsewhere supersedes nothing the others know of. The cut-off member,
+    // past its last confirmation and with nobody to renew its lease, serves none of its copies:
+    // it cannot tell whether such a put happened. (Before, it went on serving them as in an
+    // outage of etcd that everyone sees.)
+    let end = Instant::now() + Duration::from_secs(30);
+    while p[1].cmd("put z0 4096 200").unwrap() != "OK" {
+        assert!(Instant::now() < end, "a put of z0 was never acknowledged once m3 left");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let a = p[3].cmd("get z0 0:4096").unwrap();
+    assert!(
+        a.starts_with("ERR") || a == "MISS",
+        "m3, cut off past its lease, read z0 after version 200 was acknowledged elsewhere: {a}"
+    );
     // Healed, it rejoins under a new lease and re-publishes its keys.
     link("up");
     {
@@ -1323,8 +1463,8 @@ fn a_partitioned_member_costs_others_one_timeout_and_rejoins_when_healed() {
     }
     let end = Instant::now() + Duration::from_secs(30);
     loop {
-        let a = p[1].ok("sweep z 0 16 0:4096");
-        if field(&a, "ok") == 16 {
+        let a = p[1].ok("sweep z 1 15 0:4096");
+        if field(&a, "ok") == 15 {
             break;
         }
         assert!(

@@ -30,9 +30,10 @@ use parking_lot::RwLock;
 use tokio::task::JoinHandle;
 
 use super::config::{ClusterConfig, DirectoryMode};
-use super::conn::ConnPool;
+use super::conn::{ConnPool, Request};
 use super::guard::Guard;
 use super::sharded::{Membership, Sharded};
+use super::wire::{self, Op, Renewal};
 
 /// Most operations in one etcd transaction (etcd's default `--max-txn-ops`).
 const MAX_TXN_OPS: usize = 128;
@@ -544,6 +545,88 @@ impl Directory {
         }
     }
 
+    /// Keeps `lease` alive once on a member's behalf (RENEW), within half the timeout. Only the
+    /// lease this peer's view holds for `member` is renewed (a member speaks only for itself);
+    /// any other is answered gone, as it is for this view.
+    pub(crate) async fn renew_for(&self, member: &str, lease: i64) -> Renewal {
+        let known = self.view.read().peers.get(member).map(|&(_, _, l)| l);
+        if known != Some(lease) {
+            return Renewal::Gone;
+        }
+        let mut c = self.client.clone();
+        let once = async {
+            let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
+            keeper.keep_alive().await?;
+            stream.message().await
+        };
+        let half = self.cfg.timeout / 2;
+        match tokio::time::timeout(half, once).await {
+            Ok(Ok(Some(r))) if r.ttl() > 0 => Renewal::Renewed { ttl_s: r.ttl() as u64 },
+            Ok(Ok(Some(_))) => Renewal::Gone,
+            _ => match te_core::metadata::etcd::lease_exists(&mut self.client.clone(), lease, half).await {
+                Some(false) => Renewal::Gone,
+                // Alive, but not renewed by this peer: say nothing stronger.
+                Some(true) | None => Renewal::EtcdUnreachable,
+            },
+        }
+    }
+
+    /// This peer's keep-alive got no answer from etcd: asks up to three other members of the
+    /// last view to renew the lease for it (sharded directory only; `None` with the etcd
+    /// directory). Renewed: the lease stands as if etcd had answered (`Some(false)`). Gone: the
+    /// lease expired (`Some(true)`). Otherwise `None`, with the standing noting whether the
+    /// members asked cannot reach etcd either (an outage everyone sees: local copies are served
+    /// as before) or none answered (this peer is cut off: its standing runs out a TTL after its
+    /// last confirmation).
+    async fn renew_through_peers(&self, lease: i64) -> Option<bool> {
+        self.sharded.as_ref()?;
+        let mut others: Vec<(Arc<str>, SocketAddr)> =
+            self.members().into_iter().filter(|(n, _)| **n != *self.name).collect();
+        // Members that answered lately first, then by name, so the same ones relay each time.
+        let suspects = self.pool.suspects(Duration::from_secs(self.cfg.lease_ttl_s as u64));
+        others.sort_by_key(|(n, _)| (suspects.contains(n), n.clone()));
+        let reqs: Vec<Request> = others
+            .into_iter()
+            .take(3)
+            .map(|(peer, addr)| Request {
+                peer,
+                addr,
+                op: Op::Renew,
+                body: wire::encode_renew(lease),
+            })
+            .collect();
+        if reqs.is_empty() {
+            // The only member: nobody to ask, nobody who could have written meanwhile.
+            self.standing.etcd_out_for_all(true);
+            return None;
+        }
+        let sent = std::time::Instant::now();
+        let end = sent + self.cfg.timeout;
+        let pool = self.pool.clone();
+        let answers = tokio::task::spawn_blocking(move || pool.exchange(&reqs, end))
+            .await
+            .unwrap_or_default();
+        let (mut ttl, mut gone, mut down) = (None, false, false);
+        for a in answers {
+            let Ok((Op::Renewed, body)) = a else { continue };
+            match wire::decode_renewed(&body) {
+                Ok(Renewal::Renewed { ttl_s }) => ttl = ttl.max(Some(ttl_s)),
+                Ok(Renewal::Gone) => gone = true,
+                Ok(Renewal::EtcdUnreachable) => down = true,
+                Err(_) => {}
+            }
+        }
+        if let Some(ttl_s) = ttl {
+            self.standing.confirmed(sent, Duration::from_secs(ttl_s));
+            return Some(false);
+        }
+        if gone {
+            return Some(true);
+        }
+        self.standing.etcd_out_for_all(down);
+        None
+    }
+
     /// Leaves: stops the tasks and revokes the lease, so this peer's membership and keys vanish
     /// now rather than at the TTL.
     pub(crate) async fn leave(&self) {
@@ -715,12 +798,20 @@ async fn keep_alive_loop(d: Arc<Directory>) {
             // etcd reports a lost lease as an error of the keep-alive stream: ask it directly.
             Err(_) => {
                 d.dirty.store(true, Ordering::Release);
-                let mut c = d.client.clone();
-                match te_core::metadata::etcd::lease_exists(&mut c, id, d.cfg.timeout).await {
-                    Some(exists) => !exists,
+                match d.renew_through_peers(id).await {
+                    Some(expired) => expired,
                     None => {
-                        d.standing.unreachable();
-                        false
+                        let mut c = d.client.clone();
+                        match te_core::metadata::etcd::lease_exists(&mut c, id, d.cfg.timeout).await {
+                            Some(exists) => !exists,
+                            None => {
+                                // The etcd directory has no peers to ask: an outage as before.
+                                if d.sharded.is_none() {
+                                    d.standing.etcd_out_for_all(true);
+                                }
+                                false
+                            }
+                        }
                     }
                 }
             }

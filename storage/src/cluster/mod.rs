@@ -225,10 +225,12 @@ impl Cluster {
             // re-publication when etcd is back carries it).
             let versions = self.owner.versions.stamp(&keys, self.owner.core().as_deref());
             if !self.dir.is_live() {
-                // Membership is unknown: the put stays local and fast; every local key is
-                // written again when etcd answers.
+                // etcd is out of reach: the put goes to the key's directory peers under the
+                // membership last seen (a member cut off from etcd alone stays in it through the
+                // others' RENEW), retiring the copies it supersedes; every local key is written
+                // again when etcd answers. (Kept local, it was acknowledged while another
+                // member's older copy stayed readable.)
                 self.dir.mark_dirty();
-                return Vec::new();
             }
             // Blocking on this thread: the messages go out from here, no hand-off.
             let unreached = sh.publish(&keys, &versions, true, sh.deadline());

@@ -1,7 +1,7 @@
 //! The control listener of a peer: answers RESOLVE (where a key's bytes are in this peer's
 //! exported memory), VALIDATE (is the placement a reader used still the committed one),
-//! ALLOCATE and COMMIT (a remote put), and the sharded directory's PUBLISH, UNPUBLISH and
-//! LOOKUP.
+//! ALLOCATE and COMMIT (a remote put), the sharded directory's PUBLISH, UNPUBLISH and
+//! LOOKUP, and RENEW (keeping alive the lease of a member that cannot reach etcd).
 //!
 //! It faces whoever reaches it: the shared key is proved first when one is configured,
 //! connections are capped in total and per source, every frame has a deadline, a body is read
@@ -128,6 +128,10 @@ async fn serve(
                 drop(core);
                 directory_request(&owner, op, &body, member.as_deref(), from, &limits).await
             }
+            Op::Renew => {
+                drop(core);
+                renew_request(&owner, &body, member.as_deref().unwrap_or_default(), from).await
+            }
             other => (Op::Refused, format!("unexpected {other:?}").into_bytes()),
         };
         write_frame(&mut s, op, &answer, limits.frame_timeout).await?;
@@ -135,6 +139,29 @@ async fn serve(
             return Ok(());
         }
     }
+}
+
+/// RENEW from a member that cannot reach etcd itself: its own lease only (any other is
+/// answered gone), asked from the IP it announced.
+async fn renew_request(owner: &Owner, body: &[u8], member: &str, from: SocketAddr) -> (Op, Vec<u8>) {
+    let Some(dir) = owner.dir.get() else {
+        return (Op::Refused, b"this peer has not joined yet".to_vec());
+    };
+    let Some(sh) = dir.sharded() else {
+        return (Op::Refused, b"this peer's directory is not sharded".to_vec());
+    };
+    let lease = match wire::decode_renew(body) {
+        Ok(l) => l,
+        Err(e) => return (Op::Refused, format!("malformed RENEW: {e}").into_bytes()),
+    };
+    if let Err(r) = sh
+        .guard
+        .check_source("RENEW", member, from.ip(), sh.announced_ip(member))
+    {
+        tracing::debug!("{NAME}: refused: {r}");
+        return (Op::Refused, r.to_string().into_bytes());
+    }
+    (Op::Renewed, wire::encode_renewed(dir.renew_for(member, lease).await))
 }
 
 /// PUBLISH, UNPUBLISH and LOOKUP against this peer's shard of the directory, and RETIRE, from a

@@ -7,9 +7,15 @@
 //! until its recovery (a new lease, every local key published again) has had them retired.
 //! So local reads need the lease to be known to stand: within a TTL of the sending of a
 //! keep-alive etcd answered (etcd extends the lease when it receives it, which is after the
-//! send), and not while a lapsed lease is being replaced. When etcd itself is out of reach
-//! (no answer at all, not "lease unknown"), local copies are served as before: nobody can
-//! acknowledge a write through the directory then either (docs/umbp.md, "etcd outages").
+//! send), and not while a lapsed lease is being replaced.
+//!
+//! When this peer cannot reach etcd, other members renew its lease for it (RENEW, sharded
+//! directory): a member cut off from etcd but not from its peers stays a member, and a
+//! renewal they relay counts as etcd's own. When every member asked says etcd is out of its
+//! reach too, the outage is everyone's: no member can see another leave, and local copies are
+//! served as before (docs/umbp.md, "etcd outages"). When none answers, this peer is cut off
+//! from both: its standing runs out a TTL after its last confirmation, while the others may
+//! already be writing its keys elsewhere.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -20,7 +26,8 @@ pub(crate) struct Standing {
     until_ms: AtomicU64,
     /// The lease lapsed; a new one is being granted and the local keys published again.
     rejoining: AtomicBool,
-    /// The last keep-alive got no answer from etcd at all.
+    /// The last keep-alive got no answer from etcd at all, and the members asked cannot reach
+    /// it either (or, with the etcd directory, there is nobody to ask).
     etcd_unreachable: AtomicBool,
 }
 
@@ -45,9 +52,11 @@ impl Standing {
         self.etcd_unreachable.store(false, Ordering::Release);
     }
 
-    /// A keep-alive got no answer: etcd is out of reach.
-    pub(crate) fn unreachable(&self) {
-        self.etcd_unreachable.store(true, Ordering::Release);
+    /// A keep-alive got no answer from etcd and no member renewed the lease: `for_all` when
+    /// the members asked cannot reach etcd either (an outage everyone sees), not when none
+    /// answered (this peer is cut off).
+    pub(crate) fn etcd_out_for_all(&self, for_all: bool) {
+        self.etcd_unreachable.store(for_all, Ordering::Release);
     }
 
     /// The lease lapsed: local reads stop until [`Standing::rejoined`].
@@ -84,8 +93,12 @@ mod tests {
         s.confirmed(s.base, Duration::from_millis(10));
         assert!(!s.may_serve_local(), "a TTL after the keep-alive was sent");
         // etcd out of reach for everyone: local copies are served as before.
-        s.unreachable();
+        s.etcd_out_for_all(true);
         assert!(s.may_serve_local());
+        // Cut off from etcd and every member: not past the last confirmation.
+        s.etcd_out_for_all(false);
+        assert!(!s.may_serve_local());
+        s.etcd_out_for_all(true);
         // A lapsed lease: not until the rejoin completed, whatever else holds.
         s.confirmed(Instant::now(), Duration::from_secs(60));
         s.lapsed();

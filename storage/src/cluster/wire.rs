@@ -93,6 +93,12 @@ pub enum Op {
     /// The answer to PUBLISH: per key 0 (indexed), refused (`u64::MAX`: capped, `u64::MAX - 1`:
     /// the superseded copy could not be retired) or the newer version indexed instead.
     Versions = 17,
+    /// Keep the sender's lease alive in etcd on its behalf: it cannot reach etcd itself but
+    /// reaches this peer (issue 38's member cut off from etcd but not from its peers). Answered
+    /// by RENEWED.
+    Renew = 18,
+    /// The answer to RENEW: what etcd said, or that it is out of this peer's reach too.
+    Renewed = 19,
 }
 
 impl Op {
@@ -115,6 +121,8 @@ impl Op {
             15 => Op::Owners,
             16 => Op::Retire,
             17 => Op::Versions,
+            18 => Op::Renew,
+            19 => Op::Renewed,
             _ => return None,
         })
     }
@@ -587,6 +595,58 @@ pub fn decode_versions(body: &[u8]) -> Result<Vec<u64>, WireError> {
     Ok(v)
 }
 
+/// What a peer asked to RENEW a lease got from etcd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// etcd extended the lease.
+    Renewed {
+        /// Seconds it lives from when etcd took the request.
+        ttl_s: u64,
+    },
+    /// etcd no longer has the lease: it expired.
+    Gone,
+    /// etcd is out of the relaying peer's reach too.
+    EtcdUnreachable,
+}
+
+/// Encodes a RENEW body: the lease to keep alive.
+pub fn encode_renew(lease: i64) -> Vec<u8> {
+    lease.to_le_bytes().to_vec()
+}
+
+/// Decodes a RENEW body.
+pub fn decode_renew(body: &[u8]) -> Result<i64, WireError> {
+    let mut r = Reader { b: body };
+    let lease = r.u64("lease")? as i64;
+    r.end()?;
+    Ok(lease)
+}
+
+/// Encodes a RENEWED body: a tag (0 renewed, 1 gone, 2 etcd unreachable) and the TTL.
+pub fn encode_renewed(r: Renewal) -> Vec<u8> {
+    let (tag, ttl) = match r {
+        Renewal::Renewed { ttl_s } => (0u8, ttl_s),
+        Renewal::Gone => (1, 0),
+        Renewal::EtcdUnreachable => (2, 0),
+    };
+    let mut out = vec![tag];
+    out.extend_from_slice(&ttl.to_le_bytes());
+    out
+}
+
+/// Decodes a RENEWED body.
+pub fn decode_renewed(body: &[u8]) -> Result<Renewal, WireError> {
+    let mut r = Reader { b: body };
+    let (tag, ttl_s) = (r.u8("renewal")?, r.u64("ttl")?);
+    r.end()?;
+    Ok(match tag {
+        0 => Renewal::Renewed { ttl_s },
+        1 => Renewal::Gone,
+        2 => Renewal::EtcdUnreachable,
+        _ => return Err(WireError::Bad("renewal")),
+    })
+}
+
 /// Encodes a LOOKUP body.
 pub fn encode_lookup<'a>(keys: impl ExactSizeIterator<Item = &'a str>) -> Vec<u8> {
     let mut out = Vec::new();
@@ -769,7 +829,23 @@ mod tests {
         }
 
         #[test]
-        fn heads_round_trip_and_bound_the_body(len in 0usize..(2 * MAX_BODY), op in 1u8..=15) {
+        fn renewals_round_trip(lease in any::<i64>(), ttl_s in any::<u64>(), tag in 0u8..3) {
+            let body = encode_renew(lease);
+            prop_assert_eq!(decode_renew(&body).unwrap(), lease);
+            let r = [Renewal::Renewed { ttl_s }, Renewal::Gone, Renewal::EtcdUnreachable][tag as usize];
+            let body = encode_renewed(r);
+            prop_assert_eq!(decode_renewed(&body).unwrap(), r);
+            for cut in 0..body.len() {
+                prop_assert!(decode_renewed(&body[..cut]).is_err());
+                prop_assert!(decode_renew(&body[..cut.min(7)]).is_err());
+            }
+            let mut bad = body.clone();
+            bad[0] = 3;
+            prop_assert_eq!(decode_renewed(&bad), Err(WireError::Bad("renewal")));
+        }
+
+        #[test]
+        fn heads_round_trip_and_bound_the_body(len in 0usize..(2 * MAX_BODY), op in 1u8..=19) {
             let f = frame(Op::from_u8(op).unwrap(), &[]);
             let mut head: [u8; HEAD] = f[..HEAD].try_into().unwrap();
             head[..4].copy_from_slice(&(len as u32).to_le_bytes());
