@@ -314,29 +314,39 @@ async fn directory_request(
             }
             Err(e) => (Op::Refused, format!("malformed RETIRE: {e}").into_bytes()),
         },
-        _ => match wire::decode_lookup(body) {
-            Ok(keys) => {
-                // A member's budget is spent only from the IP it announced; otherwise the
-                // LOOKUP counts as a non-member's.
-                let own = member.filter(|m| {
-                    !sh.guard.check_source_addr
-                        || sh
-                            .announced_ip(m)
-                            .is_none_or(|a| a.is_unspecified() || a.to_canonical() == from.ip().to_canonical())
-                });
-                let (source, members) = sh.source(own);
-                match sh
-                    .guard
-                    .lookup_tokens(&source, keys.len(), limits.frame_timeout, members)
-                {
-                    Ok(wait) if !wait.is_zero() => tokio::time::sleep(wait).await,
-                    Ok(_) => {}
-                    Err(r) => return refuse(r),
+        _ => {
+            // The budget is checked on the key count alone, before any key is decoded.
+            let n = match wire::lookup_len(body) {
+                Ok(n) => n,
+                Err(e) => return (Op::Refused, format!("malformed LOOKUP: {e}").into_bytes()),
+            };
+            // A member's budget is spent only from the IP it announced; otherwise the LOOKUP
+            // counts as a non-member's.
+            let own = member.filter(|m| {
+                !sh.guard.check_source_addr
+                    || sh
+                        .announced_ip(m)
+                        .is_none_or(|a| a.is_unspecified() || a.to_canonical() == from.ip().to_canonical())
+            });
+            let (source, members) = sh.source(own);
+            match sh.guard.lookup_tokens(&source, n, limits.frame_timeout, members) {
+                Ok(wait) if !wait.is_zero() => tokio::time::sleep(wait).await,
+                Ok(_) => {}
+                Err(r) => {
+                    // Answered only after the longest wait it could have had: a source over its
+                    // budget cannot turn refusals (each a connection, a handshake and a body)
+                    // into a loop faster than its connections allow.
+                    tokio::time::sleep(limits.frame_timeout).await;
+                    return refuse(r);
                 }
-                let owners = sh.shard.lookup(keys.iter().map(String::as_str));
-                (Op::Owners, wire::encode_owners(sh.shard.settled(), &owners))
             }
-            Err(e) => (Op::Refused, format!("malformed LOOKUP: {e}").into_bytes()),
-        },
+            match wire::decode_lookup(body) {
+                Ok(keys) => {
+                    let owners = sh.shard.lookup(keys.iter().map(String::as_str));
+                    (Op::Owners, wire::encode_owners(sh.shard.settled(), &owners))
+                }
+                Err(e) => (Op::Refused, format!("malformed LOOKUP: {e}").into_bytes()),
+            }
+        }
     }
 }

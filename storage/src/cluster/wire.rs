@@ -654,6 +654,12 @@ pub fn encode_lookup<'a>(keys: impl ExactSizeIterator<Item = &'a str>) -> Vec<u8
     out
 }
 
+/// The number of keys a LOOKUP body asks for, read from its head without decoding the keys
+/// (so a throttled LOOKUP costs no decoding).
+pub fn lookup_len(body: &[u8]) -> Result<usize, WireError> {
+    Reader { b: body }.count(3, "key count")
+}
+
 /// Decodes a LOOKUP body.
 pub fn decode_lookup(body: &[u8]) -> Result<Vec<String>, WireError> {
     let mut r = Reader { b: body };
@@ -818,6 +824,7 @@ mod tests {
             }
             let body = encode_lookup(keys.iter().map(String::as_str));
             prop_assert_eq!(decode_lookup(&body).unwrap(), keys.clone());
+            prop_assert_eq!(lookup_len(&body).unwrap(), keys.len());
             for cut in 0..body.len() {
                 prop_assert!(decode_lookup(&body[..cut]).is_err());
             }
