@@ -7,7 +7,10 @@
 //!   configured entries per source;
 //! - one get over several owners with one frozen fails only that owner's keys;
 //! - the last acknowledged write wins: across two writers, when a put reaches no directory peer
-//!   (not acknowledged, typed), and with the etcd directory (one owner per key).
+//!   (not acknowledged, typed), and with the etcd directory (one owner per key);
+//! - partitions: a member cut off from its peers, from etcd, or from both;
+//! - sixteen peers with history-checked readers through a frozen, a killed and a restarted
+//!   member, etcd restarts (on its data and empty) and a hostile member's forgeries and floods.
 //!
 //! Verdicts wait for events (answers, membership); the only time bound checked is the deadline
 //! under test, with generous slack. Needs Debian's etcd-server (skips otherwise;
@@ -1105,6 +1108,299 @@ fn sixteen_peers_keep_deadlines_and_histories_under_a_frozen_and_a_killed_member
         assert!(gets > 0);
     }
     drop(writers);
+}
+
+/// Resident memory of a process, in KiB (VmRSS).
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// The 99th percentile of `v` (sorted in place).
+fn p99(v: &mut [Duration]) -> Duration {
+    v.sort();
+    v[(v.len() * 99 / 100).min(v.len() - 1)]
+}
+
+/// Sixteen peers with a shared key (issue 38's scale) through the faults the other sixteen-peer
+/// test does not inject, while two writers overwrite eight keys in alternation and four readers
+/// check every get against the keys' histories (a get may fail or miss; it may not return a
+/// version older than one acknowledged before it began), and every get and put keeps the
+/// deadline: a member SIGKILLed and restarted under its name and SSD directory (its SSD keys
+/// are read again); etcd killed and restarted on its data, then restarted empty; a hostile
+/// member (holding the key) forging PUBLISH and UNPUBLISH for another owner at every peer
+/// (refused), flooding one peer with publications in its own name (capped, the victim's memory
+/// bounded) and with LOOKUPs (a reader of the victim's keys keeps its p99 within twice its
+/// baseline, measured in alternating windows). At the end every peer reads every key's last
+/// acknowledged version.
+#[test]
+fn sixteen_peers_keep_histories_through_a_restart_etcd_restarts_and_a_hostile_member() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let _serial = serial();
+    let Some(mut cl) = Cluster::start("faults-sixteen-trust", true) else {
+        return;
+    };
+    let names: Vec<String> = (0..16).map(|i| format!("t{i:02}")).collect();
+    let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let ssd = tempfile::tempdir().expect("ssd dir");
+    let ssd_dir = ssd.path().to_str().unwrap().to_string();
+    const CAP: u64 = 1000;
+    let common = [
+        ("UMBP_DRAM_CAPACITY", "8M"),
+        ("UMBP_CLUSTER_MAX_ENTRIES_PER_SOURCE", "1000"),
+        ("UMBP_CLUSTER_LOOKUP_KEYS_PER_S", "20000"),
+    ];
+    let durable: Vec<(&str, &str)> = common
+        .iter()
+        .copied()
+        .chain([("UMBP_SSD_DIRS", ssd_dir.as_str()), ("UMBP_SSD_WRITE_THROUGH", "1")])
+        .collect();
+    // t05 keeps its keys on SSD; the others in DRAM.
+    let start = |cl: &Cluster, i: usize| {
+        if i == 5 {
+            cl.peer(&names[i], &durable)
+        } else {
+            cl.peer(&names[i], &common)
+        }
+    };
+    let mut p: Vec<Node> = (0..16).map(|i| start(&cl, i)).collect();
+    {
+        let mut all: Vec<&mut Node> = p.iter_mut().collect();
+        converge(&mut all, &name_refs);
+    }
+    let mut addrs: Vec<String> = p.iter().map(|n| n.p2p_addr.clone()).collect();
+    // t05 owns 32 durable keys, t06 64 that the latency reader reads.
+    const D: u64 = 32;
+    const N: u64 = 64;
+    assert_eq!(p[5].ok(&format!("fill d 0 {D} 4096")), "OK failed=0");
+    assert_eq!(p[6].ok(&format!("fill s 0 {N} 4096")), "OK failed=0");
+    wait_routed(&mut p[7], "d", D, "t05");
+    wait_routed(&mut p[7], "s", N, "t06");
+
+    // Writers t00, t01; readers t02..t04 and t08; t05, t06 and t07 as above.
+    const KEYS: usize = 8;
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("h{i}")).collect();
+    let hist: Vec<History> = (0..KEYS).map(|_| History::default()).collect();
+    let done = Arc::new(AtomicBool::new(false));
+    let slowest_ms = Arc::new(AtomicU64::new(0));
+    let bound = TIMEOUT_MS + SLACK_MS;
+    let mut pulled: Vec<Option<Node>> = p.drain(..).map(Some).collect();
+    let mut writers: Vec<Node> = vec![pulled[0].take().unwrap(), pulled[1].take().unwrap()];
+    let readers: Vec<(String, Node)> = [2, 3, 4, 8]
+        .into_iter()
+        .map(|i| (names[i].clone(), pulled[i].take().unwrap()))
+        .collect();
+    let handles: Vec<_> = readers
+        .into_iter()
+        .map(|(who, mut node)| {
+            let (keys, hist, done, slowest) = (keys.clone(), hist.clone(), done.clone(), slowest_ms.clone());
+            std::thread::spawn(move || {
+                let mut gets = 0u64;
+                while !done.load(Ordering::Acquire) {
+                    for (k, h) in keys.iter().zip(&hist) {
+                        let t0 = Instant::now();
+                        let a = node.cmd(&format!("get {k} 0:4096")).unwrap();
+                        slowest.fetch_max(t0.elapsed().as_millis() as u64, Ordering::Relaxed);
+                        if !a.starts_with("ERR") {
+                            check_get(&a, h, t0, &format!("reader {who}"), k);
+                        }
+                        gets += 1;
+                    }
+                }
+                (node, gets)
+            })
+        })
+        .collect();
+    let writer = {
+        let (keys, hist, done, slowest) = (keys.clone(), hist.clone(), done.clone(), slowest_ms.clone());
+        std::thread::spawn(move || {
+            let (mut seed, mut round, mut acked) = (0u64, 0usize, 0u64);
+            while !done.load(Ordering::Acquire) {
+                for (k, h) in keys.iter().zip(&hist) {
+                    seed += 1;
+                    let t0 = Instant::now();
+                    let a = writers[round % 2].cmd(&format!("put {k} 4096 {seed}")).unwrap();
+                    slowest.fetch_max(t0.elapsed().as_millis() as u64, Ordering::Relaxed);
+                    // Only an acknowledged put enters the history; a failed one may still be
+                    // read (it is newer than everything acknowledged before it).
+                    if a == "OK" {
+                        h.lock().unwrap().push((Instant::now(), seed));
+                        acked += 1;
+                    } else {
+                        assert!(a.starts_with("ERR"), "put {k}: {a}");
+                    }
+                }
+                round += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (writers, acked)
+        })
+    };
+    let mut t07 = pulled[7].take().unwrap();
+    let sweep_all = |node: &mut Node, prefix: &str, n: u64, what: &str| {
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            let a = node.ok(&format!("sweep {prefix} 0 {n} 0:4096"));
+            assert_eq!(field(&a, "bad"), 0, "{what}: {a}");
+            if field(&a, "ok") == n {
+                return;
+            }
+            assert!(Instant::now() < end, "{what}: not every key came back: {a}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+
+    // 1. t05 SIGKILLed and restarted under its name on its SSD directory: its keys are read again.
+    pulled[5].take().unwrap().kill();
+    let t05 = start(&cl, 5);
+    addrs[5] = t05.p2p_addr.clone();
+    pulled[5] = Some(t05);
+    sweep_all(&mut t07, "d", D, "t05's SSD keys after its restart");
+
+    // 2. etcd killed for a while and restarted on its data; then 3. restarted empty. Each time
+    // the cluster's keys are read again.
+    cl.etcd.stop();
+    std::thread::sleep(Duration::from_secs(3));
+    cl.etcd.start_again(true).expect("etcd restart on its data");
+    sweep_all(&mut t07, "s", N, "t06's keys after etcd restarted on its data");
+    cl.etcd.restart_empty().expect("etcd restart empty");
+    {
+        let mut all: Vec<&mut Node> = pulled.iter_mut().flatten().chain([&mut t07]).collect();
+        let end = Instant::now() + Duration::from_secs(60);
+        for n in all.iter_mut() {
+            while n.ok("members").matches(',').count() != 15 {
+                assert!(
+                    Instant::now() < end,
+                    "membership did not come back after etcd lost its data"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    sweep_all(&mut t07, "s", N, "t06's keys after etcd restarted empty");
+    sweep_all(&mut t07, "d", D, "t05's keys after etcd restarted empty");
+
+    // 4. A hostile member, t15 (it holds the key and proves its own name).
+    let victim_keys: Vec<String> = (0..N).map(|i| format!("s{i}")).collect();
+    for addr in &addrs {
+        let forged = wire::encode_publish("t14", victim_keys.iter().map(|k| (k.as_str(), u64::MAX - 1)));
+        let (op, why) = Hostile::ask(addr, "t15", Op::Publish, &forged);
+        assert_eq!(op, Op::Refused, "a PUBLISH naming t14 from t15 at {addr}: {why}");
+        let forged = wire::encode_owned_keys("t06", victim_keys.iter().map(String::as_str));
+        let (op, why) = Hostile::ask(addr, "t15", Op::Unpublish, &forged);
+        assert_eq!(op, Op::Refused, "an UNPUBLISH as t06 from t15 at {addr}: {why}");
+    }
+    sweep_all(&mut t07, "s", N, "t06's keys after the forged messages");
+    // A flood of publications in its own name at t06: capped, t06's memory bounded.
+    let t06_pid = pulled[6].as_ref().unwrap().pid();
+    let before_kib = rss_kib(t06_pid);
+    let flood: Vec<String> = (0..50_000).map(|i| format!("flood{i}")).collect();
+    let body = wire::encode_publish("t15", flood.iter().map(|k| (k.as_str(), 1)));
+    for _ in 0..40 {
+        let (op, why) = Hostile::ask(&addrs[6], "t15", Op::Publish, &body);
+        assert_eq!(op, Op::Refused, "{why}");
+        assert!(why.contains("UMBP_CLUSTER_MAX_ENTRIES_PER_SOURCE"), "{why}");
+    }
+    let grew_kib = rss_kib(t06_pid).saturating_sub(before_kib);
+    let entries = stat(pulled[6].as_mut().unwrap(), "directory_entries");
+    assert!(
+        grew_kib < 32 * 1024,
+        "t06 grew by {grew_kib} KiB under a flood of 2,000,000 publications capped at {CAP}"
+    );
+    assert!(stat(pulled[6].as_mut().unwrap(), "directory_refused_capped") >= 40);
+    // A LOOKUP flood at t06 from six connections: t07's gets of t06's keys, in alternating
+    // windows without and with the flood, keep their p99 within twice the baseline (plus 2 ms
+    // of scheduling on two shared cores).
+    let flooding = Arc::new(AtomicBool::new(false));
+    let stop_flood = Arc::new(AtomicBool::new(false));
+    let lookups: Vec<String> = (0..20_000).map(|i| format!("s{}", i % N)).collect();
+    let lookup_body = Arc::new(wire::encode_lookup(lookups.iter().map(String::as_str)));
+    let flooders: Vec<_> = (0..6)
+        .map(|_| {
+            let (addr, body, flooding, stop) = (
+                addrs[6].clone(),
+                lookup_body.clone(),
+                flooding.clone(),
+                stop_flood.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut sent = 0u64;
+                while !stop.load(Ordering::Acquire) {
+                    if !flooding.load(Ordering::Acquire) {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                    let mut h = Hostile::connect(&addr, "t15");
+                    while flooding.load(Ordering::Acquire) {
+                        h.send(Op::Lookup, &body);
+                        sent += 1;
+                        match h.recv() {
+                            Some((Op::Owners, _)) => {}
+                            _ => break,
+                        }
+                    }
+                }
+                sent
+            })
+        })
+        .collect();
+    let (mut base, mut flooded) = (Vec::new(), Vec::new());
+    for window in 0..6 {
+        flooding.store(window % 2 == 1, Ordering::Release);
+        std::thread::sleep(Duration::from_millis(100));
+        for i in 0..100 {
+            let t = Instant::now();
+            let a = t07.ok(&format!("get s{} 0:4096", i % N));
+            let took = t.elapsed();
+            assert_eq!(a, format!("OK 4096 {}", i % N + 1));
+            if window % 2 == 1 {
+                flooded.push(took);
+            } else {
+                base.push(took);
+            }
+        }
+    }
+    flooding.store(false, Ordering::Release);
+    stop_flood.store(true, Ordering::Release);
+    let sent: u64 = flooders.into_iter().map(|f| f.join().expect("flooder")).sum();
+    let (p_base, p_flood) = (p99(&mut base), p99(&mut flooded));
+    eprintln!(
+        "lookup flood: {sent} LOOKUPs of 20,000 keys; reader p99 {p_base:?} without, {p_flood:?} with; throttled {}; t06 grew {grew_kib} KiB, {entries} entries",
+        stat(pulled[6].as_mut().unwrap(), "directory_lookups_throttled")
+    );
+    assert!(sent > 0, "the flood sent nothing");
+    assert!(
+        p_flood <= 2 * p_base + Duration::from_millis(2),
+        "a LOOKUP flood raised a reader's p99 from {p_base:?} to {p_flood:?}"
+    );
+
+    // The end: writers stop; every peer reads every key's last acknowledged version.
+    done.store(true, Ordering::Release);
+    let (writers, acked) = writer.join().expect("writer");
+    assert!(acked > 0);
+    let mut everyone: Vec<Node> = writers;
+    for h in handles {
+        let (node, gets) = h.join().expect("reader");
+        assert!(gets > 0);
+        everyone.push(node);
+    }
+    everyone.extend(pulled.into_iter().flatten());
+    everyone.push(t07);
+    for node in everyone.iter_mut() {
+        for (k, h) in keys.iter().zip(&hist) {
+            let last = h.lock().unwrap().last().map_or(0, |&(_, s)| s);
+            read_until(node, "a peer", k, h, last);
+        }
+    }
+    let slowest = slowest_ms.load(Ordering::Relaxed);
+    assert!(
+        slowest <= bound,
+        "a history get or put took {slowest} ms, over the timeout + slack of {bound} ms"
+    );
 }
 
 /// A peer `name` in host namespace `h` of `net`, with etcd on the bridge under `prefix`.

@@ -32,14 +32,14 @@ impl EtcdServer {
     /// Starts etcd listening on `ip` (client port 2379, peer port 2380) inside namespace `ns`, and
     /// waits (bounded) until it answers.
     pub fn start(ns: &str, ip: &str) -> Result<EtcdServer, String> {
-        Self::start_at(Some(ns), ip, 2379, 2380)
+        Self::start_at(Some(ns), ip, 2379, 2380, false)
     }
 
     /// Starts etcd on free loopback ports of this namespace, or returns `None` after printing why
     /// (and panics instead when `TE_REQUIRE` names etcd).
     pub fn start_on_loopback() -> Option<EtcdServer> {
         let ports = super::free_port().and_then(|c| super::free_port().map(|p| (c, p)));
-        match ports.and_then(|(client, peer)| Self::start_at(None, "127.0.0.1", client, peer)) {
+        match ports.and_then(|(client, peer)| Self::start_at(None, "127.0.0.1", client, peer, false)) {
             Ok(server) => Some(server),
             Err(e) => {
                 super::skip_or_fail("etcd", &e);
@@ -48,7 +48,14 @@ impl EtcdServer {
         }
     }
 
-    fn start_at(ns: Option<&str>, ip: &str, client_port: u16, peer_port: u16) -> Result<EtcdServer, String> {
+    /// `keep_data`: start on the data directory a previous etcd at this place left (a restart).
+    fn start_at(
+        ns: Option<&str>,
+        ip: &str,
+        client_port: u16,
+        peer_port: u16,
+        keep_data: bool,
+    ) -> Result<EtcdServer, String> {
         let bin = etcd_bin();
         if !std::path::Path::new(&bin).exists() {
             return Err(format!("{bin} missing (Debian package etcd-server)"));
@@ -58,7 +65,9 @@ impl EtcdServer {
             std::process::id(),
             ns.unwrap_or("root")
         ));
-        let _ = std::fs::remove_dir_all(&dir);
+        if !keep_data {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
         let endpoint = format!("http://{ip}:{client_port}");
         let peer = format!("http://{ip}:{peer_port}");
         let mut cmd = match ns {
@@ -88,11 +97,25 @@ impl EtcdServer {
     /// Kills etcd and starts a new one on the same address and ports with an empty data
     /// directory: every key and lease is gone, as after losing a single-node cluster's disk.
     pub fn restart_empty(&mut self) -> Result<(), String> {
+        self.start_again(false)
+    }
+
+    /// Kills etcd (SIGKILL: no clean shutdown) and leaves it down until [`EtcdServer::start_again`].
+    pub fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Starts etcd again where it ran, on its data directory (`keep_data`: the keys and leases
+    /// it had, as after a crash; etcd extends every lease by its TTL when it comes back) or an
+    /// empty one.
+    pub fn start_again(&mut self, keep_data: bool) -> Result<(), String> {
+        self.stop();
         let (ns, ip, client, peer) = self.place.clone();
-        let _ = std::fs::remove_dir_all(&self.dir);
-        let fresh = Self::start_at(ns.as_deref(), &ip, client, peer)?;
+        if !keep_data {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+        let fresh = Self::start_at(ns.as_deref(), &ip, client, peer, keep_data)?;
         // Take the new process over. The old handle is forgotten, not dropped: its drop would
         // remove the directory, which is the same path the new etcd now uses.
         let old = std::mem::replace(self, fresh);
