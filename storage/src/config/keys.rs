@@ -83,6 +83,8 @@ pub trait SettingValue: Sized + Clone + fmt::Debug {
     const KIND: ValueKind;
     /// The typed value, or why `v` is not one.
     fn from_value(v: Value) -> std::result::Result<Self, String>;
+    /// The value as an error quotes it.
+    fn shown(&self) -> String;
 }
 
 macro_rules! plain_value {
@@ -94,6 +96,9 @@ macro_rules! plain_value {
                     Value::$kind(v) => Ok(v),
                     other => Err(format!("expected {:?}, got {other:?}", ValueKind::$kind)),
                 }
+            }
+            fn shown(&self) -> String {
+                Value::$kind(self.clone()).to_string()
             }
         }
     )*};
@@ -109,6 +114,9 @@ macro_rules! choice_value {
                     Value::Choice(s) => parse::text(&s),
                     other => Err(format!("expected {:?}, got {other:?}", ValueKind::Choice)),
                 }
+            }
+            fn shown(&self) -> String {
+                format!("{self:?}")
             }
         }
     )*};
@@ -345,7 +353,7 @@ macro_rules! store_keys {
                         },
                     };
                     if let Some(v) = &v {
-                        ($check)(v).map_err(|reason| bad($var, format!("{v:?}"), reason))?;
+                        ($check)(v).map_err(|reason| bad($var, v.shown(), reason))?;
                     }
                     Ok(resolved_value!(v $(, $default)?))
                 }
@@ -643,6 +651,29 @@ mod tests {
         }
         assert_eq!(ENV_VARS.len(), StoreKey::ALL.len());
         assert!("UMBP_DRAM_CAPACTIY".parse::<StoreKey>().is_err());
+    }
+
+    #[test]
+    fn a_value_its_check_refuses_is_quoted_as_written() {
+        let env = |pairs: &[(&str, &str)]| {
+            let map = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            std::sync::Arc::new(te_base::config::MapEnv(map))
+        };
+        let err = StoreBuilder::new()
+            .env(env(&[("UMBP_SSD_DIRS", "/tmp/x"), ("UMBP_SSD_COMPACT_BELOW", "1")]))
+            .config()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            StoreError::Engine(te_base::Error::config(
+                "UMBP_SSD_COMPACT_BELOW",
+                "1",
+                "must be a fraction in [0, 1)"
+            ))
+            .to_string()
+        );
+        let err = StoreBuilder::new().dram_page_bytes(1000).config().unwrap_err();
+        assert!(err.to_string().contains("UMBP_DRAM_PAGE_BYTES=\"1000\""), "{err}");
     }
 
     #[test]
