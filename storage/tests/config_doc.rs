@@ -38,7 +38,9 @@ fn rows() -> Vec<[String; 5]> {
                 .split(" | ")
                 .map(|c| c.trim().trim_matches('`').replace("\\|", "|"))
                 .collect();
-            cells.try_into().unwrap_or_else(|c| panic!("a row of five cells: {c:?}"))
+            cells
+                .try_into()
+                .unwrap_or_else(|c| panic!("a row of five cells: {c:?}"))
         })
         .collect()
 }
@@ -74,7 +76,11 @@ fn each_documented_default_is_the_default() {
             continue;
         }
         let set = config(Some((&var, &default))).unwrap_or_else(|e| panic!("{var}={default}: {e}"));
-        assert_eq!(format!("{:?}", set.core), unset, "{var}: the documented default {default} is not the default");
+        assert_eq!(
+            format!("{:?}", set.core),
+            unset,
+            "{var}: the documented default {default} is not the default"
+        );
         checked += 1;
     }
     assert!(checked >= 10, "only {checked} defaults checked");
@@ -91,7 +97,10 @@ fn each_documented_flag_is_the_servers() {
             continue;
         }
         flags += 1;
-        assert!(usage.contains(&format!("[{flag}]")), "{var}: {flag} not in the usage: {usage}");
+        assert!(
+            usage.contains(&format!("[{flag}]")),
+            "{var}: {flag} not in the usage: {usage}"
+        );
         // A flag with a value refuses a malformed one, naming the flag (before anything opens).
         if let Some((name, _)) = flag.split_once(' ') {
             let out = Command::new(server)

@@ -381,7 +381,7 @@ macro_rules! store_keys {
             $(
                 #[doc = $doc]
                 #[doc = ""]
-                #[doc = concat!("Unset: `", $var, "`, else ", $default_text, ".")]
+                #[doc = concat!("Not set here: `", $var, "`; its default: ", $default_text, ".")]
                 pub fn $field(mut self, v: $ty) -> Self {
                     self.settings.$field = Some(v);
                     self
