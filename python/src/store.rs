@@ -6,10 +6,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use pyo3::conversion::FromPyObjectOwned;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use te_base::config::{Env, MapEnv};
+use umbp::config::{StoreKey, Value, ValueKind};
 use umbp::{Range, RangedGet, RangedPut, Store, StoreError};
 
 use crate::arrays::{common_len, U64s};
@@ -56,26 +58,13 @@ pub struct PyServer {
     socket: PathBuf,
 }
 
-/// Store options as keyword arguments, the Rust builder's setters by name.
+/// Store options as keyword arguments, the Rust builder's setters by name: the local-mode
+/// settings of `umbp::config::StoreKey` (one loop over its table) and the mode options.
 #[derive(Default)]
 pub struct StoreOptions {
     segment_name: Option<String>,
-    dram_capacity: Option<u64>,
-    dram_page_bytes: Option<u64>,
-    high_watermark: Option<f64>,
-    low_watermark: Option<f64>,
-    eviction: Option<String>,
-    ssd_dirs: Option<Vec<PathBuf>>,
-    ssd_capacity: Option<u64>,
-    compact_below: Option<f64>,
-    ssd_segment_bytes: Option<u64>,
-    ssd_direct: Option<String>,
-    ssd_io: Option<String>,
-    staging_bytes: Option<u64>,
-    staging_slots: Option<usize>,
-    write_through: Option<bool>,
-    promote_on_read: Option<bool>,
-    ranged_call_debug: Option<bool>,
+    /// The `StoreKey` settings given, in the table's order.
+    settings: Vec<(StoreKey, Value)>,
     connect: Option<PathBuf>,
     local: Option<bool>,
     key_handle_slots: Option<usize>,
@@ -83,74 +72,66 @@ pub struct StoreOptions {
     cluster_listen: Option<String>,
 }
 
+/// The keyword options besides the `StoreKey` settings (the first comes before them in the
+/// list an unknown option is answered with).
+const SEGMENT_NAME: &str = "segment_name";
+const MODE_OPTIONS: &[&str] = &["connect", "local", "key_handle_slots", "cluster", "cluster_listen"];
+
 impl StoreOptions {
     /// Reads the keyword arguments; an unknown name raises.
     fn from_kwargs(o: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let Some(o) = o else { return Ok(StoreOptions::default()) };
-        const KNOWN: &[&str] = &[
-            "segment_name",
-            "dram_capacity",
-            "dram_page_bytes",
-            "high_watermark",
-            "low_watermark",
-            "eviction",
-            "ssd_dirs",
-            "ssd_capacity",
-            "compact_below",
-            "ssd_segment_bytes",
-            "ssd_direct",
-            "ssd_io",
-            "staging_bytes",
-            "staging_slots",
-            "write_through",
-            "promote_on_read",
-            "ranged_call_debug",
-            "connect",
-            "local",
-            "key_handle_slots",
-            "cluster",
-            "cluster_listen",
-        ];
+        let known = || {
+            std::iter::once(SEGMENT_NAME)
+                .chain(StoreKey::ALL.iter().map(|k| k.keyword()))
+                .chain(MODE_OPTIONS.iter().copied())
+        };
         for k in o.keys() {
             let k: String = k.extract()?;
-            if !KNOWN.contains(&k.as_str()) {
+            if !known().any(|n| n == k) {
                 return Err(invalid(
                     "InvalidArgument",
-                    format!("Store: unknown option {k:?} (known: {})", KNOWN.join(", ")),
+                    format!(
+                        "Store: unknown option {k:?} (known: {})",
+                        known().collect::<Vec<_>>().join(", ")
+                    ),
                 ));
             }
         }
-        let mut out = StoreOptions::default();
-        macro_rules! read {
-            ($($f:ident),*) => { $(if let Some(v) = o.get_item(stringify!($f))?.filter(|v| !v.is_none()) {
-                out.$f = Some(v.extract().map_err(|e: PyErr| invalid("InvalidArgument", format!("{}: {e}", stringify!($f))))?);
-            })* };
+        /// The keyword's value as `T`, None when absent or None.
+        fn get<'py, T: FromPyObjectOwned<'py>>(o: &Bound<'py, PyDict>, name: &str) -> PyResult<Option<T>> {
+            let Some(v) = o.get_item(name)?.filter(|v| !v.is_none()) else {
+                return Ok(None);
+            };
+            let got: PyResult<T> = v.extract().map_err(Into::into);
+            got.map(Some)
+                .map_err(|e| invalid("InvalidArgument", format!("{name}: {e}")))
         }
-        read!(
+        let segment_name = get(o, SEGMENT_NAME)?;
+        let mut settings = Vec::new();
+        for &key in StoreKey::ALL {
+            let k = key.keyword();
+            let value = match key.kind() {
+                ValueKind::Bytes => get(o, k)?.map(Value::Bytes),
+                ValueKind::Fraction => get(o, k)?.map(Value::Fraction),
+                ValueKind::Count => get(o, k)?.map(Value::Count),
+                ValueKind::Switch => get(o, k)?.map(Value::Switch),
+                ValueKind::Dirs => get(o, k)?.map(Value::Dirs),
+                ValueKind::Choice => get(o, k)?.map(Value::Choice),
+            };
+            if let Some(v) = value {
+                settings.push((key, v));
+            }
+        }
+        Ok(StoreOptions {
             segment_name,
-            dram_capacity,
-            dram_page_bytes,
-            high_watermark,
-            low_watermark,
-            eviction,
-            ssd_dirs,
-            ssd_capacity,
-            compact_below,
-            ssd_segment_bytes,
-            ssd_direct,
-            ssd_io,
-            staging_bytes,
-            staging_slots,
-            write_through,
-            promote_on_read,
-            ranged_call_debug,
-            connect,
-            local,
-            key_handle_slots,
-            cluster,
-            cluster_listen
-        );
-        Ok(out)
+            settings,
+            connect: get(o, "connect")?,
+            local: get(o, "local")?,
+            key_handle_slots: get(o, "key_handle_slots")?,
+            cluster: get(o, "cluster")?,
+            cluster_listen: get(o, "cluster_listen")?,
+        })
     }
 }
 
@@ -167,34 +148,17 @@ fn builder(o: StoreOptions, env: Option<Arc<dyn Env>>) -> PyResult<umbp::StoreBu
     if let Some(e) = env {
         b = b.env(e);
     }
-    macro_rules! set {
-        ($($f:ident),*) => { $(if let Some(v) = o.$f { b = b.$f(v); })* };
+    if let Some(v) = o.segment_name {
+        b = b.segment_name(v);
     }
-    set!(
-        segment_name,
-        dram_capacity,
-        dram_page_bytes,
-        high_watermark,
-        low_watermark,
-        ssd_dirs,
-        ssd_capacity,
-        compact_below,
-        ssd_segment_bytes,
-        staging_bytes,
-        staging_slots,
-        write_through,
-        promote_on_read,
-        ranged_call_debug,
-        key_handle_slots
-    );
-    if let Some(e) = o.eviction {
-        b = b.eviction(parsed("eviction", &e)?);
+    for (key, v) in o.settings {
+        let shown = v.to_string();
+        b = b
+            .set(key, v)
+            .map_err(|e| invalid("InvalidArgument", format!("{}={shown:?}: {e}", key.keyword())))?;
     }
-    if let Some(d) = o.ssd_direct {
-        b = b.ssd_direct(parsed("ssd_direct", &d)?);
-    }
-    if let Some(d) = o.ssd_io {
-        b = b.ssd_io(parsed("ssd_io", &d)?);
+    if let Some(v) = o.key_handle_slots {
+        b = b.key_handle_slots(v);
     }
     if let Some(s) = o.connect {
         b = b.connect(s);

@@ -208,12 +208,13 @@ class Notifications:
     def __anext__(self) -> Awaitable[Notification]: ...
 
 class Store:
-    """A UMBP store; keyword options are the Rust ``StoreBuilder``'s setters: segment_name,
-    dram_capacity, dram_page_bytes, high_watermark, low_watermark, eviction ("lru", "prefix",
-    "prefix:N"), ssd_dirs, ssd_capacity, compact_below, ssd_segment_bytes, ssd_direct ("auto",
-    "on", "off"), ssd_io ("auto", "uring", "psync"), staging_bytes, staging_slots, write_through,
-    promote_on_read, ranged_call_debug, connect (standalone: the server's socket), local,
-    key_handle_slots, cluster ("etcd://host:port[/prefix]": distributed), cluster_listen."""
+    """A UMBP store; keyword options are the Rust ``StoreBuilder``'s setters: segment_name; the
+    local-mode settings, named in the "builder / Python" column of docs/configuration.md's
+    "UMBP, local mode" table (dram_capacity, ssd_dirs, eviction ("lru", "prefix", "prefix:N"),
+    write_through, ...: sizes and counts as int, fractions as float, switches as bool, ssd_dirs
+    as a list of paths, the others as the variable's text); connect (standalone: the server's
+    socket), local, key_handle_slots, cluster ("etcd://host:port[/prefix]": distributed),
+    cluster_listen."""
 
     def __init__(self, *, env: Mapping[str, str] | None = None, **options: Any) -> None: ...
     @property

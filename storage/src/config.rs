@@ -2,26 +2,11 @@
 //! defaults. A variable that is set but malformed is an error naming it; nothing is silently
 //! defaulted.
 //!
-//! | variable | default | meaning |
-//! | --- | --- | --- |
-//! | `UMBP_DRAM_CAPACITY` | 1G | DRAM arena bytes (0: no DRAM tier) |
-//! | `UMBP_DRAM_PAGE_BYTES` | 4K | allocation unit of the arena (a multiple of 4 KiB) |
-//! | `UMBP_DRAM_HIGH_WATERMARK` | 0.95 | fraction of the arena at which eviction starts |
-//! | `UMBP_DRAM_LOW_WATERMARK` | 0.85 | fraction eviction brings the arena down to |
-//! | `UMBP_EVICTION` | prefix | `lru`, `prefix` or `prefix:N` (window of N candidates) |
-//! | `UMBP_SSD_DIRS` | unset | comma-separated directories, one per drive (unset: no SSD tier) |
-//! | `UMBP_SSD_CAPACITY` | 90% of free | SSD bytes over all directories (default: 90% of each directory's filesystem free space at open, plus the log there) |
-//! | `UMBP_SSD_COMPACT_BELOW` | 0.5 | sealed segments with a smaller live fraction are compacted |
-//! | `UMBP_SSD_SEGMENT_BYTES` | 256M | size of one log segment file |
-//! | `UMBP_SSD_DIRECT` | auto | O_DIRECT: `auto`, `on`, `off` |
-//! | `UMBP_SSD_IO` | auto | `auto`, `uring`, `psync` |
-//! | `UMBP_SSD_STAGING_BYTES` | 32M | one registered staging slot for SSD reads and writes |
-//! | `UMBP_SSD_STAGING_SLOTS` | 4 | staging slots (concurrent SSD calls) |
-//! | `UMBP_SSD_WRITE_THROUGH` | 0 | every put also goes to the SSD log before it returns |
-//! | `UMBP_PROMOTE_ON_READ` | 1 | whole-object SSD reads are copied into DRAM |
-//! | `UMBP_RANGED_CALL_DEBUG` | 0 | per-phase timings of ranged calls |
-//! | `UMBP_STANDALONE_SOCKET` and the key-handle variables | | standalone mode, see [`crate::standalone`] |
-//! | `UMBP_CLUSTER` | unset | distributed mode: `etcd://host:port[,...][/prefix]` (see `cluster::config`) |
+//! Each local-mode setting (tiers, eviction, staging, debugging) is declared once, in
+//! [`keys`]: its variable, builder setter and Python keyword, `umbp-server` flag, parser, check,
+//! default and doc line. [`StoreKey`] names them; docs/configuration.md's local-mode table is
+//! [`StoreKey::doc_table`] (a test holds the page to it). Standalone mode's variables are in
+//! [`crate::standalone`], distributed mode's (`UMBP_CLUSTER`...) in `cluster::config`.
 //!
 //! [`known_vars`] lists every variable this build reads; a `UMBP_*` variable set in the
 //! environment that is not among them (a typo) is logged as a warning naming the closest known
@@ -30,35 +15,16 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use te_base::config::{parse_bool, parse_bytes, parse_var, Env, ProcessEnv, UnknownVar, LISTENER_VAR_SUFFIXES};
+use te_base::config::{parse_bool, parse_var, Env, ProcessEnv, UnknownVar, LISTENER_VAR_SUFFIXES};
 
 use crate::core::config::CoreConfig;
 use crate::error::{Result, StoreError};
-use crate::eviction::EvictionPolicy;
-use crate::ssd::io::{DirectIo, IoBackend};
 use crate::ssd::log::SsdOptions;
-use crate::ssd::record::BLOCK;
 use crate::standalone::config::StandaloneConfig;
 
-/// The local-mode variables (tiers, eviction, staging, debugging).
-pub const ENV_VARS: &[&str] = &[
-    "UMBP_DRAM_CAPACITY",
-    "UMBP_DRAM_PAGE_BYTES",
-    "UMBP_DRAM_HIGH_WATERMARK",
-    "UMBP_DRAM_LOW_WATERMARK",
-    "UMBP_EVICTION",
-    "UMBP_SSD_DIRS",
-    "UMBP_SSD_CAPACITY",
-    "UMBP_SSD_COMPACT_BELOW",
-    "UMBP_SSD_SEGMENT_BYTES",
-    "UMBP_SSD_DIRECT",
-    "UMBP_SSD_IO",
-    "UMBP_SSD_STAGING_BYTES",
-    "UMBP_SSD_STAGING_SLOTS",
-    "UMBP_SSD_WRITE_THROUGH",
-    "UMBP_PROMOTE_ON_READ",
-    "UMBP_RANGED_CALL_DEBUG",
-];
+pub mod keys;
+
+pub use keys::{SettingValue, StoreKey, Value, ValueKind, ENV_VARS};
 
 /// Every `UMBP_*` variable this build reads: local mode's, standalone mode's (with the server's
 /// listener limits) and, with the `cluster` feature, distributed mode's.
@@ -121,22 +87,8 @@ impl ModeConfig {
 pub struct StoreBuilder {
     env: Arc<dyn Env>,
     segment_name: Option<String>,
-    dram_capacity: Option<u64>,
-    dram_page_bytes: Option<u64>,
-    high: Option<f64>,
-    low: Option<f64>,
-    eviction: Option<EvictionPolicy>,
-    ssd_dirs: Option<Vec<PathBuf>>,
-    ssd_capacity: Option<u64>,
-    compact_below: Option<f64>,
-    ssd_segment_bytes: Option<u64>,
-    ssd_direct: Option<DirectIo>,
-    ssd_io: Option<IoBackend>,
-    staging_bytes: Option<u64>,
-    staging_slots: Option<usize>,
-    write_through: Option<bool>,
-    promote_on_read: Option<bool>,
-    ranged_call_debug: Option<bool>,
+    /// The local-mode settings given explicitly ([`keys`]).
+    settings: keys::Settings,
     /// `Some(None)`: local mode whatever the environment says; `Some(Some(p))`: connect to `p`.
     standalone: Option<Option<PathBuf>>,
     key_handle_slots: Option<usize>,
@@ -167,22 +119,7 @@ impl StoreBuilder {
         StoreBuilder {
             env: Arc::new(ProcessEnv),
             segment_name: None,
-            dram_capacity: None,
-            dram_page_bytes: None,
-            high: None,
-            low: None,
-            eviction: None,
-            ssd_dirs: None,
-            ssd_capacity: None,
-            compact_below: None,
-            ssd_segment_bytes: None,
-            ssd_direct: None,
-            ssd_io: None,
-            staging_bytes: None,
-            staging_slots: None,
-            write_through: None,
-            promote_on_read: None,
-            ranged_call_debug: None,
+            settings: keys::Settings::default(),
             standalone: None,
             key_handle_slots: None,
 
@@ -207,55 +144,6 @@ impl StoreBuilder {
     setter!(
         /// Segment name of the store's own engine.
         segment_name, segment_name, String);
-    setter!(
-        /// DRAM arena bytes (0: no DRAM tier).
-        dram_capacity, dram_capacity, u64);
-    setter!(
-        /// Allocation unit of the arena (a multiple of 4 KiB).
-        dram_page_bytes, dram_page_bytes, u64);
-    setter!(
-        /// Fraction of the arena at which eviction starts.
-        high_watermark, high, f64);
-    setter!(
-        /// Fraction eviction brings the arena down to.
-        low_watermark, low, f64);
-    setter!(
-        /// Eviction policy.
-        eviction, eviction, EvictionPolicy);
-    setter!(
-        /// SSD directories, one per drive (empty: no SSD tier).
-        ssd_dirs, ssd_dirs, Vec<PathBuf>);
-    setter!(
-        /// SSD bytes over all directories.
-        ssd_capacity, ssd_capacity, u64);
-    setter!(
-        /// Sealed segments whose live bytes fall below this fraction are compacted.
-        compact_below, compact_below, f64);
-    setter!(
-        /// Size of one log segment.
-        ssd_segment_bytes, ssd_segment_bytes, u64);
-    setter!(
-        /// O_DIRECT mode.
-        ssd_direct, ssd_direct, DirectIo);
-    setter!(
-        /// I/O engine of the SSD tier.
-        ssd_io, ssd_io, IoBackend);
-    setter!(
-        /// Bytes of one staging slot.
-        staging_bytes, staging_bytes, u64);
-    setter!(
-        /// Number of staging slots.
-        staging_slots, staging_slots, usize);
-    setter!(
-        /// Puts also go to the SSD log before returning.
-        write_through, write_through, bool);
-    setter!(
-        /// Whole-object SSD reads are copied into DRAM.
-        promote_on_read, promote_on_read, bool);
-    setter!(
-        /// Per-phase timings of ranged calls.
-        ranged_call_debug, ranged_call_debug, bool);
-
     /// Standalone mode: `open()` connects to the `umbp-server` listening on `socket` instead of
     /// opening tiers in this process (as `UMBP_STANDALONE_SOCKET` does).
     pub fn connect(mut self, socket: impl Into<PathBuf>) -> Self {
@@ -280,12 +168,6 @@ impl StoreBuilder {
         for unknown in unknown_vars(env) {
             tracing::warn!("{unknown}");
         }
-        let bytes = |explicit: Option<u64>, var: &str, default: u64| -> Result<u64> {
-            Ok(match explicit {
-                Some(v) => v,
-                None => parse_bytes(env, var)?.unwrap_or(default),
-            })
-        };
         let flag = |explicit: Option<bool>, var: &str, default: bool| -> Result<bool> {
             Ok(match explicit {
                 Some(v) => v,
@@ -295,15 +177,12 @@ impl StoreBuilder {
         let bad =
             |var: &str, value: String, reason: &str| StoreError::Engine(te_base::Error::config(var, value, reason));
 
-        let dram_capacity = bytes(self.dram_capacity, "UMBP_DRAM_CAPACITY", 1 << 30)?;
-        let dram_page_bytes = bytes(self.dram_page_bytes, "UMBP_DRAM_PAGE_BYTES", 4096)?;
-        if dram_page_bytes == 0 || dram_page_bytes % BLOCK != 0 {
-            return Err(bad(
-                "UMBP_DRAM_PAGE_BYTES",
-                dram_page_bytes.to_string(),
-                "must be a non-zero multiple of 4096",
-            ));
-        }
+        // Each setting resolves itself (explicit, variable, default) and checks its own value;
+        // what follows are the rules between settings. SSD settings are read only with an SSD
+        // tier.
+        let s = &self.settings;
+        let dram_capacity = s.dram_capacity(env)?;
+        let dram_page_bytes = s.dram_page_bytes(env)?;
         if dram_capacity / dram_page_bytes > u32::MAX as u64 {
             return Err(bad(
                 "UMBP_DRAM_CAPACITY",
@@ -311,18 +190,8 @@ impl StoreBuilder {
                 "more than 2^32 pages; raise UMBP_DRAM_PAGE_BYTES",
             ));
         }
-        let fraction = |explicit: Option<f64>, var: &str, default: f64| -> Result<f64> {
-            let v = match explicit {
-                Some(v) => v,
-                None => parse_var::<f64>(env, var)?.unwrap_or(default),
-            };
-            if !(v > 0.0 && v <= 1.0) {
-                return Err(bad(var, v.to_string(), "must be a fraction in (0, 1]"));
-            }
-            Ok(v)
-        };
-        let high = fraction(self.high, "UMBP_DRAM_HIGH_WATERMARK", 0.95)?;
-        let low = fraction(self.low, "UMBP_DRAM_LOW_WATERMARK", 0.85)?;
+        let high = s.high_watermark(env)?;
+        let low = s.low_watermark(env)?;
         if low > high {
             return Err(bad(
                 "UMBP_DRAM_LOW_WATERMARK",
@@ -330,42 +199,13 @@ impl StoreBuilder {
                 "must not exceed UMBP_DRAM_HIGH_WATERMARK",
             ));
         }
-        let eviction = match self.eviction {
-            Some(e) => e,
-            None => parse_var::<EvictionPolicy>(env, "UMBP_EVICTION")?.unwrap_or_default(),
-        };
-        let dirs = match &self.ssd_dirs {
-            Some(d) => d.clone(),
-            None => match env.get("UMBP_SSD_DIRS") {
-                None => Vec::new(),
-                Some(raw) => {
-                    let dirs: Vec<PathBuf> = raw.split(',').map(PathBuf::from).collect();
-                    if raw.is_empty() || dirs.iter().any(|d| d.as_os_str().is_empty()) {
-                        return Err(bad(
-                            "UMBP_SSD_DIRS",
-                            raw,
-                            "expected comma-separated non-empty directories",
-                        ));
-                    }
-                    dirs
-                }
-            },
-        };
+        let eviction = s.eviction(env)?;
+        let dirs = s.ssd_dirs(env)?.unwrap_or_default();
         let ssd = if dirs.is_empty() {
             None
         } else {
-            let capacity = match self.ssd_capacity {
-                Some(c) => Some(c),
-                None => parse_bytes(env, "UMBP_SSD_CAPACITY")?,
-            };
-            let segment_bytes = bytes(self.ssd_segment_bytes, "UMBP_SSD_SEGMENT_BYTES", 256 << 20)?;
-            if segment_bytes < 16 * BLOCK || segment_bytes % BLOCK != 0 {
-                return Err(bad(
-                    "UMBP_SSD_SEGMENT_BYTES",
-                    segment_bytes.to_string(),
-                    "must be a multiple of 4096 of at least 64 KiB",
-                ));
-            }
+            let capacity = s.ssd_capacity(env)?;
+            let segment_bytes = s.ssd_segment_bytes(env)?;
             if let Some(c) = capacity.filter(|&c| c < segment_bytes) {
                 return Err(bad(
                     "UMBP_SSD_CAPACITY",
@@ -373,55 +213,19 @@ impl StoreBuilder {
                     "must hold at least one segment",
                 ));
             }
-            let compact_below = match self.compact_below {
-                Some(v) => v,
-                None => parse_var::<f64>(env, "UMBP_SSD_COMPACT_BELOW")?.unwrap_or(0.5),
-            };
-            if !(0.0..1.0).contains(&compact_below) {
-                return Err(bad(
-                    "UMBP_SSD_COMPACT_BELOW",
-                    compact_below.to_string(),
-                    "must be a fraction in [0, 1)",
-                ));
-            }
-            let direct = match self.ssd_direct {
-                Some(d) => d,
-                None => parse_var::<DirectIo>(env, "UMBP_SSD_DIRECT")?.unwrap_or_default(),
-            };
-            let io = match self.ssd_io {
-                Some(d) => d,
-                None => parse_var::<IoBackend>(env, "UMBP_SSD_IO")?.unwrap_or_default(),
-            };
             Some(SsdOptions {
                 dirs,
                 capacity,
                 segment_bytes,
-                direct,
-                io,
-                compact_below,
+                compact_below: s.compact_below(env)?,
+                direct: s.ssd_direct(env)?,
+                io: s.ssd_io(env)?,
                 step_hook: Default::default(),
             })
         };
-        let ssd_staging_bytes = bytes(self.staging_bytes, "UMBP_SSD_STAGING_BYTES", 32 << 20)?;
-        if ssd_staging_bytes < 2 * BLOCK || ssd_staging_bytes % BLOCK != 0 {
-            return Err(bad(
-                "UMBP_SSD_STAGING_BYTES",
-                ssd_staging_bytes.to_string(),
-                "must be a multiple of 4096 of at least 8 KiB",
-            ));
-        }
-        let ssd_staging_slots = match self.staging_slots {
-            Some(n) => n,
-            None => parse_var::<usize>(env, "UMBP_SSD_STAGING_SLOTS")?.unwrap_or(4),
-        };
-        if ssd_staging_slots == 0 || ssd_staging_slots > 256 {
-            return Err(bad(
-                "UMBP_SSD_STAGING_SLOTS",
-                ssd_staging_slots.to_string(),
-                "must be 1..=256",
-            ));
-        }
-        let write_through = flag(self.write_through, "UMBP_SSD_WRITE_THROUGH", false)?;
+        let ssd_staging_bytes = s.staging_bytes(env)?;
+        let ssd_staging_slots = s.staging_slots(env)?;
+        let write_through = s.write_through(env)?;
         if dram_capacity == 0 && ssd.is_none() {
             return Err(bad(
                 "UMBP_DRAM_CAPACITY",
@@ -439,8 +243,8 @@ impl StoreBuilder {
             ssd_staging_bytes,
             ssd_staging_slots,
             write_through,
-            promote_on_read: flag(self.promote_on_read, "UMBP_PROMOTE_ON_READ", true)?,
-            ranged_call_debug: flag(self.ranged_call_debug, "UMBP_RANGED_CALL_DEBUG", false)?,
+            promote_on_read: s.promote_on_read(env)?,
+            ranged_call_debug: s.ranged_call_debug(env)?,
         };
         // Every mode's variables are checked whichever mode is chosen: a malformed one is an
         // error even where it would not be used.
@@ -499,6 +303,7 @@ impl StoreBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::eviction::EvictionPolicy;
     use te_base::config::MapEnv;
 
     fn with(pairs: &[(&str, &str)]) -> StoreBuilder {

@@ -8,16 +8,25 @@
 //! umbp-server --socket /run/umbp.sock [--dram 64G] [--ssd-dirs /nvme0,/nvme1] [--ssd-capacity 2048G]
 //!             [--eviction prefix] [--write-through] [--allow-gid 1001] [--key-handle-capacity 512]
 //! ```
+//!
+//! The store's flags are those of its settings table (`umbp::config::StoreKey`, the
+//! `umbp-server` column of docs/configuration.md); their values parse as the variables do.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use te_base::config::{parse_byte_size, ProcessEnv};
+use te_base::config::ProcessEnv;
+use umbp::config::{StoreKey, Value};
 use umbp::standalone::server::{serve, ServerOptions};
-use umbp::{EvictionPolicy, Store};
+use umbp::Store;
 
-const USAGE: &str = "usage: umbp-server --socket PATH [--dram BYTES] [--ssd-dirs DIR,...] [--ssd-capacity BYTES] \
-[--eviction lru|prefix|prefix:N] [--write-through] [--allow-gid GID] [--key-handle-capacity N]";
+/// The usage line: the store's flags come from its settings table (`umbp::config::StoreKey`).
+fn usage() -> String {
+    format!(
+        "usage: umbp-server --socket PATH {} [--allow-gid GID] [--key-handle-capacity N]",
+        StoreKey::usage_flags()
+    )
+}
 
 fn main() -> ExitCode {
     match run() {
@@ -27,10 +36,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn bytes(flag: &str, v: &str) -> Result<u64, String> {
-    parse_byte_size(v).map_err(|e| format!("{flag} {v:?}: {e}"))
 }
 
 /// Gives SIGTERM and SIGINT back their default action before tokio takes them. A library linked
@@ -54,20 +59,9 @@ fn run() -> Result<(), String> {
     let mut allow_gid = None;
     let mut capacity = None;
     while let Some(a) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{a} needs a value\n{USAGE}"));
+        let mut value = || args.next().ok_or_else(|| format!("{a} needs a value\n{}", usage()));
         match a.as_str() {
             "--socket" => socket = Some(PathBuf::from(value()?)),
-            "--dram" => builder = builder.dram_capacity(bytes("--dram", &value()?)?),
-            "--ssd-dirs" => builder = builder.ssd_dirs(value()?.split(',').map(PathBuf::from).collect()),
-            "--ssd-capacity" => builder = builder.ssd_capacity(bytes("--ssd-capacity", &value()?)?),
-            "--eviction" => {
-                let v = value()?;
-                builder = builder.eviction(
-                    v.parse::<EvictionPolicy>()
-                        .map_err(|e| format!("--eviction {v}: {e}"))?,
-                )
-            }
-            "--write-through" => builder = builder.write_through(true),
             "--allow-gid" => allow_gid = Some(value()?.parse::<u32>().map_err(|e| format!("--allow-gid: {e}"))?),
             "--key-handle-capacity" => {
                 capacity = Some(
@@ -77,10 +71,25 @@ fn run() -> Result<(), String> {
                 )
             }
             "-h" | "--help" => {
-                println!("{USAGE}");
+                println!("{}", usage());
                 return Ok(());
             }
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+            // A store setting's flag: a switch takes no value, the others parse theirs as the
+            // setting's variable is parsed.
+            flag => {
+                let Some((key, takes_value)) = StoreKey::from_flag(flag).and_then(|k| Some((k, k.flag()?.1.is_some())))
+                else {
+                    return Err(format!("unknown argument {flag:?}\n{}", usage()));
+                };
+                builder = if takes_value {
+                    let v = value()?;
+                    builder.set_text(key, &v).map_err(|e| format!("{flag} {v:?}: {e}"))?
+                } else {
+                    builder
+                        .set(key, Value::Switch(true))
+                        .map_err(|e| format!("{flag}: {e}"))?
+                };
+            }
         }
     }
     let mut opts = ServerOptions::from_env(&ProcessEnv, socket).map_err(|e| e.to_string())?;

@@ -1,5 +1,5 @@
 //! The core's settings: tiers, eviction, staging and debugging (the `UMBP_*` variables of local
-//! mode; the store's configuration module resolves them).
+//! mode, each declared once in `config::keys`; `StoreBuilder::config` resolves them into this).
 
 use crate::eviction::EvictionPolicy;
 use crate::ssd::log::SsdOptions;

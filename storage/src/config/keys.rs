@@ -1,0 +1,701 @@
+//! The local-mode settings of the store (tiers, eviction, staging, debugging), each declared once
+//! in the table at the end of this file: its variable, its builder setter (also the Python
+//! keyword), its `umbp-server` flag if it has one, its parser, its check, its default (as the docs
+//! print it and as the value it stands for) and its doc line.
+//!
+//! From that table come [`StoreKey`] (with `FromStr`), [`ENV_VARS`], the builder's setters and
+//! their resolution (explicit setting, then the variable, then the default), the generic
+//! [`StoreBuilder::set`] / [`StoreBuilder::set_text`] the Python binding and `umbp-server` loop
+//! over, and [`StoreKey::doc_table`], the rows of docs/configuration.md's local-mode table (a test
+//! holds the page to it).
+//!
+//! Adding a setting: one entry in the table, the field it fills in [`crate::CoreConfig`], the line
+//! in [`StoreBuilder::config`] that fills it, and its row in docs/configuration.md (the test
+//! prints the row).
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use te_base::config::Env;
+
+use super::StoreBuilder;
+use crate::error::{Result, StoreError};
+use crate::eviction::EvictionPolicy;
+use crate::ssd::io::{DirectIo, IoBackend};
+use crate::ssd::record::BLOCK;
+
+/// The type of a setting's value as a binding passes it (a Python keyword's type).
+///
+/// Not `#[non_exhaustive]` on purpose: a new kind must reach every binding's match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueKind {
+    /// A byte count (`u64`; Python `int`).
+    Bytes,
+    /// A fraction (`f64`; Python `float`).
+    Fraction,
+    /// A count (`usize`; Python `int`).
+    Count,
+    /// On or off (`bool`; Python `bool`). As an `umbp-server` flag it takes no value.
+    Switch,
+    /// Directories (Python: a list of paths).
+    Dirs,
+    /// One of a few words, parsed as the variable is (Python `str`).
+    Choice,
+}
+
+/// A setting's value as a binding passes it (see [`ValueKind`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// See [`ValueKind::Bytes`].
+    Bytes(u64),
+    /// See [`ValueKind::Fraction`].
+    Fraction(f64),
+    /// See [`ValueKind::Count`].
+    Count(usize),
+    /// See [`ValueKind::Switch`].
+    Switch(bool),
+    /// See [`ValueKind::Dirs`].
+    Dirs(Vec<PathBuf>),
+    /// See [`ValueKind::Choice`].
+    Choice(String),
+}
+
+impl fmt::Display for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::Bytes(v) => write!(f, "{v}"),
+            Value::Fraction(v) => write!(f, "{v}"),
+            Value::Count(v) => write!(f, "{v}"),
+            Value::Switch(v) => write!(f, "{v}"),
+            Value::Dirs(v) => {
+                let dirs: Vec<String> = v.iter().map(|d| d.display().to_string()).collect();
+                f.write_str(&dirs.join(","))
+            }
+            Value::Choice(v) => f.write_str(v),
+        }
+    }
+}
+
+/// A type a setting can hold, with the [`ValueKind`] bindings pass it as.
+pub trait SettingValue: Sized + Clone + fmt::Debug {
+    /// How bindings pass it.
+    const KIND: ValueKind;
+    /// The typed value, or why `v` is not one.
+    fn from_value(v: Value) -> std::result::Result<Self, String>;
+    /// The value as an error quotes it.
+    fn shown(&self) -> String;
+}
+
+macro_rules! plain_value {
+    ($($ty:ty => $kind:ident),* $(,)?) => {$(
+        impl SettingValue for $ty {
+            const KIND: ValueKind = ValueKind::$kind;
+            fn from_value(v: Value) -> std::result::Result<Self, String> {
+                match v {
+                    Value::$kind(v) => Ok(v),
+                    other => Err(format!("expected {:?}, got {other:?}", ValueKind::$kind)),
+                }
+            }
+            fn shown(&self) -> String {
+                Value::$kind(self.clone()).to_string()
+            }
+        }
+    )*};
+}
+plain_value!(u64 => Bytes, f64 => Fraction, usize => Count, bool => Switch, Vec<PathBuf> => Dirs);
+
+macro_rules! choice_value {
+    ($($ty:ty),* $(,)?) => {$(
+        impl SettingValue for $ty {
+            const KIND: ValueKind = ValueKind::Choice;
+            fn from_value(v: Value) -> std::result::Result<Self, String> {
+                match v {
+                    Value::Choice(s) => parse::text(&s),
+                    other => Err(format!("expected {:?}, got {other:?}", ValueKind::Choice)),
+                }
+            }
+            fn shown(&self) -> String {
+                format!("{self:?}")
+            }
+        }
+    )*};
+}
+choice_value!(EvictionPolicy, DirectIo, IoBackend);
+
+/// Parsers of a setting's text (a variable's or a flag's value): the value, or why not.
+mod parse {
+    use std::path::PathBuf;
+    use std::str::FromStr;
+
+    /// A byte count in the one size grammar (`te_base::config::parse_byte_size`).
+    pub fn bytes(raw: &str) -> Result<u64, String> {
+        te_base::config::parse_byte_size(raw)
+    }
+
+    /// `FromStr`, refusing an empty value and surrounding whitespace.
+    pub fn text<T: FromStr>(raw: &str) -> Result<T, String>
+    where
+        T::Err: std::fmt::Display,
+    {
+        if raw.is_empty() {
+            return Err("empty value".into());
+        }
+        if raw.trim() != raw {
+            return Err("surrounding whitespace".into());
+        }
+        raw.parse::<T>().map_err(|e| e.to_string())
+    }
+
+    /// `1`, `true`, `on`, `yes` or `0`, `false`, `off`, `no`.
+    pub fn switch(raw: &str) -> Result<bool, String> {
+        match raw {
+            "1" | "true" | "on" | "yes" => Ok(true),
+            "0" | "false" | "off" | "no" => Ok(false),
+            _ => Err("expected 1/0, true/false, on/off or yes/no".into()),
+        }
+    }
+
+    /// Comma-separated non-empty directories.
+    pub fn dirs(raw: &str) -> Result<Vec<PathBuf>, String> {
+        let dirs: Vec<PathBuf> = raw.split(',').map(PathBuf::from).collect();
+        if raw.is_empty() || dirs.iter().any(|d| d.as_os_str().is_empty()) {
+            return Err("expected comma-separated non-empty directories".into());
+        }
+        Ok(dirs)
+    }
+}
+
+/// Checks of one setting's value, explicit or parsed (rules between settings are in
+/// [`StoreBuilder::config`]).
+mod check {
+    use super::BLOCK;
+
+    type Checked = Result<(), &'static str>;
+
+    pub fn none<T>(_: &T) -> Checked {
+        Ok(())
+    }
+
+    /// `Err(reason)` where `bad`.
+    fn unless(bad: bool, reason: &'static str) -> Checked {
+        if bad {
+            Err(reason)
+        } else {
+            Ok(())
+        }
+    }
+
+    pub fn page(v: &u64) -> Checked {
+        unless(
+            !(*v > 0 && v.is_multiple_of(BLOCK)),
+            "must be a non-zero multiple of 4096",
+        )
+    }
+
+    pub fn fraction(v: &f64) -> Checked {
+        unless(!(*v > 0.0 && *v <= 1.0), "must be a fraction in (0, 1]")
+    }
+
+    pub fn below_one(v: &f64) -> Checked {
+        unless(!(0.0..1.0).contains(v), "must be a fraction in [0, 1)")
+    }
+
+    pub fn segment(v: &u64) -> Checked {
+        unless(
+            !(*v >= 16 * BLOCK && v.is_multiple_of(BLOCK)),
+            "must be a multiple of 4096 of at least 64 KiB",
+        )
+    }
+
+    pub fn staging(v: &u64) -> Checked {
+        unless(
+            !(*v >= 2 * BLOCK && v.is_multiple_of(BLOCK)),
+            "must be a multiple of 4096 of at least 8 KiB",
+        )
+    }
+
+    pub fn slots(v: &usize) -> Checked {
+        unless(!(1..=256).contains(v), "must be 1..=256")
+    }
+}
+
+fn bad(var: &str, value: impl Into<String>, reason: impl Into<String>) -> StoreError {
+    StoreError::Engine(te_base::Error::config(var, value, reason))
+}
+
+/// The resolved type of a setting: its type where it has a default, else an `Option` of it.
+macro_rules! resolved_ty {
+    ($ty:ty) => { Option<$ty> };
+    ($ty:ty, $default:expr) => { $ty };
+}
+
+/// The resolved value of a setting: with its default where it has one.
+macro_rules! resolved_value {
+    ($v:expr) => {
+        $v
+    };
+    ($v:expr, $default:expr) => {
+        $v.unwrap_or_else(|| $default)
+    };
+}
+
+/// A setting's `umbp-server` flag: `(flag, value name)`, no value name for a switch.
+macro_rules! flag_of {
+    () => {
+        None
+    };
+    ($flag:literal) => {
+        Some(($flag, None))
+    };
+    ($flag:literal $value:literal) => {
+        Some(($flag, Some($value)))
+    };
+}
+
+/// Whether a typed default and its text agree (`None`: no typed default).
+#[cfg(test)]
+macro_rules! default_agrees {
+    ($parse:expr, $text:literal, $ty:ty) => {
+        None
+    };
+    ($parse:expr, $text:literal, $ty:ty, $default:expr) => {{
+        let parsed: std::result::Result<$ty, String> = ($parse)($text);
+        let default: $ty = $default;
+        Some(parsed == Ok(default))
+    }};
+}
+
+macro_rules! store_keys {
+    ($(
+        #[doc = $doc:literal]
+        $key:ident {
+            var: $var:literal,
+            set: $field:ident: $ty:ty,
+            parse: $parse:expr,
+            check: $check:expr,
+            default: $default_text:literal $(= $default:expr)?,
+            $(flag: $flag:literal $($flag_value:literal)?,)?
+        }
+    )*) => {
+        /// A local-mode setting of the store (see the module docs: each is declared once).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum StoreKey {
+            $(#[doc = $doc] $key,)*
+        }
+
+        /// The local-mode variables (tiers, eviction, staging, debugging).
+        pub const ENV_VARS: &[&str] = &[$($var),*];
+
+        impl StoreKey {
+            /// Every setting, in the table's order.
+            pub const ALL: &'static [StoreKey] = &[$(StoreKey::$key),*];
+
+            /// Its variable (`UMBP_*`).
+            pub fn var(self) -> &'static str {
+                match self { $(StoreKey::$key => $var,)* }
+            }
+
+            /// Its builder setter, which is also its Python keyword.
+            pub fn keyword(self) -> &'static str {
+                match self { $(StoreKey::$key => stringify!($field),)* }
+            }
+
+            /// Its `umbp-server` flag with the name of its value (none for a switch).
+            pub fn flag(self) -> Option<(&'static str, Option<&'static str>)> {
+                match self { $(StoreKey::$key => flag_of!($($flag $($flag_value)?)?),)* }
+            }
+
+            /// Its default as the docs print it.
+            pub fn default_text(self) -> &'static str {
+                match self { $(StoreKey::$key => $default_text,)* }
+            }
+
+            /// Its doc line.
+            pub fn doc(self) -> &'static str {
+                match self { $(StoreKey::$key => $doc.trim(),)* }
+            }
+
+            /// How bindings pass its value.
+            pub fn kind(self) -> ValueKind {
+                match self { $(StoreKey::$key => <$ty as SettingValue>::KIND,)* }
+            }
+
+            /// Whether the default text parses to the default the builder uses (`None`: no
+            /// default value; the text says what happens instead).
+            #[cfg(test)]
+            fn default_agrees(self) -> Option<bool> {
+                match self {
+                    $(StoreKey::$key => default_agrees!($parse, $default_text, $ty $(, $default)?),)*
+                }
+            }
+        }
+
+        /// What the builder was told explicitly, by setting.
+        #[derive(Clone, Default)]
+        pub(super) struct Settings {
+            $($field: Option<$ty>,)*
+        }
+
+        impl Settings {
+            $(
+                /// The explicit setting, else the variable, else the default; checked.
+                pub(super) fn $field(&self, env: &dyn Env) -> Result<resolved_ty!($ty $(, $default)?)> {
+                    let v: Option<$ty> = match &self.$field {
+                        Some(v) => Some(v.clone()),
+                        None => match env.get($var) {
+                            None => None,
+                            Some(raw) => {
+                                let parsed: std::result::Result<$ty, String> = ($parse)(&raw);
+                                Some(parsed.map_err(|reason| bad($var, raw, reason))?)
+                            }
+                        },
+                    };
+                    if let Some(v) = &v {
+                        ($check)(v).map_err(|reason| bad($var, v.shown(), reason))?;
+                    }
+                    Ok(resolved_value!(v $(, $default)?))
+                }
+            )*
+
+            fn set(&mut self, key: StoreKey, v: Value) -> std::result::Result<(), String> {
+                match key {
+                    $(StoreKey::$key => self.$field = Some(<$ty as SettingValue>::from_value(v)?),)*
+                }
+                Ok(())
+            }
+
+            fn set_text(&mut self, key: StoreKey, raw: &str) -> std::result::Result<(), String> {
+                match key {
+                    $(StoreKey::$key => {
+                        let parsed: std::result::Result<$ty, String> = ($parse)(raw);
+                        self.$field = Some(parsed?);
+                    })*
+                }
+                Ok(())
+            }
+        }
+
+        impl StoreBuilder {
+            $(
+                #[doc = $doc]
+                #[doc = ""]
+                #[doc = concat!("Not set here: `", $var, "`; its default: ", $default_text, ".")]
+                pub fn $field(mut self, v: $ty) -> Self {
+                    self.settings.$field = Some(v);
+                    self
+                }
+            )*
+        }
+    };
+}
+
+impl StoreKey {
+    /// The setting whose variable (`UMBP_DRAM_CAPACITY`) or keyword (`dram_capacity`) is `name`.
+    pub fn from_name(name: &str) -> Option<StoreKey> {
+        StoreKey::ALL
+            .iter()
+            .copied()
+            .find(|k| k.var() == name || k.keyword() == name)
+    }
+
+    /// The setting whose Python keyword (builder setter) is `keyword`.
+    pub fn from_keyword(keyword: &str) -> Option<StoreKey> {
+        StoreKey::ALL.iter().copied().find(|k| k.keyword() == keyword)
+    }
+
+    /// The setting whose `umbp-server` flag is `flag`.
+    pub fn from_flag(flag: &str) -> Option<StoreKey> {
+        StoreKey::ALL
+            .iter()
+            .copied()
+            .find(|k| k.flag().is_some_and(|(f, _)| f == flag))
+    }
+
+    /// The `umbp-server` flags of the settings that have one, as a usage line shows them
+    /// (`[--dram BYTES] [--write-through] ...`).
+    pub fn usage_flags() -> String {
+        let flags: Vec<String> = StoreKey::ALL
+            .iter()
+            .filter_map(|k| k.flag())
+            .map(|(flag, value)| match value {
+                Some(v) => format!("[{flag} {v}]"),
+                None => format!("[{flag}]"),
+            })
+            .collect();
+        flags.join(" ")
+    }
+
+    /// The header and rows of docs/configuration.md's local-mode table (Markdown).
+    pub fn doc_table() -> String {
+        let mut out = String::from(
+            "| variable | default | builder / Python | `umbp-server` | meaning |\n| --- | --- | --- | --- | --- |\n",
+        );
+        for k in StoreKey::ALL {
+            let flag = match k.flag() {
+                Some((f, Some(v))) => format!("`{f} {v}`"),
+                Some((f, None)) => format!("`{f}`"),
+                None => String::new(),
+            };
+            // A pipe inside a cell, even in code, is escaped (GitHub's tables).
+            let row = [
+                format!("`{}`", k.var()),
+                k.default_text().to_string(),
+                format!("`{}`", k.keyword()),
+                flag,
+                k.doc().to_string(),
+            ]
+            .map(|cell| cell.replace('|', "\\|"));
+            out.push_str(&format!("| {} |\n", row.join(" | ")));
+        }
+        out
+    }
+}
+
+impl FromStr for StoreKey {
+    type Err = StoreError;
+
+    /// A variable (`UMBP_DRAM_CAPACITY`) or a keyword (`dram_capacity`).
+    fn from_str(s: &str) -> Result<Self> {
+        StoreKey::from_name(s).ok_or_else(|| bad("setting", s, "not a local-mode UMBP setting"))
+    }
+}
+
+impl fmt::Display for StoreKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.var())
+    }
+}
+
+impl StoreBuilder {
+    /// Sets `key` from a binding's value (as its own setter would); `Err` says why `v` is not a
+    /// value of it (a [`ValueKind::Choice`] that does not parse).
+    pub fn set(mut self, key: StoreKey, v: Value) -> std::result::Result<Self, String> {
+        self.settings.set(key, v)?;
+        Ok(self)
+    }
+
+    /// Sets `key` from text parsed as its variable is (an `umbp-server` flag's value); `Err`
+    /// says why it does not parse.
+    pub fn set_text(mut self, key: StoreKey, raw: &str) -> std::result::Result<Self, String> {
+        self.settings.set_text(key, raw)?;
+        Ok(self)
+    }
+}
+
+store_keys! {
+    /// DRAM arena bytes (0: no DRAM tier).
+    DramCapacity {
+        var: "UMBP_DRAM_CAPACITY",
+        set: dram_capacity: u64,
+        parse: parse::bytes,
+        check: check::none,
+        default: "1G" = 1 << 30,
+        flag: "--dram" "BYTES",
+    }
+    /// Allocation unit of the arena (a multiple of 4 KiB).
+    DramPageBytes {
+        var: "UMBP_DRAM_PAGE_BYTES",
+        set: dram_page_bytes: u64,
+        parse: parse::bytes,
+        check: check::page,
+        default: "4K" = 4096,
+    }
+    /// Fraction of the arena at which eviction starts.
+    DramHighWatermark {
+        var: "UMBP_DRAM_HIGH_WATERMARK",
+        set: high_watermark: f64,
+        parse: parse::text,
+        check: check::fraction,
+        default: "0.95" = 0.95,
+    }
+    /// Fraction eviction brings the arena down to (at most the high watermark).
+    DramLowWatermark {
+        var: "UMBP_DRAM_LOW_WATERMARK",
+        set: low_watermark: f64,
+        parse: parse::text,
+        check: check::fraction,
+        default: "0.85" = 0.85,
+    }
+    /// Eviction policy: `lru`, `prefix` or `prefix:N` (window of N candidates).
+    Eviction {
+        var: "UMBP_EVICTION",
+        set: eviction: EvictionPolicy,
+        parse: parse::text,
+        check: check::none,
+        default: "prefix" = EvictionPolicy::default(),
+        flag: "--eviction" "lru|prefix|prefix:N",
+    }
+    /// SSD directories, comma-separated, one per drive (unset or empty: no SSD tier).
+    SsdDirs {
+        var: "UMBP_SSD_DIRS",
+        set: ssd_dirs: Vec<PathBuf>,
+        parse: parse::dirs,
+        check: check::none,
+        default: "unset",
+        flag: "--ssd-dirs" "DIR,...",
+    }
+    /// SSD bytes over all directories (default: 90% of each directory's filesystem free space at open, plus the log there).
+    SsdCapacity {
+        var: "UMBP_SSD_CAPACITY",
+        set: ssd_capacity: u64,
+        parse: parse::bytes,
+        check: check::none,
+        default: "90% of free",
+        flag: "--ssd-capacity" "BYTES",
+    }
+    /// Sealed segments whose live fraction is below this are compacted.
+    SsdCompactBelow {
+        var: "UMBP_SSD_COMPACT_BELOW",
+        set: compact_below: f64,
+        parse: parse::text,
+        check: check::below_one,
+        default: "0.5" = 0.5,
+    }
+    /// Size of one log segment file.
+    SsdSegmentBytes {
+        var: "UMBP_SSD_SEGMENT_BYTES",
+        set: ssd_segment_bytes: u64,
+        parse: parse::bytes,
+        check: check::segment,
+        default: "256M" = 256 << 20,
+    }
+    /// O_DIRECT: `auto`, `on`, `off`.
+    SsdDirect {
+        var: "UMBP_SSD_DIRECT",
+        set: ssd_direct: DirectIo,
+        parse: parse::text,
+        check: check::none,
+        default: "auto" = DirectIo::default(),
+    }
+    /// I/O engine of the SSD tier: `auto`, `uring`, `psync`.
+    SsdIo {
+        var: "UMBP_SSD_IO",
+        set: ssd_io: IoBackend,
+        parse: parse::text,
+        check: check::none,
+        default: "auto" = IoBackend::default(),
+    }
+    /// Bytes of one registered staging slot for SSD reads and writes.
+    SsdStagingBytes {
+        var: "UMBP_SSD_STAGING_BYTES",
+        set: staging_bytes: u64,
+        parse: parse::bytes,
+        check: check::staging,
+        default: "32M" = 32 << 20,
+    }
+    /// Staging slots (concurrent SSD calls), 1 to 256.
+    SsdStagingSlots {
+        var: "UMBP_SSD_STAGING_SLOTS",
+        set: staging_slots: usize,
+        parse: parse::text,
+        check: check::slots,
+        default: "4" = 4,
+    }
+    /// Every put also goes to the SSD log before it returns.
+    SsdWriteThrough {
+        var: "UMBP_SSD_WRITE_THROUGH",
+        set: write_through: bool,
+        parse: parse::switch,
+        check: check::none,
+        default: "0" = false,
+        flag: "--write-through",
+    }
+    /// Whole-object SSD reads are copied into DRAM.
+    PromoteOnRead {
+        var: "UMBP_PROMOTE_ON_READ",
+        set: promote_on_read: bool,
+        parse: parse::switch,
+        check: check::none,
+        default: "1" = true,
+    }
+    /// Per-phase timings of ranged calls.
+    RangedCallDebug {
+        var: "UMBP_RANGED_CALL_DEBUG",
+        set: ranged_call_debug: bool,
+        parse: parse::switch,
+        check: check::none,
+        default: "0" = false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_default_text_parses_to_the_default_used() {
+        for &k in StoreKey::ALL {
+            assert_ne!(
+                k.default_agrees(),
+                Some(false),
+                "{k}: default text {:?}",
+                k.default_text()
+            );
+        }
+    }
+
+    #[test]
+    fn names_keywords_and_flags_are_unique_and_find_their_key() {
+        for &k in StoreKey::ALL {
+            assert_eq!(StoreKey::from_name(k.var()), Some(k));
+            assert_eq!(k.var().parse::<StoreKey>().unwrap(), k);
+            assert_eq!(k.keyword().parse::<StoreKey>().unwrap(), k);
+            assert_eq!(StoreKey::from_keyword(k.keyword()), Some(k));
+            if let Some((flag, value)) = k.flag() {
+                assert_eq!(StoreKey::from_flag(flag), Some(k));
+                // Only a switch's flag goes without a value.
+                assert_eq!(value.is_none(), k.kind() == ValueKind::Switch, "{k}");
+            }
+        }
+        assert_eq!(ENV_VARS.len(), StoreKey::ALL.len());
+        assert!("UMBP_DRAM_CAPACTIY".parse::<StoreKey>().is_err());
+    }
+
+    #[test]
+    fn a_value_its_check_refuses_is_quoted_as_written() {
+        let env = |pairs: &[(&str, &str)]| {
+            let map = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            std::sync::Arc::new(te_base::config::MapEnv(map))
+        };
+        let err = StoreBuilder::new()
+            .env(env(&[("UMBP_SSD_DIRS", "/tmp/x"), ("UMBP_SSD_COMPACT_BELOW", "1")]))
+            .config()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            StoreError::Engine(te_base::Error::config(
+                "UMBP_SSD_COMPACT_BELOW",
+                "1",
+                "must be a fraction in [0, 1)"
+            ))
+            .to_string()
+        );
+        let err = StoreBuilder::new().dram_page_bytes(1000).config().unwrap_err();
+        assert!(err.to_string().contains("UMBP_DRAM_PAGE_BYTES=\"1000\""), "{err}");
+    }
+
+    #[test]
+    fn values_of_the_wrong_kind_or_a_bad_choice_are_refused() {
+        let b = StoreBuilder::new();
+        assert!(b.clone().set(StoreKey::DramCapacity, Value::Switch(true)).is_err());
+        let err = b
+            .clone()
+            .set(StoreKey::Eviction, Value::Choice("random".into()))
+            .err()
+            .unwrap();
+        assert!(err.contains("unknown eviction policy"), "{err}");
+        assert!(b.clone().set_text(StoreKey::DramCapacity, "lots").is_err());
+        assert!(b.clone().set_text(StoreKey::SsdDirs, "/a,,/b").is_err());
+        let c = b
+            .set(StoreKey::Eviction, Value::Choice("lru".into()))
+            .unwrap()
+            .set_text(StoreKey::DramCapacity, "8M")
+            .unwrap()
+            .config()
+            .unwrap();
+        assert_eq!(c.core.eviction, EvictionPolicy::Lru);
+        assert_eq!(c.core.dram_capacity, 8 << 20);
+    }
+}

@@ -1,0 +1,115 @@
+//! docs/configuration.md's local-mode UMBP table, read as a user reads it: its rows are the
+//! store's settings table (`umbp::config::StoreKey`) exactly, each documented default is the
+//! value the store uses when the variable is unset, and each documented `umbp-server` flag is
+//! one the server takes (a malformed value is refused naming the flag). So the page cannot drift
+//! from the code, and a new setting cannot be forgotten there.
+
+use std::process::Command;
+use std::sync::Arc;
+
+use te_base::config::MapEnv;
+use umbp::config::StoreKey;
+use umbp::Store;
+
+const SECTION: &str = "## UMBP, local mode (the core)";
+
+/// The table of the page's local-mode section, lines as written.
+fn documented_table() -> String {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md"))
+        .expect("docs/configuration.md");
+    let (_, section) = page.split_once(SECTION).expect("the page's local-mode section");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    section
+        .lines()
+        .filter(|l| l.starts_with('|'))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// One row: variable, default, builder / Python keyword, `umbp-server` flag (with its value
+/// name), meaning; code quotes and escaped pipes undone.
+fn rows() -> Vec<[String; 5]> {
+    documented_table()
+        .lines()
+        .skip(2)
+        .map(|l| {
+            let cells: Vec<String> = l
+                .trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().trim_matches('`').replace("\\|", "|"))
+                .collect();
+            cells
+                .try_into()
+                .unwrap_or_else(|c| panic!("a row of five cells: {c:?}"))
+        })
+        .collect()
+}
+
+#[test]
+fn the_pages_local_mode_table_is_the_settings_table() {
+    let want = StoreKey::doc_table();
+    assert!(
+        documented_table() == want,
+        "docs/configuration.md's table under {SECTION:?} differs from umbp::config::StoreKey; it should read:\n\n{want}"
+    );
+    let vars: Vec<String> = rows().into_iter().map(|[v, ..]| v).collect();
+    assert_eq!(vars, umbp::config::ENV_VARS);
+}
+
+#[test]
+fn each_documented_default_is_the_default() {
+    // SSD settings are read only with an SSD tier; resolving the configuration opens nothing.
+    let base = [("UMBP_SSD_DIRS", "/nonexistent/umbp-config-doc")];
+    let config = |extra: Option<(&str, &str)>| {
+        let map = base
+            .iter()
+            .chain(extra.as_ref())
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Store::builder().env(Arc::new(MapEnv(map))).config()
+    };
+    let unset = format!("{:?}", config(None).unwrap().core);
+    let mut checked = 0;
+    for [var, default, ..] in rows() {
+        // A default that is not a value says what happens instead ("unset", "90% of free").
+        if default == "unset" || default.contains(' ') {
+            continue;
+        }
+        let set = config(Some((&var, &default))).unwrap_or_else(|e| panic!("{var}={default}: {e}"));
+        assert_eq!(
+            format!("{:?}", set.core),
+            unset,
+            "{var}: the documented default {default} is not the default"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 10, "only {checked} defaults checked");
+}
+
+#[test]
+fn each_documented_flag_is_the_servers() {
+    let server = env!("CARGO_BIN_EXE_umbp-server");
+    let help = Command::new(server).arg("--help").output().unwrap();
+    let usage = String::from_utf8_lossy(&help.stdout).into_owned();
+    let mut flags = 0;
+    for [var, _, _, flag, _] in rows() {
+        if flag.is_empty() {
+            continue;
+        }
+        flags += 1;
+        assert!(
+            usage.contains(&format!("[{flag}]")),
+            "{var}: {flag} not in the usage: {usage}"
+        );
+        // A flag with a value refuses a malformed one, naming the flag (before anything opens).
+        if let Some((name, _)) = flag.split_once(' ') {
+            let out = Command::new(server)
+                .args(["--socket", "/nonexistent/umbp-config-doc.sock", name, ""])
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success() && err.contains(name), "{name} \"\": {err}");
+        }
+    }
+    assert!(flags >= 5, "only {flags} flags documented");
+}
