@@ -256,9 +256,67 @@ pub enum StoreError {
         reason: String,
     },
 
-    /// Distributed mode could not start or be reached (etcd, the control listener).
+    /// Distributed mode could not start, be reached or serve (etcd, the control listener, this
+    /// peer's standing).
     #[error("cluster: {0}")]
-    Cluster(String),
+    Cluster(#[from] ClusterError),
+}
+
+/// What goes wrong in distributed mode's control work (etcd, the control runtime, this peer's
+/// standing, the sharded directory's placement). A key-level failure of a remote get or put is
+/// [`StoreError::Remote`] or [`StoreError::Unacknowledged`], which carry their reason as text
+/// for the key they name.
+/// A failure of the cluster's control work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// etcd answered a request with an error.
+    #[error("etcd: {what}: {message}")]
+    Etcd {
+        /// The request (e.g. "granting a lease").
+        what: &'static str,
+        /// etcd's error, as its client reports it.
+        message: String,
+    },
+    /// etcd did not answer a request within the cluster timeout.
+    #[error("etcd: {what}: no answer within {ms} ms")]
+    EtcdTimeout {
+        /// The request.
+        what: &'static str,
+        /// The timeout (`UMBP_CLUSTER_TIMEOUT_MS`).
+        ms: u64,
+    },
+    /// A task of the cluster's runtime ended before its work was done (the runtime shut down
+    /// or the task panicked).
+    #[error("{what}: the cluster's task ended: {message}")]
+    Task {
+        /// The work.
+        what: &'static str,
+        /// How it ended.
+        message: String,
+    },
+    /// This peer's lease is not known to stand, so it serves no reads (`standing.rs`).
+    #[error(
+        "this peer's lease is not known to stand (frozen or cut off from etcd and its peers for longer than its TTL, or re-joining): no reads until it has re-joined"
+    )]
+    NotStanding,
+    /// Keys too few of their directory peers took (the sharded directory; a write quorum for a
+    /// fresh write, any one for a re-publication).
+    #[error("{keys} keys were not taken by enough of their directory peers")]
+    Unplaced {
+        /// How many.
+        keys: usize,
+    },
+}
+
+impl ClusterError {
+    /// An etcd error answering `what`.
+    pub(crate) fn etcd(what: &'static str, e: impl std::fmt::Display) -> ClusterError {
+        ClusterError::Etcd {
+            what,
+            message: e.to_string(),
+        }
+    }
 }
 
 /// A failed engine batch is an engine error (`te_base::Error::BatchFailed`), so `?` on

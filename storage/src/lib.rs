@@ -57,7 +57,7 @@ pub use crate::core::stats::CoreStats;
 #[cfg(feature = "cluster")]
 pub use cluster::{config::DirectoryMode, stats::ClusterStats, ClusterConfig};
 pub use config::{ModeConfig, StoreBuilder, StoreConfig};
-pub use error::{Result, StoreError, Tier};
+pub use error::{ClusterError, Result, StoreError, Tier};
 pub use eviction::EvictionPolicy;
 pub use range_map::Range;
 pub use ssd::io::{DirectIo, IoBackend};

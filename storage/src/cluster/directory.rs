@@ -34,6 +34,7 @@ use super::conn::{ConnPool, Request};
 use super::guard::Guard;
 use super::sharded::{Membership, Sharded};
 use super::wire::{self, Op, Renewal};
+use crate::error::ClusterError;
 
 /// Most operations in one etcd transaction (etcd's default `--max-txn-ops`).
 const MAX_TXN_OPS: usize = 128;
@@ -87,10 +88,6 @@ pub(crate) struct Directory {
     tasks: parking_lot::Mutex<Vec<JoinHandle<()>>>,
 }
 
-fn etcd_err(what: &str, e: impl std::fmt::Display) -> String {
-    format!("etcd: {what}: {e}")
-}
-
 impl Directory {
     fn peers_prefix(&self) -> String {
         format!("{}/umbp/peers/", self.cfg.prefix)
@@ -110,15 +107,15 @@ impl Directory {
 
     async fn timed<T, E: std::fmt::Display>(
         &self,
-        what: &str,
+        what: &'static str,
         f: impl std::future::Future<Output = Result<T, E>>,
-    ) -> Result<T, String> {
+    ) -> Result<T, ClusterError> {
         match tokio::time::timeout(self.cfg.timeout, f).await {
-            Ok(r) => r.map_err(|e| etcd_err(what, e)),
-            Err(_) => Err(format!(
-                "etcd: {what}: no answer within {} ms",
-                self.cfg.timeout.as_millis()
-            )),
+            Ok(r) => r.map_err(|e| ClusterError::etcd(what, e)),
+            Err(_) => Err(ClusterError::EtcdTimeout {
+                what,
+                ms: self.cfg.timeout.as_millis() as u64,
+            }),
         }
     }
 
@@ -135,7 +132,7 @@ impl Directory {
         local_keys: LocalKeys,
         free_bytes: FreeBytes,
         owner: std::sync::Weak<super::owner::Owner>,
-    ) -> Result<Arc<Directory>, String> {
+    ) -> Result<Arc<Directory>, ClusterError> {
         let name: Arc<str> = Arc::from(name.as_str());
         let sharded = (cfg.directory == DirectoryMode::Sharded).then(|| {
             // An "unknown" is trusted once owners had time to re-publish after a change (each
@@ -190,7 +187,7 @@ impl Directory {
         self.sharded.as_ref()
     }
 
-    async fn grant(&self) -> Result<(), String> {
+    async fn grant(&self) -> Result<(), ClusterError> {
         let mut c = self.client.clone();
         let sent = std::time::Instant::now();
         let l = self
@@ -206,7 +203,7 @@ impl Directory {
         PutOptions::new().with_lease(self.lease.load(Ordering::Acquire))
     }
 
-    async fn announce(&self) -> Result<(), String> {
+    async fn announce(&self) -> Result<(), ClusterError> {
         let mut c = self.client.clone();
         let key = format!("{}{}", self.peers_prefix(), self.name);
         let free = (self.free_bytes)();
@@ -224,7 +221,7 @@ impl Directory {
     /// sharded mode when it moved by more than an eighth of the most this peer ever had free
     /// (about its arena), so that a full cluster's steady eviction churn, a few pages either
     /// way, writes nothing to etcd.
-    async fn refresh_free(&self) -> Result<(), String> {
+    async fn refresh_free(&self) -> Result<(), ClusterError> {
         if self.sharded.is_some() {
             let (was, now) = (self.announced_free.load(Ordering::Relaxed), (self.free_bytes)());
             let scale = self.free_scale.fetch_max(now, Ordering::Relaxed).max(now);
@@ -236,7 +233,7 @@ impl Directory {
     }
 
     /// Reads the whole directory into the view; returns the revision it was read at.
-    async fn list(self: &Arc<Self>) -> Result<i64, String> {
+    async fn list(self: &Arc<Self>) -> Result<i64, ClusterError> {
         let mut c = self.client.clone();
         let resp = self
             .timed(
@@ -425,7 +422,7 @@ impl Directory {
         }
     }
 
-    async fn write_keys(&self, keys: &[String], fresh: bool) -> Result<Vec<usize>, String> {
+    async fn write_keys(&self, keys: &[String], fresh: bool) -> Result<Vec<usize>, ClusterError> {
         if let Some(sh) = &self.sharded {
             let (sh, keys) = (sh.clone(), keys.to_vec());
             return tokio::task::spawn_blocking(move || {
@@ -442,11 +439,14 @@ impl Directory {
                 let unreached = sh.publish(&keys, &versions, fresh, sh.deadline());
                 match (fresh, unreached.len()) {
                     (true, _) | (false, 0) => Ok(unreached),
-                    (false, n) => Err(format!("{n} keys reached none of their directory peers")),
+                    (false, n) => Err(ClusterError::Unplaced { keys: n }),
                 }
             })
             .await
-            .map_err(|e| format!("publishing: {e}"))?;
+            .map_err(|e| ClusterError::Task {
+                what: "publishing",
+                message: e.to_string(),
+            })?;
         }
         let refused = self.claim(keys).await?;
         if !refused.is_empty() {
@@ -464,7 +464,7 @@ impl Directory {
     /// of at most [`MAX_TXN_OPS`], and returns the others (index, owner). A key is claimed only
     /// while absent from etcd (`create_revision == 0`, checked by etcd itself, so two peers
     /// cannot both take it) or already this peer's; the owner's removal or lease expiry frees it.
-    pub(crate) async fn claim(&self, keys: &[String]) -> Result<Vec<(usize, String)>, String> {
+    pub(crate) async fn claim(&self, keys: &[String]) -> Result<Vec<(usize, String)>, ClusterError> {
         let prefix = self.keys_prefix();
         // Keys already routed here need no write.
         let todo: Vec<usize> = {
@@ -642,7 +642,7 @@ impl Directory {
 
     /// After an outage: a new lease if the old one expired, membership and every local key
     /// written again.
-    async fn recover(&self, lease_expired: bool) -> Result<(), String> {
+    async fn recover(&self, lease_expired: bool) -> Result<(), ClusterError> {
         if lease_expired {
             self.grant().await?;
         }
@@ -766,7 +766,7 @@ async fn keep_alive_loop(d: Arc<Directory>) {
         let id = d.lease.load(Ordering::Acquire);
         let mut c = d.client.clone();
         // Err: etcd out of reach (or the lease unknown to it); Ok(true): the lease expired.
-        let outcome: Result<bool, String> = async {
+        let outcome: Result<bool, ClusterError> = async {
             let (mut keeper, mut stream) = d.timed("keeping the lease", c.lease_keep_alive(id)).await?;
             let mut recovered = !d.dirty.load(Ordering::Acquire);
             loop {
@@ -788,7 +788,7 @@ async fn keep_alive_loop(d: Arc<Directory>) {
                         tokio::time::sleep(period).await;
                     }
                     Some(_) => return Ok(true),
-                    None => return Err("keep-alive stream closed".into()),
+                    None => return Err(ClusterError::etcd("keeping the lease", "the keep-alive stream closed")),
                 }
             }
         }

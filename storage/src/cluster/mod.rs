@@ -52,7 +52,7 @@ use owner::Owner;
 pub(crate) use peer::Peer;
 use server::Server;
 
-use crate::error::{Result, StoreError};
+use crate::error::{ClusterError, Result, StoreError};
 
 /// Counters of the distributed path, updated once per call.
 #[derive(Debug, Default)]
@@ -110,7 +110,10 @@ impl Cluster {
         let server = rt
             .spawn(Server::start(cfg.listen, cfg.auth.clone(), limits, owner.clone()))
             .await
-            .map_err(|e| StoreError::Cluster(format!("starting the control listener: {e}")))?
+            .map_err(|e| ClusterError::Task {
+                what: "starting the control listener",
+                message: e.to_string(),
+            })?
             .map_err(|e| StoreError::io(format!("binding the control listener on {}", cfg.listen), e))?;
         // Connections to other peers leave from the announced control IP: a peer checking a
         // member's source address against its announcement sees that one.
@@ -128,8 +131,10 @@ impl Cluster {
                 Arc::downgrade(&owner),
             ))
             .await
-            .map_err(|e| StoreError::Cluster(format!("joining: {e}")))?
-            .map_err(StoreError::Cluster)?;
+            .map_err(|e| ClusterError::Task {
+                what: "joining",
+                message: e.to_string(),
+            })??;
         let _ = owner.dir.set(dir.clone());
         Ok(Arc::new(Cluster {
             cfg,
@@ -280,7 +285,7 @@ impl Cluster {
             failed => {
                 self.dir.mark_dirty();
                 let why = match failed {
-                    Some((_, Err(e))) => e,
+                    Some((_, Err(e))) => e.to_string(),
                     _ => "timed out".to_string(),
                 };
                 tracing::warn!(
@@ -357,7 +362,10 @@ pub(crate) async fn engine(
     let meta = rt
         .spawn(te_core::metadata::etcd::EtcdStore::connect(ec))
         .await
-        .map_err(|e| StoreError::Cluster(format!("connecting to etcd: {e}")))??;
+        .map_err(|e| ClusterError::Task {
+            what: "connecting to etcd",
+            message: e.to_string(),
+        })??;
     let client = meta.client();
     let mut b = te_core::TransferEngine::builder()
         .segment_name(name)

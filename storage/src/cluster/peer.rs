@@ -12,7 +12,7 @@ use super::{engine, Cluster, ClusterConfig};
 use crate::core::config::CoreConfig;
 use crate::core::hooks::{MissResolver, Overflow};
 use crate::core::{Core, RangedGet, RangedPut, Resolved};
-use crate::error::{Result, StoreError};
+use crate::error::{ClusterError, Result, StoreError};
 
 /// One peer of a cluster.
 pub(crate) struct Peer {
@@ -62,9 +62,7 @@ impl Peer {
         if self.cluster.dir.standing.may_serve_local() {
             return Ok(());
         }
-        Err(StoreError::Cluster(
-            "this peer's lease is not known to stand (frozen or cut off from etcd for longer than its TTL, or re-joining): no reads until it has re-joined".into(),
-        ))
+        Err(ClusterError::NotStanding.into())
     }
 
     /// A ranged get: local tiers first, then the owners of the keys they miss.

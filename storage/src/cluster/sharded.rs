@@ -31,6 +31,7 @@ use super::owner::Owner;
 use super::rendezvous::{self, Member};
 use super::shard::{Shard, BLOCKED, CAPPED, TAKEN};
 use super::wire::{self, Op};
+use crate::error::ClusterError;
 
 /// Most keys in one PUBLISH (a rebalance sends in rounds of one message per peer).
 const KEYS_PER_MESSAGE: usize = 8192;
@@ -197,7 +198,7 @@ impl Sharded {
 
     /// After a membership change from `old`: drops what this peer no longer indexes, then sends
     /// each of `local_keys` to the directory peers it gained.
-    pub(crate) fn rebalance(&self, old: &Membership, local_keys: &[String]) -> Result<(), String> {
+    pub(crate) fn rebalance(&self, old: &Membership, local_keys: &[String]) -> Result<(), ClusterError> {
         let now = self.membership();
         self.shard.membership_changed(&now.members, &self.me);
         let versions = self
@@ -405,7 +406,7 @@ impl Sharded {
         quorum: bool,
         newer: &mut Vec<(usize, u64)>,
         unreached: &mut Vec<usize>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ClusterError> {
         unreached.clear();
         let mut takers: Vec<Takers> = vec![Takers::default(); keys.len()];
         let mut asked = vec![false; keys.len()];
@@ -439,10 +440,7 @@ impl Sharded {
         if unreached.is_empty() {
             Ok(())
         } else {
-            Err(format!(
-                "{} keys were not taken by enough of their directory peers",
-                unreached.len()
-            ))
+            Err(ClusterError::Unplaced { keys: unreached.len() })
         }
     }
 
