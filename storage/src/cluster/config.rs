@@ -11,7 +11,7 @@
 //! page to it).
 //!
 //! Adding a setting: one entry in the table, the field it fills in [`ClusterConfig`], the line in
-//! [`ClusterConfig::resolve`] that fills it, and its row in docs/configuration.md (the test
+//! `ClusterConfig::resolve` that fills it, and its row in docs/configuration.md (the test
 //! prints the table).
 //!
 //! The peer's name is the store's segment name. With `TE_AUTH_KEY`/`TE_AUTH_KEY_FILE` set, the
