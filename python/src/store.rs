@@ -11,6 +11,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use te_base::config::{Env, MapEnv};
+#[cfg(feature = "distributed")]
+use umbp::cluster::config::{ClusterKey, ClusterSettings};
 use umbp::config::{StoreKey, Value, ValueKind};
 use umbp::{Range, RangedGet, RangedPut, Store, StoreError};
 
@@ -59,7 +61,8 @@ pub struct PyServer {
 }
 
 /// Store options as keyword arguments, the Rust builder's setters by name: the local-mode
-/// settings of `umbp::config::StoreKey` (one loop over its table) and the mode options.
+/// settings of `umbp::config::StoreKey` (one loop over its table), the mode options and the
+/// distributed-mode settings of `umbp::cluster::config::ClusterKey` (one loop over its table).
 #[derive(Default)]
 pub struct StoreOptions {
     segment_name: Option<String>,
@@ -68,14 +71,51 @@ pub struct StoreOptions {
     connect: Option<PathBuf>,
     local: Option<bool>,
     key_handle_slots: Option<usize>,
-    cluster: Option<String>,
-    cluster_listen: Option<String>,
+    /// The `ClusterKey` settings given, in the table's order.
+    #[cfg(feature = "distributed")]
+    cluster: Vec<(ClusterKey, Value)>,
+    /// Whether `cluster` was given (a build without distributed mode refuses it).
+    #[cfg(not(feature = "distributed"))]
+    cluster: bool,
 }
 
-/// The keyword options besides the `StoreKey` settings (the first comes before them in the
-/// list an unknown option is answered with).
+/// The keyword options besides the `StoreKey` and `ClusterKey` settings (the first comes before
+/// them in the list an unknown option is answered with, the others between them).
 const SEGMENT_NAME: &str = "segment_name";
-const MODE_OPTIONS: &[&str] = &["connect", "local", "key_handle_slots", "cluster", "cluster_listen"];
+const MODE_OPTIONS: &[&str] = &["connect", "local", "key_handle_slots"];
+
+/// The distributed-mode keywords: the `ClusterKey` table's (without distributed mode, the two
+/// this binding took before it, refused or ignored as before).
+#[cfg(feature = "distributed")]
+fn cluster_keywords() -> impl Iterator<Item = &'static str> {
+    ClusterKey::ALL.iter().map(|k| k.keyword())
+}
+#[cfg(not(feature = "distributed"))]
+fn cluster_keywords() -> impl Iterator<Item = &'static str> {
+    ["cluster", "cluster_listen"].into_iter()
+}
+
+/// The keyword's value as `T`, None when absent or None.
+fn get<'py, T: FromPyObjectOwned<'py>>(o: &Bound<'py, PyDict>, name: &str) -> PyResult<Option<T>> {
+    let Some(v) = o.get_item(name)?.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    let got: PyResult<T> = v.extract().map_err(Into::into);
+    got.map(Some)
+        .map_err(|e| invalid("InvalidArgument", format!("{name}: {e}")))
+}
+
+/// The keyword `k`'s value as a setting of `kind` takes it, None when absent or None.
+fn value_of(o: &Bound<'_, PyDict>, k: &str, kind: ValueKind) -> PyResult<Option<Value>> {
+    Ok(match kind {
+        ValueKind::Bytes => get(o, k)?.map(Value::Bytes),
+        ValueKind::Fraction => get(o, k)?.map(Value::Fraction),
+        ValueKind::Count => get(o, k)?.map(Value::Count),
+        ValueKind::Switch => get(o, k)?.map(Value::Switch),
+        ValueKind::Dirs => get(o, k)?.map(Value::Dirs),
+        ValueKind::Choice => get(o, k)?.map(Value::Choice),
+    })
+}
 
 impl StoreOptions {
     /// Reads the keyword arguments; an unknown name raises.
@@ -85,6 +125,7 @@ impl StoreOptions {
             std::iter::once(SEGMENT_NAME)
                 .chain(StoreKey::ALL.iter().map(|k| k.keyword()))
                 .chain(MODE_OPTIONS.iter().copied())
+                .chain(cluster_keywords())
         };
         for k in o.keys() {
             let k: String = k.extract()?;
@@ -98,49 +139,40 @@ impl StoreOptions {
                 ));
             }
         }
-        /// The keyword's value as `T`, None when absent or None.
-        fn get<'py, T: FromPyObjectOwned<'py>>(o: &Bound<'py, PyDict>, name: &str) -> PyResult<Option<T>> {
-            let Some(v) = o.get_item(name)?.filter(|v| !v.is_none()) else {
-                return Ok(None);
-            };
-            let got: PyResult<T> = v.extract().map_err(Into::into);
-            got.map(Some)
-                .map_err(|e| invalid("InvalidArgument", format!("{name}: {e}")))
-        }
         let segment_name = get(o, SEGMENT_NAME)?;
         let mut settings = Vec::new();
         for &key in StoreKey::ALL {
-            let k = key.keyword();
-            let value = match key.kind() {
-                ValueKind::Bytes => get(o, k)?.map(Value::Bytes),
-                ValueKind::Fraction => get(o, k)?.map(Value::Fraction),
-                ValueKind::Count => get(o, k)?.map(Value::Count),
-                ValueKind::Switch => get(o, k)?.map(Value::Switch),
-                ValueKind::Dirs => get(o, k)?.map(Value::Dirs),
-                ValueKind::Choice => get(o, k)?.map(Value::Choice),
-            };
-            if let Some(v) = value {
+            if let Some(v) = value_of(o, key.keyword(), key.kind())? {
                 settings.push((key, v));
             }
         }
+        let connect = get(o, "connect")?;
+        let local = get(o, "local")?;
+        let key_handle_slots = get(o, "key_handle_slots")?;
+        #[cfg(feature = "distributed")]
+        let cluster = {
+            let mut cluster = Vec::new();
+            for &key in ClusterKey::ALL {
+                if let Some(v) = value_of(o, key.keyword(), key.kind())? {
+                    cluster.push((key, v));
+                }
+            }
+            cluster
+        };
+        #[cfg(not(feature = "distributed"))]
+        let cluster = {
+            let _: Option<String> = get(o, "cluster_listen")?;
+            get::<String>(o, "cluster")?.is_some()
+        };
         Ok(StoreOptions {
             segment_name,
             settings,
-            connect: get(o, "connect")?,
-            local: get(o, "local")?,
-            key_handle_slots: get(o, "key_handle_slots")?,
-            cluster: get(o, "cluster")?,
-            cluster_listen: get(o, "cluster_listen")?,
+            connect,
+            local,
+            key_handle_slots,
+            cluster,
         })
     }
-}
-
-fn parsed<T: std::str::FromStr>(what: &str, v: &str) -> PyResult<T>
-where
-    T::Err: std::fmt::Display,
-{
-    v.parse::<T>()
-        .map_err(|e| invalid("InvalidArgument", format!("{what}={v:?}: {e}")))
 }
 
 fn builder(o: StoreOptions, env: Option<Arc<dyn Env>>) -> PyResult<umbp::StoreBuilder> {
@@ -166,24 +198,34 @@ fn builder(o: StoreOptions, env: Option<Arc<dyn Env>>) -> PyResult<umbp::StoreBu
     if o.local == Some(true) {
         b = b.local();
     }
-    match o.cluster {
-        #[cfg(feature = "distributed")]
-        Some(url) => {
-            let mut c = umbp::ClusterConfig::parse(&url).py()?;
-            if let Some(l) = o.cluster_listen {
-                c.listen = parsed("cluster_listen", &l)?;
+    #[cfg(feature = "distributed")]
+    {
+        // Distributed mode with `cluster=`: the cluster keywords over their defaults, no
+        // `UMBP_CLUSTER_*` variable read; without it they are not used.
+        let url = o.cluster.iter().find_map(|(key, v)| match (key, v) {
+            (ClusterKey::Cluster, Value::Choice(url)) => Some(url.clone()),
+            _ => None,
+        });
+        if let Some(url) = url {
+            // A malformed cluster is refused before the other keywords are looked at.
+            umbp::ClusterConfig::parse(&url).py()?;
+            let mut s = ClusterSettings::default();
+            for (key, v) in o.cluster {
+                let shown = v.to_string();
+                s.set(key, v)
+                    .map_err(|e| invalid("InvalidArgument", format!("{}={shown:?}: {e}", key.keyword())))?;
             }
-            b = b.cluster(c);
+            if let Some(c) = umbp::ClusterConfig::explicit(&s).py()? {
+                b = b.cluster(c);
+            }
         }
-        #[cfg(not(feature = "distributed"))]
-        Some(_) => {
-            let _ = o.cluster_listen;
-            return Err(invalid(
-                "NotAvailableError",
-                "distributed mode: this build of te has no cluster support (cargo feature distributed)",
-            ));
-        }
-        None => {}
+    }
+    #[cfg(not(feature = "distributed"))]
+    if o.cluster {
+        return Err(invalid(
+            "NotAvailableError",
+            "distributed mode: this build of te has no cluster support (cargo feature distributed)",
+        ));
     }
     Ok(b)
 }

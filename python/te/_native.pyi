@@ -213,8 +213,11 @@ class Store:
     "UMBP, local mode" table (dram_capacity, ssd_dirs, eviction ("lru", "prefix", "prefix:N"),
     write_through, ...: sizes and counts as int, fractions as float, switches as bool, ssd_dirs
     as a list of paths, the others as the variable's text); connect (standalone: the server's
-    socket), local, key_handle_slots, cluster ("etcd://host:port[/prefix]": distributed),
-    cluster_listen."""
+    socket), local, key_handle_slots; and the distributed-mode settings, named in the "Python"
+    column of the "UMBP, distributed mode" table: cluster ("etcd://host:port[/prefix]":
+    distributed mode), cluster_listen ("ip:port"), cluster_lease_ttl_s, cluster_directory
+    ("sharded", "etcd"), ... (used only with cluster, over their defaults: a cluster= store
+    reads no UMBP_CLUSTER_* variable)."""
 
     def __init__(self, *, env: Mapping[str, str] | None = None, **options: Any) -> None: ...
     @property

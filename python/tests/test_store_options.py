@@ -1,7 +1,10 @@
 """docs/configuration.md's local-mode UMBP table, read as a Python user reads it: every name in
 its "builder / Python" column is a ``te.umbp.Store`` keyword, typed (a value of the wrong type
 raises ``te.InvalidArgument`` naming it); every variable in it is read (a malformed one raises
-``te.ConfigError`` naming it); and a keyword wins over its variable."""
+``te.ConfigError`` naming it); and a keyword wins over its variable. Likewise the distributed-mode
+table's "Python" column: each is a typed keyword, a malformed value is refused naming its
+variable, and a ``cluster=`` store takes its keywords over the defaults, reading no
+``UMBP_CLUSTER_*`` variable."""
 
 from __future__ import annotations
 
@@ -11,22 +14,26 @@ import pytest
 
 import te
 from te import umbp
+from conftest import skip_or_fail, unique
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
-def rows() -> list[tuple[str, str]]:
-    """(variable, Python keyword) of each row of the local-mode table."""
-    section = DOC.read_text().split("## UMBP, local mode (the core)", 1)[1].split("\n## ", 1)[0]
+def rows(title: str = "## UMBP, local mode (the core)") -> list[tuple[str, str]]:
+    """(variable, Python keyword) of each row of the section's table (rows without a keyword
+    left out)."""
+    section = DOC.read_text().split(title, 1)[1].split("\n## ", 1)[0]
     out = []
     for line in section.splitlines():
         cells = [c.strip().strip("`") for c in line.strip("|").split(" | ")]
-        if line.startswith("| `UMBP_"):
+        if line.startswith("| `UMBP_") and cells[2]:
             out.append((cells[0], cells[2]))
     return out
 
 
 ROWS = rows()
+CLUSTER_ROWS = rows("## UMBP, distributed mode")
+NOWHERE = "etcd://127.0.0.1:1/nowhere"
 
 
 def test_the_table_is_there():
@@ -56,3 +63,51 @@ def test_a_keyword_wins_over_its_variable():
                     dram_capacity=16 << 20, ssd_dirs=[]) as store:
         assert store.config["core"]["eviction"] == "Lru"
         assert store.config["core"]["dram_capacity"] == 16 << 20
+
+
+def test_the_cluster_table_is_there():
+    assert len(CLUSTER_ROWS) >= 9, CLUSTER_ROWS
+    assert CLUSTER_ROWS[:2] == [("UMBP_CLUSTER", "cluster"), ("UMBP_CLUSTER_LISTEN", "cluster_listen")]
+
+
+@pytest.mark.parametrize("var,keyword", CLUSTER_ROWS)
+def test_each_documented_cluster_keyword_is_a_typed_option(var, keyword):
+    if not umbp.DISTRIBUTED:
+        pytest.skip("this build of te has no distributed mode")
+    options = {"cluster": NOWHERE, keyword: object()}
+    with pytest.raises(te.InvalidArgument, match=keyword) as e:
+        umbp.Store(**options)
+    assert "unknown option" not in str(e.value)
+
+
+@pytest.mark.parametrize("keyword,value,var", [
+    ("cluster", "http://127.0.0.1:1", "UMBP_CLUSTER"),
+    ("cluster_lease_ttl_s", 1, "UMBP_CLUSTER_LEASE_TTL_S"),
+    ("cluster_timeout_ms", 0, "UMBP_CLUSTER_TIMEOUT_MS"),
+    ("cluster_compact_s", 86401, "UMBP_CLUSTER_COMPACT_S"),
+])
+def test_a_malformed_cluster_keyword_is_refused_naming_its_variable(keyword, value, var):
+    if not umbp.DISTRIBUTED:
+        pytest.skip("this build of te has no distributed mode")
+    options = {"cluster": NOWHERE, keyword: value}
+    with pytest.raises(te.ConfigError, match=var):
+        umbp.Store(dram_capacity=16 << 20, ssd_dirs=[], **options)
+
+
+def test_a_bad_cluster_choice_is_refused_naming_its_keyword():
+    if not umbp.DISTRIBUTED:
+        pytest.skip("this build of te has no distributed mode")
+    for keyword, value in [("cluster_listen", "nowhere"), ("cluster_directory", "gossip")]:
+        with pytest.raises(te.InvalidArgument, match=keyword):
+            umbp.Store(cluster=NOWHERE, **{keyword: value})
+
+
+def test_a_cluster_store_takes_its_keywords_and_reads_no_cluster_variable(etcd):
+    if not umbp.DISTRIBUTED:
+        skip_or_fail("etcd", "this build of te has no distributed mode (cargo feature distributed)")
+    url = f"etcd://{etcd}/" + unique("py-options")
+    env = {"UMBP_CLUSTER_LEASE_TTL_S": "nonsense", "UMBP_CLUSTER_TIMEOUT_MS": "0"}
+    with umbp.Store(env=env, cluster=url, cluster_lease_ttl_s=3, cluster_listen="127.0.0.1:0",
+                    dram_capacity=16 << 20, ssd_dirs=[], segment_name=unique("peer")) as store:
+        c = store.config["cluster"]
+        assert (c["lease_ttl_s"], c["timeout"], c["listen"].split(":")[0]) == (3, 3.0, "127.0.0.1")

@@ -6,7 +6,8 @@
 //! [`keys`]: its variable, builder setter and Python keyword, `umbp-server` flag, parser, check,
 //! default and doc line. [`StoreKey`] names them; docs/configuration.md's local-mode table is
 //! [`StoreKey::doc_table`] (a test holds the page to it). Standalone mode's variables are in
-//! [`crate::standalone`], distributed mode's (`UMBP_CLUSTER`...) in `cluster::config`.
+//! [`crate::standalone`]; distributed mode's (`UMBP_CLUSTER`...) are declared the same way, in
+//! `cluster::config::ClusterKey`.
 //!
 //! [`known_vars`] lists every variable this build reads; a `UMBP_*` variable set in the
 //! environment that is not among them (a typo) is logged as a warning naming the closest known

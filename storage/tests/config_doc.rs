@@ -1,8 +1,10 @@
 //! docs/configuration.md's local-mode UMBP table, read as a user reads it: its rows are the
 //! store's settings table (`umbp::config::StoreKey`) exactly, each documented default is the
 //! value the store uses when the variable is unset, and each documented `umbp-server` flag is
-//! one the server takes (a malformed value is refused naming the flag). So the page cannot drift
-//! from the code, and a new setting cannot be forgotten there.
+//! one the server takes (a malformed value is refused naming the flag). Likewise its
+//! distributed-mode table and the cluster's settings table
+//! (`umbp::cluster::config::ClusterKey`), which docs/umbp.md points to rather than copies. So the
+//! page cannot drift from the code, and a new setting cannot be forgotten there.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -15,9 +17,14 @@ const SECTION: &str = "## UMBP, local mode (the core)";
 
 /// The table of the page's local-mode section, lines as written.
 fn documented_table() -> String {
+    table_of(SECTION)
+}
+
+/// The table of the page's section `section`, lines as written.
+fn table_of(section: &str) -> String {
     let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/configuration.md"))
         .expect("docs/configuration.md");
-    let (_, section) = page.split_once(SECTION).expect("the page's local-mode section");
+    let (_, section) = page.split_once(section).expect("the page's section");
     let section = section.split("\n## ").next().unwrap_or(section);
     section
         .lines()
@@ -29,7 +36,12 @@ fn documented_table() -> String {
 /// One row: variable, default, builder / Python keyword, `umbp-server` flag (with its value
 /// name), meaning; code quotes and escaped pipes undone.
 fn rows() -> Vec<[String; 5]> {
-    documented_table()
+    rows_of(&documented_table())
+}
+
+/// The rows of `table` (after its header), `N` cells each; code quotes and escaped pipes undone.
+fn rows_of<const N: usize>(table: &str) -> Vec<[String; N]> {
+    table
         .lines()
         .skip(2)
         .map(|l| {
@@ -38,9 +50,7 @@ fn rows() -> Vec<[String; 5]> {
                 .split(" | ")
                 .map(|c| c.trim().trim_matches('`').replace("\\|", "|"))
                 .collect();
-            cells
-                .try_into()
-                .unwrap_or_else(|c| panic!("a row of five cells: {c:?}"))
+            cells.try_into().unwrap_or_else(|c| panic!("a row of {N} cells: {c:?}"))
         })
         .collect()
 }
@@ -112,4 +122,64 @@ fn each_documented_flag_is_the_servers() {
         }
     }
     assert!(flags >= 5, "only {flags} flags documented");
+}
+
+#[cfg(feature = "cluster")]
+mod distributed {
+    use super::*;
+    use umbp::cluster::config::{ClusterKey, ENV_VARS};
+    use umbp::ClusterConfig;
+
+    const SECTION: &str = "## UMBP, distributed mode";
+
+    #[test]
+    fn the_pages_distributed_mode_table_is_the_cluster_table() {
+        let want = ClusterKey::doc_table();
+        assert!(
+            table_of(SECTION) == want,
+            "docs/configuration.md's table under {SECTION:?} differs from umbp::cluster::config::ClusterKey; it should read:\n\n{want}"
+        );
+        let vars: Vec<String> = rows_of::<4>(&want).into_iter().map(|[v, ..]| v).collect();
+        assert_eq!(vars, ENV_VARS);
+    }
+
+    #[test]
+    fn each_documented_cluster_default_is_the_default() {
+        let config = |extra: Option<(&str, &str)>| {
+            let map = [("UMBP_CLUSTER", "etcd://127.0.0.1:2379")]
+                .iter()
+                .chain(extra.as_ref())
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            ClusterConfig::from_env(&MapEnv(map)).map(|c| format!("{:?}", c.expect("a cluster")))
+        };
+        let unset = config(None).unwrap();
+        let mut checked = 0;
+        for [var, default, keyword, _] in rows_of::<4>(&table_of(SECTION)) {
+            // Read by the control listener (te_base::listener; a unit test holds those), or not a
+            // value ("unset (local mode)").
+            if keyword.is_empty() || default.contains(' ') {
+                continue;
+            }
+            let set = config(Some((&var, &default))).unwrap_or_else(|e| panic!("{var}={default}: {e}"));
+            assert_eq!(set, unset, "{var}: the documented default {default} is not the default");
+            checked += 1;
+        }
+        assert!(checked >= 8, "only {checked} defaults checked");
+    }
+
+    #[test]
+    fn umbp_md_points_to_the_table_rather_than_copying_it() {
+        let page =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/umbp.md")).expect("docs/umbp.md");
+        let copied: Vec<&str> = page.lines().filter(|l| l.starts_with("| `UMBP_CLUSTER")).collect();
+        assert!(
+            copied.is_empty(),
+            "docs/umbp.md copies rows of the distributed-mode table: {copied:?}"
+        );
+        assert!(
+            page.contains("\"UMBP, distributed mode\""),
+            "docs/umbp.md should point to the table"
+        );
+    }
 }

@@ -9,18 +9,19 @@
 //! over, and [`StoreKey::doc_table`], the rows of docs/configuration.md's local-mode table (a test
 //! holds the page to it).
 //!
+//! The table macro (`settings_table!`) takes the component: its key enum, its variables, its
+//! struct of explicit settings, its error and, where it has one, its builder. Distributed mode's
+//! settings are its second table (`cluster::config::ClusterKey`).
+//!
 //! Adding a setting: one entry in the table, the field it fills in [`crate::CoreConfig`], the line
 //! in [`StoreBuilder::config`] that fills it, and its row in docs/configuration.md (the test
 //! prints the row).
 
 use std::fmt;
 use std::path::PathBuf;
-use std::str::FromStr;
-
-use te_base::config::Env;
 
 use super::StoreBuilder;
-use crate::error::{Result, StoreError};
+use crate::error::StoreError;
 use crate::eviction::EvictionPolicy;
 use crate::ssd::io::{DirectIo, IoBackend};
 use crate::ssd::record::BLOCK;
@@ -107,12 +108,15 @@ plain_value!(u64 => Bytes, f64 => Fraction, usize => Count, bool => Switch, Vec<
 
 macro_rules! choice_value {
     ($($ty:ty),* $(,)?) => {$(
-        impl SettingValue for $ty {
-            const KIND: ValueKind = ValueKind::Choice;
-            fn from_value(v: Value) -> std::result::Result<Self, String> {
+        impl $crate::config::keys::SettingValue for $ty {
+            const KIND: $crate::config::keys::ValueKind = $crate::config::keys::ValueKind::Choice;
+            fn from_value(v: $crate::config::keys::Value) -> std::result::Result<Self, String> {
                 match v {
-                    Value::Choice(s) => parse::text(&s),
-                    other => Err(format!("expected {:?}, got {other:?}", ValueKind::Choice)),
+                    $crate::config::keys::Value::Choice(s) => $crate::config::keys::parse::text(&s),
+                    other => Err(format!(
+                        "expected {:?}, got {other:?}",
+                        $crate::config::keys::ValueKind::Choice
+                    )),
                 }
             }
             fn shown(&self) -> String {
@@ -121,10 +125,40 @@ macro_rules! choice_value {
         }
     )*};
 }
-choice_value!(EvictionPolicy, DirectIo, IoBackend);
+pub(crate) use choice_value;
+choice_value!(EvictionPolicy, DirectIo, IoBackend, std::net::SocketAddr);
+
+/// Text taken as given (Python `str`, passed as a [`ValueKind::Choice`]); its setting's resolution
+/// judges it.
+impl SettingValue for String {
+    const KIND: ValueKind = ValueKind::Choice;
+    fn from_value(v: Value) -> std::result::Result<Self, String> {
+        match v {
+            Value::Choice(s) => Ok(s),
+            other => Err(format!("expected {:?}, got {other:?}", ValueKind::Choice)),
+        }
+    }
+    fn shown(&self) -> String {
+        self.clone()
+    }
+}
+
+/// A signed count (Python `int`, passed as a [`ValueKind::Count`]).
+impl SettingValue for i64 {
+    const KIND: ValueKind = ValueKind::Count;
+    fn from_value(v: Value) -> std::result::Result<Self, String> {
+        match v {
+            Value::Count(v) => i64::try_from(v).map_err(|e| e.to_string()),
+            other => Err(format!("expected {:?}, got {other:?}", ValueKind::Count)),
+        }
+    }
+    fn shown(&self) -> String {
+        self.to_string()
+    }
+}
 
 /// Parsers of a setting's text (a variable's or a flag's value): the value, or why not.
-mod parse {
+pub(crate) mod parse {
     use std::path::PathBuf;
     use std::str::FromStr;
 
@@ -168,17 +202,17 @@ mod parse {
 
 /// Checks of one setting's value, explicit or parsed (rules between settings are in
 /// [`StoreBuilder::config`]).
-mod check {
+pub(crate) mod check {
     use super::BLOCK;
 
-    type Checked = Result<(), &'static str>;
+    pub(crate) type Checked = Result<(), &'static str>;
 
     pub fn none<T>(_: &T) -> Checked {
         Ok(())
     }
 
     /// `Err(reason)` where `bad`.
-    fn unless(bad: bool, reason: &'static str) -> Checked {
+    pub(crate) fn unless(bad: bool, reason: &'static str) -> Checked {
         if bad {
             Err(reason)
         } else {
@@ -229,6 +263,7 @@ macro_rules! resolved_ty {
     ($ty:ty) => { Option<$ty> };
     ($ty:ty, $default:expr) => { $ty };
 }
+pub(crate) use resolved_ty;
 
 /// The resolved value of a setting: with its default where it has one.
 macro_rules! resolved_value {
@@ -239,6 +274,7 @@ macro_rules! resolved_value {
         $v.unwrap_or_else(|| $default)
     };
 }
+pub(crate) use resolved_value;
 
 /// A setting's `umbp-server` flag: `(flag, value name)`, no value name for a switch.
 macro_rules! flag_of {
@@ -252,6 +288,7 @@ macro_rules! flag_of {
         Some(($flag, Some($value)))
     };
 }
+pub(crate) use flag_of;
 
 /// Whether a typed default and its text agree (`None`: no typed default).
 #[cfg(test)]
@@ -265,119 +302,14 @@ macro_rules! default_agrees {
         Some(parsed == Ok(default))
     }};
 }
+#[cfg(test)]
+pub(crate) use default_agrees;
 
-macro_rules! store_keys {
-    ($(
-        #[doc = $doc:literal]
-        $key:ident {
-            var: $var:literal,
-            set: $field:ident: $ty:ty,
-            parse: $parse:expr,
-            check: $check:expr,
-            default: $default_text:literal $(= $default:expr)?,
-            $(flag: $flag:literal $($flag_value:literal)?,)?
-        }
-    )*) => {
-        /// A local-mode setting of the store (see the module docs: each is declared once).
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        #[non_exhaustive]
-        pub enum StoreKey {
-            $(#[doc = $doc] $key,)*
-        }
-
-        /// The local-mode variables (tiers, eviction, staging, debugging).
-        pub const ENV_VARS: &[&str] = &[$($var),*];
-
-        impl StoreKey {
-            /// Every setting, in the table's order.
-            pub const ALL: &'static [StoreKey] = &[$(StoreKey::$key),*];
-
-            /// Its variable (`UMBP_*`).
-            pub fn var(self) -> &'static str {
-                match self { $(StoreKey::$key => $var,)* }
-            }
-
-            /// Its builder setter, which is also its Python keyword.
-            pub fn keyword(self) -> &'static str {
-                match self { $(StoreKey::$key => stringify!($field),)* }
-            }
-
-            /// Its `umbp-server` flag with the name of its value (none for a switch).
-            pub fn flag(self) -> Option<(&'static str, Option<&'static str>)> {
-                match self { $(StoreKey::$key => flag_of!($($flag $($flag_value)?)?),)* }
-            }
-
-            /// Its default as the docs print it.
-            pub fn default_text(self) -> &'static str {
-                match self { $(StoreKey::$key => $default_text,)* }
-            }
-
-            /// Its doc line.
-            pub fn doc(self) -> &'static str {
-                match self { $(StoreKey::$key => $doc.trim(),)* }
-            }
-
-            /// How bindings pass its value.
-            pub fn kind(self) -> ValueKind {
-                match self { $(StoreKey::$key => <$ty as SettingValue>::KIND,)* }
-            }
-
-            /// Whether the default text parses to the default the builder uses (`None`: no
-            /// default value; the text says what happens instead).
-            #[cfg(test)]
-            fn default_agrees(self) -> Option<bool> {
-                match self {
-                    $(StoreKey::$key => default_agrees!($parse, $default_text, $ty $(, $default)?),)*
-                }
-            }
-        }
-
-        /// What the builder was told explicitly, by setting.
-        #[derive(Clone, Default)]
-        pub(super) struct Settings {
-            $($field: Option<$ty>,)*
-        }
-
-        impl Settings {
-            $(
-                /// The explicit setting, else the variable, else the default; checked.
-                pub(super) fn $field(&self, env: &dyn Env) -> Result<resolved_ty!($ty $(, $default)?)> {
-                    let v: Option<$ty> = match &self.$field {
-                        Some(v) => Some(v.clone()),
-                        None => match env.get($var) {
-                            None => None,
-                            Some(raw) => {
-                                let parsed: std::result::Result<$ty, String> = ($parse)(&raw);
-                                Some(parsed.map_err(|reason| bad($var, raw, reason))?)
-                            }
-                        },
-                    };
-                    if let Some(v) = &v {
-                        ($check)(v).map_err(|reason| bad($var, v.shown(), reason))?;
-                    }
-                    Ok(resolved_value!(v $(, $default)?))
-                }
-            )*
-
-            fn set(&mut self, key: StoreKey, v: Value) -> std::result::Result<(), String> {
-                match key {
-                    $(StoreKey::$key => self.$field = Some(<$ty as SettingValue>::from_value(v)?),)*
-                }
-                Ok(())
-            }
-
-            fn set_text(&mut self, key: StoreKey, raw: &str) -> std::result::Result<(), String> {
-                match key {
-                    $(StoreKey::$key => {
-                        let parsed: std::result::Result<$ty, String> = ($parse)(raw);
-                        self.$field = Some(parsed?);
-                    })*
-                }
-                Ok(())
-            }
-        }
-
-        impl StoreBuilder {
+/// A component's builder setters, one per setting (none where the component names no builder).
+macro_rules! builder_setters {
+    (; $($rest:tt)*) => {};
+    ($builder:ident; $($field:ident: $ty:ty, $var:literal, $default_text:literal, $doc:literal;)*) => {
+        impl $builder {
             $(
                 #[doc = $doc]
                 #[doc = ""]
@@ -390,83 +322,268 @@ macro_rules! store_keys {
         }
     };
 }
+pub(crate) use builder_setters;
 
-impl StoreKey {
-    /// The setting whose variable (`UMBP_DRAM_CAPACITY`) or keyword (`dram_capacity`) is `name`.
-    pub fn from_name(name: &str) -> Option<StoreKey> {
-        StoreKey::ALL
-            .iter()
-            .copied()
-            .find(|k| k.var() == name || k.keyword() == name)
-    }
-
-    /// The setting whose Python keyword (builder setter) is `keyword`.
-    pub fn from_keyword(keyword: &str) -> Option<StoreKey> {
-        StoreKey::ALL.iter().copied().find(|k| k.keyword() == keyword)
-    }
-
-    /// The setting whose `umbp-server` flag is `flag`.
-    pub fn from_flag(flag: &str) -> Option<StoreKey> {
-        StoreKey::ALL
-            .iter()
-            .copied()
-            .find(|k| k.flag().is_some_and(|(f, _)| f == flag))
-    }
-
-    /// The `umbp-server` flags of the settings that have one, as a usage line shows them
-    /// (`[--dram BYTES] [--write-through] ...`).
-    pub fn usage_flags() -> String {
-        let flags: Vec<String> = StoreKey::ALL
-            .iter()
-            .filter_map(|k| k.flag())
-            .map(|(flag, value)| match value {
-                Some(v) => format!("[{flag} {v}]"),
-                None => format!("[{flag}]"),
-            })
-            .collect();
-        flags.join(" ")
-    }
-
-    /// The header and rows of docs/configuration.md's local-mode table (Markdown).
-    pub fn doc_table() -> String {
-        let mut out = String::from(
-            "| variable | default | builder / Python | `umbp-server` | meaning |\n| --- | --- | --- | --- | --- |\n",
-        );
-        for k in StoreKey::ALL {
-            let flag = match k.flag() {
-                Some((f, Some(v))) => format!("`{f} {v}`"),
-                Some((f, None)) => format!("`{f}`"),
-                None => String::new(),
-            };
-            // A pipe inside a cell, even in code, is escaped (GitHub's tables).
-            let row = [
-                format!("`{}`", k.var()),
-                k.default_text().to_string(),
-                format!("`{}`", k.keyword()),
-                flag,
-                k.doc().to_string(),
-            ]
-            .map(|cell| cell.replace('|', "\\|"));
-            out.push_str(&format!("| {} |\n", row.join(" | ")));
+/// One component's settings table: each setting declared once (its variable, its keyword, its
+/// `umbp-server` flag if any, parser, check, default as the docs print it and as the value it
+/// stands for, doc line), plus the variables of the component that something else reads
+/// (`also`: variable, default, doc line). From it come the key enum (with `FromStr`), the
+/// component's `ENV_VARS`, a struct of explicit settings whose per-setting methods resolve
+/// explicit, then variable, then default (checked; a malformed variable is an error naming it),
+/// the builder's setters where a builder is named, and the docs table.
+macro_rules! settings_table {
+    (
+        $(#[$key_meta:meta])*
+        key: $key_ty:ident,
+        $(#[$vars_meta:meta])*
+        vars: $vars:ident,
+        $(#[$settings_meta:meta])*
+        settings: $settings_vis:vis $settings:ident,
+        error: $bad:path => $err:ty,
+        what: $what:literal,
+        keyword_column: $keyword_column:literal,
+        setters: $($builder:ident)?,
+        entries: {$(
+            #[doc = $doc:literal]
+            $key:ident {
+                var: $var:literal,
+                set: $field:ident: $ty:ty,
+                parse: $parse:expr,
+                check: $check:expr,
+                default: $default_text:literal $(= $default:expr)?,
+                $(flag: $flag:literal $($flag_value:literal)?,)?
+            }
+        )*},
+        also: {$(
+            #[doc = $also_doc:literal]
+            $also_var:literal = $also_default:literal,
+        )*} $(,)?
+    ) => {
+        $(#[$key_meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum $key_ty {
+            $(#[doc = $doc] $key,)*
         }
-        out
-    }
-}
 
-impl FromStr for StoreKey {
-    type Err = StoreError;
+        $(#[$vars_meta])*
+        pub const $vars: &[&str] = &[$($var,)* $($also_var,)*];
 
-    /// A variable (`UMBP_DRAM_CAPACITY`) or a keyword (`dram_capacity`).
-    fn from_str(s: &str) -> Result<Self> {
-        StoreKey::from_name(s).ok_or_else(|| bad("setting", s, "not a local-mode UMBP setting"))
-    }
-}
+        impl $key_ty {
+            /// Every setting, in the table's order.
+            pub const ALL: &'static [$key_ty] = &[$($key_ty::$key),*];
 
-impl fmt::Display for StoreKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.var())
-    }
+            /// The component's variables that something else reads: `(variable, default as the
+            /// docs print it, doc line)`. They are in the component's variables and its docs
+            /// table.
+            pub const READ_ELSEWHERE: &'static [(&'static str, &'static str, &'static str)] =
+                &[$(($also_var, $also_default, $also_doc),)*];
+
+            /// Its variable.
+            pub fn var(self) -> &'static str {
+                match self { $($key_ty::$key => $var,)* }
+            }
+
+            /// Its keyword (the builder setter where the component has a builder; the Python
+            /// keyword).
+            pub fn keyword(self) -> &'static str {
+                match self { $($key_ty::$key => stringify!($field),)* }
+            }
+
+            /// Its `umbp-server` flag with the name of its value (none for a switch).
+            pub fn flag(self) -> Option<(&'static str, Option<&'static str>)> {
+                match self { $($key_ty::$key => $crate::config::keys::flag_of!($($flag $($flag_value)?)?),)* }
+            }
+
+            /// Its default as the docs print it.
+            pub fn default_text(self) -> &'static str {
+                match self { $($key_ty::$key => $default_text,)* }
+            }
+
+            /// Its doc line.
+            pub fn doc(self) -> &'static str {
+                match self { $($key_ty::$key => $doc.trim(),)* }
+            }
+
+            /// How bindings pass its value.
+            pub fn kind(self) -> $crate::config::keys::ValueKind {
+                match self {
+                    $($key_ty::$key => <$ty as $crate::config::keys::SettingValue>::KIND,)*
+                }
+            }
+
+            /// Whether the default text parses to the default the resolution uses (`None`: no
+            /// default value; the text says what happens instead).
+            #[cfg(test)]
+            fn default_agrees(self) -> Option<bool> {
+                match self {
+                    $($key_ty::$key => $crate::config::keys::default_agrees!(
+                        $parse, $default_text, $ty $(, $default)?
+                    ),)*
+                }
+            }
+
+            /// The setting whose variable or keyword is `name`.
+            pub fn from_name(name: &str) -> Option<$key_ty> {
+                $key_ty::ALL
+                    .iter()
+                    .copied()
+                    .find(|k| k.var() == name || k.keyword() == name)
+            }
+
+            /// The setting whose keyword (builder setter, Python keyword) is `keyword`.
+            pub fn from_keyword(keyword: &str) -> Option<$key_ty> {
+                $key_ty::ALL.iter().copied().find(|k| k.keyword() == keyword)
+            }
+
+            /// The setting whose `umbp-server` flag is `flag`.
+            pub fn from_flag(flag: &str) -> Option<$key_ty> {
+                $key_ty::ALL
+                    .iter()
+                    .copied()
+                    .find(|k| k.flag().is_some_and(|(f, _)| f == flag))
+            }
+
+            /// The `umbp-server` flags of the settings that have one, as a usage line shows them
+            /// (`[--dram BYTES] [--write-through] ...`).
+            pub fn usage_flags() -> String {
+                let flags: Vec<String> = $key_ty::ALL
+                    .iter()
+                    .filter_map(|k| k.flag())
+                    .map(|(flag, value)| match value {
+                        Some(v) => format!("[{flag} {v}]"),
+                        None => format!("[{flag}]"),
+                    })
+                    .collect();
+                flags.join(" ")
+            }
+
+            /// The header and rows of the component's table in docs/configuration.md
+            /// (Markdown): variable, default, keyword, `umbp-server` flag (where a setting of
+            /// the component has one), meaning; then the variables read elsewhere.
+            pub fn doc_table() -> String {
+                let flags = $key_ty::ALL.iter().any(|k| k.flag().is_some());
+                let mut head = vec!["variable", "default", $keyword_column];
+                if flags {
+                    head.push("`umbp-server`");
+                }
+                head.push("meaning");
+                let mut out = format!("| {} |\n|{}\n", head.join(" | "), " --- |".repeat(head.len()));
+                let mut row = |cells: Vec<String>| {
+                    // A pipe inside a cell, even in code, is escaped (GitHub's tables).
+                    let cells: Vec<String> = cells.into_iter().map(|c| c.replace('|', "\\|")).collect();
+                    out.push_str(&format!("| {} |\n", cells.join(" | ")));
+                };
+                for k in $key_ty::ALL {
+                    let mut cells = vec![
+                        format!("`{}`", k.var()),
+                        k.default_text().to_string(),
+                        format!("`{}`", k.keyword()),
+                    ];
+                    if flags {
+                        cells.push(match k.flag() {
+                            Some((f, Some(v))) => format!("`{f} {v}`"),
+                            Some((f, None)) => format!("`{f}`"),
+                            None => String::new(),
+                        });
+                    }
+                    cells.push(k.doc().to_string());
+                    row(cells);
+                }
+                for (var, default, doc) in $key_ty::READ_ELSEWHERE {
+                    let mut cells = vec![format!("`{var}`"), default.to_string(), String::new()];
+                    if flags {
+                        cells.push(String::new());
+                    }
+                    cells.push(doc.trim().to_string());
+                    row(cells);
+                }
+                out
+            }
+        }
+
+        impl std::str::FromStr for $key_ty {
+            type Err = $err;
+
+            /// A variable or a keyword.
+            fn from_str(s: &str) -> std::result::Result<Self, $err> {
+                $key_ty::from_name(s).ok_or_else(|| $bad("setting", s, concat!("not ", $what)))
+            }
+        }
+
+        impl std::fmt::Display for $key_ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.var())
+            }
+        }
+
+        $(#[$settings_meta])*
+        #[derive(Clone, Default)]
+        $settings_vis struct $settings {
+            $($field: Option<$ty>,)*
+        }
+
+        impl $settings {
+            $(
+                /// The explicit setting, else the variable, else the default; checked.
+                pub(crate) fn $field(
+                    &self,
+                    env: &dyn te_base::config::Env,
+                ) -> std::result::Result<$crate::config::keys::resolved_ty!($ty $(, $default)?), $err> {
+                    let v: Option<$ty> = match &self.$field {
+                        Some(v) => Some(v.clone()),
+                        None => match env.get($var) {
+                            None => None,
+                            Some(raw) => {
+                                let parsed: std::result::Result<$ty, String> = ($parse)(&raw);
+                                Some(parsed.map_err(|reason| $bad($var, raw, reason))?)
+                            }
+                        },
+                    };
+                    if let Some(v) = &v {
+                        ($check)(v).map_err(|reason| {
+                            $bad($var, $crate::config::keys::SettingValue::shown(v), reason)
+                        })?;
+                    }
+                    Ok($crate::config::keys::resolved_value!(v $(, $default)?))
+                }
+            )*
+
+            /// Sets `key` from a binding's value (as its own setter would); `Err` says why `v`
+            /// is not a value of it (a [`ValueKind::Choice`] that does not parse).
+            ///
+            /// [`ValueKind::Choice`]: crate::config::ValueKind::Choice
+            pub fn set(
+                &mut self,
+                key: $key_ty,
+                v: $crate::config::keys::Value,
+            ) -> std::result::Result<(), String> {
+                match key {
+                    $($key_ty::$key => {
+                        self.$field = Some(<$ty as $crate::config::keys::SettingValue>::from_value(v)?)
+                    })*
+                }
+                Ok(())
+            }
+
+            /// Sets `key` from text parsed as its variable is; `Err` says why it does not parse.
+            pub fn set_text(&mut self, key: $key_ty, raw: &str) -> std::result::Result<(), String> {
+                match key {
+                    $($key_ty::$key => {
+                        let parsed: std::result::Result<$ty, String> = ($parse)(raw);
+                        self.$field = Some(parsed?);
+                    })*
+                }
+                Ok(())
+            }
+        }
+
+        $crate::config::keys::builder_setters!(
+            $($builder)?; $($field: $ty, $var, $default_text, $doc;)*
+        );
+    };
 }
+pub(crate) use settings_table;
 
 impl StoreBuilder {
     /// Sets `key` from a binding's value (as its own setter would); `Err` says why `v` is not a
@@ -484,140 +601,153 @@ impl StoreBuilder {
     }
 }
 
-store_keys! {
-    /// DRAM arena bytes (0: no DRAM tier).
-    DramCapacity {
-        var: "UMBP_DRAM_CAPACITY",
-        set: dram_capacity: u64,
-        parse: parse::bytes,
-        check: check::none,
-        default: "1G" = 1 << 30,
-        flag: "--dram" "BYTES",
-    }
-    /// Allocation unit of the arena (a multiple of 4 KiB).
-    DramPageBytes {
-        var: "UMBP_DRAM_PAGE_BYTES",
-        set: dram_page_bytes: u64,
-        parse: parse::bytes,
-        check: check::page,
-        default: "4K" = 4096,
-    }
-    /// Fraction of the arena at which eviction starts.
-    DramHighWatermark {
-        var: "UMBP_DRAM_HIGH_WATERMARK",
-        set: high_watermark: f64,
-        parse: parse::text,
-        check: check::fraction,
-        default: "0.95" = 0.95,
-    }
-    /// Fraction eviction brings the arena down to (at most the high watermark).
-    DramLowWatermark {
-        var: "UMBP_DRAM_LOW_WATERMARK",
-        set: low_watermark: f64,
-        parse: parse::text,
-        check: check::fraction,
-        default: "0.85" = 0.85,
-    }
-    /// Eviction policy: `lru`, `prefix` or `prefix:N` (window of N candidates).
-    Eviction {
-        var: "UMBP_EVICTION",
-        set: eviction: EvictionPolicy,
-        parse: parse::text,
-        check: check::none,
-        default: "prefix" = EvictionPolicy::default(),
-        flag: "--eviction" "lru|prefix|prefix:N",
-    }
-    /// SSD directories, comma-separated, one per drive (unset or empty: no SSD tier).
-    SsdDirs {
-        var: "UMBP_SSD_DIRS",
-        set: ssd_dirs: Vec<PathBuf>,
-        parse: parse::dirs,
-        check: check::none,
-        default: "unset",
-        flag: "--ssd-dirs" "DIR,...",
-    }
-    /// SSD bytes over all directories (default: 90% of each directory's filesystem free space at open, plus the log there).
-    SsdCapacity {
-        var: "UMBP_SSD_CAPACITY",
-        set: ssd_capacity: u64,
-        parse: parse::bytes,
-        check: check::none,
-        default: "90% of free",
-        flag: "--ssd-capacity" "BYTES",
-    }
-    /// Sealed segments whose live fraction is below this are compacted.
-    SsdCompactBelow {
-        var: "UMBP_SSD_COMPACT_BELOW",
-        set: compact_below: f64,
-        parse: parse::text,
-        check: check::below_one,
-        default: "0.5" = 0.5,
-    }
-    /// Size of one log segment file.
-    SsdSegmentBytes {
-        var: "UMBP_SSD_SEGMENT_BYTES",
-        set: ssd_segment_bytes: u64,
-        parse: parse::bytes,
-        check: check::segment,
-        default: "256M" = 256 << 20,
-    }
-    /// O_DIRECT: `auto`, `on`, `off`.
-    SsdDirect {
-        var: "UMBP_SSD_DIRECT",
-        set: ssd_direct: DirectIo,
-        parse: parse::text,
-        check: check::none,
-        default: "auto" = DirectIo::default(),
-    }
-    /// I/O engine of the SSD tier: `auto`, `uring`, `psync`.
-    SsdIo {
-        var: "UMBP_SSD_IO",
-        set: ssd_io: IoBackend,
-        parse: parse::text,
-        check: check::none,
-        default: "auto" = IoBackend::default(),
-    }
-    /// Bytes of one registered staging slot for SSD reads and writes.
-    SsdStagingBytes {
-        var: "UMBP_SSD_STAGING_BYTES",
-        set: staging_bytes: u64,
-        parse: parse::bytes,
-        check: check::staging,
-        default: "32M" = 32 << 20,
-    }
-    /// Staging slots (concurrent SSD calls), 1 to 256.
-    SsdStagingSlots {
-        var: "UMBP_SSD_STAGING_SLOTS",
-        set: staging_slots: usize,
-        parse: parse::text,
-        check: check::slots,
-        default: "4" = 4,
-    }
-    /// Every put also goes to the SSD log before it returns.
-    SsdWriteThrough {
-        var: "UMBP_SSD_WRITE_THROUGH",
-        set: write_through: bool,
-        parse: parse::switch,
-        check: check::none,
-        default: "0" = false,
-        flag: "--write-through",
-    }
-    /// Whole-object SSD reads are copied into DRAM.
-    PromoteOnRead {
-        var: "UMBP_PROMOTE_ON_READ",
-        set: promote_on_read: bool,
-        parse: parse::switch,
-        check: check::none,
-        default: "1" = true,
-    }
-    /// Per-phase timings of ranged calls.
-    RangedCallDebug {
-        var: "UMBP_RANGED_CALL_DEBUG",
-        set: ranged_call_debug: bool,
-        parse: parse::switch,
-        check: check::none,
-        default: "0" = false,
-    }
+settings_table! {
+    /// A local-mode setting of the store (see the module docs: each is declared once).
+    key: StoreKey,
+    /// The local-mode variables (tiers, eviction, staging, debugging).
+    vars: ENV_VARS,
+    /// What the builder was told explicitly, by setting.
+    settings: pub(crate) Settings,
+    error: bad => StoreError,
+    what: "a local-mode UMBP setting",
+    keyword_column: "builder / Python",
+    setters: StoreBuilder,
+    entries: {
+        /// DRAM arena bytes (0: no DRAM tier).
+        DramCapacity {
+            var: "UMBP_DRAM_CAPACITY",
+            set: dram_capacity: u64,
+            parse: parse::bytes,
+            check: check::none,
+            default: "1G" = 1 << 30,
+            flag: "--dram" "BYTES",
+        }
+        /// Allocation unit of the arena (a multiple of 4 KiB).
+        DramPageBytes {
+            var: "UMBP_DRAM_PAGE_BYTES",
+            set: dram_page_bytes: u64,
+            parse: parse::bytes,
+            check: check::page,
+            default: "4K" = 4096,
+        }
+        /// Fraction of the arena at which eviction starts.
+        DramHighWatermark {
+            var: "UMBP_DRAM_HIGH_WATERMARK",
+            set: high_watermark: f64,
+            parse: parse::text,
+            check: check::fraction,
+            default: "0.95" = 0.95,
+        }
+        /// Fraction eviction brings the arena down to (at most the high watermark).
+        DramLowWatermark {
+            var: "UMBP_DRAM_LOW_WATERMARK",
+            set: low_watermark: f64,
+            parse: parse::text,
+            check: check::fraction,
+            default: "0.85" = 0.85,
+        }
+        /// Eviction policy: `lru`, `prefix` or `prefix:N` (window of N candidates).
+        Eviction {
+            var: "UMBP_EVICTION",
+            set: eviction: EvictionPolicy,
+            parse: parse::text,
+            check: check::none,
+            default: "prefix" = EvictionPolicy::default(),
+            flag: "--eviction" "lru|prefix|prefix:N",
+        }
+        /// SSD directories, comma-separated, one per drive (unset or empty: no SSD tier).
+        SsdDirs {
+            var: "UMBP_SSD_DIRS",
+            set: ssd_dirs: Vec<PathBuf>,
+            parse: parse::dirs,
+            check: check::none,
+            default: "unset",
+            flag: "--ssd-dirs" "DIR,...",
+        }
+        /// SSD bytes over all directories (default: 90% of each directory's filesystem free space at open, plus the log there).
+        SsdCapacity {
+            var: "UMBP_SSD_CAPACITY",
+            set: ssd_capacity: u64,
+            parse: parse::bytes,
+            check: check::none,
+            default: "90% of free",
+            flag: "--ssd-capacity" "BYTES",
+        }
+        /// Sealed segments whose live fraction is below this are compacted.
+        SsdCompactBelow {
+            var: "UMBP_SSD_COMPACT_BELOW",
+            set: compact_below: f64,
+            parse: parse::text,
+            check: check::below_one,
+            default: "0.5" = 0.5,
+        }
+        /// Size of one log segment file.
+        SsdSegmentBytes {
+            var: "UMBP_SSD_SEGMENT_BYTES",
+            set: ssd_segment_bytes: u64,
+            parse: parse::bytes,
+            check: check::segment,
+            default: "256M" = 256 << 20,
+        }
+        /// O_DIRECT: `auto`, `on`, `off`.
+        SsdDirect {
+            var: "UMBP_SSD_DIRECT",
+            set: ssd_direct: DirectIo,
+            parse: parse::text,
+            check: check::none,
+            default: "auto" = DirectIo::default(),
+        }
+        /// I/O engine of the SSD tier: `auto`, `uring`, `psync`.
+        SsdIo {
+            var: "UMBP_SSD_IO",
+            set: ssd_io: IoBackend,
+            parse: parse::text,
+            check: check::none,
+            default: "auto" = IoBackend::default(),
+        }
+        /// Bytes of one registered staging slot for SSD reads and writes.
+        SsdStagingBytes {
+            var: "UMBP_SSD_STAGING_BYTES",
+            set: staging_bytes: u64,
+            parse: parse::bytes,
+            check: check::staging,
+            default: "32M" = 32 << 20,
+        }
+        /// Staging slots (concurrent SSD calls), 1 to 256.
+        SsdStagingSlots {
+            var: "UMBP_SSD_STAGING_SLOTS",
+            set: staging_slots: usize,
+            parse: parse::text,
+            check: check::slots,
+            default: "4" = 4,
+        }
+        /// Every put also goes to the SSD log before it returns.
+        SsdWriteThrough {
+            var: "UMBP_SSD_WRITE_THROUGH",
+            set: write_through: bool,
+            parse: parse::switch,
+            check: check::none,
+            default: "0" = false,
+            flag: "--write-through",
+        }
+        /// Whole-object SSD reads are copied into DRAM.
+        PromoteOnRead {
+            var: "UMBP_PROMOTE_ON_READ",
+            set: promote_on_read: bool,
+            parse: parse::switch,
+            check: check::none,
+            default: "1" = true,
+        }
+        /// Per-phase timings of ranged calls.
+        RangedCallDebug {
+            var: "UMBP_RANGED_CALL_DEBUG",
+            set: ranged_call_debug: bool,
+            parse: parse::switch,
+            check: check::none,
+            default: "0" = false,
+        }
+    },
+    also: {},
 }
 
 #[cfg(test)]
