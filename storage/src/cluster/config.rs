@@ -30,7 +30,7 @@ use crate::config::keys::{check, parse, settings_table};
 /// Where the key directory lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DirectoryMode {
-    /// Each key's entry at its two rendezvous peers over the live membership; etcd holds only
+    /// Each key's entry at its three rendezvous peers over the live membership; etcd holds only
     /// membership and leases (docs/umbp.md, "Directory").
     Sharded,
     /// Every key in etcd, every peer watching all of them (the design before issue 26).
@@ -237,7 +237,7 @@ settings_table! {
             check: rules::at_least_one,
             default: "3000" = 3000,
         }
-        /// Key directory: `sharded` (each key's entry at its two rendezvous peers; etcd holds membership only) or `etcd` (every key in etcd, the design before issue 26, kept to measure against).
+        /// Key directory: `sharded` (each key's entry at its three rendezvous peers; etcd holds membership only) or `etcd` (every key in etcd, the design before issue 26, kept to measure against).
         Directory {
             var: "UMBP_CLUSTER_DIRECTORY",
             set: cluster_directory: DirectoryMode,

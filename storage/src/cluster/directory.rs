@@ -4,7 +4,7 @@
 //! - `<prefix>/umbp/peers/<name>` holds a peer's control address and the DRAM bytes it last
 //!   said it had free, attached to its lease: a dead peer's membership vanishes within the TTL
 //!   without anyone cleaning up. A watch keeps an in-memory copy; lookups never ask etcd.
-//! - Sharded: etcd holds nothing else. Each key's entry lives at its two rendezvous peers,
+//! - Sharded: etcd holds nothing else. Each key's entry lives at its three rendezvous peers,
 //!   written by the owner before its put returns; a membership change re-homes entries.
 //!   Free capacity is re-announced only when it moved by an eighth of the arena, so etcd's
 //!   load follows the membership, not the put rate.

@@ -6,7 +6,7 @@
 //!
 //! - Membership lives in etcd (`directory.rs`), cached in memory and followed by a watch; a dead
 //!   peer's membership vanishes with its lease. The key directory is sharded over the peers
-//!   (`sharded.rs`: each key's entry at its two rendezvous peers, written before the put
+//!   (`sharded.rs`: each key's entry at its three rendezvous peers, written before the put
 //!   returns, asked on a miss), or, in the design kept to measure against, in etcd too.
 //! - Each peer's engine publishes its segment (arena and staging, exported) in etcd too, so a
 //!   reader opens an owner's segment by name.
