@@ -1421,6 +1421,25 @@ fn netns_peer(net: &te_tests::netns::Network, prefix: &str, name: &str, h: usize
     Node::start(c).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
+/// Reads `key` (4096 bytes) at `node` until it answers seed `want`: in between only a miss or an
+/// error is allowed (an older version, read after `want` was acknowledged, fails). The bound is
+/// a hang guard.
+fn read_seed_until(node: &mut Node, who: &str, key: &str, want: u64) {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let a = node.cmd(&format!("get {key} 0:4096")).unwrap();
+        if a == format!("OK 4096 {want}") {
+            return;
+        }
+        assert!(
+            a == "MISS" || a.starts_with("ERR"),
+            "{key} at {who} after version {want} was acknowledged: {a}"
+        );
+        assert!(Instant::now() < end, "{key} at {who}: still {a}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A member cut off from its peers but not from etcd (issue 38's partitions): in its network
 /// namespace, the other peers' addresses are blackholed, so its packets to them vanish and theirs
 /// get no answer, while its lease is kept alive through etcd. It stays a member; the others' gets
@@ -1524,20 +1543,7 @@ fn a_member_cut_off_from_its_peers_but_not_from_etcd_stays_a_member_and_keeps_th
         std::thread::sleep(Duration::from_millis(100));
     }
     for (i, node) in p.iter_mut().enumerate() {
-        let end = Instant::now() + Duration::from_secs(30);
-        loop {
-            let a = node.cmd("get z0 0:4096").unwrap();
-            if a == "OK 4096 101" {
-                break;
-            }
-            assert!(
-                a == "MISS" || a.starts_with("ERR"),
-                "z0 at {} after version 101 was acknowledged: {a}",
-                names[i]
-            );
-            assert!(Instant::now() < end, "z0 at {}: still {a}", names[i]);
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        read_seed_until(node, names[i], "z0", 101);
     }
     drop(p);
     drop(etcd);
@@ -1613,20 +1619,7 @@ fn a_member_cut_off_from_etcd_but_not_from_its_peers_stays_a_member_and_keeps_th
     // version 1 is never read again, and the others read version 2 from e3.
     assert_eq!(p[3].ok("put x 4096 2"), "OK");
     for i in 0..3 {
-        let end = Instant::now() + Duration::from_secs(30);
-        loop {
-            let a = p[i].cmd("get x 0:4096").unwrap();
-            if a == "OK 4096 2" {
-                break;
-            }
-            assert!(
-                a == "MISS" || a.starts_with("ERR"),
-                "x at {} after e3's version 2 was acknowledged: {a}",
-                names[i]
-            );
-            assert!(Instant::now() < end, "x at {}: still {a}", names[i]);
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        read_seed_until(&mut p[i], names[i], "x", 2);
     }
     // Two lease periods into the cut, e3 is still a member everywhere and still serves its own
     // copies (its lease renewed by the others).
@@ -1650,20 +1643,7 @@ fn a_member_cut_off_from_etcd_but_not_from_its_peers_stays_a_member_and_keeps_th
     // Healed: a put of e3's key is acknowledged and read everywhere.
     assert_eq!(p[1].ok("put z0 4096 101"), "OK");
     for (i, node) in p.iter_mut().enumerate() {
-        let end = Instant::now() + Duration::from_secs(30);
-        loop {
-            let a = node.cmd("get z0 0:4096").unwrap();
-            if a == "OK 4096 101" {
-                break;
-            }
-            assert!(
-                a == "MISS" || a.starts_with("ERR"),
-                "z0 at {} after version 101 was acknowledged: {a}",
-                names[i]
-            );
-            assert!(Instant::now() < end, "z0 at {}: still {a}", names[i]);
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        read_seed_until(node, names[i], "z0", 101);
     }
     drop(p);
     drop(etcd);
