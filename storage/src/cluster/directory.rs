@@ -1,16 +1,13 @@
-//! Membership in etcd, and the key directory: in etcd (the design before issue 26) or sharded
-//! over the peers (`sharded.rs`, the default).
+//! Membership in etcd, and the key directory this peer joined with (`key_directory.rs`: sharded
+//! over the peers, the default, or in etcd).
 //!
 //! - `<prefix>/umbp/peers/<name>` holds a peer's control address and the DRAM bytes it last
 //!   said it had free, attached to its lease: a dead peer's membership vanishes within the TTL
 //!   without anyone cleaning up. A watch keeps an in-memory copy; lookups never ask etcd.
-//! - Sharded: etcd holds nothing else. Each key's entry lives at its three rendezvous peers,
-//!   written by the owner before its put returns; a membership change re-homes entries.
-//!   Free capacity is re-announced only when it moved by an eighth of the arena, so etcd's
-//!   load follows the membership, not the put rate.
-//! - Etcd: `<prefix>/umbp/keys/<key>` names the peer that committed the key last, under its
-//!   lease, written in one transaction per 128 keys before the put returns; every peer watches
-//!   and keeps every key.
+//! - The key directory is told each new membership (the sharded one then re-homes entries off
+//!   the watch task). One kept in etcd is followed through the same watch. With a sharded
+//!   directory, free capacity is re-announced only when it moved by an eighth of the arena, so
+//!   etcd's load follows the membership, not the put rate.
 //! - When etcd is out of reach the directory reports itself down (callers go local-only, a
 //!   warning is logged once per outage); when it is back, the lease is re-granted if it expired,
 //!   every local key is written again and the copy is re-listed.
@@ -23,21 +20,16 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
-};
+use etcd_client::{Client, EventType, GetOptions, PutOptions, WatchOptions};
 use parking_lot::RwLock;
 use tokio::task::JoinHandle;
 
-use super::config::{ClusterConfig, DirectoryMode};
+use super::config::ClusterConfig;
 use super::conn::{ConnPool, Request};
-use super::guard::Guard;
-use super::sharded::{Membership, Sharded};
+use super::key_directory::{self, DirectoryCounters, KeyDirectory, Refused};
+use super::sharded::Membership;
 use super::wire::{self, Op, Renewal};
 use crate::error::ClusterError;
-
-/// Most operations in one etcd transaction (etcd's default `--max-txn-ops`).
-const MAX_TXN_OPS: usize = 128;
 
 /// What the directory knows, as the watch last saw it.
 #[derive(Default)]
@@ -45,8 +37,6 @@ struct View {
     /// Peer name to control address, the DRAM bytes it last said it had free, and its lease
     /// (a new lease under the same name is a restarted peer).
     peers: HashMap<Arc<str>, (SocketAddr, u64, i64)>,
-    /// Key to the name of its owner (etcd mode only).
-    keys: HashMap<String, Arc<str>>,
 }
 
 /// Lists the keys this peer holds (for re-publishing after an outage).
@@ -65,7 +55,7 @@ pub(crate) struct Directory {
     cfg: ClusterConfig,
     name: Arc<str>,
     addr: SocketAddr,
-    lease: AtomicI64,
+    lease: Arc<AtomicI64>,
     /// Whether the lease is known to stand, so this peer may serve its own copies.
     pub(crate) standing: super::standing::Standing,
     view: RwLock<View>,
@@ -80,11 +70,8 @@ pub(crate) struct Directory {
     /// most ever seen free (the move's scale).
     announced_free: AtomicU64,
     free_scale: AtomicU64,
-    /// The sharded directory; `None` in etcd mode.
-    sharded: Option<Arc<Sharded>>,
-    /// This peer's owner side: in etcd mode, a copy another peer owns in the directory is
-    /// dropped through it.
-    owner: std::sync::Weak<super::owner::Owner>,
+    /// Where keys' owners are recorded.
+    keys: Arc<dyn KeyDirectory>,
     tasks: parking_lot::Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -93,16 +80,19 @@ impl Directory {
         format!("{}/umbp/peers/", self.cfg.prefix)
     }
 
-    fn keys_prefix(&self) -> String {
-        format!("{}/umbp/keys/", self.cfg.prefix)
+    /// What the watch follows: membership, and the key directory's subtree if it has one.
+    fn root(&self) -> String {
+        match self.keys.etcd_subtree() {
+            None => self.peers_prefix(),
+            Some(_) => format!("{}/umbp/", self.cfg.prefix),
+        }
     }
 
-    /// What the watch follows: membership only when the directory is sharded.
-    fn root(&self) -> String {
-        match self.cfg.directory {
-            DirectoryMode::Sharded => self.peers_prefix(),
-            DirectoryMode::Etcd => format!("{}/umbp/", self.cfg.prefix),
-        }
+    /// The key directory's subtree in etcd, if it keeps one.
+    fn keys_prefix(&self) -> Option<String> {
+        self.keys
+            .etcd_subtree()
+            .map(|s| format!("{}/umbp/{s}", self.cfg.prefix))
     }
 
     async fn timed<T, E: std::fmt::Display>(
@@ -120,8 +110,8 @@ impl Directory {
     }
 
     /// Joins (membership under a fresh lease) on `client` (the engine's etcd connection), lists
-    /// the directory and starts the watch and keep-alive tasks on the current runtime. `pool`
-    /// carries the sharded directory's messages.
+    /// the directory and starts the watch and keep-alive tasks on the current runtime (the
+    /// cluster's). `pool` carries the sharded directory's messages.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn join(
         cfg: ClusterConfig,
@@ -134,23 +124,18 @@ impl Directory {
         owner: std::sync::Weak<super::owner::Owner>,
     ) -> Result<Arc<Directory>, ClusterError> {
         let name: Arc<str> = Arc::from(name.as_str());
-        let sharded = (cfg.directory == DirectoryMode::Sharded).then(|| {
-            // An "unknown" is trusted once owners had time to re-publish after a change (each
-            // message is bounded by the timeout); a failed peer is passed over for a lease TTL,
-            // by when it has left the membership or come back under a new lease.
-            let settle = 2 * cfg.timeout;
-            let suspect_for = Duration::from_secs(cfg.lease_ttl_s as u64);
-            let guard = Guard::new(cfg.max_entries_per_source, cfg.lookup_keys_per_s, cfg.check_source_addr);
-            Arc::new(Sharded::new(
-                name.clone(),
-                pool.clone(),
-                settle,
-                suspect_for,
-                cfg.timeout,
-                guard,
-                owner.clone(),
-            ))
-        });
+        let lease = Arc::new(AtomicI64::new(0));
+        let keys = key_directory::build(
+            &cfg,
+            key_directory::Parts {
+                name: name.clone(),
+                pool: pool.clone(),
+                owner,
+                client: client.clone(),
+                lease: lease.clone(),
+                runtime: tokio::runtime::Handle::current(),
+            },
+        );
         let d = Arc::new(Directory {
             pool,
             restarted: Default::default(),
@@ -159,7 +144,7 @@ impl Directory {
             cfg,
             name,
             addr,
-            lease: AtomicI64::new(0),
+            lease,
             standing: super::standing::Standing::new(),
             view: RwLock::default(),
             live: AtomicBool::new(false),
@@ -169,8 +154,7 @@ impl Directory {
             free_bytes,
             announced_free: AtomicU64::new(0),
             free_scale: AtomicU64::new(0),
-            sharded,
-            owner,
+            keys,
             tasks: parking_lot::Mutex::new(Vec::new()),
         });
         d.grant().await?;
@@ -182,9 +166,14 @@ impl Directory {
         Ok(d)
     }
 
-    /// The sharded directory, when the directory is sharded.
-    pub(crate) fn sharded(&self) -> Option<&Arc<Sharded>> {
-        self.sharded.as_ref()
+    /// The end of a directory call started now (the cluster timeout).
+    pub(crate) fn deadline(&self) -> std::time::Instant {
+        std::time::Instant::now() + self.cfg.timeout
+    }
+
+    /// The key directory this peer joined with.
+    pub(crate) fn keys(&self) -> &Arc<dyn KeyDirectory> {
+        &self.keys
     }
 
     async fn grant(&self) -> Result<(), ClusterError> {
@@ -217,12 +206,12 @@ impl Directory {
         Ok(())
     }
 
-    /// Re-announces the free capacity: every keep-alive period in etcd mode (as before); in
-    /// sharded mode when it moved by more than an eighth of the most this peer ever had free
+    /// Re-announces the free capacity: every keep-alive period with the directory in etcd (as
+    /// before); with the sharded one when it moved by more than an eighth of the most this peer ever had free
     /// (about its arena), so that a full cluster's steady eviction churn, a few pages either
     /// way, writes nothing to etcd.
     async fn refresh_free(&self) -> Result<(), ClusterError> {
-        if self.sharded.is_some() {
+        if !self.keys.lives_in_etcd() {
             let (was, now) = (self.announced_free.load(Ordering::Relaxed), (self.free_bytes)());
             let scale = self.free_scale.fetch_max(now, Ordering::Relaxed).max(now);
             if was.abs_diff(now) <= scale / 8 {
@@ -242,34 +231,45 @@ impl Directory {
             )
             .await?;
         let mut view = View::default();
+        let keys_prefix = self.keys_prefix();
+        let mut entries = Vec::new();
         for kv in resp.kvs() {
-            self.apply_to(&mut view, kv.key(), Some((kv.value(), kv.lease())));
+            let key = std::str::from_utf8(kv.key()).unwrap_or_default();
+            match keys_prefix.as_deref().and_then(|p| key.strip_prefix(p)) {
+                Some(k) => entries.push((k.to_owned(), String::from_utf8_lossy(kv.value()).into_owned())),
+                None => {
+                    self.apply_to(&mut view, kv.key(), Some((kv.value(), kv.lease())));
+                }
+            }
         }
         *self.view.write() = view;
         self.membership_seen();
+        self.keys.listed(entries);
         Ok(resp.header().map(|h| h.revision()).unwrap_or(0))
     }
 
-    /// Sharded mode: after the view's peers changed, installs the new membership and, if its
-    /// members differ, re-homes entries off the watch task (the prune and the publications
-    /// walk every key).
+    /// After the view's peers changed: tells the key directory the new membership and, if its
+    /// members differ, has it re-home entries off the watch task (the sharded one's prune and
+    /// publications walk every key).
     fn membership_seen(self: &Arc<Self>) {
-        let Some(sh) = &self.sharded else { return };
         let m = Membership::new(self.view.read().peers.iter().map(|(n, &(a, _, l))| (n.clone(), a, l)));
-        let Some(old) = sh.set_membership(m) else { return };
+        let Some(old) = self.keys.set_membership(m) else { return };
         let d = self.clone();
         tokio::task::spawn_blocking(move || {
-            let Some(sh) = &d.sharded else { return };
             let keys = (d.local_keys)();
-            if let Err(e) = sh.rebalance(&old, &keys) {
+            if let Err(e) = d.keys.rebalance(&old, &keys) {
                 d.dirty.store(true, Ordering::Release);
                 tracing::warn!("umbp cluster: re-homing directory entries: {e}; retried within a lease period");
             }
         });
     }
 
-    fn apply_to(&self, view: &mut View, key: &[u8], value: Option<(&[u8], i64)>) {
-        let Ok(key) = std::str::from_utf8(key) else { return };
+    /// Applies one membership entry, or one of the key directory's; returns whether the
+    /// members changed.
+    fn apply_to(&self, view: &mut View, key: &[u8], value: Option<(&[u8], i64)>) -> bool {
+        let Ok(key) = std::str::from_utf8(key) else {
+            return false;
+        };
         if let Some(peer) = key.strip_prefix(&self.peers_prefix()) {
             // "addr free_bytes"
             let entry = value.and_then(|(v, lease)| {
@@ -289,22 +289,13 @@ impl Directory {
                 self.restarted.lock().push(Arc::from(peer));
                 self.any_restarted.store(true, Ordering::Release);
             }
-        } else if let Some(k) = key.strip_prefix(&self.keys_prefix()) {
-            match value.and_then(|(v, _)| std::str::from_utf8(v).ok()) {
-                Some(owner) if !owner.is_empty() => {
-                    // Owner names are shared: one allocation per peer, not per key.
-                    let owner = view
-                        .peers
-                        .get_key_value(owner)
-                        .map(|(n, _)| n.clone())
-                        .unwrap_or_else(|| Arc::from(owner));
-                    view.keys.insert(k.to_owned(), owner);
-                }
-                _ => {
-                    view.keys.remove(k);
-                }
-            }
+            return true;
         }
+        if let Some(k) = self.keys_prefix().and_then(|p| key.strip_prefix(&p).map(str::to_owned)) {
+            let owner = value.and_then(|(v, _)| std::str::from_utf8(v).ok());
+            self.keys.changed(&k, owner);
+        }
+        false
     }
 
     /// The peers seen leaving or coming back under a new lease since the last call (one atomic
@@ -326,52 +317,20 @@ impl Directory {
     }
 
     /// The owner and its control address of each key (`None`: not in the directory, owned by
-    /// this peer, or its owner is not a live member). Etcd mode: one read lock for the batch;
-    /// sharded: one LOOKUP per directory peer (blocking, bounded by the timeout).
+    /// this peer, or its owner is not a live member); blocking, by `end`.
     pub(crate) fn owners(&self, keys: &[&str], end: std::time::Instant) -> Vec<Option<(Arc<str>, SocketAddr)>> {
-        if let Some(sh) = &self.sharded {
-            return sh.owners(keys, end);
-        }
-        let view = self.view.read();
-        keys.iter()
-            .map(|&k| {
-                let owner = view.keys.get(k)?;
-                if **owner == *self.name {
-                    return None;
-                }
-                view.peers.get(owner).map(|&(a, _, _)| (owner.clone(), a))
-            })
-            .collect()
+        self.keys.owners(keys, end)
     }
 
-    /// The owner of `key` as the directory says (for visibility checks; sharded: a lookup).
+    /// The owner of `key` as the directory says (for visibility checks); blocking, within the
+    /// cluster timeout.
     pub(crate) fn owner_of(&self, key: &str) -> Option<Arc<str>> {
-        if let Some(sh) = &self.sharded {
-            return sh.lookup(&[key], sh.deadline()).pop().flatten();
-        }
-        self.view.read().keys.get(key).cloned()
+        self.keys.owner_of(key, self.deadline())
     }
 
-    /// Index entries this peer holds: its shard, or its copy of every key.
-    pub(crate) fn entries(&self) -> u64 {
-        match &self.sharded {
-            Some(sh) => sh.shard.len() as u64,
-            None => self.view.read().keys.len() as u64,
-        }
-    }
-
-    /// One of the sharded directory's refusal counters (0 in etcd mode).
-    pub(crate) fn guard_count(&self, f: impl Fn(&super::guard::GuardCounters) -> &AtomicU64) -> u64 {
-        self.sharded
-            .as_ref()
-            .map_or(0, |sh| f(&sh.guard.counters).load(Ordering::Relaxed))
-    }
-
-    /// Directory messages sent to other peers (sharded mode).
-    pub(crate) fn messages(&self) -> u64 {
-        self.sharded
-            .as_ref()
-            .map_or(0, |sh| sh.messages.load(Ordering::Relaxed))
+    /// The key directory's counters.
+    pub(crate) fn counters(&self) -> DirectoryCounters {
+        self.keys.counters()
     }
 
     /// The control address of each live member named by `names` (one read lock for the batch).
@@ -400,21 +359,18 @@ impl Directory {
             .map(|(n, &(a, _, _))| (n.clone(), a))
     }
 
-    /// Writes `keys` as owned by this peer, in transactions of at most [`MAX_TXN_OPS`]. On
-    /// failure the directory is marked for a full re-publication, which the keep-alive loop does
-    /// within a lease period (at once when etcd answers again after an outage).
-    /// `fresh`: the keys were just written here (a new version each; the sharded directory's
-    /// last write wins), else a re-publication of keys held (their recorded versions).
-    /// Returns the keys the directory did not take (indices into `keys`; their copies here are
-    /// dropped): sharded, those that reached none of their directory peers; etcd, those another
-    /// peer owns.
-    pub(crate) async fn publish(&self, keys: &[String], fresh: bool) -> Vec<usize> {
-        match self.write_keys(keys, fresh).await {
+    /// Writes `keys` as owned by this peer, by `end` (blocking). On failure the directory is
+    /// marked for a full re-publication, which the keep-alive loop does within a lease period
+    /// (at once when etcd answers again after an outage). `fresh`: the keys were just written
+    /// here, else a re-publication of keys held. Returns the keys a fresh write may not
+    /// acknowledge (their copies here are dropped).
+    pub(crate) fn publish(&self, keys: &[String], fresh: bool, end: std::time::Instant) -> Refused {
+        match self.keys.publish(keys, fresh, end) {
             Ok(refused) => refused,
             Err(e) => {
                 self.dirty.store(true, Ordering::Release);
                 tracing::warn!(
-                    "umbp cluster: publishing {} keys failed ({e}); retried when etcd is back",
+                    "umbp cluster: publishing {} keys failed ({e}); every local key is written again within a lease period",
                     keys.len()
                 );
                 Vec::new()
@@ -422,127 +378,23 @@ impl Directory {
         }
     }
 
-    async fn write_keys(&self, keys: &[String], fresh: bool) -> Result<Vec<usize>, ClusterError> {
-        if let Some(sh) = &self.sharded {
-            let (sh, keys) = (sh.clone(), keys.to_vec());
-            return tokio::task::spawn_blocking(move || {
-                // A fresh write (a remote put's COMMIT) gets a new version; a re-publication
-                // keeps the one recorded.
-                let versions = match sh.owner_side() {
-                    Some(o) if fresh => o.versions.stamp(&keys, o.core().as_deref()),
-                    Some(o) => o.versions.recorded(&keys),
-                    None => vec![0; keys.len()],
-                };
-                // Keys too few directory peers took (a fresh write: fewer than a majority; a
-                // held copy: none): a fresh write's copies are dropped; held ones are published
-                // again within a lease period.
-                let unreached = sh.publish(&keys, &versions, fresh, sh.deadline());
-                match (fresh, unreached.len()) {
-                    (true, _) | (false, 0) => Ok(unreached),
-                    (false, n) => Err(ClusterError::Unplaced { keys: n }),
-                }
-            })
+    /// Writes every local key again (after an outage or a lost lease), off the runtime's
+    /// workers; an error leaves the directory marked for another try.
+    async fn republish(&self) -> Result<(), ClusterError> {
+        let (dir, keys) = (self.keys.clone(), (self.local_keys)());
+        let end = self.deadline();
+        tokio::task::spawn_blocking(move || dir.publish(&keys, false, end))
             .await
             .map_err(|e| ClusterError::Task {
                 what: "publishing",
                 message: e.to_string(),
-            })?;
-        }
-        let refused = self.claim(keys).await?;
-        if !refused.is_empty() {
-            tracing::warn!(
-                "umbp cluster: {} local keys are owned by other peers in the etcd directory; this peer's copies are dropped",
-                refused.len()
-            );
-            self.drop_local(keys, &refused);
-        }
-        Ok(refused.into_iter().map(|(i, _)| i).collect())
-    }
-
-    /// The etcd directory keeps one owner per key (it has no versions to order two owners'
-    /// writes by): writes `keys` as owned here where no other peer owns them, in transactions
-    /// of at most [`MAX_TXN_OPS`], and returns the others (index, owner). A key is claimed only
-    /// while absent from etcd (`create_revision == 0`, checked by etcd itself, so two peers
-    /// cannot both take it) or already this peer's; the owner's removal or lease expiry frees it.
-    pub(crate) async fn claim(&self, keys: &[String]) -> Result<Vec<(usize, String)>, ClusterError> {
-        let prefix = self.keys_prefix();
-        // Keys already routed here need no write.
-        let todo: Vec<usize> = {
-            let view = self.view.read();
-            (0..keys.len())
-                .filter(|&i| view.keys.get(keys[i].as_str()).is_none_or(|o| **o != *self.name))
-                .collect()
-        };
-        let mut refused = Vec::new();
-        for chunk in todo.chunks(MAX_TXN_OPS) {
-            let path = |i: usize| format!("{prefix}{}", keys[i]);
-            let absent = |i: usize| Compare::create_revision(path(i), CompareOp::Equal, 0);
-            let put = |i: usize| TxnOp::put(path(i), &*self.name, Some(self.lease_opts()));
-            let all = Txn::new()
-                .when(chunk.iter().map(|&i| absent(i)).collect::<Vec<_>>())
-                .and_then(chunk.iter().map(|&i| put(i)).collect::<Vec<_>>());
-            let mut c = self.client.clone();
-            if self.timed("publishing keys", c.txn(all)).await?.succeeded() {
-                continue;
-            }
-            // Some key of the chunk exists: each on its own, learning its owner when not ours.
-            for &i in chunk {
-                let one = Txn::new()
-                    .when([absent(i)])
-                    .and_then([put(i)])
-                    .or_else([TxnOp::get(path(i), None)]);
-                let r = self.timed("publishing a key", c.txn(one)).await?;
-                if r.succeeded() {
-                    continue;
-                }
-                let owner = r
-                    .op_responses()
-                    .into_iter()
-                    .find_map(|o| match o {
-                        TxnOpResponse::Get(g) => g
-                            .kvs()
-                            .first()
-                            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
-                        _ => None,
-                    })
-                    .unwrap_or_default();
-                if owner != *self.name {
-                    refused.push((i, owner));
-                }
-            }
-        }
-        Ok(refused)
-    }
-
-    /// Drops this peer's copies of the `refused` ones of `keys` (another peer owns them).
-    pub(crate) fn drop_local(&self, keys: &[String], refused: &[(usize, String)]) {
-        let Some(core) = self.owner.upgrade().and_then(|o| o.core()) else {
-            return;
-        };
-        for &(i, _) in refused {
-            let _ = core.remove(&keys[i]);
-        }
+            })?
+            .map(drop)
     }
 
     /// Asks for every local key to be written again once etcd answers.
     pub(crate) fn mark_dirty(&self) {
         self.dirty.store(true, Ordering::Release);
-    }
-
-    /// Removes `key` from the etcd directory if this peer is still its owner there.
-    pub(crate) async fn unpublish(&self, key: &str) {
-        let k = format!("{}{key}", self.keys_prefix());
-        let txn = Txn::new()
-            .when([etcd_client::Compare::value(
-                k.clone(),
-                etcd_client::CompareOp::Equal,
-                &*self.name,
-            )])
-            .and_then([TxnOp::delete(k, None)]);
-        let mut c = self.client.clone();
-        if let Err(e) = self.timed("removing a key", c.txn(txn)).await {
-            tracing::warn!("umbp cluster: {e}");
-        }
     }
 
     /// Keeps `lease` alive once on a member's behalf (RENEW), within half the timeout. Only the
@@ -572,14 +424,15 @@ impl Directory {
     }
 
     /// This peer's keep-alive got no answer from etcd: asks up to three other members of the
-    /// last view to renew the lease for it (sharded directory only; `None` with the etcd
-    /// directory). Renewed: the lease stands as if etcd had answered (`Some(false)`). Gone: the
+    /// last view to renew the lease for it (not with a directory in etcd: `None`). Renewed: the lease stands as if etcd had answered (`Some(false)`). Gone: the
     /// lease expired (`Some(true)`). Otherwise `None`, with the standing noting whether the
     /// members asked cannot reach etcd either (an outage everyone sees: local copies are served
     /// as before) or none answered (this peer is cut off: its standing runs out a TTL after its
     /// last confirmation).
     async fn renew_through_peers(&self, lease: i64) -> Option<bool> {
-        self.sharded.as_ref()?;
+        if self.keys.lives_in_etcd() {
+            return None;
+        }
         let mut others: Vec<(Arc<str>, SocketAddr)> =
             self.members().into_iter().filter(|(n, _)| **n != *self.name).collect();
         // Members that answered lately first, then by name, so the same ones relay each time.
@@ -648,8 +501,7 @@ impl Directory {
         }
         self.announce().await?;
         if lease_expired || self.dirty.swap(false, Ordering::AcqRel) {
-            let keys = (self.local_keys)();
-            if let Err(e) = self.write_keys(&keys, false).await {
+            if let Err(e) = self.republish().await {
                 self.dirty.store(true, Ordering::Release);
                 return Err(e);
             }
@@ -679,18 +531,21 @@ async fn watch_loop(d: Arc<Directory>, mut revision: i64) {
                     if resp.canceled() {
                         break;
                     }
+                    let mut members_changed = false;
                     {
                         let mut view = d.view.write();
                         for ev in resp.events() {
                             let Some(kv) = ev.kv() else { continue };
                             revision = revision.max(kv.mod_revision());
-                            match ev.event_type() {
+                            members_changed |= match ev.event_type() {
                                 EventType::Put => d.apply_to(&mut view, kv.key(), Some((kv.value(), kv.lease()))),
                                 EventType::Delete => d.apply_to(&mut view, kv.key(), None),
-                            }
+                            };
                         }
                     }
-                    d.membership_seen();
+                    if members_changed {
+                        d.membership_seen();
+                    }
                 }
             }
             Err(e) => tracing::debug!("umbp cluster: {e}"),
@@ -805,8 +660,8 @@ async fn keep_alive_loop(d: Arc<Directory>) {
                         match te_core::metadata::etcd::lease_exists(&mut c, id, d.cfg.timeout).await {
                             Some(exists) => !exists,
                             None => {
-                                // The etcd directory has no peers to ask: an outage as before.
-                                if d.sharded.is_none() {
+                                // A directory in etcd asks no peers: an outage as before.
+                                if d.keys.lives_in_etcd() {
                                     d.standing.etcd_out_for_all(true);
                                 }
                                 false

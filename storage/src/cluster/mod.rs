@@ -20,7 +20,9 @@
 pub mod config;
 pub(crate) mod conn;
 pub(crate) mod directory;
+mod etcd_keys;
 pub mod guard;
+mod key_directory;
 pub(crate) mod leases;
 pub(crate) mod owner;
 mod peer;
@@ -220,91 +222,30 @@ impl Cluster {
         }
     }
 
-    /// Writes `keys` to the directory as owned here, unless it already says so; waits at most
-    /// the cluster timeout (an etcd outage is logged, and the keys are written again when it is
-    /// back). Returns the keys the directory did not take (index into `keys`, why): their put
-    /// is not acknowledged.
+    /// Writes `keys` to the directory as owned here (a fresh write), blocking this thread at
+    /// most the cluster timeout. Returns the keys the directory did not take (index into `keys`,
+    /// why): their put is not acknowledged.
     pub(crate) fn publish(&self, keys: Vec<String>) -> Vec<(usize, String)> {
-        if let Some(sh) = self.dir.sharded() {
-            // A new version for this write, recorded per key (also during an etcd outage: the
-            // re-publication when etcd is back carries it).
-            let versions = self.owner.versions.stamp(&keys, self.owner.core().as_deref());
-            if !self.dir.is_live() {
-                // etcd is out of reach: the put goes to the key's directory peers under the
-                // membership last seen (a member cut off from etcd alone stays in it through the
-                // others' RENEW), retiring the copies it supersedes; every local key is written
-                // again when etcd answers. (Kept local, it was acknowledged while another
-                // member's older copy stayed readable.)
-                self.dir.mark_dirty();
-            }
-            // Blocking on this thread: the messages go out from here, no hand-off.
-            let unreached = sh.publish(&keys, &versions, true, sh.deadline());
-            if unreached.is_empty() {
+        if !self.dir.is_live() {
+            // etcd is out of reach: every local key is written again when it answers.
+            self.dir.mark_dirty();
+            if self.dir.keys().lives_in_etcd() {
+                // A directory in etcd cannot take it now: the put stays local and fast.
                 return Vec::new();
             }
-            tracing::warn!(
-                "umbp cluster: {} keys were not taken by a majority of their directory peers within {} ms; not acknowledged",
-                unreached.len(),
-                self.cfg.timeout.as_millis()
-            );
-            let why = format!(
-                "fewer than a majority of its directory peers took it within {} ms",
-                self.cfg.timeout.as_millis()
-            );
-            return unreached.into_iter().map(|i| (i, why.clone())).collect();
+            // The sharded directory takes it at the key's directory peers under the membership
+            // last seen (a member cut off from etcd alone stays in it through the others'
+            // RENEW), retiring the copies it supersedes. (Kept local, it was acknowledged while
+            // another member's older copy stayed readable.)
         }
-        if !self.dir.is_live() {
-            // etcd is out of reach: the put stays local and fast; every local key is written
-            // again when it answers.
-            self.dir.mark_dirty();
-            return Vec::new();
-        }
-        // The etcd directory: one owner per key; a key another peer owns is refused.
-        let dir = self.dir.clone();
-        let limit = self.cfg.timeout + Duration::from_millis(100);
-        let claimed = self.run(
-            async move {
-                let r = dir.claim(&keys).await;
-                (keys, r)
-            },
-            limit,
-        );
-        match claimed {
-            Some((keys, Ok(refused))) => {
-                self.dir.drop_local(&keys, &refused);
-                refused
-                    .into_iter()
-                    .map(|(i, owner)| {
-                        let why = format!(
-                            "peer {owner} owns it (UMBP_CLUSTER_DIRECTORY=etcd keeps one owner per key: remove it there first)"
-                        );
-                        (i, why)
-                    })
-                    .collect()
-            }
-            failed => {
-                self.dir.mark_dirty();
-                let why = match failed {
-                    Some((_, Err(e))) => e.to_string(),
-                    _ => "timed out".to_string(),
-                };
-                tracing::warn!(
-                    "umbp cluster: publishing keys: {why}; every local key is written again within a lease period"
-                );
-                Vec::new()
-            }
-        }
+        // Blocking on this thread: the sharded directory's messages go out from here.
+        self.dir.publish(&keys, true, self.dir.deadline())
     }
 
-    /// Removes `key` from the directory if this peer still owns it there.
+    /// Removes `key` from the directory if this peer still owns it there (best effort, within
+    /// the cluster timeout).
     pub(crate) fn unpublish(&self, key: &str) {
-        if let Some(sh) = self.dir.sharded() {
-            sh.unpublish(&[key.to_owned()]);
-            return;
-        }
-        let dir = self.dir.clone();
-        let key = key.to_owned();
-        let _ = self.run(async move { dir.unpublish(&key).await }, self.cfg.timeout);
+        self.dir.keys().unpublish(&[key.to_owned()], self.dir.deadline());
     }
 
     /// Leaves the cluster: membership and keys vanish now (bounded by the cluster timeout).
@@ -381,6 +322,7 @@ impl Cluster {
     pub(crate) fn stats(&self) -> stats::ClusterStats {
         let c = &self.counters;
         let l = |c: &AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        let d = self.dir.counters();
         stats::ClusterStats {
             remote_hits: l(&c.remote_hits),
             remote_bytes: l(&c.remote_bytes),
@@ -388,11 +330,11 @@ impl Cluster {
             remote_control_bytes: l(&c.control_bytes),
             remote_stale: l(&c.stale),
             remote_errors: l(&c.remote_errors),
-            directory_entries: self.dir.entries(),
-            directory_messages: self.dir.messages(),
-            directory_refused_identity: self.dir.guard_count(|g| &g.refused_identity),
-            directory_refused_capped: self.dir.guard_count(|g| &g.refused_capped),
-            directory_lookups_throttled: self.dir.guard_count(|g| &g.lookups_throttled),
+            directory_entries: d.entries,
+            directory_messages: d.messages,
+            directory_refused_identity: d.refused_identity,
+            directory_refused_capped: d.refused_capped,
+            directory_lookups_throttled: d.lookups_throttled,
         }
     }
 }

@@ -35,7 +35,12 @@ impl Peer {
         let free_bytes: FreeBytes = Box::new(move || free.upgrade().map(|c| c.dram_free()).unwrap_or(0));
         let owner = Arc::new(Owner::new(weak.clone(), cc.timeout));
         let cluster = Cluster::start(rt, etcd, cc, name, owner.clone(), local_keys, free_bytes).await?;
-        cluster.dir.publish(&core.keys(), false).await;
+        let (dir, keys) = (cluster.dir.clone(), core.keys());
+        let end = dir.deadline();
+        let _ = cluster
+            .handle()
+            .spawn_blocking(move || dir.publish(&keys, false, end))
+            .await;
         // Frees staging slots and DRAM reservations whose holder died, at half the deadline's
         // granularity; ends with the core.
         let period = (cluster.cfg.timeout / 2).max(std::time::Duration::from_millis(10));

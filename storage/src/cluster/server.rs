@@ -114,10 +114,13 @@ async fn serve(
                     drop(core);
                     // Routable before the writer's put returns; a key the directory did not take
                     // is dropped here and answered "no" (the writer does not acknowledge it).
-                    if let Some(dir) = owner.dir.get() {
-                        let refused = dir.publish(&committed, true).await;
+                    if let Some(dir) = owner.dir.get().cloned() {
+                        let end = dir.deadline();
+                        let refused = tokio::task::spawn_blocking(move || dir.publish(&committed, true, end))
+                            .await
+                            .unwrap_or_default();
                         for (j, v) in verdicts.iter_mut().filter(|v| **v).enumerate() {
-                            *v = !refused.contains(&j);
+                            *v = !refused.iter().any(|&(i, _)| i == j);
                         }
                     }
                     (Op::Verdicts, wire::encode_verdicts(&verdicts))
@@ -147,7 +150,7 @@ async fn renew_request(owner: &Owner, body: &[u8], member: &str, from: SocketAdd
     let Some(dir) = owner.dir.get() else {
         return (Op::Refused, b"this peer has not joined yet".to_vec());
     };
-    let Some(sh) = dir.sharded() else {
+    let Some(sh) = dir.keys().clone().serving_peers() else {
         return (Op::Refused, b"this peer's directory is not sharded".to_vec());
     };
     let lease = match wire::decode_renew(body) {
@@ -176,7 +179,7 @@ async fn directory_request(
     from: SocketAddr,
     limits: &ListenerLimits,
 ) -> (Op, Vec<u8>) {
-    let Some(sh) = owner.dir.get().and_then(|d| d.sharded().cloned()) else {
+    let Some(sh) = owner.dir.get().and_then(|d| d.keys().clone().serving_peers()) else {
         return (Op::Refused, b"this peer's directory is not sharded".to_vec());
     };
     let refuse = |r: DirectoryRefusal| {

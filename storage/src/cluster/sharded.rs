@@ -27,6 +27,7 @@ use parking_lot::RwLock;
 
 use super::conn::{ConnPool, Request};
 use super::guard::Guard;
+use super::key_directory::{DirectoryCounters, KeyDirectory, Refused};
 use super::owner::Owner;
 use super::rendezvous::{self, Member};
 use super::shard::{Shard, BLOCKED, CAPPED, TAKEN};
@@ -67,7 +68,12 @@ impl Membership {
         self.peers == other.peers
     }
 
-    fn addr(&self, name: &str) -> Option<(Arc<str>, SocketAddr)> {
+    /// `name`'s shared copy, while it is a member.
+    pub(crate) fn name(&self, name: &str) -> Option<Arc<str>> {
+        self.peers.get_key_value(name).map(|(n, _)| n.clone())
+    }
+
+    pub(crate) fn addr(&self, name: &str) -> Option<(Arc<str>, SocketAddr)> {
         self.peers.get_key_value(name).map(|(n, &(a, _))| (n.clone(), a))
     }
 
@@ -171,8 +177,8 @@ impl Sharded {
     }
 
     /// Installs a new view; returns the previous one when the members changed (the caller then
-    /// runs [`Sharded::rebalance`] off the watch task).
-    pub(crate) fn set_membership(&self, m: Membership) -> Option<Arc<Membership>> {
+    /// re-homes entries off the watch task).
+    fn install_membership(&self, m: Membership) -> Option<Arc<Membership>> {
         let mut cur = self.membership.write();
         if cur.same_as(&m) {
             return None;
@@ -198,7 +204,7 @@ impl Sharded {
 
     /// After a membership change from `old`: drops what this peer no longer indexes, then sends
     /// each of `local_keys` to the directory peers it gained.
-    pub(crate) fn rebalance(&self, old: &Membership, local_keys: &[String]) -> Result<(), ClusterError> {
+    fn rehome(&self, old: &Membership, local_keys: &[String]) -> Result<(), ClusterError> {
         let now = self.membership();
         self.shard.membership_changed(&now.members, &self.me);
         let versions = self
@@ -233,7 +239,7 @@ impl Sharded {
     /// and the keys are published again under new versions, within `end`: a write acknowledged
     /// later gets the higher version. Otherwise (a re-publication of held copies) such a copy is
     /// retired: a newer write elsewhere superseded it.
-    pub(crate) fn publish(&self, keys: &[String], versions: &[u64], fresh: bool, end: Instant) -> Vec<usize> {
+    pub(crate) fn publish_versioned(&self, keys: &[String], versions: &[u64], fresh: bool, end: Instant) -> Vec<usize> {
         let (mut newer, mut unreached) = (Vec::new(), Vec::new());
         let _ = self.publish_since(keys, versions, None, Some(end), fresh, &mut newer, &mut unreached);
         // A key some directory peer held newer: a fresh write's verdict is that of its last
@@ -389,7 +395,7 @@ impl Sharded {
         Instant::now() + self.timeout
     }
 
-    /// As [`Sharded::publish`], skipping directory peers that already indexed a key under `old`.
+    /// As [`Sharded::publish_versioned`], skipping directory peers that already indexed a key under `old`.
     /// A membership change while it runs sends again to the directory peers the new view added
     /// (by the same `end`; `None`: each round of messages within the timeout, for a rebalance's
     /// many rounds), and the verdict is taken under the last view: the peers that took a key and
@@ -583,7 +589,7 @@ impl Sharded {
 
     /// Forgets `keys` (as owned here) at their directory peers; best effort: a leftover entry
     /// makes a reader's RESOLVE answer "missing", never wrong data.
-    pub(crate) fn unpublish(&self, keys: &[String]) {
+    fn unpublish_keys(&self, keys: &[String], end: Instant) {
         let m = self.membership();
         let mut groups: HashMap<Arc<str>, Vec<&str>> = HashMap::new();
         let suspects = self.suspects();
@@ -612,7 +618,7 @@ impl Sharded {
             })
             .collect();
         self.messages.fetch_add(reqs.len() as u64, Ordering::Relaxed);
-        for (req, answer) in reqs.iter().zip(self.pool.exchange(&reqs, self.deadline())) {
+        for (req, answer) in reqs.iter().zip(self.pool.exchange(&reqs, end)) {
             if answer.is_err() {
                 self.suspect(&req.peer);
             }
@@ -621,7 +627,7 @@ impl Sharded {
 
     /// The owner of each key and its control address; `None`: unknown, owned here, or its owner
     /// is not a live member.
-    pub(crate) fn owners(&self, keys: &[&str], end: Instant) -> Vec<Option<(Arc<str>, SocketAddr)>> {
+    fn owners_at(&self, keys: &[&str], end: Instant) -> Vec<Option<(Arc<str>, SocketAddr)>> {
         let m = self.membership();
         self.lookup(keys, end)
             .into_iter()
@@ -813,5 +819,75 @@ impl Quorum {
             None if settled => self.need = self.need.saturating_sub(1),
             None => {}
         }
+    }
+}
+
+impl KeyDirectory for Sharded {
+    fn lives_in_etcd(&self) -> bool {
+        false
+    }
+
+    fn set_membership(&self, m: Membership) -> Option<Arc<Membership>> {
+        self.install_membership(m)
+    }
+
+    fn rebalance(&self, old: &Membership, local_keys: &[String]) -> Result<(), ClusterError> {
+        self.rehome(old, local_keys)
+    }
+
+    /// A fresh write gets a new version per key (recorded, so a re-publication after an etcd
+    /// outage carries it); a re-publication keeps the one recorded. Keys too few directory peers
+    /// took: a fresh write's (fewer than a majority) are refused and their copies dropped; held
+    /// ones (none took them) are an error, and are published again within a lease period.
+    fn publish(&self, keys: &[String], fresh: bool, end: Instant) -> Result<Refused, ClusterError> {
+        let versions = match self.owner_side() {
+            Some(o) if fresh => o.versions.stamp(keys, o.core().as_deref()),
+            Some(o) => o.versions.recorded(keys),
+            None => vec![0; keys.len()],
+        };
+        let unreached = self.publish_versioned(keys, &versions, fresh, end);
+        if unreached.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !fresh {
+            return Err(ClusterError::Unplaced { keys: unreached.len() });
+        }
+        let why = format!(
+            "fewer than a majority of its directory peers took it within {} ms",
+            self.timeout.as_millis()
+        );
+        tracing::warn!(
+            "umbp cluster: {} keys were not taken by a majority of their directory peers within {} ms; not acknowledged",
+            unreached.len(),
+            self.timeout.as_millis()
+        );
+        Ok(unreached.into_iter().map(|i| (i, why.clone())).collect())
+    }
+
+    fn unpublish(&self, keys: &[String], end: Instant) {
+        self.unpublish_keys(keys, end)
+    }
+
+    fn owners(&self, keys: &[&str], end: Instant) -> Vec<Option<(Arc<str>, SocketAddr)>> {
+        self.owners_at(keys, end)
+    }
+
+    fn owner_of(&self, key: &str, end: Instant) -> Option<Arc<str>> {
+        self.lookup(&[key], end).pop().flatten()
+    }
+
+    fn counters(&self) -> DirectoryCounters {
+        let c = &self.guard.counters;
+        DirectoryCounters {
+            entries: self.shard.len() as u64,
+            messages: self.messages.load(Ordering::Relaxed),
+            refused_identity: c.refused_identity.load(Ordering::Relaxed),
+            refused_capped: c.refused_capped.load(Ordering::Relaxed),
+            lookups_throttled: c.lookups_throttled.load(Ordering::Relaxed),
+        }
+    }
+
+    fn serving_peers(self: Arc<Self>) -> Option<Arc<Sharded>> {
+        Some(self)
     }
 }
