@@ -24,10 +24,13 @@ use etcd_client::{Client, EventType, GetOptions, PutOptions, WatchOptions};
 use parking_lot::RwLock;
 use tokio::task::JoinHandle;
 
-use super::config::ClusterConfig;
+use super::config::{ClusterConfig, DirectoryMode};
 use super::conn::{ConnPool, Request};
-use super::key_directory::{self, DirectoryCounters, KeyDirectory, Refused};
-use super::sharded::Membership;
+use super::etcd_keys::EtcdKeys;
+use super::guard::Guard;
+use super::key_directory::{DirectoryCounters, KeyDirectory, Parts, Refused};
+use super::membership::Membership;
+use super::sharded::Sharded;
 use super::wire::{self, Op, Renewal};
 use crate::error::ClusterError;
 
@@ -125,9 +128,9 @@ impl Directory {
     ) -> Result<Arc<Directory>, ClusterError> {
         let name: Arc<str> = Arc::from(name.as_str());
         let lease = Arc::new(AtomicI64::new(0));
-        let keys = key_directory::build(
+        let keys = build(
             &cfg,
-            key_directory::Parts {
+            Parts {
                 name: name.clone(),
                 pool: pool.clone(),
                 owner,
@@ -508,6 +511,30 @@ impl Directory {
         }
         self.standing.rejoined();
         Ok(())
+    }
+}
+
+/// Builds the key directory `cfg.directory` names.
+fn build(cfg: &ClusterConfig, p: Parts) -> Arc<dyn KeyDirectory> {
+    match cfg.directory {
+        DirectoryMode::Sharded => {
+            // An "unknown" is trusted once owners had time to re-publish after a change (each
+            // message is bounded by the timeout); a failed peer is passed over for a lease TTL,
+            // by when it has left the membership or come back under a new lease.
+            let settle = 2 * cfg.timeout;
+            let suspect_for = std::time::Duration::from_secs(cfg.lease_ttl_s as u64);
+            let guard = Guard::new(cfg.max_entries_per_source, cfg.lookup_keys_per_s, cfg.check_source_addr);
+            Arc::new(Sharded::new(
+                p.name,
+                p.pool,
+                settle,
+                suspect_for,
+                cfg.timeout,
+                guard,
+                p.owner,
+            ))
+        }
+        DirectoryMode::Etcd => Arc::new(EtcdKeys::new(cfg, p)),
     }
 }
 

@@ -16,8 +16,8 @@ use parking_lot::RwLock;
 
 use super::config::ClusterConfig;
 use super::key_directory::{DirectoryCounters, KeyDirectory, Parts, Refused};
+use super::membership::Membership;
 use super::owner::Owner;
-use super::sharded::Membership;
 use crate::error::ClusterError;
 
 /// Most operations in one etcd transaction (etcd's default `--max-txn-ops`).
@@ -289,5 +289,9 @@ impl KeyDirectory for EtcdKeys {
             entries: self.keys.read().len() as u64,
             ..DirectoryCounters::default()
         }
+    }
+
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
     }
 }

@@ -18,12 +18,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::config::{ClusterConfig, DirectoryMode};
 use super::conn::ConnPool;
-use super::etcd_keys::EtcdKeys;
-use super::guard::Guard;
-use super::owner::Owner;
-use super::sharded::{Membership, Sharded};
+use super::membership::Membership;
 use crate::error::ClusterError;
 
 /// Keys the directory did not take for a fresh write (index into the keys, why): their put is
@@ -88,44 +84,19 @@ pub(crate) trait KeyDirectory: Send + Sync {
 
     fn counters(&self) -> DirectoryCounters;
 
-    /// The sharded directory answers other peers' directory requests (PUBLISH, UNPUBLISH,
-    /// LOOKUP, RETIRE, and RENEW's identity check); `None`: this design takes none.
-    fn serving_peers(self: Arc<Self>) -> Option<Arc<Sharded>> {
-        None
-    }
+    /// The design itself, for the control server: the sharded directory answers other peers'
+    /// directory requests (PUBLISH, UNPUBLISH, LOOKUP, RETIRE, and RENEW's identity check),
+    /// which speak its protocol; the server takes them only when this is a `Sharded`.
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
 }
 
 /// What a key directory is built from, besides the configuration.
 pub(crate) struct Parts {
     pub(crate) name: Arc<str>,
     pub(crate) pool: Arc<ConnPool>,
-    pub(crate) owner: std::sync::Weak<Owner>,
+    pub(crate) owner: std::sync::Weak<super::owner::Owner>,
     pub(crate) client: etcd_client::Client,
     /// The lease this peer's entries in etcd are written under (the membership's).
     pub(crate) lease: Arc<std::sync::atomic::AtomicI64>,
     pub(crate) runtime: tokio::runtime::Handle,
-}
-
-/// Builds the key directory `cfg.directory` names.
-pub(crate) fn build(cfg: &ClusterConfig, p: Parts) -> Arc<dyn KeyDirectory> {
-    match cfg.directory {
-        DirectoryMode::Sharded => {
-            // An "unknown" is trusted once owners had time to re-publish after a change (each
-            // message is bounded by the timeout); a failed peer is passed over for a lease TTL,
-            // by when it has left the membership or come back under a new lease.
-            let settle = 2 * cfg.timeout;
-            let suspect_for = std::time::Duration::from_secs(cfg.lease_ttl_s as u64);
-            let guard = Guard::new(cfg.max_entries_per_source, cfg.lookup_keys_per_s, cfg.check_source_addr);
-            Arc::new(Sharded::new(
-                p.name,
-                p.pool,
-                settle,
-                suspect_for,
-                cfg.timeout,
-                guard,
-                p.owner,
-            ))
-        }
-        DirectoryMode::Etcd => Arc::new(EtcdKeys::new(cfg, p)),
-    }
 }

@@ -24,6 +24,7 @@ mod etcd_keys;
 pub mod guard;
 mod key_directory;
 pub(crate) mod leases;
+mod membership;
 pub(crate) mod owner;
 mod peer;
 pub(crate) mod remote_get;
@@ -137,7 +138,7 @@ impl Cluster {
                 what: "joining",
                 message: e.to_string(),
             })??;
-        let _ = owner.dir.set(dir.clone());
+        server.joined(dir.clone());
         Ok(Arc::new(Cluster {
             cfg,
             rt,

@@ -17,12 +17,11 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::directory::Directory;
 use super::leases::Leases;
 use super::wire::{Allocation, Place, WantedKey};
 use crate::core::exported::{Exported, Reserved, Wanted};
@@ -36,8 +35,6 @@ pub(crate) struct Owner {
     leases: Leases,
     /// Reservations peers are writing into (remote puts), with their deadlines.
     reservations: Mutex<HashMap<u64, Instant>>,
-    /// Set once the directory is joined: COMMIT writes committed keys there.
-    pub(crate) dir: OnceLock<Arc<Directory>>,
     /// The versions of the keys this peer wrote (sharded directory: the last write wins).
     pub(crate) versions: Versions,
 }
@@ -118,7 +115,6 @@ impl Owner {
             timeout,
             leases: Leases::default(),
             reservations: Mutex::new(HashMap::new()),
-            dir: OnceLock::new(),
             versions: Versions::default(),
         }
     }

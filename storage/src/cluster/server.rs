@@ -10,7 +10,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use te_base::auth::AuthKey;
 use te_base::listener::{accept_admitted, log_refusal, AcceptBackoff, ConnectionGate, ListenerLimits};
@@ -18,10 +18,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 use super::conn::{accept_handshake, read_frame, write_frame};
+use super::directory::Directory;
 use super::guard::DirectoryRefusal;
 use super::owner::Owner;
 use super::rendezvous;
 use super::shard::BLOCKED;
+use super::sharded::Sharded;
 use super::wire::{self, Op};
 
 const NAME: &str = "umbp cluster control listener";
@@ -30,7 +32,12 @@ const NAME: &str = "umbp cluster control listener";
 pub(crate) struct Server {
     pub(crate) addr: SocketAddr,
     task: JoinHandle<()>,
+    joined: Joined,
 }
+
+/// The directory, once joined (it needs the listener's address first): COMMIT publishes there,
+/// and directory requests reach the key directory through it.
+type Joined = Arc<OnceLock<Arc<Directory>>>;
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -51,19 +58,31 @@ impl Server {
         if auth.is_none() {
             te_base::auth::warn_unauthenticated(NAME, &addr.to_string(), "where this peer's KV pages are");
         }
-        let task = tokio::spawn(accept_loop(listener, auth, limits, owner));
-        Ok(Server { addr, task })
+        let joined = Joined::default();
+        let task = tokio::spawn(accept_loop(listener, auth, limits, owner, joined.clone()));
+        Ok(Server { addr, task, joined })
+    }
+
+    /// The directory joined: requests that need it are served from now on.
+    pub(crate) fn joined(&self, dir: Arc<Directory>) {
+        let _ = self.joined.set(dir);
     }
 }
 
-async fn accept_loop(listener: TcpListener, auth: Option<AuthKey>, limits: ListenerLimits, owner: Arc<Owner>) {
+async fn accept_loop(
+    listener: TcpListener,
+    auth: Option<AuthKey>,
+    limits: ListenerLimits,
+    owner: Arc<Owner>,
+    joined: Joined,
+) {
     let gate = ConnectionGate::new(&limits);
     let mut backoff = AcceptBackoff::default();
     loop {
         let (stream, from, permit) = accept_admitted(&listener, &gate, &mut backoff, NAME, limits.frame_timeout).await;
-        let (auth, owner) = (auth.clone(), owner.clone());
+        let (auth, owner, joined) = (auth.clone(), owner.clone(), joined.clone());
         tokio::spawn(async move {
-            match serve(stream, from, auth, limits, owner).await {
+            match serve(stream, from, auth, limits, owner, joined).await {
                 Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => log_refusal(NAME, &from, &e),
                 Err(e) => tracing::debug!("{NAME}: {from}: {e}"),
                 Ok(()) => {}
@@ -79,6 +98,7 @@ async fn serve(
     auth: Option<AuthKey>,
     limits: ListenerLimits,
     owner: Arc<Owner>,
+    joined: Joined,
 ) -> std::io::Result<()> {
     // The member this connection speaks for (proved with the key when one is set).
     let member = accept_handshake(&mut s, auth.as_ref(), &from.to_string(), limits.handshake_timeout).await?;
@@ -114,7 +134,7 @@ async fn serve(
                     drop(core);
                     // Routable before the writer's put returns; a key the directory did not take
                     // is dropped here and answered "no" (the writer does not acknowledge it).
-                    if let Some(dir) = owner.dir.get().cloned() {
+                    if let Some(dir) = joined.get().cloned() {
                         let end = dir.deadline();
                         let refused = tokio::task::spawn_blocking(move || dir.publish(&committed, true, end))
                             .await
@@ -129,11 +149,11 @@ async fn serve(
             },
             Op::Publish | Op::Unpublish | Op::Lookup | Op::Retire => {
                 drop(core);
-                directory_request(&owner, op, &body, member.as_deref(), from, &limits).await
+                directory_request(&owner, &joined, op, &body, member.as_deref(), from, &limits).await
             }
             Op::Renew => {
                 drop(core);
-                renew_request(&owner, &body, member.as_deref().unwrap_or_default(), from).await
+                renew_request(&joined, &body, member.as_deref().unwrap_or_default(), from).await
             }
             other => (Op::Refused, format!("unexpected {other:?}").into_bytes()),
         };
@@ -146,11 +166,11 @@ async fn serve(
 
 /// RENEW from a member that cannot reach etcd itself: its own lease only (any other is
 /// answered gone), asked from the IP it announced.
-async fn renew_request(owner: &Owner, body: &[u8], member: &str, from: SocketAddr) -> (Op, Vec<u8>) {
-    let Some(dir) = owner.dir.get() else {
+async fn renew_request(joined: &Joined, body: &[u8], member: &str, from: SocketAddr) -> (Op, Vec<u8>) {
+    let Some(dir) = joined.get() else {
         return (Op::Refused, b"this peer has not joined yet".to_vec());
     };
-    let Some(sh) = dir.keys().clone().serving_peers() else {
+    let Ok(sh) = dir.keys().clone().into_any().downcast::<Sharded>() else {
         return (Op::Refused, b"this peer's directory is not sharded".to_vec());
     };
     let lease = match wire::decode_renew(body) {
@@ -173,13 +193,17 @@ async fn renew_request(owner: &Owner, body: &[u8], member: &str, from: SocketAdd
 /// and looks up at most so many keys per second).
 async fn directory_request(
     owner: &Owner,
+    joined: &Joined,
     op: Op,
     body: &[u8],
     member: Option<&str>,
     from: SocketAddr,
     limits: &ListenerLimits,
 ) -> (Op, Vec<u8>) {
-    let Some(sh) = owner.dir.get().and_then(|d| d.keys().clone().serving_peers()) else {
+    let Some(sh) = joined
+        .get()
+        .and_then(|d| d.keys().clone().into_any().downcast::<Sharded>().ok())
+    else {
         return (Op::Refused, b"this peer's directory is not sharded".to_vec());
     };
     let refuse = |r: DirectoryRefusal| {

@@ -28,6 +28,7 @@ use parking_lot::RwLock;
 use super::conn::{ConnPool, Request};
 use super::guard::Guard;
 use super::key_directory::{DirectoryCounters, KeyDirectory, Refused};
+use super::membership::Membership;
 use super::owner::Owner;
 use super::rendezvous::{self, Member};
 use super::shard::{Shard, BLOCKED, CAPPED, TAKEN};
@@ -40,48 +41,6 @@ const KEYS_PER_MESSAGE: usize = 8192;
 /// What a deadline carried in PUBLISH or RETIRE leaves for the answer to travel back: the
 /// receiver refuses the request this long before the sender stops waiting.
 pub(crate) const ANSWER_MARGIN_MS: u64 = 5;
-
-/// The live members as this peer last saw them.
-pub(crate) struct Membership {
-    /// Members sorted by name.
-    pub(crate) members: Vec<Member>,
-    /// Name to control address and lease (a new lease is a new instance: a restart).
-    peers: HashMap<Arc<str>, (SocketAddr, i64)>,
-    /// When this view took effect.
-    since: Instant,
-}
-
-impl Membership {
-    pub(crate) fn new(peers: impl IntoIterator<Item = (Arc<str>, SocketAddr, i64)>) -> Membership {
-        let peers: HashMap<Arc<str>, (SocketAddr, i64)> = peers.into_iter().map(|(n, a, l)| (n, (a, l))).collect();
-        let mut members: Vec<Member> = peers.keys().map(|n| Member::new(n.clone())).collect();
-        members.sort_by(|a, b| a.name.cmp(&b.name));
-        Membership {
-            members,
-            peers,
-            since: Instant::now(),
-        }
-    }
-
-    /// Whether both views hold the same members, each the same instance.
-    pub(crate) fn same_as(&self, other: &Membership) -> bool {
-        self.peers == other.peers
-    }
-
-    /// `name`'s shared copy, while it is a member.
-    pub(crate) fn name(&self, name: &str) -> Option<Arc<str>> {
-        self.peers.get_key_value(name).map(|(n, _)| n.clone())
-    }
-
-    pub(crate) fn addr(&self, name: &str) -> Option<(Arc<str>, SocketAddr)> {
-        self.peers.get_key_value(name).map(|(n, &(a, _))| (n.clone(), a))
-    }
-
-    /// Whether `name` is the same instance in both views.
-    fn unchanged(&self, other: &Membership, name: &str) -> bool {
-        self.peers.get(name).is_some_and(|p| other.peers.get(name) == Some(p))
-    }
-}
 
 pub(crate) struct Sharded {
     me: Arc<str>,
@@ -139,7 +98,7 @@ impl Sharded {
 
     /// Whether `name` is a current member.
     pub(crate) fn is_member(&self, name: &str) -> bool {
-        self.membership.read().peers.contains_key(name)
+        self.membership.read().name(name).is_some()
     }
 
     /// Whether `name` is a member, waiting until `until` for the watch to show it (a member that
@@ -159,16 +118,14 @@ impl Sharded {
 
     /// The IP of the control address `name` announced, while it is a member.
     pub(crate) fn announced_ip(&self, name: &str) -> Option<std::net::IpAddr> {
-        self.membership.read().peers.get(name).map(|(a, _)| a.ip())
+        self.membership.read().addr(name).map(|(_, a)| a.ip())
     }
 
     /// The name a directory request from `name` is accounted under: the member's own, shared,
     /// or `""` for every non-member.
     pub(crate) fn source(&self, name: Option<&str>) -> (Arc<str>, usize) {
         let m = self.membership.read();
-        let n = name
-            .and_then(|n| m.peers.get_key_value(n))
-            .map_or_else(|| Arc::from(""), |(n, _)| n.clone());
+        let n = name.and_then(|n| m.name(n)).unwrap_or_else(|| Arc::from(""));
         (n, m.members.len())
     }
 
@@ -887,7 +844,7 @@ impl KeyDirectory for Sharded {
         }
     }
 
-    fn serving_peers(self: Arc<Self>) -> Option<Arc<Sharded>> {
-        Some(self)
+    fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
     }
 }
