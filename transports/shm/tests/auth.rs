@@ -66,17 +66,14 @@ async fn write_over_shm(target: &TransferEngine, initiator: &TransferEngine) -> 
 async fn only_peers_that_hold_the_key_connect() {
     let dir = tempfile::tempdir().unwrap();
     let (one, other) = (key_file(dir.path(), "one", 1), key_file(dir.path(), "other", 2));
+    let (one, other) = (Some(one.as_path()), Some(other.as_path()));
     let store = Arc::new(InProcessStore::new());
-    let cases: [(&str, Option<&Path>, Option<&Path>, Option<&str>); 4] = [
-        ("same-key", Some(&one), Some(&one), None),
-        (
-            "other-key",
-            Some(&one),
-            Some(&other),
-            Some("does not hold this engine's key"),
-        ),
-        ("target-without", None, Some(&one), Some("does not authenticate")),
-        ("initiator-without", Some(&one), None, Some("authentication required")),
+    // (case, the target's key, the initiator's key, the refusal the initiator reports)
+    let cases = [
+        ("same-key", one, one, None),
+        ("other-key", one, other, Some("does not hold this engine's key")),
+        ("target-without", None, one, Some("does not authenticate")),
+        ("initiator-without", one, None, Some("authentication required")),
     ];
     for (case, target_key, initiator_key, refusal) in cases {
         let target = engine(&format!("shm-auth-target-{case}"), &store, target_key).await;
