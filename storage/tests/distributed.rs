@@ -333,10 +333,12 @@ fn peers_without_the_key_are_refused() {
             "the wrong key learned the owner"
         );
     }
-    // A client without credentials: its HELLO is answered REFUSED (opcode 9), never READY (4).
+    // A client without credentials: its HELLO (head: magic "UC", version, opcode 1, empty body)
+    // is answered REFUSED (opcode 9), never READY (4).
     let script = format!(
-        "exec 3<>/dev/tcp/{}/{CONTROL_PORT} && printf '\\x00\\x00\\x00\\x00\\x01\\x00\\x00\\x00' >&3 && head -c 8 <&3 | od -An -tu1",
-        cl.net.host_ip(0)
+        "exec 3<>/dev/tcp/{}/{CONTROL_PORT} && printf 'UC\\x{:02x}\\x01\\x00\\x00\\x00\\x00' >&3 && head -c 8 <&3 | od -An -tu1",
+        cl.net.host_ip(0),
+        umbp::cluster::wire::VERSION
     );
     let out = Network::command_in(&cl.net.host_ns(2), "bash")
         .args(["-c", &script])
@@ -346,7 +348,7 @@ fn peers_without_the_key_are_refused() {
         .split_whitespace()
         .filter_map(|b| b.parse().ok())
         .collect();
-    assert_eq!(head.get(4), Some(&9), "answer head {head:?}");
+    assert_eq!(head.get(3), Some(&9), "answer head {head:?}");
 }
 
 #[test]

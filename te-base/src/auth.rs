@@ -20,7 +20,9 @@
 //!
 //! Both sides contribute a fresh nonce, so neither proof can be replayed on another connection;
 //! the role label keeps a responder's proof from being reflected back as an initiator's; `ctx`
-//! names the protocol (`"tcp"`, `"p2p"`...) so a proof for one listener is useless on another.
+//! names the protocol (`"tcp"`, `"p2p"`...) so a proof for one listener is useless on another;
+//! a protocol may bind more into it at run time (the UMBP cluster binds the member name the
+//! initiator speaks for).
 //! Proofs are compared in constant time (`Mac::verify_slice`). The key never crosses the wire.
 //!
 //! The protocols carry the nonces and proofs in their own frames. The exchange itself is written
@@ -186,18 +188,18 @@ pub fn random_u64() -> u64 {
 #[derive(Debug)]
 pub struct InitiatorHandshake {
     key: AuthKey,
-    context: &'static str,
+    context: Box<str>,
     nonce: Nonce,
 }
 
 impl InitiatorHandshake {
     /// Starts a handshake; send the returned nonce.
-    pub fn start(key: &AuthKey, context: &'static str) -> (InitiatorHandshake, Nonce) {
+    pub fn start(key: &AuthKey, context: &str) -> (InitiatorHandshake, Nonce) {
         let n = nonce();
         (
             InitiatorHandshake {
                 key: key.clone(),
-                context,
+                context: context.into(),
                 nonce: n,
             },
             n,
@@ -208,7 +210,7 @@ impl InitiatorHandshake {
     pub fn finish(self, responder_nonce: &Nonce, responder_proof: &[u8], peer: &str) -> Result<Proof> {
         if !self.key.verify(
             Role::Responder,
-            self.context,
+            &self.context,
             &self.nonce,
             responder_nonce,
             responder_proof,
@@ -220,7 +222,7 @@ impl InitiatorHandshake {
         }
         Ok(self
             .key
-            .prove(Role::Initiator, self.context, &self.nonce, responder_nonce))
+            .prove(Role::Initiator, &self.context, &self.nonce, responder_nonce))
     }
 }
 
@@ -228,20 +230,20 @@ impl InitiatorHandshake {
 #[derive(Debug)]
 pub struct ResponderHandshake {
     key: AuthKey,
-    context: &'static str,
+    context: Box<str>,
     initiator: Nonce,
     nonce: Nonce,
 }
 
 impl ResponderHandshake {
     /// Answers an initiator's nonce; send the returned nonce and proof.
-    pub fn answer(key: &AuthKey, context: &'static str, initiator: &Nonce) -> (ResponderHandshake, Nonce, Proof) {
+    pub fn answer(key: &AuthKey, context: &str, initiator: &Nonce) -> (ResponderHandshake, Nonce, Proof) {
         let n = nonce();
         let proof = key.prove(Role::Responder, context, initiator, &n);
         (
             ResponderHandshake {
                 key: key.clone(),
-                context,
+                context: context.into(),
                 initiator: *initiator,
                 nonce: n,
             },
@@ -254,7 +256,7 @@ impl ResponderHandshake {
     pub fn check(self, initiator_proof: &[u8], peer: &str) -> Result<()> {
         if self.key.verify(
             Role::Initiator,
-            self.context,
+            &self.context,
             &self.initiator,
             &self.nonce,
             initiator_proof,
@@ -331,7 +333,7 @@ pub enum HandshakeError<E> {
 pub async fn initiate<F: HandshakeFrames + Send>(
     frames: &mut F,
     key: &AuthKey,
-    context: &'static str,
+    context: &str,
     peer: &str,
 ) -> std::result::Result<(), HandshakeError<F::Error>> {
     let (hs, nonce) = InitiatorHandshake::start(key, context);
@@ -357,7 +359,7 @@ pub async fn initiate<F: HandshakeFrames + Send>(
 pub async fn respond<F: HandshakeFrames + Send>(
     frames: &mut F,
     key: &AuthKey,
-    context: &'static str,
+    context: &str,
     initiator_nonce: &[u8],
     peer: &str,
 ) -> std::result::Result<(), HandshakeError<F::Error>> {

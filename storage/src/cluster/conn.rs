@@ -1,5 +1,7 @@
 //! Control connections: frames over TCP with a deadline on every read and write, and the mutual
-//! challenge-response (te_base::auth) both sides run before any request when a key is set.
+//! challenge-response both sides run before any request when a key is set: te-base's one
+//! handshake (`te_base::auth::{initiate, respond}`) over HELLO (which also names the member),
+//! CHALLENGE and PROOF frames, then READY or REFUSED.
 
 use std::collections::HashMap;
 use std::io;
@@ -8,18 +10,29 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use te_base::auth::{AuthKey, Role, NONCE_LEN, PROOF_LEN};
+use te_base::auth::{AuthKey, HandshakeError, HandshakeFrames, Step, NONCE_LEN};
 use te_base::listener::{deadline, read_growing};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::wire::{decode_head, frame, Op, HEAD};
+use super::wire::{decode_head, frame, Op, WireError, HEAD};
 
 /// Context bound into every proof, so a proof for another listener kind is worthless here.
 pub(crate) const AUTH_CONTEXT: &str = "umbp-cluster-control";
 
 fn invalid(e: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+}
+
+/// A frame that does not decode, its typed error kept inside (see [`wire_error`]).
+fn undecodable(e: WireError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+/// The wire error behind an I/O error, if a frame failed to decode (another protocol or
+/// version: [`WireError::BadMagic`], [`WireError::BadVersion`]).
+pub(crate) fn wire_error(e: &io::Error) -> Option<&WireError> {
+    e.get_ref()?.downcast_ref()
 }
 
 /// Reads one frame: the first byte may take `wait` (idle), the rest of the head and the body
@@ -32,7 +45,7 @@ pub(crate) async fn read_frame(
     let mut head = [0u8; HEAD];
     deadline(wait, "waiting for a frame", s.read_exact(&mut head[..1])).await?;
     deadline(frame_timeout, "reading a frame head", s.read_exact(&mut head[1..])).await?;
-    let h = decode_head(&head).map_err(invalid)?;
+    let h = decode_head(&head).map_err(undecodable)?;
     let body = deadline(frame_timeout, "reading a frame body", read_growing(s, h.len)).await?;
     Ok((h.op, body))
 }
@@ -89,41 +102,25 @@ impl Conn {
             end: Some(end),
         };
         match auth {
-            None => {
-                c.send(Op::Hello, me.as_bytes())?;
-                match c.recv()? {
-                    (Op::Ready, _) => {}
-                    (Op::Refused, why) => return Err(refused(&why)),
-                    (op, _) => return Err(invalid(format!("expected READY, got {op:?}"))),
-                }
-            }
+            None => c.send(Op::Hello, me.as_bytes())?,
             Some(key) => {
-                let ours = te_base::auth::nonce();
-                let mut hello = ours.to_vec();
-                hello.extend_from_slice(me.as_bytes());
-                c.send(Op::Hello, &hello)?;
-                let (op, body) = c.recv()?;
-                match op {
-                    Op::Challenge if body.len() == NONCE_LEN + PROOF_LEN => {}
-                    Op::Refused => return Err(refused(&body)),
-                    _ => return Err(invalid("the peer did not authenticate")),
-                }
-                let theirs: [u8; NONCE_LEN] = body[..NONCE_LEN].try_into().expect("length checked");
-                let ctx = member_context(me);
-                if !key.verify(Role::Responder, &ctx, &ours, &theirs, &body[NONCE_LEN..]) {
-                    return Err(io::Error::new(
-                        io::ErrorKind::PermissionDenied,
-                        format!("{addr}: the peer does not hold this engine's key"),
-                    ));
-                }
-                let proof = key.prove(Role::Initiator, &ctx, &ours, &theirs);
-                c.send(Op::Proof, &proof)?;
-                match c.recv()? {
-                    (Op::Ready, _) => {}
-                    (Op::Refused, why) => return Err(refused(&why)),
-                    (op, _) => return Err(invalid(format!("expected READY, got {op:?}"))),
-                }
+                let mut frames = InitiatorFrames { conn: &mut c, me };
+                let peer = addr.to_string();
+                te_base::auth::block_on(te_base::auth::initiate(&mut frames, key, &member_context(me), &peer))
+                    .map_err(|e| match e {
+                        HandshakeError::Frames(e) => e,
+                        HandshakeError::Malformed { .. } => invalid("the peer did not authenticate"),
+                        HandshakeError::Unauthenticated(_) => io::Error::new(
+                            io::ErrorKind::PermissionDenied,
+                            format!("{addr}: the peer does not hold this engine's key"),
+                        ),
+                    })?;
             }
+        }
+        match c.recv()? {
+            (Op::Ready, _) => {}
+            (Op::Refused, why) => return Err(refused(&why)),
+            (op, _) => return Err(invalid(format!("expected READY, got {op:?}"))),
         }
         c.end = None;
         Ok(c)
@@ -167,7 +164,7 @@ impl Conn {
         let end = self.frame_end();
         let mut head = [0u8; HEAD];
         self.fill(&mut head, end)?;
-        let h = decode_head(&head).map_err(invalid)?;
+        let h = decode_head(&head).map_err(undecodable)?;
         let mut body = Vec::with_capacity(h.len.min(64 << 10));
         let mut chunk = [0u8; 64 << 10];
         while body.len() < h.len {
@@ -276,14 +273,23 @@ fn refused(why: &[u8]) -> io::Error {
 /// The responder's side of the handshake, run within `limit`; returns the member name the
 /// initiator spoke as (proved with the key when one is set; `None`: it named none). Errors close
 /// the connection; the only thing an unauthenticated peer learns is "authentication required" or
-/// "refused".
+/// "refused", and a peer of another protocol version the two versions.
 pub(crate) async fn accept_handshake(
     s: &mut TcpStream,
     auth: Option<&AuthKey>,
     peer: &str,
     limit: Duration,
 ) -> io::Result<Option<String>> {
-    let (op, body) = read_frame(s, limit, limit).await?;
+    let (op, body) = match read_frame(s, limit, limit).await {
+        Ok(f) => f,
+        Err(e) => {
+            // A member of another build hears why, in a frame whose head it can still read.
+            if let Some(w @ WireError::BadVersion { .. }) = wire_error(&e) {
+                let _ = write_frame(s, Op::Refused, w.to_string().as_bytes(), limit).await;
+            }
+            return Err(e);
+        }
+    };
     if op != Op::Hello {
         return Err(invalid("expected HELLO"));
     }
@@ -303,33 +309,99 @@ pub(crate) async fn accept_handshake(
             Ok(name)
         }
         Some(key) => {
+            // HELLO: the initiator's nonce, then the member name its proof will cover.
             let parsed = (body.len() > NONCE_LEN)
-                .then(|| <[u8; NONCE_LEN]>::try_from(&body[..NONCE_LEN]).ok())
-                .flatten()
-                .and_then(|n| Some((n, name_of(&body[NONCE_LEN..]).ok()??)));
-            let Some((theirs, name)) = parsed else {
+                .then(|| name_of(&body[NONCE_LEN..]).ok().flatten())
+                .flatten();
+            let Some(name) = parsed else {
                 write_frame(s, Op::Refused, b"authentication required", limit).await?;
                 return Err(io::Error::new(
                     io::ErrorKind::PermissionDenied,
                     format!("{peer}: no credentials"),
                 ));
             };
-            let ctx = member_context(&name);
-            let ours = te_base::auth::nonce();
-            let mut answer = ours.to_vec();
-            answer.extend_from_slice(&key.prove(Role::Responder, &ctx, &theirs, &ours));
-            write_frame(s, Op::Challenge, &answer, limit).await?;
-            let (op, body) = read_frame(s, limit, limit).await?;
-            if op != Op::Proof || !key.verify(Role::Initiator, &ctx, &theirs, &ours, &body) {
-                let _ = write_frame(s, Op::Refused, b"refused", limit).await;
-                return Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    format!("{peer}: wrong key"),
-                ));
+            let mut frames = ResponderFrames { s: &mut *s, limit };
+            let done = te_base::auth::respond(&mut frames, key, &member_context(&name), &body[..NONCE_LEN], peer).await;
+            match done {
+                Ok(()) => {}
+                // I/O: the connection is gone or silent; nothing to answer.
+                Err(HandshakeError::Frames(e)) if e.kind() != io::ErrorKind::PermissionDenied => return Err(e),
+                // Another frame than the proof, or a proof of another length or key.
+                Err(_) => {
+                    let _ = write_frame(s, Op::Refused, b"refused", limit).await;
+                    return Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!("{peer}: wrong key"),
+                    ));
+                }
             }
             write_frame(s, Op::Ready, &[], limit).await?;
             Ok(Some(name))
         }
+    }
+}
+
+/// The frame of each handshake step.
+fn step_op(step: Step) -> Op {
+    match step {
+        Step::Hello => Op::Hello,
+        Step::Challenge => Op::Challenge,
+        Step::Proof => Op::Proof,
+    }
+}
+
+/// The initiator's handshake frames on a new connection of member `me` (blocking: the
+/// handshake runs under `te_base::auth::block_on`). Its HELLO carries the nonce, then the name.
+struct InitiatorFrames<'c> {
+    conn: &'c mut Conn,
+    me: &'c str,
+}
+
+impl HandshakeFrames for InitiatorFrames<'_> {
+    type Error = io::Error;
+
+    async fn send(&mut self, step: Step, body: &[u8]) -> io::Result<()> {
+        if step == Step::Hello {
+            let mut hello = body.to_vec();
+            hello.extend_from_slice(self.me.as_bytes());
+            return self.conn.send(Op::Hello, &hello);
+        }
+        self.conn.send(step_op(step), body)
+    }
+
+    /// The initiator receives one step, the CHALLENGE (or the responder's refusal).
+    async fn recv(&mut self, _: Step) -> io::Result<Vec<u8>> {
+        match self.conn.recv()? {
+            (Op::Challenge, body) => Ok(body),
+            (Op::Refused, why) => Err(refused(&why)),
+            _ => Err(invalid("the peer did not authenticate")),
+        }
+    }
+}
+
+/// The responder's handshake frames: CHALLENGE out, PROOF in, each within `limit`. Another frame
+/// than the one expected is a refusal (`PermissionDenied`), answered as a wrong key.
+struct ResponderFrames<'s> {
+    s: &'s mut TcpStream,
+    limit: Duration,
+}
+
+impl HandshakeFrames for ResponderFrames<'_> {
+    type Error = io::Error;
+
+    async fn send(&mut self, step: Step, body: &[u8]) -> io::Result<()> {
+        write_frame(self.s, step_op(step), body, self.limit).await
+    }
+
+    async fn recv(&mut self, step: Step) -> io::Result<Vec<u8>> {
+        let (op, body) = read_frame(self.s, self.limit, self.limit).await?;
+        if op != step_op(step) {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{op:?} instead of {step:?}"),
+            ));
+        }
+        Ok(body)
     }
 }
 
@@ -560,5 +632,93 @@ impl ConnPool {
         c.set_deadline(Some(end));
         c.send(r.op, &r.body).map_err(|e| format!("sending: {e}"))?;
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use super::*;
+    use crate::cluster::wire::VERSION;
+
+    const LIMIT: Duration = Duration::from_secs(10);
+
+    /// A frame as a member of another build (another protocol version) would write it.
+    fn frame_of_another_version(op: Op, body: &[u8]) -> Vec<u8> {
+        let mut f = frame(op, body);
+        f[2] = VERSION + 1;
+        f
+    }
+
+    fn another_version() -> WireError {
+        WireError::BadVersion {
+            got: VERSION + 1,
+            speaks: VERSION,
+        }
+    }
+
+    /// The listener refuses a HELLO of another version with the typed error naming both
+    /// versions, and tells the member so in a frame of its own version.
+    #[test]
+    fn a_listener_refuses_a_member_of_another_version() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let member = std::thread::spawn(move || {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(LIMIT)).unwrap();
+            s.write_all(&frame_of_another_version(Op::Hello, b"m1")).unwrap();
+            let mut head = [0u8; HEAD];
+            s.read_exact(&mut head).unwrap();
+            let h = decode_head(&head).unwrap();
+            let mut body = vec![0; h.len];
+            s.read_exact(&mut body).unwrap();
+            (h.op, String::from_utf8(body).unwrap())
+        });
+        let e = rt.block_on(async {
+            let (mut s, _) = listener.accept().await.unwrap();
+            accept_handshake(&mut s, None, "m1", LIMIT).await.unwrap_err()
+        });
+        assert_eq!(wire_error(&e), Some(&another_version()), "{e}");
+        let (op, why) = member.join().unwrap();
+        assert_eq!(op, Op::Refused);
+        assert_eq!(why, another_version().to_string());
+    }
+
+    /// A member connecting to a listener of another version gets the same typed error from the
+    /// listener's first frame, with or without a key, instead of reading its fields.
+    #[test]
+    fn a_member_refuses_a_listener_of_another_version() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let answers = std::thread::spawn(move || {
+            for _ in 0..2 {
+                let (mut s, _) = listener.accept().unwrap();
+                let mut head = [0u8; HEAD];
+                s.read_exact(&mut head).unwrap();
+                let h = decode_head(&head).unwrap();
+                let mut body = vec![0; h.len];
+                s.read_exact(&mut body).unwrap();
+                let answer = match h.op {
+                    Op::Hello if h.len > NONCE_LEN => Op::Challenge,
+                    _ => Op::Ready,
+                };
+                s.write_all(&frame_of_another_version(answer, &[0u8; 64])).unwrap();
+            }
+        });
+        let key = AuthKey::from_bytes(&[7u8; 32]).unwrap();
+        for auth in [None, Some(&key)] {
+            let end = Instant::now() + LIMIT;
+            let e = Conn::connect(addr, None, auth, "m1", LIMIT, end)
+                .err()
+                .expect("refused");
+            assert_eq!(wire_error(&e), Some(&another_version()), "{e}");
+            assert!(e.to_string().contains(&format!("speaks {VERSION}")), "{e}");
+        }
+        answers.join().unwrap();
     }
 }

@@ -4,8 +4,12 @@
 //! allocation, one `WireError`); this file keeps only the protocol's own shapes (a key is a
 //! `u16` length and 1 to [`MAX_KEY`] bytes of UTF-8).
 //!
-//! A frame is an 8-byte little-endian head (`u32` body length, `u8` opcode, 3 zero bytes) and a
-//! body of at most [`MAX_BODY`] bytes. A connection opens with HELLO (the initiator's nonce, then
+//! A frame is an 8-byte head and a body of at most [`MAX_BODY`] bytes. The head is te-base's
+//! versioned preamble ([`PREAMBLE`]: the magic bytes `UC`, then the protocol [`VERSION`]), the
+//! `u8` opcode and the `u32` body length (little-endian). A frame of another protocol or version
+//! is refused at its head ([`WireError::BadMagic`], [`WireError::BadVersion`] naming both
+//! versions), never parsed; every member of a cluster runs the same build, so there is no
+//! compatibility with other versions. A connection opens with HELLO (the initiator's nonce, then
 //! its member name; the name alone without a key), answered by CHALLENGE (the responder's nonce
 //! and proof) and PROOF, or by READY when neither side has a key. Both proofs are HMACs over a
 //! context that includes the member name, so the connection proves the key and who it speaks
@@ -43,10 +47,18 @@
 //!   version): a lookup asks a read quorum of the key's directory peers and believes the newest.
 
 pub use te_base::wire::WireError;
-use te_base::wire::{Reader, Writer};
+use te_base::wire::{Preamble, Reader, Writer};
 
 /// Size of a frame head.
 pub const HEAD: usize = 8;
+/// The version of the control protocol this build speaks (1: the first versioned head; the
+/// heads before it had no magic and no version).
+pub const VERSION: u8 = 1;
+/// The start of every frame: magic and version.
+pub const PREAMBLE: Preamble = Preamble {
+    magic: b"UC",
+    version: VERSION,
+};
 /// Largest body a peer accepts (16 MiB: ~1M ranges of one call).
 pub const MAX_BODY: usize = 16 << 20;
 /// Longest key (the store's own limit is lower; this bounds what a decoder allocates).
@@ -144,27 +156,26 @@ pub struct Head {
 /// A frame: head and body.
 pub fn frame(op: Op, body: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(HEAD + body.len());
+    PREAMBLE.write(&mut v);
+    v.u8(op as u8);
     v.u32(body.len() as u32);
-    v.extend_from_slice(&[op as u8, 0, 0, 0]);
     v.bytes(body);
     v
 }
 
-/// Decodes a head.
+/// Decodes a head: magic and version first, so a frame of another protocol or version is
+/// refused before any of its fields is read.
 pub fn decode_head(b: &[u8; HEAD]) -> Result<Head, WireError> {
-    let len = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
-    let op = Op::from_u8(b[4]).ok_or(WireError::BadValue {
+    let mut r = Reader::new(b);
+    PREAMBLE.check(&mut r)?;
+    let at = r.position();
+    let code = r.u8("opcode")?;
+    let op = Op::from_u8(code).ok_or(WireError::BadValue {
         field: "opcode",
-        at: 4,
-        value: b[4] as u64,
+        at,
+        value: code as u64,
     })?;
-    if b[5..8] != [0, 0, 0] {
-        return Err(WireError::Inconsistent {
-            field: "reserved bytes",
-            at: 5,
-            what: "not zero",
-        });
-    }
+    let len = r.u32("body length")? as usize;
     if len > MAX_BODY {
         return Err(WireError::TooLarge {
             field: "body",
@@ -834,7 +845,7 @@ mod tests {
         fn heads_round_trip_and_bound_the_body(len in 0usize..(2 * MAX_BODY), op in 1u8..=19) {
             let f = frame(Op::from_u8(op).unwrap(), &[]);
             let mut head: [u8; HEAD] = f[..HEAD].try_into().unwrap();
-            head[..4].copy_from_slice(&(len as u32).to_le_bytes());
+            head[4..].copy_from_slice(&(len as u32).to_le_bytes());
             match decode_head(&head) {
                 Ok(h) => prop_assert!(h.len == len && len <= MAX_BODY && h.op as u8 == op),
                 Err(e) => prop_assert_eq!(e, WireError::TooLarge { field: "body", len: len as u64, max: MAX_BODY as u64 }),
@@ -890,15 +901,36 @@ mod tests {
                 ..
             })
         ));
+        // The unversioned head of old (`u32` length first) is not this protocol's.
         let mut head = [0u8; HEAD];
         head[4] = 5;
-        head[6] = 1;
-        assert!(matches!(
-            decode_head(&head),
-            Err(WireError::Inconsistent {
-                field: "reserved bytes",
-                ..
-            })
-        ));
+        assert!(matches!(decode_head(&head), Err(WireError::BadMagic { .. })));
+    }
+
+    /// A peer of another version is refused at the head with an error naming both versions,
+    /// whatever follows it.
+    #[test]
+    fn a_frame_of_another_version_is_refused_naming_both() {
+        let f = frame(Op::Hello, b"member");
+        assert_eq!(&f[..3], b"UC\x01", "magic, then the version");
+        assert_eq!(f[3], Op::Hello as u8);
+        assert_eq!(&f[4..HEAD], &6u32.to_le_bytes());
+        for other in [0, VERSION + 1, u8::MAX] {
+            let mut head: [u8; HEAD] = f[..HEAD].try_into().unwrap();
+            head[2] = other;
+            let e = decode_head(&head).unwrap_err();
+            assert_eq!(
+                e,
+                WireError::BadVersion {
+                    got: other,
+                    speaks: VERSION
+                }
+            );
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("version {other}")) && text.contains(&format!("speaks {VERSION}")),
+                "{text}"
+            );
+        }
     }
 }

@@ -19,10 +19,18 @@
 //! HMAC-SHA256 under the engine's key (`te_base::auth`) of the SHA-256 of everything before it,
 //! with the handshake's initiator label for a NOTIFY and its responder label for an ANSWER, so one
 //! cannot pass for the other.
+//!
+//! Why a MAC per message and not te-base's handshake (`te_base::auth::initiate`/`respond`, which
+//! the listeners of the other transports run): there is no connection to run it on. A NOTIFY and
+//! its ANSWER are single datagrams between reliable-datagram endpoints, any peer's message
+//! lands in any posted receive buffer, and the target keeps no per-sender state; a handshake would
+//! add a session per sender and a round trip before a peer's first notification. The message is
+//! read with te-base's wire kit (`te_base::wire::Reader`), bounds-checked field by field.
 
 use sha2::{Digest, Sha256};
 use te_base::auth::{AuthKey, Role, PROOF_LEN};
 pub use te_base::notify::Outcome;
+use te_base::wire::{Reader, WireError};
 
 /// Wire version this build speaks.
 pub const VERSION: u8 = 1;
@@ -69,6 +77,15 @@ impl std::fmt::Display for DecodeError {
             DecodeError::Version(v) => write!(f, "notification message of unknown version {v}"),
             DecodeError::Malformed => f.write_str("malformed notification message"),
             DecodeError::Unauthenticated => f.write_str("notification message without a valid MAC"),
+        }
+    }
+}
+
+impl From<WireError> for DecodeError {
+    fn from(e: WireError) -> DecodeError {
+        match e {
+            WireError::Truncated { .. } => DecodeError::Truncated,
+            _ => DecodeError::Malformed,
         }
     }
 }
@@ -127,19 +144,18 @@ fn seal(out: &mut [u8], n: usize, role: Role, key: Option<&AuthKey>) -> usize {
 /// Decodes one received message. With `key`, a message without a valid MAC is refused; without
 /// one, a MAC is ignored (the sender's engine has a key, this one does not).
 pub fn decode<'a>(msg: &'a [u8], key: Option<&AuthKey>) -> Result<Message<'a>, DecodeError> {
-    if msg.len() < HEADER_LEN {
-        return Err(DecodeError::Truncated);
+    let mut h = Reader::new(Reader::new(msg).bytes("header", HEADER_LEN)?);
+    let version = h.u8("version")?;
+    if version != VERSION {
+        return Err(DecodeError::Version(version));
     }
-    if msg[0] != VERSION {
-        return Err(DecodeError::Version(msg[0]));
-    }
-    let (kind, code, flags) = (msg[1], msg[2], msg[3]);
-    if flags & !FLAG_MAC != 0 || msg[18..20] != [0, 0] {
+    let (kind, code, flags) = (h.u8("kind")?, h.u8("code")?, h.u8("flags")?);
+    let seq = h.u64("sequence number")?;
+    let max = h.u32("largest payload")?;
+    let reply_len = h.u16("reply address length")? as usize;
+    if flags & !FLAG_MAC != 0 || h.u16("reserved")? != 0 {
         return Err(DecodeError::Malformed);
     }
-    let seq = u64::from_le_bytes(msg[4..12].try_into().expect("8 bytes"));
-    let max = u32::from_le_bytes(msg[12..16].try_into().expect("4 bytes"));
-    let reply_len = u16::from_le_bytes([msg[16], msg[17]]) as usize;
     let signed_len = if flags & FLAG_MAC != 0 {
         msg.len()
             .checked_sub(MAC_LEN)
@@ -162,21 +178,22 @@ pub fn decode<'a>(msg: &'a [u8], key: Option<&AuthKey>) -> Result<Message<'a>, D
             return Err(DecodeError::Unauthenticated);
         }
     }
-    let rest = &msg[HEADER_LEN..signed_len];
+    let mut rest = Reader::new(&msg[HEADER_LEN..signed_len]);
     match kind {
         KIND_NOTIFY => {
             if code != 0 || max != 0 || reply_len == 0 || reply_len > MAX_REPLY_ADDR {
                 return Err(DecodeError::Malformed);
             }
-            if rest.len() < reply_len {
-                return Err(DecodeError::Truncated);
-            }
-            let (reply, body) = rest.split_at(reply_len);
-            Ok(Message::Notify { seq, reply, body })
+            let reply = rest.bytes("reply address", reply_len)?;
+            Ok(Message::Notify {
+                seq,
+                reply,
+                body: rest.rest(),
+            })
         }
         KIND_ANSWER => {
             let outcome = Outcome::from_code(code).ok_or(DecodeError::Malformed)?;
-            if reply_len != 0 || !rest.is_empty() || (max != 0 && outcome != Outcome::TooLarge) {
+            if reply_len != 0 || rest.end().is_err() || (max != 0 && outcome != Outcome::TooLarge) {
                 return Err(DecodeError::Malformed);
             }
             Ok(Message::Answer { seq, outcome, max })

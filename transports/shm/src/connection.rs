@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
-use te_base::auth::{AuthKey, InitiatorHandshake, NONCE_LEN};
+use te_base::auth::{self, AuthKey, HandshakeError, HandshakeFrames, Step};
 use te_base::notify::{Outcome, MAX_PAYLOAD_LIMIT};
 use te_base::shared_memory::{map_sealed, SharedMapping};
 use te_base::{BatchAborts, BatchState, Error, ResolvedRequest, Result, TransferOp};
@@ -170,39 +170,46 @@ impl Connection {
         }
         // Opened before the probe below, which then proves this pid is the process that answered.
         let pidfd = cma::pidfd_open(cred.pid);
-        let pending = s.auth.as_ref().map(|k| InitiatorHandshake::start(k, AUTH_CONTEXT));
         let hello = Header {
             a: ep.token,
-            b: pending.is_some() as u64,
+            b: s.auth.is_some() as u64,
             ..Header::new(Opcode::Hello)
         };
-        let nonce: &[u8] = pending.as_ref().map(|(_, n)| &n[..]).unwrap_or(&[]);
-        // A target that refuses us by uid answers at once and closes, which can fail this write
-        // (EPIPE) while its REFUSE waits to be read: the reply decides, the write error only
-        // when there is none.
-        let wrote = write_frame(&mut stream, hello, nonce);
         // Memfds of the exported regions arrive ahead of the welcome; they are mapped only once
         // the welcome (and the probe) accepted this target.
         let mut fds = Vec::new();
-        let (mut h, mut body) = match read_reply(&mut stream, &mut fds) {
-            Ok(reply) => reply,
-            Err(e) => return Err(other(wrote.err().unwrap_or(e))),
+        let mut frames = HelloFrames {
+            stream: &mut stream,
+            hello,
+            fds: &mut fds,
+            wrote: Ok(()),
         };
-        if let Some((handshake, _)) = pending {
-            if h.op == Opcode::Welcome {
-                return Err(ConnectError::Unauthenticated(
-                    "the target does not authenticate (it has no key)".into(),
-                ));
+        let (h, body) = match &s.auth {
+            None => {
+                frames.send_hello(&[]);
+                frames.reply().map_err(other)?
             }
-            if h.op == Opcode::Challenge && body.len() == 2 * NONCE_LEN {
-                let theirs: [u8; NONCE_LEN] = body[..NONCE_LEN].try_into().expect("nonce length");
-                let proof = handshake
-                    .finish(&theirs, &body[NONCE_LEN..], name)
-                    .map_err(|_| ConnectError::Unauthenticated("the target does not hold this engine's key".into()))?;
-                write_frame(&mut stream, Header::new(Opcode::Proof), &proof).map_err(other)?;
-                (h, body) = read_reply(&mut stream, &mut fds).map_err(other)?;
-            }
-        }
+            // The shared-key handshake (te_base::auth); then the target's welcome or refusal.
+            Some(key) => match auth::block_on(auth::initiate(&mut frames, key, AUTH_CONTEXT, name)) {
+                Ok(()) => frames.reply().map_err(other)?,
+                Err(HandshakeError::Frames(HelloError::Io(e))) => return Err(other(e)),
+                Err(HandshakeError::Frames(HelloError::Reply(h, _))) if h.op == Opcode::Welcome => {
+                    return Err(ConnectError::Unauthenticated(
+                        "the target does not authenticate (it has no key)".into(),
+                    ))
+                }
+                // A refusal (or another frame), decided below.
+                Err(HandshakeError::Frames(HelloError::Reply(h, body))) => (h, body),
+                Err(HandshakeError::Malformed { .. }) => {
+                    return Err(ConnectError::Other("unexpected Challenge reply to HELLO".into()))
+                }
+                Err(HandshakeError::Unauthenticated(_)) => {
+                    return Err(ConnectError::Unauthenticated(
+                        "the target does not hold this engine's key".into(),
+                    ))
+                }
+            },
+        };
         match h.op {
             Opcode::Welcome if h.a == ep.token && body.len() >= 8 => {}
             Opcode::Refuse => {
@@ -703,6 +710,61 @@ fn read_loop(conn: Weak<Connection>, mut stream: UnixStream) {
 }
 
 /// Reads a handshake reply, setting aside the memfd frames that come ahead of the welcome.
+/// Why the initiator's side of the handshake stopped short of the target's challenge.
+enum HelloError {
+    /// The socket failed.
+    Io(std::io::Error),
+    /// The target answered the HELLO with another frame than a challenge: a welcome (it has no
+    /// key) or a refusal, for the caller to decide on.
+    Reply(Header, Vec<u8>),
+}
+
+/// The initiator's handshake frames: HELLO (with the instance token, and the nonce as its body),
+/// then the target's CHALLENGE in and the PROOF out. Memfds that arrive ahead of the welcome are
+/// collected in `fds`.
+struct HelloFrames<'a> {
+    stream: &'a mut UnixStream,
+    hello: Header,
+    fds: &'a mut Vec<(Header, Vec<u8>, Option<std::os::fd::OwnedFd>)>,
+    /// The HELLO's write: a target that refuses us by uid answers at once and closes, which can
+    /// fail this write (EPIPE) while its REFUSE waits to be read, so the reply decides, the
+    /// write error only when there is none.
+    wrote: std::io::Result<()>,
+}
+
+impl HelloFrames<'_> {
+    fn send_hello(&mut self, body: &[u8]) {
+        self.wrote = write_frame(self.stream, self.hello, body);
+    }
+
+    /// The next frame other than a memfd (whose frames arrive ahead of the welcome).
+    fn reply(&mut self) -> std::io::Result<(Header, Vec<u8>)> {
+        read_reply(self.stream, self.fds).map_err(|e| std::mem::replace(&mut self.wrote, Ok(())).err().unwrap_or(e))
+    }
+}
+
+impl HandshakeFrames for HelloFrames<'_> {
+    type Error = HelloError;
+
+    async fn send(&mut self, step: Step, body: &[u8]) -> std::result::Result<(), HelloError> {
+        match step {
+            Step::Hello => {
+                self.send_hello(body);
+                Ok(())
+            }
+            _ => write_frame(self.stream, Header::new(Opcode::Proof), body).map_err(HelloError::Io),
+        }
+    }
+
+    /// The initiator receives one step, the CHALLENGE.
+    async fn recv(&mut self, _: Step) -> std::result::Result<Vec<u8>, HelloError> {
+        match self.reply().map_err(HelloError::Io)? {
+            (h, body) if h.op == Opcode::Challenge => Ok(body),
+            (h, body) => Err(HelloError::Reply(h, body)),
+        }
+    }
+}
+
 fn read_reply(
     stream: &mut UnixStream,
     fds: &mut Vec<(Header, Vec<u8>, Option<std::os::fd::OwnedFd>)>,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use te_base::auth::{AuthKey, ResponderHandshake, NONCE_LEN, PROOF_LEN};
+use te_base::auth::{self, AuthKey, HandshakeError, HandshakeFrames, Step, NONCE_LEN};
 use te_base::notify::Outcome;
 use te_base::shared_memory::MemfdRange;
 use te_base::{NotifyInbox, RegionId, RegionInfo};
@@ -316,14 +316,21 @@ fn handshake(stream: &mut UnixStream, server: &Server) -> Option<u32> {
             refuse(stream, refusal::UNAUTHENTICATED, "authentication required");
             return None;
         };
-        let (pending, ours, proof) = ResponderHandshake::answer(key, AUTH_CONTEXT, &nonce);
-        let mut challenge = ours.to_vec();
-        challenge.extend_from_slice(&proof);
-        write_frame(stream, Header::new(Opcode::Challenge), &challenge).ok()?;
-        let (h, answer) = read_frame(stream).ok()?;
-        if h.op != Opcode::Proof || answer.len() != PROOF_LEN || pending.check(&answer, "shm peer").is_err() {
-            refuse(stream, refusal::UNAUTHENTICATED, "refused");
-            return None;
+        match auth::block_on(auth::respond(
+            &mut ChallengeFrames { stream },
+            key,
+            AUTH_CONTEXT,
+            &nonce,
+            "shm peer",
+        )) {
+            Ok(()) => {}
+            // The socket failed or went silent: nothing to answer.
+            Err(HandshakeError::Frames(FrameError::Io)) => return None,
+            // Another frame than the proof, or a proof of another length or key.
+            Err(_) => {
+                refuse(stream, refusal::UNAUTHENTICATED, "refused");
+                return None;
+            }
         }
     }
     if server.scope.needs_declared_tracer() && !server.tracer_declared.swap(true, Ordering::SeqCst) {
@@ -332,6 +339,34 @@ fn handshake(stream: &mut UnixStream, server: &Server) -> Option<u32> {
         }
     }
     Some(cred.pid)
+}
+
+/// Why the target's handshake frames failed.
+enum FrameError {
+    /// The socket failed or timed out.
+    Io,
+    /// The initiator sent another frame than the step's.
+    Unexpected,
+}
+
+/// The target's handshake frames (te_base::auth::respond): its CHALLENGE out, the PROOF in.
+struct ChallengeFrames<'a> {
+    stream: &'a mut UnixStream,
+}
+
+impl HandshakeFrames for ChallengeFrames<'_> {
+    type Error = FrameError;
+
+    async fn send(&mut self, _: Step, body: &[u8]) -> Result<(), FrameError> {
+        write_frame(self.stream, Header::new(Opcode::Challenge), body).map_err(|_| FrameError::Io)
+    }
+
+    async fn recv(&mut self, _: Step) -> Result<Vec<u8>, FrameError> {
+        match read_frame(self.stream).map_err(|_| FrameError::Io)? {
+            (h, body) if h.op == Opcode::Proof => Ok(body),
+            _ => Err(FrameError::Unexpected),
+        }
+    }
 }
 
 /// Serves one connection: handshake, welcome with the exported ranges, then acknowledgements and

@@ -73,7 +73,7 @@ pub fn bind(name: &str) -> io::Result<UnixListener> {
 pub fn read_frame(stream: &mut UnixStream) -> io::Result<(Header, Vec<u8>)> {
     let mut raw = [0u8; HEADER_LEN];
     stream.read_exact(&mut raw)?;
-    let h = Header::decode(&raw).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    let h = Header::decode(&raw).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     let mut body = vec![0u8; h.len as usize];
     stream.read_exact(&mut body)?;
     Ok((h, body))
@@ -83,7 +83,7 @@ pub fn read_frame(stream: &mut UnixStream) -> io::Result<(Header, Vec<u8>)> {
 pub fn write_frame(stream: &mut UnixStream, mut h: Header, body: &[u8]) -> io::Result<()> {
     h.len = body.len() as u32;
     let mut buf = Vec::with_capacity(HEADER_LEN + body.len());
-    buf.extend_from_slice(&h.encode());
+    h.encode_into(&mut buf);
     buf.extend_from_slice(body);
     stream.write_all(&buf)
 }
@@ -94,7 +94,7 @@ pub fn write_frame(stream: &mut UnixStream, mut h: Header, body: &[u8]) -> io::R
 pub fn read_frame_fd(stream: &mut UnixStream) -> io::Result<(Header, Vec<u8>, Option<OwnedFd>)> {
     let mut raw = [0u8; HEADER_LEN];
     let fd = te_base::shared_memory::recv_exact_with_fd(stream, &mut raw)?;
-    let h = Header::decode(&raw).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    let h = Header::decode(&raw).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
     let mut body = vec![0u8; h.len as usize];
     stream.read_exact(&mut body)?;
     Ok((h, body, fd))
@@ -104,7 +104,7 @@ pub fn read_frame_fd(stream: &mut UnixStream) -> io::Result<(Header, Vec<u8>, Op
 pub fn write_frame_fd(stream: &mut UnixStream, mut h: Header, body: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
     h.len = body.len() as u32;
     let mut buf = Vec::with_capacity(HEADER_LEN + body.len());
-    buf.extend_from_slice(&h.encode());
+    h.encode_into(&mut buf);
     buf.extend_from_slice(body);
     te_base::shared_memory::send_with_fd(stream, &buf, fd)
 }

@@ -1,7 +1,11 @@
 //! The control connection's frames: pure encoding and decoding, no I/O.
 //!
 //! Every frame is a 24-byte header (opcode, code, 2 reserved bytes, body length, two 64-bit
-//! arguments, little-endian) and a body of at most [`MAX_BODY`] bytes.
+//! arguments, little-endian) and a body of at most [`MAX_BODY`] bytes. Fields are read and
+//! written with te-base's wire kit (`te_base::wire`), whose errors name the field and its offset.
+
+pub use te_base::wire::WireError;
+use te_base::wire::{Reader, Writer};
 
 /// Header bytes.
 pub const HEADER_LEN: usize = 24;
@@ -85,27 +89,6 @@ pub struct Header {
     pub b: u64,
 }
 
-/// A header that cannot be decoded.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DecodeError {
-    /// Unknown opcode.
-    Opcode(u8),
-    /// Body above [`MAX_BODY`].
-    TooLong(u32),
-    /// A region body whose length is not 8 + 16 n.
-    Ranges(usize),
-}
-
-impl std::fmt::Display for DecodeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DecodeError::Opcode(o) => write!(f, "unknown opcode {o}"),
-            DecodeError::TooLong(n) => write!(f, "body of {n} bytes (max {MAX_BODY})"),
-            DecodeError::Ranges(n) => write!(f, "region body of {n} bytes"),
-        }
-    }
-}
-
 impl Header {
     /// A header with no body and zero arguments.
     pub fn new(op: Opcode) -> Header {
@@ -118,30 +101,48 @@ impl Header {
         }
     }
 
-    /// Its bytes.
-    pub fn encode(&self) -> [u8; HEADER_LEN] {
-        let mut out = [0u8; HEADER_LEN];
-        out[0] = self.op as u8;
-        out[1] = self.code;
-        out[4..8].copy_from_slice(&self.len.to_le_bytes());
-        out[8..16].copy_from_slice(&self.a.to_le_bytes());
-        out[16..24].copy_from_slice(&self.b.to_le_bytes());
-        out
+    /// Appends its bytes to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.u8(self.op as u8);
+        out.u8(self.code);
+        out.u16(0);
+        out.u32(self.len);
+        out.u64(self.a);
+        out.u64(self.b);
     }
 
-    /// Decodes and bounds-checks a header.
-    pub fn decode(raw: &[u8; HEADER_LEN]) -> Result<Header, DecodeError> {
-        let op = Opcode::from_u8(raw[0]).ok_or(DecodeError::Opcode(raw[0]))?;
-        let len = u32::from_le_bytes(raw[4..8].try_into().expect("4 bytes"));
+    /// Its bytes.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut out = Vec::with_capacity(HEADER_LEN);
+        self.encode_into(&mut out);
+        out.try_into().expect("a header is HEADER_LEN bytes")
+    }
+
+    /// Decodes and bounds-checks a header (the reserved bytes are not looked at).
+    pub fn decode(raw: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
+        let mut r = Reader::new(raw);
+        let op = r.u8("opcode")?;
+        let op = Opcode::from_u8(op).ok_or(WireError::BadValue {
+            field: "opcode",
+            at: 0,
+            value: op as u64,
+        })?;
+        let code = r.u8("code")?;
+        r.bytes("reserved", 2)?;
+        let len = r.u32("body length")?;
         if len > MAX_BODY {
-            return Err(DecodeError::TooLong(len));
+            return Err(WireError::TooLarge {
+                field: "body",
+                len: len as u64,
+                max: MAX_BODY as u64,
+            });
         }
         Ok(Header {
             op,
-            code: raw[1],
+            code,
             len,
-            a: u64::from_le_bytes(raw[8..16].try_into().expect("8 bytes")),
-            b: u64::from_le_bytes(raw[16..24].try_into().expect("8 bytes")),
+            a: r.u64("a")?,
+            b: r.u64("b")?,
         })
     }
 }
@@ -150,39 +151,52 @@ impl Header {
 pub fn encode_ranges(ranges: &[(u64, u64)], out: &mut Vec<u8>) {
     out.reserve(ranges.len() * 16);
     for (base, len) in ranges {
-        out.extend_from_slice(&base.to_le_bytes());
-        out.extend_from_slice(&len.to_le_bytes());
+        out.u64(*base);
+        out.u64(*len);
     }
 }
 
 /// Decodes a [`Opcode::RegionFd`] frame: `(base, len, offset)`; a zero length, a range that
 /// overflows or a body that is not 8 bytes is an error.
-pub fn decode_region_fd(h: &Header, body: &[u8]) -> Result<(u64, u64, u64), DecodeError> {
-    let offset = <[u8; 8]>::try_from(body)
-        .map(u64::from_le_bytes)
-        .map_err(|_| DecodeError::Ranges(body.len()))?;
+pub fn decode_region_fd(h: &Header, body: &[u8]) -> Result<(u64, u64, u64), WireError> {
+    let mut r = Reader::new(body);
+    let offset = r.u64("memfd offset")?;
+    r.end()?;
     if h.b == 0 || h.a.checked_add(h.b).is_none() || offset.checked_add(h.b).is_none() {
-        return Err(DecodeError::Ranges(body.len()));
+        return Err(WireError::Inconsistent {
+            field: "region",
+            at: 0,
+            what: "empty, or past the end of the address space or of the file",
+        });
     }
     Ok((h.a, h.b, offset))
 }
 
-/// Decodes a region-update body; ranges of zero length or that overflow are errors.
-pub fn decode_ranges(body: &[u8]) -> Result<Vec<(u64, u64)>, DecodeError> {
+/// Decodes a region-update body (`(u64 base, u64 len)*`); ranges of zero length or that
+/// overflow are errors.
+pub fn decode_ranges(body: &[u8]) -> Result<Vec<(u64, u64)>, WireError> {
     if !body.len().is_multiple_of(16) {
-        return Err(DecodeError::Ranges(body.len()));
+        return Err(WireError::Inconsistent {
+            field: "ranges",
+            at: 0,
+            what: "not a whole number of 16-byte ranges",
+        });
     }
-    body.chunks_exact(16)
-        .map(|c| {
-            let base = u64::from_le_bytes(c[..8].try_into().expect("8 bytes"));
-            let len = u64::from_le_bytes(c[8..].try_into().expect("8 bytes"));
-            if len == 0 || base.checked_add(len).is_none() {
-                Err(DecodeError::Ranges(body.len()))
-            } else {
-                Ok((base, len))
-            }
-        })
-        .collect()
+    let mut r = Reader::new(body);
+    let mut ranges = Vec::with_capacity(body.len() / 16);
+    while r.remaining() > 0 {
+        let at = r.position();
+        let (base, len) = (r.u64("range base")?, r.u64("range length")?);
+        if len == 0 || base.checked_add(len).is_none() {
+            return Err(WireError::Inconsistent {
+                field: "range",
+                at,
+                what: "empty, or past the end of the address space",
+            });
+        }
+        ranges.push((base, len));
+    }
+    Ok(ranges)
 }
 
 #[cfg(test)]
@@ -201,10 +215,17 @@ mod tests {
         assert_eq!(Header::decode(&h.encode()).unwrap(), h);
         let mut raw = h.encode();
         raw[0] = 0;
-        assert_eq!(Header::decode(&raw), Err(DecodeError::Opcode(0)));
+        assert_eq!(
+            Header::decode(&raw),
+            Err(WireError::BadValue {
+                field: "opcode",
+                at: 0,
+                value: 0
+            })
+        );
         let mut raw = h.encode();
         raw[4..8].copy_from_slice(&(MAX_BODY + 1).to_le_bytes());
-        assert!(matches!(Header::decode(&raw), Err(DecodeError::TooLong(_))));
+        assert!(matches!(Header::decode(&raw), Err(WireError::TooLarge { .. })));
         // Any 24 bytes decode or fail, never panic.
         for seed in 0..2000u64 {
             let mut raw = [0u8; HEADER_LEN];
