@@ -10,8 +10,10 @@
 //! holds the page to it).
 //!
 //! The table macro (`settings_table!`) takes the component: its key enum, its variables, its
-//! struct of explicit settings, its error and, where it has one, its builder. Distributed mode's
-//! settings are its second table (`cluster::config::ClusterKey`).
+//! struct of explicit settings, its error and, where it has one, its builder; it also emits the
+//! unit tests every table must pass (each default's text is the value used; names, keywords and
+//! flags unique), so a module holds one table. Distributed mode's settings are its second table
+//! (`cluster::config::ClusterKey`).
 //!
 //! Adding a setting: one entry in the table, the field it fills in [`crate::CoreConfig`], the line
 //! in [`StoreBuilder::config`] that fills it, and its row in docs/configuration.md (the test
@@ -581,6 +583,54 @@ macro_rules! settings_table {
         $crate::config::keys::builder_setters!(
             $($builder)?; $($field: $ty, $var, $default_text, $doc;)*
         );
+
+        /// What every table must hold (emitted by the table macro, so one table per module).
+        #[cfg(test)]
+        mod settings_table_tests {
+            use super::*;
+
+            #[test]
+            fn each_default_text_parses_to_the_default_used() {
+                for &k in $key_ty::ALL {
+                    assert_ne!(
+                        k.default_agrees(),
+                        Some(false),
+                        "{k}: default text {:?}",
+                        k.default_text()
+                    );
+                }
+            }
+
+            #[test]
+            fn names_keywords_and_flags_are_unique_and_find_their_key() {
+                // Each lookup finds the first match: finding `k` itself means no other setting
+                // has its name.
+                for &k in $key_ty::ALL {
+                    assert_eq!($key_ty::from_name(k.var()), Some(k));
+                    assert_eq!(k.var().parse::<$key_ty>().ok(), Some(k));
+                    assert_eq!(k.keyword().parse::<$key_ty>().ok(), Some(k));
+                    assert_eq!($key_ty::from_keyword(k.keyword()), Some(k));
+                    if let Some((flag, value)) = k.flag() {
+                        assert_eq!($key_ty::from_flag(flag), Some(k));
+                        // Only a switch's flag goes without a value.
+                        assert_eq!(
+                            value.is_none(),
+                            k.kind() == $crate::config::keys::ValueKind::Switch,
+                            "{k}"
+                        );
+                    }
+                }
+                let vars: std::collections::HashSet<&str> = $vars.iter().copied().collect();
+                assert_eq!(vars.len(), $vars.len(), "a variable listed twice");
+                assert_eq!($vars.len(), $key_ty::ALL.len() + $key_ty::READ_ELSEWHERE.len());
+                let typo = format!("{}_TYPO", $key_ty::ALL[0].var());
+                let e = typo.parse::<$key_ty>().err().map(|e| e.to_string());
+                assert!(
+                    e.as_deref().is_some_and(|e| e.contains(concat!("not ", $what))),
+                    "{typo}: {e:?}"
+                );
+            }
+        }
     };
 }
 pub(crate) use settings_table;
@@ -753,35 +803,6 @@ settings_table! {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn each_default_text_parses_to_the_default_used() {
-        for &k in StoreKey::ALL {
-            assert_ne!(
-                k.default_agrees(),
-                Some(false),
-                "{k}: default text {:?}",
-                k.default_text()
-            );
-        }
-    }
-
-    #[test]
-    fn names_keywords_and_flags_are_unique_and_find_their_key() {
-        for &k in StoreKey::ALL {
-            assert_eq!(StoreKey::from_name(k.var()), Some(k));
-            assert_eq!(k.var().parse::<StoreKey>().unwrap(), k);
-            assert_eq!(k.keyword().parse::<StoreKey>().unwrap(), k);
-            assert_eq!(StoreKey::from_keyword(k.keyword()), Some(k));
-            if let Some((flag, value)) = k.flag() {
-                assert_eq!(StoreKey::from_flag(flag), Some(k));
-                // Only a switch's flag goes without a value.
-                assert_eq!(value.is_none(), k.kind() == ValueKind::Switch, "{k}");
-            }
-        }
-        assert_eq!(ENV_VARS.len(), StoreKey::ALL.len());
-        assert!("UMBP_DRAM_CAPACTIY".parse::<StoreKey>().is_err());
-    }
 
     #[test]
     fn a_value_its_check_refuses_is_quoted_as_written() {
