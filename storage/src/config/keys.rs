@@ -12,7 +12,8 @@
 //! The table macro (`settings_table!`) takes the component: its key enum, its variables, its
 //! struct of explicit settings, its error and, where it has one, its builder; it also emits the
 //! unit tests every table must pass (each default's text is the value used; names, keywords and
-//! flags unique), so a module holds one table. Distributed mode's settings are its second table
+//! flags unique), so a module holds one table. Standalone mode's settings are its second table
+//! ([`crate::standalone::StandaloneKey`]), distributed mode's its third
 //! (`cluster::config::ClusterKey`).
 //!
 //! Adding a setting: one entry in the table, the field it fills in [`crate::CoreConfig`], the line
@@ -45,6 +46,8 @@ pub enum ValueKind {
     Dirs,
     /// One of a few words, parsed as the variable is (Python `str`).
     Choice,
+    /// A path (Python: `str` or `os.PathLike`).
+    Path,
 }
 
 /// A setting's value as a binding passes it (see [`ValueKind`]).
@@ -62,6 +65,8 @@ pub enum Value {
     Dirs(Vec<PathBuf>),
     /// See [`ValueKind::Choice`].
     Choice(String),
+    /// See [`ValueKind::Path`].
+    Path(PathBuf),
 }
 
 impl fmt::Display for Value {
@@ -76,6 +81,7 @@ impl fmt::Display for Value {
                 f.write_str(&dirs.join(","))
             }
             Value::Choice(v) => f.write_str(v),
+            Value::Path(v) => write!(f, "{}", v.display()),
         }
     }
 }
@@ -106,7 +112,14 @@ macro_rules! plain_value {
         }
     )*};
 }
-plain_value!(u64 => Bytes, f64 => Fraction, usize => Count, bool => Switch, Vec<PathBuf> => Dirs);
+plain_value!(
+    u64 => Bytes,
+    f64 => Fraction,
+    usize => Count,
+    bool => Switch,
+    Vec<PathBuf> => Dirs,
+    PathBuf => Path,
+);
 
 macro_rules! choice_value {
     ($($ty:ty),* $(,)?) => {$(
@@ -151,6 +164,20 @@ impl SettingValue for i64 {
     fn from_value(v: Value) -> std::result::Result<Self, String> {
         match v {
             Value::Count(v) => i64::try_from(v).map_err(|e| e.to_string()),
+            other => Err(format!("expected {:?}, got {other:?}", ValueKind::Count)),
+        }
+    }
+    fn shown(&self) -> String {
+        self.to_string()
+    }
+}
+
+/// An unsigned 32-bit count, such as a gid (Python `int`, passed as a [`ValueKind::Count`]).
+impl SettingValue for u32 {
+    const KIND: ValueKind = ValueKind::Count;
+    fn from_value(v: Value) -> std::result::Result<Self, String> {
+        match v {
+            Value::Count(v) => u32::try_from(v).map_err(|e| e.to_string()),
             other => Err(format!("expected {:?}, got {other:?}", ValueKind::Count)),
         }
     }
@@ -256,7 +283,8 @@ pub(crate) mod check {
     }
 }
 
-fn bad(var: &str, value: impl Into<String>, reason: impl Into<String>) -> StoreError {
+/// The store's error for a malformed setting: `var`'s `value`, and why.
+pub(crate) fn bad(var: &str, value: impl Into<String>, reason: impl Into<String>) -> StoreError {
     StoreError::Engine(te_base::Error::config(var, value, reason))
 }
 
@@ -522,7 +550,7 @@ macro_rules! settings_table {
         $(#[$settings_meta])*
         #[derive(Clone, Default)]
         $settings_vis struct $settings {
-            $($field: Option<$ty>,)*
+            $(pub(crate) $field: Option<$ty>,)*
         }
 
         impl $settings {
