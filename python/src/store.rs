@@ -93,12 +93,10 @@ fn worker_keys() -> impl Iterator<Item = StandaloneKey> {
     StandaloneKey::ALL.iter().copied().filter(|k| k.read_by_workers())
 }
 
-/// The server's standalone-mode settings but its socket (a `Server` takes that first).
+/// The server's standalone-mode settings (`connect` names its socket, as its first argument
+/// does; that wins): a `Server`'s keywords.
 fn server_keys() -> impl Iterator<Item = StandaloneKey> {
-    StandaloneKey::ALL
-        .iter()
-        .copied()
-        .filter(|&k| k.read_by_server() && k != StandaloneKey::Socket)
+    StandaloneKey::ALL.iter().copied().filter(|k| k.read_by_server())
 }
 
 /// The distributed-mode keywords: the `ClusterKey` table's (without distributed mode, the two

@@ -288,10 +288,10 @@ class KvBuffer:
 
 class Server:
     """A standalone server in this process (what ``umbp-server`` runs), until ``stop()``: on
-    ``socket`` (else ``UMBP_STANDALONE_SOCKET``), owning a local store configured as ``Store``'s
-    keywords, plus the server's settings: the "Python" column of docs/configuration.md's "UMBP,
-    standalone mode" table where its line is not marked "Workers:" (allow_gid,
-    key_handle_capacity, server_max_frame, ...)."""
+    ``socket`` (else the ``connect`` keyword, else ``UMBP_STANDALONE_SOCKET``), owning a local
+    store configured as ``Store``'s keywords, plus the server's settings: the "Python" column of
+    docs/configuration.md's "UMBP, standalone mode" table where its line is not marked
+    "Workers:" (allow_gid, key_handle_capacity, server_max_frame, ...)."""
 
     def __init__(
         self,

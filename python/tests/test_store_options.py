@@ -152,7 +152,7 @@ def test_a_server_keyword_is_not_a_store_option(var, keyword):
         umbp.Store(**{keyword: 1})
 
 
-@pytest.mark.parametrize("var,keyword", [r for r in SERVER_ROWS if r[1] and r[1] != "connect"])
+@pytest.mark.parametrize("var,keyword", [r for r in SERVER_ROWS if r[1]])
 def test_each_documented_server_keyword_is_a_typed_server_option(var, keyword, tmp_path):
     with pytest.raises(te.InvalidArgument, match=keyword) as e:
         umbp.Server(str(tmp_path / "s.sock"), dram_capacity=16 << 20, ssd_dirs=[], **{keyword: object()})
@@ -176,8 +176,10 @@ def test_each_documented_server_variable_is_read(var, keyword, tmp_path):
 
 def test_a_server_keyword_wins_over_its_variable(tmp_path):
     sock = str(tmp_path / "s.sock")
-    env = {"UMBP_KEY_HANDLE_CAPACITY": "lots", "UMBP_SERVER_ALLOW_GID": "wheel"}
-    with umbp.Server(sock, env=env, key_handle_capacity=0, allow_gid=0, dram_capacity=16 << 20, ssd_dirs=[]):
+    env = {"UMBP_KEY_HANDLE_CAPACITY": "lots", "UMBP_SERVER_ALLOW_GID": "wheel", "UMBP_STANDALONE_SOCKET": ""}
+    with umbp.Server(env=env, connect=sock, key_handle_capacity=0, allow_gid=0, dram_capacity=16 << 20,
+                     ssd_dirs=[]) as server:
+        assert str(server.socket) == sock
         with umbp.Store(connect=sock, key_handle_slots=0, standalone_timeout_ms=5000) as store:
             assert store.config["standalone"]["timeout"] == 5.0
             assert store.config["standalone"]["key_handle_slots"] == 0
