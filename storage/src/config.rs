@@ -30,14 +30,10 @@ pub use keys::{SettingValue, StoreKey, Value, ValueKind, ENV_VARS};
 /// Every `UMBP_*` variable this build reads: local mode's, standalone mode's (with the server's
 /// listener limits) and, with the `cluster` feature, distributed mode's.
 pub fn known_vars() -> Vec<String> {
-    let mut vars: Vec<String> = ENV_VARS
-        .iter()
-        .chain(crate::standalone::ENV_VARS)
-        .map(|v| v.to_string())
-        .collect();
+    let vars = ENV_VARS.iter().chain(crate::standalone::ENV_VARS);
     #[cfg(feature = "cluster")]
-    vars.extend(crate::cluster::config::ENV_VARS.iter().map(|v| v.to_string()));
-    vars
+    let vars = vars.chain(crate::cluster::config::ENV_VARS);
+    vars.map(|v| v.to_string()).collect()
 }
 
 /// The `UMBP_*` variables of `env` that this build does not read, each with the closest known
