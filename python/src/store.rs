@@ -14,6 +14,8 @@ use te_base::config::{Env, MapEnv};
 #[cfg(feature = "distributed")]
 use umbp::cluster::config::{ClusterKey, ClusterSettings};
 use umbp::config::{StoreKey, Value, ValueKind};
+use umbp::standalone::config::StandaloneSettings;
+use umbp::standalone::StandaloneKey;
 use umbp::{Range, RangedGet, RangedPut, Store, StoreError};
 
 use crate::arrays::{common_len, U64s};
@@ -61,16 +63,17 @@ pub struct PyServer {
 }
 
 /// Store options as keyword arguments, the Rust builder's setters by name: the local-mode
-/// settings of `umbp::config::StoreKey` (one loop over its table), the mode options and the
+/// settings of `umbp::config::StoreKey` (one loop over its table), the workers' standalone-mode
+/// settings of `umbp::standalone::StandaloneKey` (one loop over its table), `local`, and the
 /// distributed-mode settings of `umbp::cluster::config::ClusterKey` (one loop over its table).
 #[derive(Default)]
 pub struct StoreOptions {
     segment_name: Option<String>,
     /// The `StoreKey` settings given, in the table's order.
     settings: Vec<(StoreKey, Value)>,
-    connect: Option<PathBuf>,
+    /// The workers' `StandaloneKey` settings given, in the table's order.
+    standalone: Vec<(StandaloneKey, Value)>,
     local: Option<bool>,
-    key_handle_slots: Option<usize>,
     /// The `ClusterKey` settings given, in the table's order.
     #[cfg(feature = "distributed")]
     cluster: Vec<(ClusterKey, Value)>,
@@ -79,10 +82,22 @@ pub struct StoreOptions {
     cluster: bool,
 }
 
-/// The keyword options besides the `StoreKey` and `ClusterKey` settings (the first comes before
-/// them in the list an unknown option is answered with, the others between them).
+/// The keyword options besides the settings of the tables (the first comes before them in the
+/// list an unknown option is answered with, the other after the standalone-mode ones).
 const SEGMENT_NAME: &str = "segment_name";
-const MODE_OPTIONS: &[&str] = &["connect", "local", "key_handle_slots"];
+const LOCAL: &str = "local";
+
+/// The workers' standalone-mode settings (`connect`, `key_handle_slots`, ...): a `Store`'s
+/// keywords.
+fn worker_keys() -> impl Iterator<Item = StandaloneKey> {
+    StandaloneKey::ALL.iter().copied().filter(|k| k.read_by_workers())
+}
+
+/// The server's standalone-mode settings (`connect` names its socket, as its first argument
+/// does; that wins): a `Server`'s keywords.
+fn server_keys() -> impl Iterator<Item = StandaloneKey> {
+    StandaloneKey::ALL.iter().copied().filter(|k| k.read_by_server())
+}
 
 /// The distributed-mode keywords: the `ClusterKey` table's (without distributed mode, the two
 /// this binding took before it, refused or ignored as before).
@@ -114,18 +129,22 @@ fn value_of(o: &Bound<'_, PyDict>, k: &str, kind: ValueKind) -> PyResult<Option<
         ValueKind::Switch => get(o, k)?.map(Value::Switch),
         ValueKind::Dirs => get(o, k)?.map(Value::Dirs),
         ValueKind::Choice => get(o, k)?.map(Value::Choice),
+        ValueKind::Path => get(o, k)?.map(Value::Path),
     })
 }
 
 impl StoreOptions {
-    /// Reads the keyword arguments; an unknown name raises.
-    fn from_kwargs(o: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+    /// Reads the keyword arguments; a name neither known nor in `also` (the caller's own)
+    /// raises.
+    fn from_kwargs(o: Option<&Bound<'_, PyDict>>, also: &[&'static str]) -> PyResult<Self> {
         let Some(o) = o else { return Ok(StoreOptions::default()) };
         let known = || {
             std::iter::once(SEGMENT_NAME)
                 .chain(StoreKey::ALL.iter().map(|k| k.keyword()))
-                .chain(MODE_OPTIONS.iter().copied())
+                .chain(worker_keys().map(|k| k.keyword()))
+                .chain(std::iter::once(LOCAL))
                 .chain(cluster_keywords())
+                .chain(also.iter().copied())
         };
         for k in o.keys() {
             let k: String = k.extract()?;
@@ -146,9 +165,13 @@ impl StoreOptions {
                 settings.push((key, v));
             }
         }
-        let connect = get(o, "connect")?;
-        let local = get(o, "local")?;
-        let key_handle_slots = get(o, "key_handle_slots")?;
+        let mut standalone = Vec::new();
+        for key in worker_keys() {
+            if let Some(v) = value_of(o, key.keyword(), key.kind())? {
+                standalone.push((key, v));
+            }
+        }
+        let local = get(o, LOCAL)?;
         #[cfg(feature = "distributed")]
         let cluster = {
             let mut cluster = Vec::new();
@@ -167,9 +190,8 @@ impl StoreOptions {
         Ok(StoreOptions {
             segment_name,
             settings,
-            connect,
+            standalone,
             local,
-            key_handle_slots,
             cluster,
         })
     }
@@ -189,11 +211,11 @@ fn builder(o: StoreOptions, env: Option<Arc<dyn Env>>) -> PyResult<umbp::StoreBu
             .set(key, v)
             .map_err(|e| invalid("InvalidArgument", format!("{}={shown:?}: {e}", key.keyword())))?;
     }
-    if let Some(v) = o.key_handle_slots {
-        b = b.key_handle_slots(v);
-    }
-    if let Some(s) = o.connect {
-        b = b.connect(s);
+    for (key, v) in o.standalone {
+        let shown = v.to_string();
+        b = b
+            .set_standalone(key, v)
+            .map_err(|e| invalid("InvalidArgument", format!("{}={shown:?}: {e}", key.keyword())))?;
     }
     if o.local == Some(true) {
         b = b.local();
@@ -359,7 +381,7 @@ impl PyStore {
     #[pyo3(signature = (*, env=None, **options))]
     fn new(py: Python<'_>, env: Option<&Bound<'_, PyDict>>, options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         release_pending(py);
-        let opts = StoreOptions::from_kwargs(options)?;
+        let opts = StoreOptions::from_kwargs(options, &[])?;
         let b = builder(opts, env_map(env)?)?;
         let store = py.detach(|| block_on(b.open())).py()?;
         Ok(PyStore { store })
@@ -795,29 +817,45 @@ impl PyStore {
 
 #[pymethods]
 impl PyServer {
-    /// Starts a standalone server on `socket` owning a local store configured as `Store(...)`
-    /// (plus `allow_gid`, `key_handle_capacity`); serves until `stop()`.
+    /// Starts a standalone server on `socket` (else `UMBP_STANDALONE_SOCKET`) owning a local
+    /// store configured as `Store(...)`, plus the server's settings of
+    /// `umbp::standalone::StandaloneKey` (`allow_gid`, `key_handle_capacity`, ...); serves until
+    /// `stop()`.
     #[new]
-    #[pyo3(signature = (socket, *, env=None, allow_gid=None, key_handle_capacity=None, **options))]
+    #[pyo3(signature = (socket=None, *, env=None, **options))]
     fn new(
         py: Python<'_>,
-        socket: PathBuf,
+        socket: Option<PathBuf>,
         env: Option<&Bound<'_, PyDict>>,
-        allow_gid: Option<u32>,
-        key_handle_capacity: Option<usize>,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let opts = StoreOptions::from_kwargs(options)?;
+        let own: Vec<&'static str> = server_keys()
+            .filter(|k| !k.read_by_workers())
+            .map(|k| k.keyword())
+            .collect();
+        let opts = StoreOptions::from_kwargs(options, &own)?;
+        let mut settings = StandaloneSettings::default();
+        let mut set = |key: StandaloneKey, v: Value| {
+            let shown = v.to_string();
+            settings
+                .set(key, v)
+                .map_err(|e| invalid("InvalidArgument", format!("{}={shown:?}: {e}", key.keyword())))
+        };
+        if let Some(o) = options {
+            for key in server_keys() {
+                if let Some(v) = value_of(o, key.keyword(), key.kind())? {
+                    set(key, v)?;
+                }
+            }
+        }
+        if let Some(s) = socket {
+            set(StandaloneKey::Socket, Value::Path(s))?;
+        }
         let env = env_map(env)?;
         let server_env: Arc<dyn Env> = env.clone().unwrap_or_else(|| Arc::new(te_base::config::ProcessEnv));
         let b = builder(opts, env)?.local();
-        let mut sopts = umbp::standalone::server::ServerOptions::from_env(&*server_env, Some(socket.clone())).py()?;
-        if allow_gid.is_some() {
-            sopts.allow_gid = allow_gid;
-        }
-        if let Some(c) = key_handle_capacity {
-            sopts.key_handle_capacity = c;
-        }
+        let sopts = umbp::standalone::server::ServerOptions::resolve(&settings, &*server_env).py()?;
+        let socket = sopts.socket.clone();
         let store = py.detach(|| block_on(b.open())).py()?;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let done = crate::runtime::runtime().spawn(async move {
@@ -887,8 +925,19 @@ impl PyServer {
     }
 }
 
+/// `umbp-server`'s flags, from the settings tables: `(flag, value name or None for a switch,
+/// the variable it stands for, doc line)` each (Python's `te.server` builds its parser from it).
+#[pyfunction]
+fn server_flags() -> Vec<(&'static str, Option<&'static str>, &'static str, &'static str)> {
+    umbp::standalone::server::server_flags()
+        .iter()
+        .map(|f| (f.flag, f.value, f.var(), f.doc()))
+        .collect()
+}
+
 /// Registers the store classes in the module.
 pub fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(server_flags, m)?)?;
     m.add_class::<PyStore>()?;
     m.add_class::<PyStoreBuffer>()?;
     m.add_class::<PyKvBuffer>()?;

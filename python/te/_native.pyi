@@ -27,6 +27,10 @@ SegmentLike = Union["Segment", int]
 def device_plugins() -> list[tuple[str, str | None]]:
     """The device plugins compiled in: ``(name, None)`` when loaded, else ``(name, reason)``."""
 
+def server_flags() -> list[tuple[str, str | None, str, str]]:
+    """``umbp-server``'s flags, from umbp's settings tables: ``(flag, value name or None for a
+    switch, the variable it stands for, doc line)``."""
+
 def u64_bytes(values: list[int]) -> bytes:
     """A list of 64-bit unsigned ints as native-endian 8-byte values in one ``bytes``
     (``memoryview(b).cast("Q")``); ``te.InvalidArgument`` names the first bad index."""
@@ -212,8 +216,11 @@ class Store:
     local-mode settings, named in the "builder / Python" column of docs/configuration.md's
     "UMBP, local mode" table (dram_capacity, ssd_dirs, eviction ("lru", "prefix", "prefix:N"),
     write_through, ...: sizes and counts as int, fractions as float, switches as bool, ssd_dirs
-    as a list of paths, the others as the variable's text); connect (standalone: the server's
-    socket), local, key_handle_slots; and the distributed-mode settings, named in the "Python"
+    as a list of paths, the others as the variable's text); the workers' standalone-mode
+    settings, named in the "Python" column of the "UMBP, standalone mode" table where its line
+    is not marked "Server:" (connect: the server's socket, a path; key_handle_slots, ...); local
+    (local mode whatever UMBP_STANDALONE_SOCKET says); and the distributed-mode settings, named
+    in the "Python"
     column of the "UMBP, distributed mode" table: cluster ("etcd://host:port[/prefix]":
     distributed mode), cluster_listen ("ip:port"), cluster_lease_ttl_s, cluster_directory
     ("sharded", "etcd"), ... (used only with cluster, over their defaults: a cluster= store
@@ -280,15 +287,17 @@ class KvBuffer:
     def __buffer__(self, flags: int, /) -> memoryview: ...
 
 class Server:
-    """A standalone server in this process (what ``umbp-server`` runs), until ``stop()``."""
+    """A standalone server in this process (what ``umbp-server`` runs), until ``stop()``: on
+    ``socket`` (else the ``connect`` keyword, else ``UMBP_STANDALONE_SOCKET``), owning a local
+    store configured as ``Store``'s keywords, plus the server's settings: the "Python" column of
+    docs/configuration.md's "UMBP, standalone mode" table where its line is not marked
+    "Workers:" (allow_gid, key_handle_capacity, server_max_frame, ...)."""
 
     def __init__(
         self,
-        socket: str | os.PathLike[str],
+        socket: str | os.PathLike[str] | None = None,
         *,
         env: Mapping[str, str] | None = None,
-        allow_gid: int | None = None,
-        key_handle_capacity: int | None = None,
         **options: Any,
     ) -> None: ...
     @property

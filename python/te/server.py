@@ -9,21 +9,40 @@ import os
 import signal
 import sys
 
-from . import errors
+from . import _native, errors
 from .umbp import Server
+
+
+def _flags() -> list[tuple[str, str | None, str, str]]:
+    """The Rust binary's flags, from umbp's settings tables: ``(flag, value name or None for a
+    switch, the variable it stands for, doc line)``."""
+    return _native.server_flags()
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="umbp-server", description=__doc__)
-    p.add_argument("--socket", required=True, help="the Unix socket workers connect to")
-    p.add_argument("--dram", help="DRAM tier capacity, e.g. 64G (UMBP_DRAM_CAPACITY)")
-    p.add_argument("--ssd-dirs", help="SSD tier directories, comma-separated (UMBP_SSD_DIRS)")
-    p.add_argument("--ssd-capacity", help="SSD tier capacity, e.g. 2048G (UMBP_SSD_CAPACITY)")
-    p.add_argument("--eviction", help="lru, prefix or prefix:N (UMBP_EVICTION)")
-    p.add_argument("--write-through", action="store_true", help="write every put to SSD too")
-    p.add_argument("--allow-gid", type=int, help="also accept workers of this group id")
-    p.add_argument("--key-handle-capacity", type=int, help="key handles kept per server")
+    for flag, value, var, doc in _flags():
+        # %% : argparse formats the help text with %.
+        text = f"{doc} ({var})".replace("%", "%%")
+        if value is None:
+            p.add_argument(flag, dest=var, action="store_true", help=text)
+        else:
+            p.add_argument(flag, dest=var, metavar=value, help=text)
     return p
+
+
+def _env(args: argparse.Namespace) -> dict[str, str]:
+    """The process's ``UMBP_*`` and ``TE_*`` variables, each flag given over the variable it
+    stands for."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(("UMBP_", "TE_"))}
+    for _flag, value, var, _doc in _flags():
+        got = getattr(args, var)
+        if value is None:
+            if got:
+                env[var] = "1"
+        elif got is not None:
+            env[var] = got
+    return env
 
 
 def _interrupt(_signum, _frame):
@@ -32,19 +51,12 @@ def _interrupt(_signum, _frame):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    # The flags travel as the variables they stand for, so sizes parse exactly as the Rust
+    # The flags travel as the variables they stand for, so values parse exactly as the Rust
     # binary parses them; the process's other UMBP_* variables apply as well.
-    env = {k: v for k, v in os.environ.items() if k.startswith(("UMBP_", "TE_"))}
-    for value, var in ((args.dram, "UMBP_DRAM_CAPACITY"), (args.ssd_dirs, "UMBP_SSD_DIRS"),
-                       (args.ssd_capacity, "UMBP_SSD_CAPACITY"), (args.eviction, "UMBP_EVICTION")):
-        if value is not None:
-            env[var] = value
-    if args.write_through:
-        env["UMBP_SSD_WRITE_THROUGH"] = "1"
+    env = _env(args)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        server = Server(args.socket, env=env, allow_gid=args.allow_gid,
-                        key_handle_capacity=args.key_handle_capacity)
+        server = Server(env=env)
     except errors.TeError as e:
         print(f"umbp-server: {e}", file=sys.stderr)
         return 2

@@ -4,7 +4,9 @@ raises ``te.InvalidArgument`` naming it); every variable in it is read (a malfor
 ``te.ConfigError`` naming it); and a keyword wins over its variable. Likewise the distributed-mode
 table's "Python" column: each is a typed keyword, a malformed value is refused naming its
 variable, and a ``cluster=`` store takes its keywords over the defaults, reading no
-``UMBP_CLUSTER_*`` variable."""
+``UMBP_CLUSTER_*`` variable. And the standalone-mode table's: a worker's ``Store`` takes the
+keywords whose line is not marked "Server:", a ``Server`` those not marked "Workers:", each
+typed, and each side refuses a malformed variable of its own naming it."""
 
 from __future__ import annotations
 
@@ -33,6 +35,22 @@ def rows(title: str = "## UMBP, local mode (the core)") -> list[tuple[str, str]]
 
 ROWS = rows()
 CLUSTER_ROWS = rows("## UMBP, distributed mode")
+
+
+def standalone_rows() -> list[tuple[str, str, str]]:
+    """(variable, Python keyword or "", meaning) of each row of the standalone-mode table."""
+    section = DOC.read_text().split("## UMBP, standalone mode", 1)[1].split("\n## ", 1)[0]
+    out = []
+    for line in section.splitlines():
+        cells = [c.strip().strip("`") for c in line.strip("|").split(" | ")]
+        if line.startswith("| `UMBP_"):
+            out.append((cells[0], cells[2], cells[-1]))
+    return out
+
+
+STANDALONE_ROWS = standalone_rows()
+WORKER_ROWS = [(v, k) for v, k, meaning in STANDALONE_ROWS if not meaning.startswith("Server:")]
+SERVER_ROWS = [(v, k) for v, k, meaning in STANDALONE_ROWS if not meaning.startswith("Workers:")]
 NOWHERE = "etcd://127.0.0.1:1/nowhere"
 
 
@@ -111,3 +129,57 @@ def test_a_cluster_store_takes_its_keywords_and_reads_no_cluster_variable(etcd):
                     dram_capacity=16 << 20, ssd_dirs=[], segment_name=unique("peer")) as store:
         c = store.config["cluster"]
         assert (c["lease_ttl_s"], c["timeout"], c["listen"].split(":")[0]) == (3, 3.0, "127.0.0.1")
+
+
+def test_the_standalone_table_is_there():
+    assert len(STANDALONE_ROWS) >= 13, STANDALONE_ROWS
+    assert ("UMBP_STANDALONE_SOCKET", "connect") in WORKER_ROWS
+    assert ("UMBP_KEY_HANDLE_SLOTS", "key_handle_slots") in WORKER_ROWS
+    assert ("UMBP_SERVER_ALLOW_GID", "allow_gid") in SERVER_ROWS
+    assert ("UMBP_KEY_HANDLE_CAPACITY", "key_handle_capacity") in SERVER_ROWS
+
+
+@pytest.mark.parametrize("var,keyword", [r for r in WORKER_ROWS if r[1]])
+def test_each_documented_worker_keyword_is_a_typed_store_option(var, keyword):
+    with pytest.raises(te.InvalidArgument, match=keyword) as e:
+        umbp.Store(**{keyword: object()})
+    assert "unknown option" not in str(e.value)
+
+
+@pytest.mark.parametrize("var,keyword", [r for r in SERVER_ROWS if r[1] and r not in WORKER_ROWS])
+def test_a_server_keyword_is_not_a_store_option(var, keyword):
+    with pytest.raises(te.InvalidArgument, match="unknown option"):
+        umbp.Store(**{keyword: 1})
+
+
+@pytest.mark.parametrize("var,keyword", [r for r in SERVER_ROWS if r[1]])
+def test_each_documented_server_keyword_is_a_typed_server_option(var, keyword, tmp_path):
+    with pytest.raises(te.InvalidArgument, match=keyword) as e:
+        umbp.Server(str(tmp_path / "s.sock"), dram_capacity=16 << 20, ssd_dirs=[], **{keyword: object()})
+    assert "unknown option" not in str(e.value)
+
+
+@pytest.mark.parametrize("var,keyword", WORKER_ROWS)
+def test_each_documented_worker_variable_is_read(var, keyword):
+    # Empty is malformed for every setting; refused before anything connects.
+    with pytest.raises(te.ConfigError, match=var):
+        umbp.Store(env={"UMBP_STANDALONE_SOCKET": "/nonexistent/umbp.sock", var: ""},
+                   dram_capacity=16 << 20, ssd_dirs=[])
+
+
+@pytest.mark.parametrize("var,keyword", SERVER_ROWS)
+def test_each_documented_server_variable_is_read(var, keyword, tmp_path):
+    env = {"UMBP_STANDALONE_SOCKET": str(tmp_path / "s.sock"), var: ""}
+    with pytest.raises(te.ConfigError, match=var):
+        umbp.Server(env=env, dram_capacity=16 << 20, ssd_dirs=[])
+
+
+def test_a_server_keyword_wins_over_its_variable(tmp_path):
+    sock = str(tmp_path / "s.sock")
+    env = {"UMBP_KEY_HANDLE_CAPACITY": "lots", "UMBP_SERVER_ALLOW_GID": "wheel", "UMBP_STANDALONE_SOCKET": ""}
+    with umbp.Server(env=env, connect=sock, key_handle_capacity=0, allow_gid=0, dram_capacity=16 << 20,
+                     ssd_dirs=[]) as server:
+        assert str(server.socket) == sock
+        with umbp.Store(connect=sock, key_handle_slots=0, standalone_timeout_ms=5000) as store:
+            assert store.config["standalone"]["timeout"] == 5.0
+            assert store.config["standalone"]["key_handle_slots"] == 0

@@ -5,9 +5,9 @@
 //! Each local-mode setting (tiers, eviction, staging, debugging) is declared once, in
 //! [`keys`]: its variable, builder setter and Python keyword, `umbp-server` flag, parser, check,
 //! default and doc line. [`StoreKey`] names them; docs/configuration.md's local-mode table is
-//! [`StoreKey::doc_table`] (a test holds the page to it). Standalone mode's variables are in
-//! [`crate::standalone`]; distributed mode's (`UMBP_CLUSTER`...) are declared the same way, in
-//! `cluster::config::ClusterKey`.
+//! [`StoreKey::doc_table`] (a test holds the page to it). Standalone mode's (the workers' and the
+//! server's) are declared the same way, in [`crate::standalone::StandaloneKey`], and distributed
+//! mode's (`UMBP_CLUSTER`...) in `cluster::config::ClusterKey`.
 //!
 //! [`known_vars`] lists every variable this build reads; a `UMBP_*` variable set in the
 //! environment that is not among them (a typo) is logged as a warning naming the closest known
@@ -16,12 +16,12 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use te_base::config::{parse_bool, parse_var, Env, ProcessEnv, UnknownVar, LISTENER_VAR_SUFFIXES};
+use te_base::config::{Env, ProcessEnv, UnknownVar};
 
 use crate::core::config::CoreConfig;
 use crate::error::{Result, StoreError};
 use crate::ssd::log::SsdOptions;
-use crate::standalone::config::StandaloneConfig;
+use crate::standalone::config::{StandaloneConfig, StandaloneSettings};
 
 pub mod keys;
 
@@ -30,15 +30,10 @@ pub use keys::{SettingValue, StoreKey, Value, ValueKind, ENV_VARS};
 /// Every `UMBP_*` variable this build reads: local mode's, standalone mode's (with the server's
 /// listener limits) and, with the `cluster` feature, distributed mode's.
 pub fn known_vars() -> Vec<String> {
-    let mut vars: Vec<String> = ENV_VARS
-        .iter()
-        .chain(crate::standalone::ENV_VARS)
-        .map(|v| v.to_string())
-        .collect();
-    vars.extend(LISTENER_VAR_SUFFIXES.iter().map(|s| format!("UMBP_SERVER{s}")));
+    let vars = ENV_VARS.iter().chain(crate::standalone::ENV_VARS);
     #[cfg(feature = "cluster")]
-    vars.extend(crate::cluster::config::ENV_VARS.iter().map(|v| v.to_string()));
-    vars
+    let vars = vars.chain(crate::cluster::config::ENV_VARS);
+    vars.map(|v| v.to_string()).collect()
 }
 
 /// The `UMBP_*` variables of `env` that this build does not read, each with the closest known
@@ -90,9 +85,10 @@ pub struct StoreBuilder {
     segment_name: Option<String>,
     /// The local-mode settings given explicitly ([`keys`]).
     settings: keys::Settings,
-    /// `Some(None)`: local mode whatever the environment says; `Some(Some(p))`: connect to `p`.
-    standalone: Option<Option<PathBuf>>,
-    key_handle_slots: Option<usize>,
+    /// The standalone-mode settings given explicitly ([`crate::standalone::StandaloneKey`]).
+    standalone: StandaloneSettings,
+    /// Local mode whatever the environment says (the socket is then not read).
+    local: bool,
 
     #[cfg(feature = "cluster")]
     cluster: Option<crate::cluster::ClusterConfig>,
@@ -121,8 +117,8 @@ impl StoreBuilder {
             env: Arc::new(ProcessEnv),
             segment_name: None,
             settings: keys::Settings::default(),
-            standalone: None,
-            key_handle_slots: None,
+            standalone: StandaloneSettings::default(),
+            local: false,
 
             #[cfg(feature = "cluster")]
             cluster: None,
@@ -148,19 +144,40 @@ impl StoreBuilder {
     /// Standalone mode: `open()` connects to the `umbp-server` listening on `socket` instead of
     /// opening tiers in this process (as `UMBP_STANDALONE_SOCKET` does).
     pub fn connect(mut self, socket: impl Into<PathBuf>) -> Self {
-        self.standalone = Some(Some(socket.into()));
+        self.standalone.connect = Some(socket.into());
+        self.local = false;
         self
     }
 
     /// Local mode even when `UMBP_STANDALONE_SOCKET` is set (the server's own store).
     pub fn local(mut self) -> Self {
-        self.standalone = Some(None);
+        self.local = true;
         self
     }
 
-    setter!(
-        /// Standalone mode: key-handle cache slots (0: off).
-        key_handle_slots, key_handle_slots, usize);
+    /// Standalone mode: key-handle cache slots (0: off; as `UMBP_KEY_HANDLE_SLOTS`).
+    pub fn key_handle_slots(mut self, v: usize) -> Self {
+        self.standalone.key_handle_slots = Some(v);
+        self
+    }
+
+    /// Sets a worker's standalone-mode setting from a binding's value (as its own setter
+    /// would); `Err` says why `v` is not a value of it, or that the server reads `key`, not a
+    /// store (see [`crate::standalone::server::ServerOptions::resolve`]).
+    pub fn set_standalone(
+        mut self,
+        key: crate::standalone::StandaloneKey,
+        v: Value,
+    ) -> std::result::Result<Self, String> {
+        if !key.read_by_workers() {
+            return Err(format!("{key} is read by umbp-server, not by a store"));
+        }
+        self.standalone.set(key, v)?;
+        if key == crate::standalone::StandaloneKey::Socket {
+            self.local = false;
+        }
+        Ok(self)
+    }
 
     /// Resolves and validates the configuration; logs a warning for each unknown `UMBP_*`
     /// variable (see [`unknown_vars`]).
@@ -169,12 +186,6 @@ impl StoreBuilder {
         for unknown in unknown_vars(env) {
             tracing::warn!("{unknown}");
         }
-        let flag = |explicit: Option<bool>, var: &str, default: bool| -> Result<bool> {
-            Ok(match explicit {
-                Some(v) => v,
-                None => parse_bool(env, var)?.unwrap_or(default),
-            })
-        };
         let bad =
             |var: &str, value: String, reason: &str| StoreError::Engine(te_base::Error::config(var, value, reason));
 
@@ -249,45 +260,25 @@ impl StoreBuilder {
         };
         // Every mode's variables are checked whichever mode is chosen: a malformed one is an
         // error even where it would not be used.
-        let socket = match &self.standalone {
-            Some(s) => s.clone(),
-            None => parse_var::<String>(env, "UMBP_STANDALONE_SOCKET")?.map(PathBuf::from),
-        };
-        let timeout =
-            std::time::Duration::from_millis(parse_var::<u64>(env, "UMBP_STANDALONE_TIMEOUT_MS")?.unwrap_or(30_000));
-        let spin = crate::standalone::io::spin_from_env(env)?;
-        let key_handle_slots = match self.key_handle_slots {
-            Some(n) => n,
-            None => parse_var::<usize>(env, "UMBP_KEY_HANDLE_SLOTS")?
-                .unwrap_or(crate::standalone::key_handles::DEFAULT_SLOTS),
-        };
-        let key_handle_debug = flag(None, "UMBP_KEY_HANDLE_DEBUG", false)?;
-        let auth = te_base::auth::AuthKey::from_env(env)?;
+        let standalone = StandaloneConfig::resolve(&self.standalone, env, self.local)?;
         #[cfg(feature = "cluster")]
         let cluster = match &self.cluster {
             Some(c) => Some(c.clone()),
             None => crate::cluster::ClusterConfig::from_env(env)?,
         };
-        let mode = match socket {
-            Some(socket) => {
+        let mode = match standalone {
+            Some(standalone) => {
                 // A standalone client has no tiers of its own, so it cannot also be a cluster
                 // peer: the `umbp-server` it talks to is the one that joins the cluster.
                 #[cfg(feature = "cluster")]
                 if cluster.is_some() {
                     return Err(StoreError::Engine(te_base::Error::config(
                         "UMBP_CLUSTER",
-                        format!("(with UMBP_STANDALONE_SOCKET={})", socket.display()),
+                        format!("(with UMBP_STANDALONE_SOCKET={})", standalone.socket.display()),
                         "a standalone client cannot join a cluster; configure the cluster on its umbp-server",
                     )));
                 }
-                ModeConfig::Standalone(StandaloneConfig {
-                    socket,
-                    timeout,
-                    spin,
-                    key_handle_slots,
-                    key_handle_debug,
-                    auth,
-                })
+                ModeConfig::Standalone(standalone)
             }
             #[cfg(feature = "cluster")]
             None if cluster.is_some() => ModeConfig::Cluster(cluster.expect("checked")),

@@ -2,7 +2,8 @@
 //! store's settings table (`umbp::config::StoreKey`) exactly, each documented default is the
 //! value the store uses when the variable is unset, and each documented `umbp-server` flag is
 //! one the server takes (a malformed value is refused naming the flag). Likewise its
-//! distributed-mode table and the cluster's settings table
+//! standalone-mode table and standalone mode's settings table (`umbp::standalone::StandaloneKey`),
+//! and its distributed-mode table and the cluster's settings table
 //! (`umbp::cluster::config::ClusterKey`), which docs/umbp.md points to rather than copies. So the
 //! page cannot drift from the code, and a new setting cannot be forgotten there.
 
@@ -102,7 +103,8 @@ fn each_documented_flag_is_the_servers() {
     let help = Command::new(server).arg("--help").output().unwrap();
     let usage = String::from_utf8_lossy(&help.stdout).into_owned();
     let mut flags = 0;
-    for [var, _, _, flag, _] in rows() {
+    let standalone = rows_of::<5>(&table_of(standalone::SECTION));
+    for [var, _, _, flag, _] in rows().into_iter().chain(standalone) {
         if flag.is_empty() {
             continue;
         }
@@ -121,7 +123,60 @@ fn each_documented_flag_is_the_servers() {
             assert!(!out.status.success() && err.contains(name), "{name} \"\": {err}");
         }
     }
-    assert!(flags >= 5, "only {flags} flags documented");
+    assert!(flags >= 8, "only {flags} flags documented");
+}
+
+mod standalone {
+    use super::*;
+    use umbp::standalone::server::ServerOptions;
+    use umbp::standalone::{StandaloneKey, ENV_VARS};
+
+    pub(super) const SECTION: &str = "## UMBP, standalone mode";
+
+    #[test]
+    fn the_pages_standalone_mode_table_is_the_standalone_table() {
+        let want = StandaloneKey::doc_table();
+        assert!(
+            table_of(SECTION) == want,
+            "docs/configuration.md's table under {SECTION:?} differs from umbp::standalone::StandaloneKey; it should read:\n\n{want}"
+        );
+        let vars: Vec<String> = rows_of::<5>(&want).into_iter().map(|[v, ..]| v).collect();
+        assert_eq!(vars, ENV_VARS);
+    }
+
+    #[test]
+    fn each_documented_standalone_default_is_the_default() {
+        // What a worker and the server resolve (their Debug), with `extra` set.
+        let resolved = |extra: Option<(&str, &str)>| {
+            let map: std::collections::HashMap<String, String> = [("UMBP_STANDALONE_SOCKET", "/nonexistent/umbp.sock")]
+                .iter()
+                .chain(extra.as_ref())
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let env = Arc::new(MapEnv(map));
+            let worker = Store::builder()
+                .env(env.clone())
+                .config()
+                .map(|c| format!("{:?}", c.mode));
+            let server = ServerOptions::from_env(&*env, None).map(|o| format!("{o:?}"));
+            (
+                worker.unwrap_or_else(|e| panic!("{extra:?}: {e}")),
+                server.unwrap_or_else(|e| panic!("{extra:?}: {e}")),
+            )
+        };
+        let unset = resolved(None);
+        let mut checked = 0;
+        for [var, default, ..] in rows_of::<5>(&table_of(SECTION)) {
+            // Not a value ("unset", "unset (local mode)").
+            if default.starts_with("unset") {
+                continue;
+            }
+            let set = resolved(Some((&var, &default)));
+            assert_eq!(set, unset, "{var}: the documented default {default} is not the default");
+            checked += 1;
+        }
+        assert!(checked >= 10, "only {checked} defaults checked");
+    }
 }
 
 #[cfg(feature = "cluster")]

@@ -9,23 +9,24 @@
 //!             [--eviction prefix] [--write-through] [--allow-gid 1001] [--key-handle-capacity 512]
 //! ```
 //!
-//! The store's flags are those of its settings table (`umbp::config::StoreKey`, the
-//! `umbp-server` column of docs/configuration.md); their values parse as the variables do.
+//! Its flags are those of the settings tables: the store's (`umbp::config::StoreKey`) and
+//! standalone mode's (`umbp::standalone::StandaloneKey`: `--socket`, `--allow-gid`,
+//! `--key-handle-capacity`), the `umbp-server` columns of docs/configuration.md; their values
+//! parse as the variables do. `umbp::standalone::server::server_flags` lists them (Python's
+//! `te.server` builds its parser from that list).
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use te_base::config::ProcessEnv;
-use umbp::config::{StoreKey, Value};
-use umbp::standalone::server::{serve, ServerOptions};
+use umbp::config::Value;
+use umbp::standalone::config::StandaloneSettings;
+use umbp::standalone::server::{serve, server_flags, FlagSetting, ServerOptions};
 use umbp::Store;
 
-/// The usage line: the store's flags come from its settings table (`umbp::config::StoreKey`).
+/// The usage line: the flags come from the settings tables.
 fn usage() -> String {
-    format!(
-        "usage: umbp-server --socket PATH {} [--allow-gid GID] [--key-handle-capacity N]",
-        StoreKey::usage_flags()
-    )
+    let flags: Vec<String> = server_flags().iter().map(|f| f.usage()).collect();
+    format!("usage: umbp-server {}", flags.join(" "))
 }
 
 fn main() -> ExitCode {
@@ -54,51 +55,39 @@ fn own_termination_signals() {
 fn run() -> Result<(), String> {
     own_termination_signals();
     let mut args = std::env::args().skip(1);
-    let mut socket = None;
     let mut builder = Store::builder().local();
-    let mut allow_gid = None;
-    let mut capacity = None;
+    let mut server = StandaloneSettings::default();
     while let Some(a) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{a} needs a value\n{}", usage()));
         match a.as_str() {
-            "--socket" => socket = Some(PathBuf::from(value()?)),
-            "--allow-gid" => allow_gid = Some(value()?.parse::<u32>().map_err(|e| format!("--allow-gid: {e}"))?),
-            "--key-handle-capacity" => {
-                capacity = Some(
-                    value()?
-                        .parse::<usize>()
-                        .map_err(|e| format!("--key-handle-capacity: {e}"))?,
-                )
-            }
             "-h" | "--help" => {
                 println!("{}", usage());
                 return Ok(());
             }
-            // A store setting's flag: a switch takes no value, the others parse theirs as the
+            // A setting's flag: a switch takes no value, the others parse theirs as the
             // setting's variable is parsed.
             flag => {
-                let Some((key, takes_value)) = StoreKey::from_flag(flag).and_then(|k| Some((k, k.flag()?.1.is_some())))
-                else {
+                let Some(f) = server_flags().into_iter().find(|f| f.flag == flag) else {
                     return Err(format!("unknown argument {flag:?}\n{}", usage()));
                 };
-                builder = if takes_value {
-                    let v = value()?;
-                    builder.set_text(key, &v).map_err(|e| format!("{flag} {v:?}: {e}"))?
-                } else {
-                    builder
-                        .set(key, Value::Switch(true))
-                        .map_err(|e| format!("{flag}: {e}"))?
+                let raw = match f.value {
+                    Some(_) => Some(value()?),
+                    None => None,
                 };
+                let why = |e: String| match &raw {
+                    Some(v) => format!("{flag} {v:?}: {e}"),
+                    None => format!("{flag}: {e}"),
+                };
+                match (f.setting, &raw) {
+                    (FlagSetting::Store(k), Some(v)) => builder = builder.set_text(k, v).map_err(why)?,
+                    (FlagSetting::Store(k), None) => builder = builder.set(k, Value::Switch(true)).map_err(why)?,
+                    (FlagSetting::Standalone(k), Some(v)) => server.set_text(k, v).map_err(why)?,
+                    (FlagSetting::Standalone(k), None) => server.set(k, Value::Switch(true)).map_err(why)?,
+                }
             }
         }
     }
-    let mut opts = ServerOptions::from_env(&ProcessEnv, socket).map_err(|e| e.to_string())?;
-    if allow_gid.is_some() {
-        opts.allow_gid = allow_gid;
-    }
-    if let Some(c) = capacity {
-        opts.key_handle_capacity = c;
-    }
+    let opts = ServerOptions::resolve(&server, &ProcessEnv).map_err(|e| e.to_string())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

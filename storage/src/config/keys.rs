@@ -10,8 +10,11 @@
 //! holds the page to it).
 //!
 //! The table macro (`settings_table!`) takes the component: its key enum, its variables, its
-//! struct of explicit settings, its error and, where it has one, its builder. Distributed mode's
-//! settings are its second table (`cluster::config::ClusterKey`).
+//! struct of explicit settings, its error and, where it has one, its builder; it also emits the
+//! unit tests every table must pass (each default's text is the value used; names, keywords and
+//! flags unique), so a module holds one table. Standalone mode's settings are its second table
+//! ([`crate::standalone::StandaloneKey`]), distributed mode's its third
+//! (`cluster::config::ClusterKey`).
 //!
 //! Adding a setting: one entry in the table, the field it fills in [`crate::CoreConfig`], the line
 //! in [`StoreBuilder::config`] that fills it, and its row in docs/configuration.md (the test
@@ -43,6 +46,8 @@ pub enum ValueKind {
     Dirs,
     /// One of a few words, parsed as the variable is (Python `str`).
     Choice,
+    /// A path (Python: `str` or `os.PathLike`).
+    Path,
 }
 
 /// A setting's value as a binding passes it (see [`ValueKind`]).
@@ -60,6 +65,8 @@ pub enum Value {
     Dirs(Vec<PathBuf>),
     /// See [`ValueKind::Choice`].
     Choice(String),
+    /// See [`ValueKind::Path`].
+    Path(PathBuf),
 }
 
 impl fmt::Display for Value {
@@ -74,6 +81,7 @@ impl fmt::Display for Value {
                 f.write_str(&dirs.join(","))
             }
             Value::Choice(v) => f.write_str(v),
+            Value::Path(v) => write!(f, "{}", v.display()),
         }
     }
 }
@@ -104,7 +112,14 @@ macro_rules! plain_value {
         }
     )*};
 }
-plain_value!(u64 => Bytes, f64 => Fraction, usize => Count, bool => Switch, Vec<PathBuf> => Dirs);
+plain_value!(
+    u64 => Bytes,
+    f64 => Fraction,
+    usize => Count,
+    bool => Switch,
+    Vec<PathBuf> => Dirs,
+    PathBuf => Path,
+);
 
 macro_rules! choice_value {
     ($($ty:ty),* $(,)?) => {$(
@@ -149,6 +164,20 @@ impl SettingValue for i64 {
     fn from_value(v: Value) -> std::result::Result<Self, String> {
         match v {
             Value::Count(v) => i64::try_from(v).map_err(|e| e.to_string()),
+            other => Err(format!("expected {:?}, got {other:?}", ValueKind::Count)),
+        }
+    }
+    fn shown(&self) -> String {
+        self.to_string()
+    }
+}
+
+/// An unsigned 32-bit count, such as a gid (Python `int`, passed as a [`ValueKind::Count`]).
+impl SettingValue for u32 {
+    const KIND: ValueKind = ValueKind::Count;
+    fn from_value(v: Value) -> std::result::Result<Self, String> {
+        match v {
+            Value::Count(v) => u32::try_from(v).map_err(|e| e.to_string()),
             other => Err(format!("expected {:?}, got {other:?}", ValueKind::Count)),
         }
     }
@@ -254,7 +283,8 @@ pub(crate) mod check {
     }
 }
 
-fn bad(var: &str, value: impl Into<String>, reason: impl Into<String>) -> StoreError {
+/// The store's error for a malformed setting: `var`'s `value`, and why.
+pub(crate) fn bad(var: &str, value: impl Into<String>, reason: impl Into<String>) -> StoreError {
     StoreError::Engine(te_base::Error::config(var, value, reason))
 }
 
@@ -520,7 +550,7 @@ macro_rules! settings_table {
         $(#[$settings_meta])*
         #[derive(Clone, Default)]
         $settings_vis struct $settings {
-            $($field: Option<$ty>,)*
+            $(pub(crate) $field: Option<$ty>,)*
         }
 
         impl $settings {
@@ -581,6 +611,54 @@ macro_rules! settings_table {
         $crate::config::keys::builder_setters!(
             $($builder)?; $($field: $ty, $var, $default_text, $doc;)*
         );
+
+        /// What every table must hold (emitted by the table macro, so one table per module).
+        #[cfg(test)]
+        mod settings_table_tests {
+            use super::*;
+
+            #[test]
+            fn each_default_text_parses_to_the_default_used() {
+                for &k in $key_ty::ALL {
+                    assert_ne!(
+                        k.default_agrees(),
+                        Some(false),
+                        "{k}: default text {:?}",
+                        k.default_text()
+                    );
+                }
+            }
+
+            #[test]
+            fn names_keywords_and_flags_are_unique_and_find_their_key() {
+                // Each lookup finds the first match: finding `k` itself means no other setting
+                // has its name.
+                for &k in $key_ty::ALL {
+                    assert_eq!($key_ty::from_name(k.var()), Some(k));
+                    assert_eq!(k.var().parse::<$key_ty>().ok(), Some(k));
+                    assert_eq!(k.keyword().parse::<$key_ty>().ok(), Some(k));
+                    assert_eq!($key_ty::from_keyword(k.keyword()), Some(k));
+                    if let Some((flag, value)) = k.flag() {
+                        assert_eq!($key_ty::from_flag(flag), Some(k));
+                        // Only a switch's flag goes without a value.
+                        assert_eq!(
+                            value.is_none(),
+                            k.kind() == $crate::config::keys::ValueKind::Switch,
+                            "{k}"
+                        );
+                    }
+                }
+                let vars: std::collections::HashSet<&str> = $vars.iter().copied().collect();
+                assert_eq!(vars.len(), $vars.len(), "a variable listed twice");
+                assert_eq!($vars.len(), $key_ty::ALL.len() + $key_ty::READ_ELSEWHERE.len());
+                let typo = format!("{}_TYPO", $key_ty::ALL[0].var());
+                let e = typo.parse::<$key_ty>().err().map(|e| e.to_string());
+                assert!(
+                    e.as_deref().is_some_and(|e| e.contains(concat!("not ", $what))),
+                    "{typo}: {e:?}"
+                );
+            }
+        }
     };
 }
 pub(crate) use settings_table;
@@ -753,35 +831,6 @@ settings_table! {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn each_default_text_parses_to_the_default_used() {
-        for &k in StoreKey::ALL {
-            assert_ne!(
-                k.default_agrees(),
-                Some(false),
-                "{k}: default text {:?}",
-                k.default_text()
-            );
-        }
-    }
-
-    #[test]
-    fn names_keywords_and_flags_are_unique_and_find_their_key() {
-        for &k in StoreKey::ALL {
-            assert_eq!(StoreKey::from_name(k.var()), Some(k));
-            assert_eq!(k.var().parse::<StoreKey>().unwrap(), k);
-            assert_eq!(k.keyword().parse::<StoreKey>().unwrap(), k);
-            assert_eq!(StoreKey::from_keyword(k.keyword()), Some(k));
-            if let Some((flag, value)) = k.flag() {
-                assert_eq!(StoreKey::from_flag(flag), Some(k));
-                // Only a switch's flag goes without a value.
-                assert_eq!(value.is_none(), k.kind() == ValueKind::Switch, "{k}");
-            }
-        }
-        assert_eq!(ENV_VARS.len(), StoreKey::ALL.len());
-        assert!("UMBP_DRAM_CAPACTIY".parse::<StoreKey>().is_err());
-    }
 
     #[test]
     fn a_value_its_check_refuses_is_quoted_as_written() {

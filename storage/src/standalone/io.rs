@@ -87,13 +87,6 @@ pub fn spin_readable(stream: &UnixStream, spin: std::time::Duration) -> bool {
     }
 }
 
-/// The spin of `UMBP_STANDALONE_SPIN_US` (default 0: block at once).
-pub fn spin_from_env(env: &dyn te_base::config::Env) -> crate::Result<std::time::Duration> {
-    Ok(std::time::Duration::from_micros(
-        te_base::config::parse_var::<u64>(env, "UMBP_STANDALONE_SPIN_US")?.unwrap_or(0),
-    ))
-}
-
 /// The uid, gid and pid of the process at the other end.
 pub fn peer_credentials(stream: &UnixStream) -> io::Result<(u32, u32, i32)> {
     let c = rustix::net::sockopt::socket_peercred(stream)?;

@@ -28,15 +28,17 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 use te_base::auth::{self as auth, AuthKey, HandshakeError, HandshakeFrames, Step, NONCE_LEN};
-use te_base::config::{parse_bytes, parse_var, Env};
+use te_base::config::Env;
 use te_base::listener::{AcceptBackoff, ConnectionGate, ConnectionPermit, ListenerLimits};
 
+use super::config::{StandaloneKey, StandaloneSettings};
 use super::io::{peer_credentials, recv_frame, send_frame, RecvError};
-use super::key_handles::{Held, ServerTable, DEFAULT_CAPACITY};
+use super::key_handles::{Held, ServerTable};
 use super::memfd::{map_sealed, Mapping};
 use super::stats::StandaloneStats;
 use super::wire::{self, Keys, Op, Welcome, Writer as _};
 use super::AUTH_CONTEXT;
+use crate::config::StoreKey;
 use crate::core::{RangedGet, RangedPut};
 use crate::error::{Result, StoreError};
 use crate::range_map::Range;
@@ -73,33 +75,102 @@ pub struct ServerOptions {
 impl ServerOptions {
     /// Options from `UMBP_*` variables; `socket` overrides `UMBP_STANDALONE_SOCKET`.
     pub fn from_env(env: &dyn Env, socket: Option<PathBuf>) -> Result<ServerOptions> {
-        let socket = match socket {
-            Some(s) => s,
-            None => parse_var::<String>(env, "UMBP_STANDALONE_SOCKET")?
-                .map(PathBuf::from)
-                .ok_or_else(|| {
-                    StoreError::Engine(te_base::Error::config(
-                        "UMBP_STANDALONE_SOCKET",
-                        "",
-                        "no socket path (--socket or UMBP_STANDALONE_SOCKET)",
-                    ))
-                })?,
+        let s = StandaloneSettings {
+            connect: socket,
+            ..Default::default()
         };
-        let frame = parse_var::<u64>(env, "UMBP_SERVER_FRAME_TIMEOUT_MS")?
-            .map(Duration::from_millis)
-            .unwrap_or(DEFAULT_FRAME_TIMEOUT);
+        ServerOptions::resolve(&s, env)
+    }
+
+    /// The server's settings: each explicit in `s` (an `umbp-server` flag, a Python `Server`
+    /// keyword), else its variable in `env`, else its default (the table of
+    /// [`super::config::StandaloneKey`]); then the listener limits and the auth key from `env`.
+    pub fn resolve(s: &StandaloneSettings, env: &dyn Env) -> Result<ServerOptions> {
+        let socket = s.connect(env)?.ok_or_else(|| {
+            StoreError::Engine(te_base::Error::config(
+                StandaloneKey::Socket.var(),
+                "",
+                "no socket path (--socket or UMBP_STANDALONE_SOCKET)",
+            ))
+        })?;
+        let frame = Duration::from_millis(s.server_frame_timeout_ms(env)?);
         Ok(ServerOptions {
             socket,
-            allow_gid: parse_var::<u32>(env, "UMBP_SERVER_ALLOW_GID")?,
+            allow_gid: s.allow_gid(env)?,
             limits: ListenerLimits::from_env(env, "UMBP_SERVER", frame)?,
-            max_frame: parse_bytes(env, "UMBP_SERVER_MAX_FRAME")?
-                .map(|b| b as usize)
-                .unwrap_or(DEFAULT_MAX_FRAME),
-            key_handle_capacity: parse_var::<usize>(env, "UMBP_KEY_HANDLE_CAPACITY")?.unwrap_or(DEFAULT_CAPACITY),
-            spin: super::io::spin_from_env(env)?,
+            max_frame: usize::try_from(s.server_max_frame(env)?).unwrap_or(usize::MAX),
+            key_handle_capacity: s.key_handle_capacity(env)?,
+            spin: Duration::from_micros(s.standalone_spin_us(env)?),
             auth: AuthKey::from_env(env)?,
         })
     }
+}
+
+/// The setting an `umbp-server` flag sets, in its table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagSetting {
+    /// A store setting (local mode's table).
+    Store(StoreKey),
+    /// A standalone-mode setting (the server's side of its table).
+    Standalone(StandaloneKey),
+}
+
+/// A flag of `umbp-server`, from the settings tables.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerFlag {
+    /// The flag (`--dram`).
+    pub flag: &'static str,
+    /// The name of its value in the usage (`BYTES`); `None` for a switch, which takes none.
+    pub value: Option<&'static str>,
+    /// The setting it sets.
+    pub setting: FlagSetting,
+}
+
+impl ServerFlag {
+    /// The variable it stands for (a flag wins over it).
+    pub fn var(&self) -> &'static str {
+        match self.setting {
+            FlagSetting::Store(k) => k.var(),
+            FlagSetting::Standalone(k) => k.var(),
+        }
+    }
+
+    /// The setting's doc line.
+    pub fn doc(&self) -> &'static str {
+        match self.setting {
+            FlagSetting::Store(k) => k.doc(),
+            FlagSetting::Standalone(k) => k.doc(),
+        }
+    }
+
+    /// As the usage line shows it: `[--dram BYTES]`, `[--write-through]`.
+    pub fn usage(&self) -> String {
+        match self.value {
+            Some(v) => format!("[{} {v}]", self.flag),
+            None => format!("[{}]", self.flag),
+        }
+    }
+}
+
+/// Every flag of `umbp-server`: standalone mode's (the socket first), then the store's.
+pub fn server_flags() -> Vec<ServerFlag> {
+    let standalone = StandaloneKey::ALL.iter().filter_map(|&k| {
+        let (flag, value) = k.flag()?;
+        Some(ServerFlag {
+            flag,
+            value,
+            setting: FlagSetting::Standalone(k),
+        })
+    });
+    let store = StoreKey::ALL.iter().filter_map(|&k| {
+        let (flag, value) = k.flag()?;
+        Some(ServerFlag {
+            flag,
+            value,
+            setting: FlagSetting::Store(k),
+        })
+    });
+    standalone.chain(store).collect()
 }
 
 /// Who may connect: the server's own uid, or a member of the configured gid.
