@@ -388,21 +388,7 @@ mod tests {
 
     #[test]
     fn the_listener_rows_are_te_bases_limits() {
-        use te_base::listener::*;
-        let names: Vec<String> = te_base::config::LISTENER_VAR_SUFFIXES
-            .iter()
-            .map(|s| format!("UMBP_CLUSTER{s}"))
-            .collect();
-        let listed: Vec<&str> = ClusterKey::READ_ELSEWHERE.iter().map(|(v, ..)| *v).collect();
-        assert_eq!(listed, names);
-        let defaults: Vec<&str> = ClusterKey::READ_ELSEWHERE.iter().map(|(_, d, _)| *d).collect();
-        let want = [
-            DEFAULT_MAX_CONNECTIONS.to_string(),
-            DEFAULT_MAX_PER_SOURCE.to_string(),
-            DEFAULT_HANDSHAKE_TIMEOUT.as_millis().to_string(),
-            DEFAULT_IDLE_TIMEOUT.as_millis().to_string(),
-        ];
-        assert_eq!(defaults, want);
+        crate::config::keys::assert_listener_rows("UMBP_CLUSTER", ClusterKey::READ_ELSEWHERE);
     }
 
     #[test]

@@ -75,27 +75,19 @@ pub(crate) struct Directory {
     free_scale: AtomicU64,
     /// Where keys' owners are recorded.
     keys: Arc<dyn KeyDirectory>,
+    /// `<prefix>/umbp/peers/`, and the key directory's subtree in etcd if it keeps one.
+    peers_prefix: String,
+    keys_prefix: Option<String>,
     tasks: parking_lot::Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Directory {
-    fn peers_prefix(&self) -> String {
-        format!("{}/umbp/peers/", self.cfg.prefix)
-    }
-
     /// What the watch follows: membership, and the key directory's subtree if it has one.
     fn root(&self) -> String {
-        match self.keys.etcd_subtree() {
-            None => self.peers_prefix(),
+        match self.keys_prefix {
+            None => self.peers_prefix.clone(),
             Some(_) => format!("{}/umbp/", self.cfg.prefix),
         }
-    }
-
-    /// The key directory's subtree in etcd, if it keeps one.
-    fn keys_prefix(&self) -> Option<String> {
-        self.keys
-            .etcd_subtree()
-            .map(|s| format!("{}/umbp/{s}", self.cfg.prefix))
     }
 
     async fn timed<T, E: std::fmt::Display>(
@@ -139,6 +131,7 @@ impl Directory {
                 runtime: tokio::runtime::Handle::current(),
             },
         );
+        let cfg_prefix = cfg.prefix.clone();
         let d = Arc::new(Directory {
             pool,
             restarted: Default::default(),
@@ -157,6 +150,8 @@ impl Directory {
             free_bytes,
             announced_free: AtomicU64::new(0),
             free_scale: AtomicU64::new(0),
+            peers_prefix: format!("{cfg_prefix}/umbp/peers/"),
+            keys_prefix: keys.etcd_subtree().map(|s| format!("{cfg_prefix}/umbp/{s}")),
             keys,
             tasks: parking_lot::Mutex::new(Vec::new()),
         });
@@ -197,7 +192,7 @@ impl Directory {
 
     async fn announce(&self) -> Result<(), ClusterError> {
         let mut c = self.client.clone();
-        let key = format!("{}{}", self.peers_prefix(), self.name);
+        let key = format!("{}{}", self.peers_prefix, self.name);
         let free = (self.free_bytes)();
         self.timed(
             "announcing this peer",
@@ -234,20 +229,14 @@ impl Directory {
             )
             .await?;
         let mut view = View::default();
-        let keys_prefix = self.keys_prefix();
         let mut entries = Vec::new();
         for kv in resp.kvs() {
-            let key = std::str::from_utf8(kv.key()).unwrap_or_default();
-            match keys_prefix.as_deref().and_then(|p| key.strip_prefix(p)) {
-                Some(k) => entries.push((k.to_owned(), String::from_utf8_lossy(kv.value()).into_owned())),
-                None => {
-                    self.apply_to(&mut view, kv.key(), Some((kv.value(), kv.lease())));
-                }
-            }
+            self.apply_to(&mut view, &mut entries, kv.key(), Some((kv.value(), kv.lease())));
         }
         *self.view.write() = view;
         self.membership_seen();
-        self.keys.listed(entries);
+        self.keys
+            .listed(entries.into_iter().filter_map(|(k, v)| Some((k, v?))).collect());
         Ok(resp.header().map(|h| h.revision()).unwrap_or(0))
     }
 
@@ -267,13 +256,19 @@ impl Directory {
         });
     }
 
-    /// Applies one membership entry, or one of the key directory's; returns whether the
-    /// members changed.
-    fn apply_to(&self, view: &mut View, key: &[u8], value: Option<(&[u8], i64)>) -> bool {
+    /// Applies one membership entry to `view`, or adds one of the key directory's to `keys` (key
+    /// below its subtree, new value or `None`: deleted); returns whether the members changed.
+    fn apply_to(
+        &self,
+        view: &mut View,
+        keys: &mut Vec<(String, Option<String>)>,
+        key: &[u8],
+        value: Option<(&[u8], i64)>,
+    ) -> bool {
         let Ok(key) = std::str::from_utf8(key) else {
             return false;
         };
-        if let Some(peer) = key.strip_prefix(&self.peers_prefix()) {
+        if let Some(peer) = key.strip_prefix(&self.peers_prefix) {
             // "addr free_bytes"
             let entry = value.and_then(|(v, lease)| {
                 let mut w = std::str::from_utf8(v).ok()?.split_whitespace();
@@ -294,9 +289,9 @@ impl Directory {
             }
             return true;
         }
-        if let Some(k) = self.keys_prefix().and_then(|p| key.strip_prefix(&p).map(str::to_owned)) {
+        if let Some(k) = self.keys_prefix.as_deref().and_then(|p| key.strip_prefix(p)) {
             let owner = value.and_then(|(v, _)| std::str::from_utf8(v).ok());
-            self.keys.changed(&k, owner);
+            keys.push((k.to_owned(), owner.map(str::to_owned)));
         }
         false
     }
@@ -558,20 +553,24 @@ async fn watch_loop(d: Arc<Directory>, mut revision: i64) {
                     if resp.canceled() {
                         break;
                     }
-                    let mut members_changed = false;
+                    let (mut members_changed, mut keys) = (false, Vec::new());
                     {
                         let mut view = d.view.write();
                         for ev in resp.events() {
                             let Some(kv) = ev.kv() else { continue };
                             revision = revision.max(kv.mod_revision());
-                            members_changed |= match ev.event_type() {
-                                EventType::Put => d.apply_to(&mut view, kv.key(), Some((kv.value(), kv.lease()))),
-                                EventType::Delete => d.apply_to(&mut view, kv.key(), None),
+                            let value = match ev.event_type() {
+                                EventType::Put => Some((kv.value(), kv.lease())),
+                                EventType::Delete => None,
                             };
+                            members_changed |= d.apply_to(&mut view, &mut keys, kv.key(), value);
                         }
                     }
                     if members_changed {
                         d.membership_seen();
+                    }
+                    if !keys.is_empty() {
+                        d.keys.changed(keys);
                     }
                 }
             }
@@ -618,7 +617,7 @@ impl Directory {
             .timed(
                 "reading the revision",
                 client.get(
-                    self.peers_prefix(),
+                    self.peers_prefix.clone(),
                     Some(GetOptions::new().with_count_only().with_prefix()),
                 ),
             )

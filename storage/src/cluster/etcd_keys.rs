@@ -90,12 +90,12 @@ impl EtcdKeys {
             let _ = core.remove(&keys[i]);
         }
     }
+}
 
-    /// The owner's name shared with the membership's, when it is a member: one allocation per
-    /// peer, not per key.
-    fn interned(&self, owner: &str) -> Arc<str> {
-        self.membership.read().name(owner).unwrap_or_else(|| Arc::from(owner))
-    }
+/// The owner's name shared with the membership's, when it is a member: one allocation per peer,
+/// not per key.
+fn interned(m: &Membership, owner: &str) -> Arc<str> {
+    m.name(owner).unwrap_or_else(|| Arc::from(owner))
 }
 
 impl Writer {
@@ -188,26 +188,23 @@ impl KeyDirectory for EtcdKeys {
     }
 
     fn listed(&self, entries: Vec<(String, String)>) {
+        let m = self.membership.read().clone();
         let keys = entries
             .into_iter()
             .filter(|(_, owner)| !owner.is_empty())
-            .map(|(k, owner)| {
-                let owner = self.interned(&owner);
-                (k, owner)
-            })
+            .map(|(k, owner)| (k, interned(&m, &owner)))
             .collect();
         *self.keys.write() = keys;
     }
 
-    fn changed(&self, key: &str, value: Option<&str>) {
-        match value {
-            Some(owner) if !owner.is_empty() => {
-                let owner = self.interned(owner);
-                self.keys.write().insert(key.to_owned(), owner);
-            }
-            _ => {
-                self.keys.write().remove(key);
-            }
+    fn changed(&self, changes: Vec<(String, Option<String>)>) {
+        let m = self.membership.read().clone();
+        let mut keys = self.keys.write();
+        for (key, owner) in changes {
+            match owner.filter(|o| !o.is_empty()) {
+                Some(owner) => keys.insert(key, interned(&m, &owner)),
+                None => keys.remove(&key),
+            };
         }
     }
 

@@ -55,8 +55,9 @@ pub(crate) trait KeyDirectory: Send + Sync {
     /// The whole subtree as listed (key below the subtree, value), replacing what was known.
     fn listed(&self, _entries: Vec<(String, String)>) {}
 
-    /// One watched change below the subtree: its new value, or `None` when deleted.
-    fn changed(&self, _key: &str, _value: Option<&str>) {}
+    /// The changes below the subtree one watch response carried, in order (key, new value or
+    /// `None`: deleted).
+    fn changed(&self, _changes: Vec<(String, Option<String>)>) {}
 
     /// Installs a new membership; returns the previous one when the members changed (the caller
     /// then runs [`KeyDirectory::rebalance`], off the watch task).

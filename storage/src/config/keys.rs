@@ -321,6 +321,27 @@ macro_rules! flag_of {
 pub(crate) use flag_of;
 
 /// Whether a typed default and its text agree (`None`: no typed default).
+/// Holds a table's `also:` rows to te-base's listener limits read under `prefix`: the same
+/// variables, in order, with te-base's defaults.
+#[cfg(test)]
+pub(crate) fn assert_listener_rows(prefix: &str, rows: &[(&str, &str, &str)]) {
+    use te_base::listener::*;
+    let names: Vec<String> = te_base::config::LISTENER_VAR_SUFFIXES
+        .iter()
+        .map(|s| format!("{prefix}{s}"))
+        .collect();
+    let listed: Vec<&str> = rows.iter().map(|(v, ..)| *v).collect();
+    assert_eq!(listed, names);
+    let defaults: Vec<&str> = rows.iter().map(|(_, d, _)| *d).collect();
+    let want = [
+        DEFAULT_MAX_CONNECTIONS.to_string(),
+        DEFAULT_MAX_PER_SOURCE.to_string(),
+        DEFAULT_HANDSHAKE_TIMEOUT.as_millis().to_string(),
+        DEFAULT_IDLE_TIMEOUT.as_millis().to_string(),
+    ];
+    assert_eq!(defaults, want);
+}
+
 #[cfg(test)]
 macro_rules! default_agrees {
     ($parse:expr, $text:literal, $ty:ty) => {
