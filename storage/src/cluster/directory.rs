@@ -66,6 +66,8 @@ pub(crate) struct Directory {
     live: AtomicBool,
     /// A publication failed: every local key is written again when etcd is back.
     dirty: AtomicBool,
+    /// Re-joins under a new lease after the old one lapsed (`lease_rejoins`).
+    rejoins: AtomicU64,
     warned: AtomicBool,
     local_keys: LocalKeys,
     free_bytes: FreeBytes,
@@ -145,6 +147,7 @@ impl Directory {
             view: RwLock::default(),
             live: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
+            rejoins: AtomicU64::new(0),
             warned: AtomicBool::new(false),
             local_keys,
             free_bytes,
@@ -233,11 +236,57 @@ impl Directory {
         for kv in resp.kvs() {
             self.apply_to(&mut view, &mut entries, kv.key(), Some((kv.value(), kv.lease())));
         }
-        *self.view.write() = view;
+        let unlisted = {
+            let mut cur = self.view.write();
+            let unlisted: Vec<(Arc<str>, i64)> = cur
+                .peers
+                .iter()
+                .filter(|(n, _)| !view.peers.contains_key(*n))
+                .map(|(n, &(_, _, lease))| (n.clone(), lease))
+                .collect();
+            for (n, _) in &unlisted {
+                view.peers.insert(n.clone(), cur.peers[n]);
+            }
+            *cur = view;
+            unlisted
+        };
         self.membership_seen();
+        self.drop_unless_rejoined(unlisted);
         self.keys
             .listed(entries.into_iter().filter_map(|(k, v)| Some((k, v?))).collect());
         Ok(resp.header().map(|h| h.revision()).unwrap_or(0))
+    }
+
+    /// Members a re-list did not show, kept until a lease TTL has passed (`unlisted`: name and
+    /// the lease it had). No watch saw them go, so the listing alone cannot tell a member that
+    /// left from one etcd forgot: after etcd restarted empty every member is missing until it
+    /// re-joins under a new lease, and a view without them sends keys to other directory peers,
+    /// whose entries need not meet the writes already acknowledged. One still under its old
+    /// lease after the TTL (not re-joined; a watch would have shown a re-join) is dropped then.
+    fn drop_unless_rejoined(self: &Arc<Self>, unlisted: Vec<(Arc<str>, i64)>) {
+        if unlisted.is_empty() {
+            return;
+        }
+        let d = Arc::downgrade(self);
+        let ttl = Duration::from_secs(self.cfg.lease_ttl_s.max(1) as u64);
+        tokio::spawn(async move {
+            tokio::time::sleep(ttl).await;
+            let Some(d) = d.upgrade() else { return };
+            let mut gone = false;
+            {
+                let mut view = d.view.write();
+                for (name, lease) in &unlisted {
+                    if view.peers.get(name).is_some_and(|&(_, _, l)| l == *lease) {
+                        let key = format!("{}{name}", d.peers_prefix);
+                        gone |= d.apply_to(&mut view, &mut Vec::new(), key.as_bytes(), None);
+                    }
+                }
+            }
+            if gone {
+                tracing::info!("umbp cluster: members missing from etcd for a lease TTL dropped");
+                d.membership_seen();
+            }
+        });
     }
 
     /// After the view's peers changed: tells the key directory the new membership and, if its
@@ -327,6 +376,11 @@ impl Directory {
     }
 
     /// The key directory's counters.
+    /// Times the lease lapsed and this peer re-joined under a new one.
+    pub(crate) fn rejoins(&self) -> u64 {
+        self.rejoins.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn counters(&self) -> DirectoryCounters {
         self.keys.counters()
     }
@@ -503,6 +557,10 @@ impl Directory {
                 self.dirty.store(true, Ordering::Release);
                 return Err(e);
             }
+        }
+        // The lapse is counted once, when its re-join completes (here or in a later round).
+        if self.standing.rejoining() {
+            self.rejoins.fetch_add(1, Ordering::Relaxed);
         }
         self.standing.rejoined();
         Ok(())

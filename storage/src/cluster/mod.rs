@@ -336,6 +336,7 @@ impl Cluster {
             directory_refused_identity: d.refused_identity,
             directory_refused_capped: d.refused_capped,
             directory_lookups_throttled: d.lookups_throttled,
+            lease_rejoins: self.dir.rejoins(),
         }
     }
 }

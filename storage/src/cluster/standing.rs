@@ -64,6 +64,11 @@ impl Standing {
         self.rejoining.store(true, Ordering::Release);
     }
 
+    /// Whether a lapsed lease is being replaced.
+    pub(crate) fn rejoining(&self) -> bool {
+        self.rejoining.load(Ordering::Acquire)
+    }
+
     /// A new lease is held and every local key was published again.
     pub(crate) fn rejoined(&self) {
         self.rejoining.store(false, Ordering::Release);

@@ -27,4 +27,7 @@ pub struct ClusterStats {
     pub directory_refused_capped: u64,
     /// LOOKUPs this peer delayed or refused at `UMBP_CLUSTER_LOOKUP_KEYS_PER_S`.
     pub directory_lookups_throttled: u64,
+    /// Times this peer's lease lapsed (it was frozen or cut off past its TTL, or etcd lost it)
+    /// and it re-joined under a new lease, every local key published again.
+    pub lease_rejoins: u64,
 }

@@ -901,7 +901,7 @@ te_base::stats_table! {
 
 /// Counters of a cluster section: a build without the cluster feature reads (and drops) this
 /// many from a cluster-mode server.
-const CLUSTER_COUNTERS: usize = 11;
+const CLUSTER_COUNTERS: usize = 12;
 
 #[cfg(feature = "cluster")]
 te_base::stats_table! {
@@ -919,6 +919,7 @@ te_base::stats_table! {
             directory_refused_identity,
             directory_refused_capped,
             directory_lookups_throttled,
+            lease_rejoins,
         ],
         skip: [],
     }
@@ -1112,7 +1113,7 @@ mod tests {
     }
 
     /// Values [`stats_by_hand`] takes: 26 core, 11 standalone, 11 cluster.
-    const STATS_VALUES: usize = 26 + 11 + 11;
+    const STATS_VALUES: usize = 26 + 11 + 12;
 
     /// A report with every field of every section set from `v`, written out field by field
     /// (struct literals without `..`: a new field must be added here too), and what a client
@@ -1181,6 +1182,7 @@ mod tests {
             directory_refused_identity: v[45],
             directory_refused_capped: v[46],
             directory_lookups_throttled: v[47],
+            lease_rejoins: v[48],
         });
         #[cfg(not(feature = "cluster"))]
         let _ = peer;
