@@ -15,6 +15,7 @@ use te_base::listener::{deadline, read_growing};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::request_error::RequestError;
 use super::wire::{decode_head, frame, Op, WireError, HEAD};
 
 /// Context bound into every proof, so a proof for another listener kind is worthless here.
@@ -527,7 +528,7 @@ impl ConnPool {
     /// dead (the peer restarted: reset or closed, not silent) is replaced once by a fresh one,
     /// which spends what is left until `end`, never a new timeout. A peer that does not answer in
     /// time is marked suspect.
-    pub(crate) fn exchange(&self, reqs: &[Request], end: Instant) -> Vec<Result<(Op, Vec<u8>), String>> {
+    pub(crate) fn exchange(&self, reqs: &[Request], end: Instant) -> Vec<Result<(Op, Vec<u8>), RequestError>> {
         let mut pooled: Vec<Option<Conn>> = reqs
             .iter()
             .map(|r| {
@@ -537,7 +538,7 @@ impl ConnPool {
                 })
             })
             .collect();
-        type Answer = Result<(Op, Vec<u8>), String>;
+        type Answer = Result<(Op, Vec<u8>), RequestError>;
         std::thread::scope(|s| {
             let fresh: Vec<Option<std::thread::ScopedJoinHandle<'_, Answer>>> = reqs
                 .iter()
@@ -545,7 +546,7 @@ impl ConnPool {
                 .map(|(r, c)| c.is_none().then(|| s.spawn(move || self.round_trip_fresh(r, end))))
                 .collect();
             // Pooled connections: every request sent, then every answer read.
-            let mut open: Vec<Option<Result<(Conn, bool), String>>> = reqs
+            let mut open: Vec<Option<Result<(Conn, bool), RequestError>>> = reqs
                 .iter()
                 .zip(pooled.iter_mut())
                 .map(|(r, c)| {
@@ -555,10 +556,10 @@ impl ConnPool {
                         Err(e) if e.kind() != io::ErrorKind::TimedOut => self
                             .fresh_send(r, end)
                             .map(|c| (c, false))
-                            .map_err(|_| format!("sending: {e}")),
+                            .map_err(|_| RequestError::io("sending", e)),
                         Err(e) => {
                             self.suspect(&r.peer);
-                            Err(format!("sending: {e}"))
+                            Err(RequestError::io("sending", e))
                         }
                     })
                 })
@@ -568,11 +569,13 @@ impl ConnPool {
                 .zip(fresh)
                 .map(|((r, o), f)| {
                     if let Some(h) = f {
-                        return h
-                            .join()
-                            .unwrap_or_else(|_| Err("the request's thread failed".to_string()));
+                        return h.join().unwrap_or(Err(RequestError::ThreadFailed));
                     }
-                    let (mut c, pooled) = o.take().unwrap_or_else(|| Err("no connection".to_string()))?;
+                    // Every request has a pooled connection or a thread of its own (above).
+                    let Some(opened) = o.take() else {
+                        return Err(RequestError::ThreadFailed);
+                    };
+                    let (mut c, pooled) = opened?;
                     let answer = match c.recv() {
                         Ok(a) => Ok(a),
                         Err(e) if pooled && e.kind() != io::ErrorKind::TimedOut => {
@@ -588,20 +591,20 @@ impl ConnPool {
     }
 
     /// One request on a new connection: connect, send, read the answer, all by `end`.
-    fn round_trip_fresh(&self, r: &Request, end: Instant) -> Result<(Op, Vec<u8>), String> {
+    fn round_trip_fresh(&self, r: &Request, end: Instant) -> Result<(Op, Vec<u8>), RequestError> {
         let mut c =
             Conn::connect(r.addr, self.source, self.auth.as_ref(), &self.me, self.timeout, end).map_err(|e| {
                 if e.kind() == io::ErrorKind::TimedOut {
                     self.suspect(&r.peer);
                 }
-                format!("connecting: {e}")
+                RequestError::io("connecting", e)
             })?;
         c.set_deadline(Some(end));
         if let Err(e) = c.send(r.op, &r.body) {
             if e.kind() == io::ErrorKind::TimedOut {
                 self.suspect(&r.peer);
             }
-            return Err(format!("sending: {e}"));
+            return Err(RequestError::io("sending", e));
         }
         let answer = c.recv();
         self.settle(r, c, answer)
@@ -609,7 +612,7 @@ impl ConnPool {
 
     /// Pools the connection after an answer; after a failure drops the peer's connections and,
     /// if it did not answer in time, marks it suspect.
-    fn settle(&self, r: &Request, c: Conn, answer: io::Result<(Op, Vec<u8>)>) -> Result<(Op, Vec<u8>), String> {
+    fn settle(&self, r: &Request, c: Conn, answer: io::Result<(Op, Vec<u8>)>) -> Result<(Op, Vec<u8>), RequestError> {
         match answer {
             Ok(a) => {
                 self.put(r.peer.clone(), c);
@@ -620,17 +623,17 @@ impl ConnPool {
                 if e.kind() == io::ErrorKind::TimedOut {
                     self.suspect(&r.peer);
                 }
-                Err(format!("reading the answer: {e}"))
+                Err(RequestError::io("reading the answer", e))
             }
         }
     }
 
-    fn fresh_send(&self, r: &Request, end: Instant) -> Result<Conn, String> {
+    fn fresh_send(&self, r: &Request, end: Instant) -> Result<Conn, RequestError> {
         self.forget(&r.peer);
         let mut c = Conn::connect(r.addr, self.source, self.auth.as_ref(), &self.me, self.timeout, end)
-            .map_err(|e| format!("connecting: {e}"))?;
+            .map_err(|e| RequestError::io("connecting", e))?;
         c.set_deadline(Some(end));
-        c.send(r.op, &r.body).map_err(|e| format!("sending: {e}"))?;
+        c.send(r.op, &r.body).map_err(|e| RequestError::io("sending", e))?;
         Ok(c)
     }
 }

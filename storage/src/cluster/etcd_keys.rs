@@ -60,25 +60,14 @@ impl EtcdKeys {
         }
     }
 
-    /// Runs `f` on the cluster's runtime and waits for it on this thread, until `end` at most
-    /// (the future stops there too).
+    /// Runs `f` on the cluster's runtime and waits for it on this thread (see [`run_on`]).
     fn run<T: Send + 'static>(
         &self,
         what: &'static str,
         end: Instant,
         f: impl std::future::Future<Output = Result<T, ClusterError>> + Send + 'static,
     ) -> Result<T, ClusterError> {
-        let left = end.saturating_duration_since(Instant::now());
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        self.runtime.spawn(async move {
-            if let Ok(r) = tokio::time::timeout(left, f).await {
-                let _ = tx.send(r);
-            }
-        });
-        rx.recv_timeout(left).unwrap_or(Err(ClusterError::EtcdTimeout {
-            what,
-            ms: left.as_millis() as u64,
-        }))
+        run_on(&self.runtime, what, end, f)
     }
 
     /// Drops this peer's copies of the `refused` ones of `keys` (another peer owns them).
@@ -89,6 +78,36 @@ impl EtcdKeys {
         for &(i, _) in refused {
             let _ = core.remove(&keys[i]);
         }
+    }
+}
+
+/// Runs `f` on `runtime` and waits for it on this thread, until `end` at most (the future stops
+/// there too): etcd's silence is a timeout; a runtime that shut down (the store closing) or a
+/// task that ended unfinished is said as such, at once, not as a timeout after the wait.
+fn run_on<T: Send + 'static>(
+    runtime: &tokio::runtime::Handle,
+    what: &'static str,
+    end: Instant,
+    f: impl std::future::Future<Output = Result<T, ClusterError>> + Send + 'static,
+) -> Result<T, ClusterError> {
+    let left = end.saturating_duration_since(Instant::now());
+    let timeout = ClusterError::EtcdTimeout {
+        what,
+        ms: left.as_millis() as u64,
+    };
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let timed_out = timeout.clone();
+    runtime.spawn(async move {
+        let _ = tx.send(tokio::time::timeout(left, f).await.unwrap_or(Err(timed_out)));
+    });
+    match rx.recv_timeout(left) {
+        Ok(r) => r,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(timeout),
+        // The task was dropped unfinished: the runtime shut down, or the future panicked.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(ClusterError::Task {
+            what,
+            message: "the cluster's runtime shut down (the store is closing) or the task panicked".into(),
+        }),
     }
 }
 
@@ -290,5 +309,68 @@ impl KeyDirectory for EtcdKeys {
 
     fn into_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_call_on_the_cluster_runtime_answers_or_times_out_as_such() {
+        let rt = runtime();
+        let end = || Instant::now() + Duration::from_secs(60);
+        assert_eq!(run_on(rt.handle(), "a write", end(), async { Ok(7) }), Ok(7));
+        let e = ClusterError::etcd("a write", "refused");
+        assert_eq!(
+            run_on(rt.handle(), "a write", end(), async { Err::<(), _>(e) }),
+            Err(ClusterError::etcd("a write", "refused"))
+        );
+        // etcd silent: the deadline's timeout, naming the work.
+        let silent = run_on(
+            rt.handle(),
+            "a write",
+            Instant::now() + Duration::from_millis(50),
+            std::future::pending::<Result<(), ClusterError>>(),
+        );
+        assert!(
+            matches!(silent, Err(ClusterError::EtcdTimeout { what: "a write", .. })),
+            "{silent:?}"
+        );
+    }
+
+    #[test]
+    fn a_runtime_that_shuts_down_is_not_reported_as_an_etcd_timeout() {
+        // Shut down before the call: said at once.
+        let rt = runtime();
+        let handle = rt.handle().clone();
+        drop(rt);
+        let far = Instant::now() + Duration::from_secs(60);
+        let r = run_on(&handle, "a write", far, async { Ok(1) });
+        assert!(matches!(r, Err(ClusterError::Task { what: "a write", .. })), "{r:?}");
+        // Shut down while the call waits on etcd (the store closing during a put): said when it
+        // happens, not as a timeout when the deadline passes (the bound guards a hang).
+        let rt = runtime();
+        let handle = rt.handle().clone();
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let closer = std::thread::spawn(move || {
+            started_rx.recv().unwrap();
+            rt.shutdown_background();
+        });
+        let r = run_on(&handle, "a write", far, async move {
+            started_tx.send(()).unwrap();
+            std::future::pending::<Result<(), ClusterError>>().await
+        });
+        closer.join().unwrap();
+        assert!(matches!(r, Err(ClusterError::Task { what: "a write", .. })), "{r:?}");
+        assert!(Instant::now() < far);
     }
 }

@@ -30,6 +30,7 @@ mod peer;
 pub(crate) mod remote_get;
 pub(crate) mod remote_put;
 mod rendezvous;
+mod request_error;
 pub(crate) mod server;
 mod shard;
 mod sharded;

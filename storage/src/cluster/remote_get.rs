@@ -20,6 +20,7 @@ use te_core::TransferRequest;
 use parking_lot::Mutex;
 
 use super::conn::Conn;
+use super::request_error::RequestError;
 use super::wake::{wait_any, Wake};
 use super::wire::{self, Op, Place};
 use super::{Cluster, Remembered};
@@ -296,11 +297,17 @@ impl Cluster {
                         .recv()
                         .map_err(|e| self.io_failure(&w.owner, "reading PLACES", e))?;
                     if op != Op::Places {
-                        return Err(format!("RESOLVE answered {op:?}"));
+                        return Err(RequestError::Unexpected {
+                            request: "RESOLVE",
+                            got: op,
+                        });
                     }
-                    let (lease, places) = wire::decode_places(&answer).map_err(|e| format!("malformed PLACES: {e}"))?;
+                    let (lease, places) = wire::decode_places(&answer).map_err(|source| RequestError::Malformed {
+                        answer: "PLACES",
+                        source,
+                    })?;
                     if places.len() != w.cached.iter().filter(|c| c.is_none()).count() {
-                        return Err("RESOLVE answered the wrong number of keys".into());
+                        return Err(RequestError::WrongCount { request: "RESOLVE" });
                     }
                     Ok((lease, places, sent + (wire::HEAD + answer.len()) as u64))
                 })();
@@ -493,8 +500,14 @@ impl Cluster {
             .and_then(|(op, a)| {
                 acc.control += bytes + (wire::HEAD + a.len()) as u64;
                 match op {
-                    Op::Verdicts => wire::decode_verdicts(&a).map_err(|e| format!("malformed VERDICTS: {e}")),
-                    other => Err(format!("VALIDATE answered {other:?}")),
+                    Op::Verdicts => wire::decode_verdicts(&a).map_err(|source| RequestError::Malformed {
+                        answer: "VERDICTS",
+                        source,
+                    }),
+                    got => Err(RequestError::Unexpected {
+                        request: "VALIDATE",
+                        got,
+                    }),
                 }
             });
         match verdicts {
@@ -527,7 +540,7 @@ impl Cluster {
             other => {
                 let why = match other {
                     Err(e) => e,
-                    Ok(_) => "VALIDATE answered the wrong number of keys".into(),
+                    Ok(_) => RequestError::WrongCount { request: "VALIDATE" },
                 };
                 self.forget(&w.owner);
                 for x in &checked {
@@ -579,7 +592,7 @@ impl Cluster {
     /// and segment, so the next call starts afresh).
     fn keep_or_fail<T>(
         &self,
-        r: Result<T, String>,
+        r: Result<T, RequestError>,
         w: &OwnerWork,
         items: &[RangedGet<'_>],
         errors: &mut [Option<StoreError>],
@@ -598,7 +611,7 @@ impl Cluster {
 
     /// A pooled control connection to `owner`, or a new one, bounded by `end` until it is
     /// returned to the pool.
-    pub(crate) fn conn_to(&self, owner: &Arc<str>, addr: SocketAddr, end: Instant) -> Result<Conn, String> {
+    pub(crate) fn conn_to(&self, owner: &Arc<str>, addr: SocketAddr, end: Instant) -> Result<Conn, RequestError> {
         self.pool
             .get(owner, addr, end)
             .map(|(c, _)| c)
@@ -607,15 +620,16 @@ impl Cluster {
 
     /// Describes a failed control round trip with `owner`; one that timed out marks it suspect
     /// (the next calls pass it over at once instead of waiting again).
-    pub(crate) fn io_failure(&self, owner: &Arc<str>, what: &str, e: std::io::Error) -> String {
-        if e.kind() == std::io::ErrorKind::TimedOut {
+    pub(crate) fn io_failure(&self, owner: &Arc<str>, what: &'static str, e: std::io::Error) -> RequestError {
+        let e = RequestError::io(what, e);
+        if e.is_timeout() {
             self.pool.suspect(owner);
         }
-        format!("{what}: {e}")
+        e
     }
 
     /// `owner`'s engine segment, opened (on the control runtime, by `end`) the first time.
-    pub(crate) fn segment_for(&self, core: &Core, owner: &Arc<str>, end: Instant) -> Result<SegmentId, String> {
+    pub(crate) fn segment_for(&self, core: &Core, owner: &Arc<str>, end: Instant) -> Result<SegmentId, RequestError> {
         if let Some(s) = self.segment(owner) {
             return Ok(s);
         }
@@ -625,8 +639,11 @@ impl Cluster {
             end.saturating_duration_since(Instant::now()),
         );
         let s = opened
-            .ok_or_else(|| "opening its segment timed out".to_string())?
-            .map_err(|e| format!("opening its segment: {e}"))?;
+            .ok_or_else(|| RequestError::timed_out("opening its segment"))?
+            .map_err(|source| RequestError::Engine {
+                what: "opening its segment",
+                source,
+            })?;
         self.remember_segment(owner.clone(), s);
         Ok(s)
     }

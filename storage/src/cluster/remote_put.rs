@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use te_core::TransferRequest;
 
+use super::request_error::RequestError;
 use super::wire::{self, Op, Place};
 use super::Cluster;
 use crate::core::{Core, RangedPut};
@@ -44,7 +45,7 @@ impl Cluster {
         keys: &[usize],
         owner: &Arc<str>,
         addr: std::net::SocketAddr,
-    ) -> Result<Vec<usize>, String> {
+    ) -> Result<Vec<usize>, RequestError> {
         // One deadline for the whole remote put: ALLOCATE, the writes and COMMIT.
         let end = std::time::Instant::now() + self.cfg.timeout;
         let seg = self.segment_for(core, owner, end)?;
@@ -54,14 +55,22 @@ impl Cluster {
             .map(|&k| (items[k].key, items[k].object_len, items[k].depth))
             .collect();
         conn.send(Op::Allocate, &wire::encode_allocate(objs.into_iter()))
-            .map_err(|e| format!("sending ALLOCATE: {e}"))?;
-        let (op, answer) = conn.recv().map_err(|e| format!("reading its answer: {e}"))?;
+            .map_err(|e| self.io_failure(owner, "sending ALLOCATE", e))?;
+        let (op, answer) = conn
+            .recv()
+            .map_err(|e| self.io_failure(owner, "reading its answer", e))?;
         if op != Op::Places {
-            return Err(format!("ALLOCATE answered {op:?}"));
+            return Err(RequestError::Unexpected {
+                request: "ALLOCATE",
+                got: op,
+            });
         }
-        let (_, places) = wire::decode_places(&answer).map_err(|e| format!("malformed PLACES: {e}"))?;
+        let (_, places) = wire::decode_places(&answer).map_err(|source| RequestError::Malformed {
+            answer: "PLACES",
+            source,
+        })?;
         if places.len() != keys.len() {
-            return Err("ALLOCATE answered the wrong number of objects".into());
+            return Err(RequestError::WrongCount { request: "ALLOCATE" });
         }
         let n: usize = keys.iter().map(|&k| items[k].ranges.len()).sum();
         let mut requests = Vec::with_capacity(n);
@@ -92,7 +101,10 @@ impl Cluster {
         }
         let mut failed = vec![false; keys.len()];
         if !requests.is_empty() {
-            let batch = core.engine().submit(&requests).map_err(|e| format!("writing: {e}"))?;
+            let batch = core.engine().submit(&requests).map_err(|source| RequestError::Engine {
+                what: "writing",
+                source,
+            })?;
             match batch.wait_blocking(Some(end.saturating_duration_since(std::time::Instant::now()))) {
                 Some(Ok(_)) => {}
                 Some(Err(e)) => {
@@ -102,7 +114,7 @@ impl Cluster {
                 }
                 None => {
                     batch.cancel();
-                    return Err("writing: not done within the cluster timeout".into());
+                    return Err(RequestError::timed_out("writing"));
                 }
             }
         }
@@ -113,14 +125,22 @@ impl Cluster {
             .collect();
         let body = wire::encode_validate(0, done.iter().map(|&(k, g)| (items[k].key, g)));
         conn.send(Op::Commit, &body)
-            .map_err(|e| format!("sending COMMIT: {e}"))?;
-        let (op, answer) = conn.recv().map_err(|e| format!("reading its answer: {e}"))?;
+            .map_err(|e| self.io_failure(owner, "sending COMMIT", e))?;
+        let (op, answer) = conn
+            .recv()
+            .map_err(|e| self.io_failure(owner, "reading its answer", e))?;
         if op != Op::Verdicts {
-            return Err(format!("COMMIT answered {op:?}"));
+            return Err(RequestError::Unexpected {
+                request: "COMMIT",
+                got: op,
+            });
         }
-        let ok = wire::decode_verdicts(&answer).map_err(|e| format!("malformed VERDICTS: {e}"))?;
+        let ok = wire::decode_verdicts(&answer).map_err(|source| RequestError::Malformed {
+            answer: "VERDICTS",
+            source,
+        })?;
         if ok.len() != done.len() {
-            return Err("COMMIT answered the wrong number of objects".into());
+            return Err(RequestError::WrongCount { request: "COMMIT" });
         }
         self.put_conn(owner.clone(), conn);
         Ok(done

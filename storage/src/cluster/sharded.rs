@@ -31,6 +31,7 @@ use super::key_directory::{DirectoryCounters, KeyDirectory, Refused};
 use super::membership::Membership;
 use super::owner::Owner;
 use super::rendezvous::{self, Member};
+use super::request_error::RequestError;
 use super::shard::{Shard, BLOCKED, CAPPED, TAKEN};
 use super::wire::{self, Op};
 use crate::error::ClusterError;
@@ -323,7 +324,7 @@ impl Sharded {
                 Ok((Op::Verdicts, _)) => {}
                 other => {
                     let why = match other {
-                        Err(e) => e,
+                        Err(e) => e.to_string(),
                         Ok((op, body)) => format!("{op:?} {}", String::from_utf8_lossy(&body[..body.len().min(200)])),
                     };
                     tracing::debug!(
@@ -680,7 +681,10 @@ impl Sharded {
             };
             for ((req, ks), answer) in reqs.iter().zip(asked).zip(answers) {
                 let decoded = match answer {
-                    Ok((Op::Owners, body)) => wire::decode_owners(&body).map_err(|e| format!("malformed OWNERS: {e}")),
+                    Ok((Op::Owners, body)) => wire::decode_owners(&body).map_err(|source| RequestError::Malformed {
+                        answer: "OWNERS",
+                        source,
+                    }),
                     Ok((Op::Refused, why)) => {
                         tracing::debug!(
                             "umbp cluster: {} refused LOOKUP: {}",
@@ -689,7 +693,7 @@ impl Sharded {
                         );
                         continue;
                     }
-                    Ok((op, _)) => Err(format!("LOOKUP answered {op:?}")),
+                    Ok((got, _)) => Err(RequestError::Unexpected { request: "LOOKUP", got }),
                     Err(e) => Err(e),
                 };
                 match decoded {
