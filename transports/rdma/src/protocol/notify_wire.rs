@@ -143,6 +143,17 @@ mod tests {
         }
     }
 
+    /// One header's exact bytes: version 1, kind 1, two zero bytes, the sequence number little
+    /// endian. Pinned so a change of encoder cannot change what a peer of another build reads.
+    #[test]
+    fn a_known_header_has_exactly_these_bytes() {
+        let mut header = [0xaau8; HEADER_LEN];
+        encode_header(0x0403_0201, &mut header);
+        assert_eq!(header, [1, 1, 0, 0, 0x01, 0x02, 0x03, 0x04]);
+        let msg = [1, 1, 0, 0, 0x01, 0x02, 0x03, 0x04, b'h', b'i'];
+        assert_eq!(decode_message(&msg).ok(), Some((0x0403_0201, &b"hi"[..])));
+    }
+
     #[test]
     fn hostile_messages_are_refused() {
         assert_eq!(decode_message(&[]), Err(MessageError::Truncated));
@@ -187,6 +198,18 @@ mod tests {
                 prop_assert_eq!(&header[4..], &msg[4..HEADER_LEN]);
                 prop_assert_eq!(body, &msg[HEADER_LEN..]);
             }
+        }
+
+        #[test]
+        fn every_header_is_version_kind_two_zero_bytes_and_the_sequence_number(seq in any::<u32>(), reserved in any::<[u8; 2]>(), body in proptest::collection::vec(any::<u8>(), 0..16)) {
+            let s = seq.to_le_bytes();
+            let mut header = [0xaau8; HEADER_LEN];
+            encode_header(seq, &mut header);
+            prop_assert_eq!(header, [1, 1, 0, 0, s[0], s[1], s[2], s[3]]);
+            // Readers do not look at the two reserved bytes.
+            let mut msg = vec![1, 1, reserved[0], reserved[1], s[0], s[1], s[2], s[3]];
+            msg.extend_from_slice(&body);
+            prop_assert_eq!(decode_message(&msg).ok(), Some((seq, &body[..])));
         }
 
         #[test]
