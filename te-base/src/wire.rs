@@ -1,5 +1,6 @@
 //! The wire kit every protocol of the engine encodes and decodes with: a bounds-checked
-//! [`Reader`] whose errors name the field and its offset, a [`Writer`] of little-endian fields,
+//! [`Reader`] whose errors name the field and its offset, a [`Writer`] of little-endian fields
+//! (appending to a `Vec`, or in place into a fixed buffer),
 //! one [`WireError`], a versioned frame prefix ([`Preamble`]: magic bytes and a version) and
 //! [`stats_table!`](crate::stats_table), which encodes a struct of counters from one list of its
 //! fields.
@@ -304,6 +305,50 @@ impl Writer for Vec<u8> {
     }
 }
 
+/// Writes in place into a buffer of fixed size (a header at the front of registered memory, an
+/// array), moving past each field like `std::io::Write for &mut [u8]`. The buffer is sized by the
+/// code that writes it, never by what a peer sent, so one too short for a field is a bug of that
+/// code: it panics, naming the sizes.
+impl Writer for &mut [u8] {
+    #[inline]
+    fn u8(&mut self, v: u8) {
+        Writer::bytes(self, &[v]);
+    }
+    #[inline]
+    fn u16(&mut self, v: u16) {
+        Writer::bytes(self, &v.to_le_bytes());
+    }
+    #[inline]
+    fn u32(&mut self, v: u32) {
+        Writer::bytes(self, &v.to_le_bytes());
+    }
+    #[inline]
+    fn u64(&mut self, v: u64) {
+        Writer::bytes(self, &v.to_le_bytes());
+    }
+    #[inline]
+    fn bool(&mut self, v: bool) {
+        Writer::bytes(self, &[v as u8]);
+    }
+    #[inline]
+    fn bytes(&mut self, b: &[u8]) {
+        assert!(
+            b.len() <= self.len(),
+            "wire::Writer: {} bytes into a buffer with {} left",
+            b.len(),
+            self.len()
+        );
+        let (field, rest) = std::mem::take(self).split_at_mut(b.len());
+        field.copy_from_slice(b);
+        *self = rest;
+    }
+    fn str(&mut self, s: &str) {
+        let s = &s.as_bytes()[..s.len().min(u32::MAX as usize)];
+        Writer::u32(self, s.len() as u32);
+        Writer::bytes(self, s);
+    }
+}
+
 /// The versioned start of every frame of one protocol: its magic bytes, then a one-byte
 /// version. A peer speaking another protocol or version is refused at the first bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -325,10 +370,10 @@ impl Preamble {
         false
     }
 
-    /// Appends magic and version.
-    pub fn write(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(self.magic);
-        out.push(self.version);
+    /// Writes magic and version with any [`Writer`] (appended to a `Vec`, or in place).
+    pub fn write<W: Writer + ?Sized>(&self, out: &mut W) {
+        out.bytes(self.magic);
+        out.u8(self.version);
     }
 
     /// Writes magic and version at the front of `out` (a fixed-size header).
@@ -530,6 +575,29 @@ mod tests {
     }
 
     #[test]
+    fn a_fixed_buffer_takes_the_same_bytes_as_a_vec_and_moves_past_them() {
+        let mut v = Vec::new();
+        P.write(&mut v);
+        v.u16(0x0201);
+        v.str("ab");
+        let mut buf = [0xeeu8; 16];
+        let mut w = &mut buf[..];
+        P.write(&mut w);
+        w.u16(0x0201);
+        w.str("ab");
+        assert_eq!(w.len(), 16 - v.len(), "the writer stands after what it wrote");
+        assert_eq!(&buf[..v.len()], &v[..]);
+        assert!(buf[v.len()..].iter().all(|&b| b == 0xee), "nothing written past it");
+    }
+
+    #[test]
+    #[should_panic(expected = "4 bytes into a buffer with 3 left")]
+    fn a_fixed_buffer_too_short_for_a_field_is_a_bug_that_panics() {
+        let mut buf = [0u8; 3];
+        (&mut buf[..]).u32(1);
+    }
+
+    #[test]
     fn a_stats_table_sends_its_list_and_leaves_the_skipped_fields() {
         assert_eq!(SWire::FIELDS, 2);
         assert_eq!(SWire::NAMES, &["a", "c"]);
@@ -554,6 +622,14 @@ mod tests {
             out.str(&s);
             out.u32(raw.len() as u32);
             out.bytes(&raw);
+            // The same fields written in place into an exactly sized buffer are the same bytes.
+            let mut fixed = vec![0u8; out.len()];
+            let mut w = &mut fixed[..];
+            P.write(&mut w);
+            w.u8(a); w.u16(b); w.u32(c); w.u64(d); w.bool(e); w.str(&s);
+            w.u32(raw.len() as u32); w.bytes(&raw);
+            prop_assert!(w.is_empty());
+            prop_assert_eq!(&fixed, &out);
             let mut r = Reader::new(&out);
             P.check(&mut r).unwrap();
             prop_assert_eq!(r.u8("a").unwrap(), a);

@@ -1,10 +1,11 @@
 //! The notification messages of the verbs transport, with no verbs calls.
 //!
 //! A notification is one SEND on the connection's first QP into one of the target's posted
-//! receive buffers: an 8-byte header (format version, kind, sequence number) and the body
-//! te-base encodes (sender name, payload). The target answers each with a zero-byte RDMA WRITE
-//! WITH IMMEDIATE on the same QP whose 32-bit immediate carries the version, the outcome and the
-//! message's sequence number, so answers need no buffer at either end.
+//! receive buffers: an 8-byte header (format version, kind, sequence number; written and read
+//! with te-base's wire kit) and the body te-base encodes (sender name, payload). The target
+//! answers each with a zero-byte RDMA WRITE WITH IMMEDIATE on the same QP whose 32-bit immediate
+//! carries the version, the outcome and the message's sequence number, so answers need no buffer
+//! at either end.
 //!
 //! Flow control is by credits: the target advertises how many receive buffers it keeps posted
 //! ([`NotifyParams::credits`]) and how large each is; a sender keeps at most that many messages
@@ -13,6 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 pub use te_base::notify::Outcome;
+use te_base::wire::{Preamble, Reader, WireError, Writer};
 
 /// Version of the message and answer format.
 pub const NOTIFY_VERSION: u8 = 1;
@@ -20,6 +22,12 @@ pub const NOTIFY_VERSION: u8 = 1;
 pub const HEADER_LEN: usize = 8;
 /// Kind byte of a notification message.
 const KIND_NOTIFY: u8 = 1;
+/// A message starts with its format version. No magic bytes: the receive ring a message lands in
+/// carries nothing but notifications.
+const PREAMBLE: Preamble = Preamble {
+    magic: b"",
+    version: NOTIFY_VERSION,
+};
 /// Largest credit count a sender accepts from a target's descriptor.
 pub const MAX_CREDITS: u32 = 256;
 /// Sequence numbers in answers are 24 bits wide.
@@ -51,51 +59,34 @@ impl NotifyParams {
     }
 }
 
-/// Writes the header of message `seq` into `out[..HEADER_LEN]`.
+/// Writes the header of message `seq` into `out[..HEADER_LEN]`: version, kind, two reserved
+/// zero bytes, `seq` (little endian).
 pub fn encode_header(seq: u32, out: &mut [u8]) {
-    out[0] = NOTIFY_VERSION;
-    out[1] = KIND_NOTIFY;
-    out[2] = 0;
-    out[3] = 0;
-    out[4..8].copy_from_slice(&seq.to_le_bytes());
+    let mut w = &mut out[..HEADER_LEN];
+    PREAMBLE.write(&mut w);
+    w.u8(KIND_NOTIFY);
+    w.u16(0);
+    w.u32(seq);
+    debug_assert!(w.is_empty(), "HEADER_LEN is the fields above");
 }
 
-/// Why a received message cannot be read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MessageError {
-    /// Shorter than the header.
-    Truncated,
-    /// Another format version.
-    Version(u8),
-    /// Not a notification.
-    Kind(u8),
-}
-
-impl std::fmt::Display for MessageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            MessageError::Truncated => f.write_str("notification message shorter than its header"),
-            MessageError::Version(v) => {
-                write!(f, "notification format version {v} (this build reads {NOTIFY_VERSION})")
-            }
-            MessageError::Kind(k) => write!(f, "message kind {k} is not a notification"),
-        }
+/// Splits a received message into its sequence number and body. The error names the field that
+/// was wrong (short, another version, not a notification). The reserved bytes are not looked at.
+pub fn decode_message(msg: &[u8]) -> Result<(u32, &[u8]), WireError> {
+    let mut r = Reader::new(msg);
+    PREAMBLE.check(&mut r)?;
+    let at = r.position();
+    let kind = r.u8("kind")?;
+    if kind != KIND_NOTIFY {
+        return Err(WireError::BadValue {
+            field: "kind",
+            at,
+            value: kind.into(),
+        });
     }
-}
-
-/// Splits a received message into its sequence number and body.
-pub fn decode_message(msg: &[u8]) -> Result<(u32, &[u8]), MessageError> {
-    if msg.len() < HEADER_LEN {
-        return Err(MessageError::Truncated);
-    }
-    if msg[0] != NOTIFY_VERSION {
-        return Err(MessageError::Version(msg[0]));
-    }
-    if msg[1] != KIND_NOTIFY {
-        return Err(MessageError::Kind(msg[1]));
-    }
-    let seq = u32::from_le_bytes(msg[4..8].try_into().expect("4 bytes"));
-    Ok((seq, &msg[HEADER_LEN..]))
+    r.u16("reserved")?;
+    let seq = r.u32("sequence number")?;
+    Ok((seq, r.rest()))
 }
 
 /// The immediate of the answer to message `seq`: version (4 bits), outcome (4 bits), the low 24
@@ -143,12 +134,57 @@ mod tests {
         }
     }
 
+    /// One header's exact bytes: version 1, kind 1, two zero bytes, the sequence number little
+    /// endian. Pinned so a change of encoder cannot change what a peer of another build reads.
+    #[test]
+    fn a_known_header_has_exactly_these_bytes() {
+        let mut header = [0xaau8; HEADER_LEN];
+        encode_header(0x0403_0201, &mut header);
+        assert_eq!(header, [1, 1, 0, 0, 0x01, 0x02, 0x03, 0x04]);
+        let msg = [1, 1, 0, 0, 0x01, 0x02, 0x03, 0x04, b'h', b'i'];
+        assert_eq!(decode_message(&msg).ok(), Some((0x0403_0201, &b"hi"[..])));
+    }
+
     #[test]
     fn hostile_messages_are_refused() {
-        assert_eq!(decode_message(&[]), Err(MessageError::Truncated));
-        assert_eq!(decode_message(&[1, 1, 0, 0, 0, 0, 0]), Err(MessageError::Truncated));
-        assert_eq!(decode_message(&[2, 1, 0, 0, 0, 0, 0, 0]), Err(MessageError::Version(2)));
-        assert_eq!(decode_message(&[1, 9, 0, 0, 0, 0, 0, 0]), Err(MessageError::Kind(9)));
+        assert!(matches!(
+            decode_message(&[]),
+            Err(WireError::Truncated {
+                field: "version",
+                at: 0,
+                ..
+            })
+        ));
+        assert_eq!(
+            decode_message(&[1, 1, 0, 0, 0, 0, 0]),
+            Err(WireError::Truncated {
+                field: "sequence number",
+                at: 4,
+                need: 4,
+                left: 3
+            })
+        );
+        assert_eq!(
+            decode_message(&[2, 1, 0, 0, 0, 0, 0, 0]),
+            Err(WireError::BadVersion { got: 2, speaks: 1 })
+        );
+        assert_eq!(
+            decode_message(&[1, 9, 0, 0, 0, 0, 0, 0]),
+            Err(WireError::BadValue {
+                field: "kind",
+                at: 1,
+                value: 9
+            })
+        );
+        // Every cut of a header is refused, naming the field it cut.
+        let mut header = [0u8; HEADER_LEN];
+        encode_header(7, &mut header);
+        for cut in 0..HEADER_LEN {
+            assert!(
+                matches!(decode_message(&header[..cut]), Err(WireError::Truncated { .. })),
+                "cut at {cut}"
+            );
+        }
         assert_eq!(decode_answer(0), None, "version 0");
         assert_eq!(decode_answer((1 << 28) | (7 << 24)), None, "unknown outcome");
     }
@@ -187,6 +223,18 @@ mod tests {
                 prop_assert_eq!(&header[4..], &msg[4..HEADER_LEN]);
                 prop_assert_eq!(body, &msg[HEADER_LEN..]);
             }
+        }
+
+        #[test]
+        fn every_header_is_version_kind_two_zero_bytes_and_the_sequence_number(seq in any::<u32>(), reserved in any::<[u8; 2]>(), body in proptest::collection::vec(any::<u8>(), 0..16)) {
+            let s = seq.to_le_bytes();
+            let mut header = [0xaau8; HEADER_LEN];
+            encode_header(seq, &mut header);
+            prop_assert_eq!(header, [1, 1, 0, 0, s[0], s[1], s[2], s[3]]);
+            // Readers do not look at the two reserved bytes.
+            let mut msg = vec![1, 1, reserved[0], reserved[1], s[0], s[1], s[2], s[3]];
+            msg.extend_from_slice(&body);
+            prop_assert_eq!(decode_message(&msg).ok(), Some((seq, &body[..])));
         }
 
         #[test]
