@@ -516,6 +516,17 @@ mod tests {
             prop_assert_eq!(decode_body(&out), Ok(note(&from, &payload)));
         }
 
+        /// The layout of every body: one byte of name length, the name, the payload, nothing else.
+        #[test]
+        fn every_body_has_the_pinned_layout(from in "\\PC{0,63}", payload in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut out = Vec::new();
+            encode_body(&from, &payload, &mut out).unwrap();
+            let mut expected = vec![from.len() as u8];
+            expected.extend_from_slice(from.as_bytes());
+            expected.extend_from_slice(&payload);
+            prop_assert_eq!(out, expected);
+        }
+
         #[test]
         fn garbage_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..600)) {
             if let Ok(n) = decode_body(&body) {
@@ -525,6 +536,26 @@ mod tests {
                 prop_assert_eq!(out, body);
             }
         }
+    }
+
+    /// The exact bytes of a known body, pinned before the codec moved onto te-base's wire kit: all
+    /// four transports put these bytes on the wire, so they must not change.
+    #[test]
+    fn a_known_body_has_these_exact_bytes() {
+        let mut out = Vec::new();
+        encode_body("node-1", b"\x00hi\xff", &mut out).unwrap();
+        assert_eq!(out, b"\x06node-1\x00hi\xff");
+        assert_eq!(decode_body(&out), Ok(note("node-1", b"\x00hi\xff")));
+        // Appended to what the buffer holds (a transport's header, say), not over it.
+        let mut out = b"hdr".to_vec();
+        encode_body("", b"", &mut out).unwrap();
+        assert_eq!(out, b"hdr\x00");
+        let mut out = Vec::new();
+        let name = "n".repeat(MAX_SENDER_NAME);
+        encode_body(&name, b"p", &mut out).unwrap();
+        assert_eq!(out[0], 255);
+        assert_eq!(&out[1..256], name.as_bytes());
+        assert_eq!(&out[256..], b"p");
     }
 
     #[test]
