@@ -1,7 +1,8 @@
 //! The wire format: a fixed 40-byte little-endian frame header, optionally followed by a payload.
 //!
-//! Pure encoding and decoding, no I/O, so the codec is tested (and fuzzed) without sockets. Magic
-//! and version are checked, and the fields read, by te-base's wire kit ([`te_base::wire`]).
+//! Pure encoding and decoding, no I/O, so the codec is tested (and fuzzed) without sockets. The
+//! header is written in place and read with te-base's wire kit ([`te_base::wire`]), which also
+//! writes and checks magic and version.
 //!
 //! ```text
 //! offset  size  field
@@ -23,7 +24,7 @@
 
 use std::fmt;
 
-use te_base::wire::{Preamble, Reader};
+use te_base::wire::{Preamble, Reader, Writer};
 
 /// Frame magic.
 pub const MAGIC: [u8; 4] = *b"TEtc";
@@ -236,15 +237,17 @@ impl Header {
         }
     }
 
-    /// Encodes into `out`.
+    /// Encodes into `out`, in place, in the order of the table above.
     pub fn encode(&self, out: &mut [u8; HEADER_LEN]) {
-        PREAMBLE.write_into(out);
-        out[5] = self.opcode as u8;
-        out[6..8].copy_from_slice(&self.code.to_le_bytes());
-        out[8..16].copy_from_slice(&self.request_id.to_le_bytes());
-        out[16..24].copy_from_slice(&self.token.to_le_bytes());
-        out[24..32].copy_from_slice(&self.addr.to_le_bytes());
-        out[32..40].copy_from_slice(&self.len.to_le_bytes());
+        let mut w: &mut [u8] = out;
+        PREAMBLE.write(&mut w);
+        w.u8(self.opcode as u8);
+        w.u16(self.code);
+        w.u64(self.request_id);
+        w.u64(self.token);
+        w.u64(self.addr);
+        w.u64(self.len);
+        debug_assert!(w.is_empty(), "the fields fill the header exactly");
     }
 
     /// Encodes into a new array.
