@@ -21,6 +21,7 @@ use parking_lot::Mutex;
 use crate::batch::BatchState;
 use crate::config::{parse_bytes, parse_var, Env};
 use crate::error::{Error, Result};
+use crate::wire::{Reader, WireError, Writer};
 
 /// Variable: most undelivered notifications the target keeps (default 1024).
 pub const QUEUE_DEPTH_VAR: &str = "TE_NOTIFY_QUEUE_DEPTH";
@@ -343,7 +344,8 @@ impl NotifyInbox {
 }
 
 /// Encodes a notification body as transports carry it: one byte of sender-name length, the
-/// name, the payload.
+/// name, the payload (the rest of the body: its carrier's frame says how long the body is).
+/// Appended to `out`.
 pub fn encode_body(from: &str, payload: &[u8], out: &mut Vec<u8>) -> Result<()> {
     if from.len() > MAX_SENDER_NAME {
         return Err(Error::InvalidDescriptor(format!(
@@ -359,53 +361,37 @@ pub fn encode_body(from: &str, payload: &[u8], out: &mut Vec<u8>) -> Result<()> 
         });
     }
     out.reserve(1 + from.len() + payload.len());
-    out.push(from.len() as u8);
-    out.extend_from_slice(from.as_bytes());
-    out.extend_from_slice(payload);
+    out.u8(from.len() as u8);
+    out.bytes(from.as_bytes());
+    out.bytes(payload);
     Ok(())
 }
 
 /// Largest encoded body: what a transport's wire bound must admit.
 pub const MAX_BODY_LEN: usize = 1 + MAX_SENDER_NAME + MAX_PAYLOAD_LIMIT;
 
-/// A body that cannot be decoded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BodyError {
-    /// Empty, or shorter than its name length says.
-    Truncated,
-    /// Longer than [`MAX_BODY_LEN`].
-    Oversized,
-    /// The sender name is not UTF-8.
-    BadName,
-}
-
-impl std::fmt::Display for BodyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            BodyError::Truncated => "notification body shorter than its sender name",
-            BodyError::Oversized => "notification body above the wire limit",
-            BodyError::BadName => "notification sender name is not UTF-8",
-        })
-    }
-}
-
-impl std::error::Error for BodyError {}
-
-/// Decodes a body written by [`encode_body`].
-pub fn decode_body(body: &[u8]) -> std::result::Result<Notification, BodyError> {
+/// Decodes a body written by [`encode_body`]. A body over [`MAX_BODY_LEN`] is refused before
+/// anything is read, and a name length is checked against the bytes that follow it, so nothing
+/// is allocated beyond what the body holds.
+pub fn decode_body(body: &[u8]) -> std::result::Result<Notification, WireError> {
     if body.len() > MAX_BODY_LEN {
-        return Err(BodyError::Oversized);
+        return Err(WireError::TooLarge {
+            field: "notification body",
+            len: body.len() as u64,
+            max: MAX_BODY_LEN as u64,
+        });
     }
-    let (&n, rest) = body.split_first().ok_or(BodyError::Truncated)?;
-    let n = n as usize;
-    if rest.len() < n {
-        return Err(BodyError::Truncated);
-    }
-    let (name, payload) = rest.split_at(n);
-    let from = std::str::from_utf8(name).map_err(|_| BodyError::BadName)?;
+    let mut r = Reader::new(body);
+    let n = r.u8("sender name length")?;
+    let at = r.position();
+    let name = r.bytes("sender name", n as usize)?;
+    let from = std::str::from_utf8(name).map_err(|_| WireError::BadUtf8 {
+        field: "sender name",
+        at,
+    })?;
     Ok(Notification {
-        from: from.to_string(),
-        payload: payload.to_vec(),
+        from: from.to_owned(),
+        payload: r.rest().to_vec(),
     })
 }
 
@@ -516,6 +502,17 @@ mod tests {
             prop_assert_eq!(decode_body(&out), Ok(note(&from, &payload)));
         }
 
+        /// The layout of every body: one byte of name length, the name, the payload, nothing else.
+        #[test]
+        fn every_body_has_the_pinned_layout(from in "\\PC{0,63}", payload in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut out = Vec::new();
+            encode_body(&from, &payload, &mut out).unwrap();
+            let mut expected = vec![from.len() as u8];
+            expected.extend_from_slice(from.as_bytes());
+            expected.extend_from_slice(&payload);
+            prop_assert_eq!(out, expected);
+        }
+
         #[test]
         fn garbage_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..600)) {
             if let Ok(n) = decode_body(&body) {
@@ -527,11 +524,61 @@ mod tests {
         }
     }
 
+    /// The exact bytes of a known body, pinned before the codec moved onto te-base's wire kit: all
+    /// four transports put these bytes on the wire, so they must not change.
+    #[test]
+    fn a_known_body_has_these_exact_bytes() {
+        let mut out = Vec::new();
+        encode_body("node-1", b"\x00hi\xff", &mut out).unwrap();
+        assert_eq!(out, b"\x06node-1\x00hi\xff");
+        assert_eq!(decode_body(&out), Ok(note("node-1", b"\x00hi\xff")));
+        // Appended to what the buffer holds (a transport's header, say), not over it.
+        let mut out = b"hdr".to_vec();
+        encode_body("", b"", &mut out).unwrap();
+        assert_eq!(out, b"hdr\x00");
+        let mut out = Vec::new();
+        let name = "n".repeat(MAX_SENDER_NAME);
+        encode_body(&name, b"p", &mut out).unwrap();
+        assert_eq!(out[0], 255);
+        assert_eq!(&out[1..256], name.as_bytes());
+        assert_eq!(&out[256..], b"p");
+    }
+
     #[test]
     fn hostile_bodies_are_rejected() {
-        assert_eq!(decode_body(&[]), Err(BodyError::Truncated));
-        assert_eq!(decode_body(&[5, b'a']), Err(BodyError::Truncated));
-        assert_eq!(decode_body(&[1, 0xff]), Err(BodyError::BadName));
-        assert_eq!(decode_body(&vec![0u8; MAX_BODY_LEN + 1]), Err(BodyError::Oversized));
+        assert_eq!(
+            decode_body(&[]),
+            Err(WireError::Truncated {
+                field: "sender name length",
+                at: 0,
+                need: 1,
+                left: 0
+            })
+        );
+        // A name length past the end of the body is refused, not trusted.
+        assert_eq!(
+            decode_body(&[5, b'a']),
+            Err(WireError::Truncated {
+                field: "sender name",
+                at: 1,
+                need: 5,
+                left: 1
+            })
+        );
+        assert_eq!(
+            decode_body(&[1, 0xff]),
+            Err(WireError::BadUtf8 {
+                field: "sender name",
+                at: 1
+            })
+        );
+        assert_eq!(
+            decode_body(&vec![0u8; MAX_BODY_LEN + 1]),
+            Err(WireError::TooLarge {
+                field: "notification body",
+                len: MAX_BODY_LEN as u64 + 1,
+                max: MAX_BODY_LEN as u64
+            })
+        );
     }
 }

@@ -36,7 +36,7 @@ pub(crate) fn deliver(inbox: &NotifyInbox, body: &[u8]) -> Result<(), Refused> {
     let note = decode_body(body).map_err(|e| Refused {
         code: RefusalCode::Protocol,
         max: 0,
-        message: e.to_string(),
+        message: format!("notification body: {e}"),
     })?;
     let max = inbox.limits().max_bytes as u64;
     inbox.deliver(note).map_err(|r| match r {
