@@ -88,6 +88,15 @@ pub(crate) struct Connection {
     nt_min: u64,
     counters: Arc<Counters>,
     killed: AtomicBool,
+    /// Set (before `killed`) once the target process is known to have exited: a copy failed
+    /// with ESRCH, or its pidfd polled readable. Its memory went with it, so what is left of a
+    /// batch fails for good at once instead of failing over to another route, which reaches the
+    /// same dead process and would wait for its sockets to close: the kernel closes those only
+    /// after tearing the whole address space down (`exit_mm` before `exit_files`).
+    exited: AtomicBool,
+    /// The target's probe byte (its welcome names it): read again when the control socket hangs
+    /// up, to tell an exit (ESRCH) from a target that closed the connection and lives on.
+    probe_addr: u64,
     error: Mutex<Option<Error>>,
     notes: Mutex<HashMap<u64, PendingNote>>,
     next_note: AtomicU64,
@@ -246,6 +255,8 @@ impl Connection {
             nt_min: s.nt_min,
             counters: s.counters.clone(),
             killed: AtomicBool::new(false),
+            exited: AtomicBool::new(false),
+            probe_addr: h.b,
             error: Mutex::new(None),
             notes: Mutex::new(HashMap::new()),
             next_note: AtomicU64::new(1),
@@ -274,10 +285,37 @@ impl Connection {
             return false;
         }
         if self.pidfd.as_ref().is_some_and(cma::exited) {
-            self.kill(self.gone("the process exited"));
+            self.process_exited();
             return false;
         }
         true
+    }
+
+    /// True when the target process is gone: its pidfd polls readable, or a read of its probe
+    /// byte fails with ESRCH (its address space is detached, which a killed process's is before
+    /// its sockets close).
+    fn target_exited(&self) -> bool {
+        self.pidfd.as_ref().is_some_and(cma::exited)
+            || cma::probe(self.pid, self.probe_addr, None).is_err_and(|e| e.raw_os_error() == Some(libc::ESRCH))
+    }
+
+    /// The target process exited: the connection is cut with the error that says so, and
+    /// requests fail for good from now on ([`Connection::fail_rest`]).
+    fn process_exited(&self) {
+        self.exited.store(true, Ordering::Release);
+        self.kill(self.gone("the process exited"));
+    }
+
+    /// Fails `indices` of `batch` with `err`: past the engine's failover once the process
+    /// exited (no route reaches its memory any more), through it otherwise.
+    fn fail_rest(&self, batch: &BatchState, indices: impl IntoIterator<Item = usize>, err: &Error) {
+        if self.exited.load(Ordering::Acquire) {
+            for i in indices {
+                batch.fail_final(i, err.clone());
+            }
+        } else {
+            batch.fail_many(indices, err);
+        }
     }
 
     /// The error requests fail with once the connection is cut.
@@ -342,9 +380,10 @@ impl Connection {
         Ok(())
     }
 
+    /// What a failed copy of `r` means, and whether it cuts the connection. ESRCH (the target
+    /// process exited, or at least its address space is gone) is handled by the caller.
     fn error_of(&self, e: &std::io::Error, r: &ResolvedRequest) -> (Error, bool) {
         match e.raw_os_error() {
-            Some(libc::ESRCH) => (self.gone("the process exited"), true),
             Some(libc::EFAULT) => (
                 Error::Refused {
                     peer: self.name.clone(),
@@ -385,7 +424,7 @@ impl Connection {
                 RwLockReadGuard::bump(&mut exports);
                 if !self.may_copy() {
                     let err = self.cut_error();
-                    batch.fail_many(reqs[i..].iter().map(|r| r.index as usize), &err);
+                    self.fail_rest(batch, reqs[i..].iter().map(|r| r.index as usize), &err);
                     return;
                 }
                 if let Some(err) = self.aborts.error_of(batch) {
@@ -529,6 +568,11 @@ impl Connection {
         first: std::io::Result<usize>,
         batch: &BatchState,
     ) {
+        if first.as_ref().err().and_then(std::io::Error::raw_os_error) == Some(libc::ESRCH) {
+            // The kernel detaches a killed process's address space first thing: the earliest
+            // sign of its death, well before its sockets close.
+            self.process_exited();
+        }
         let mut moved = first.as_ref().map(|n| *n as u64).unwrap_or(0);
         for &m in members {
             let r = &reqs[m];
@@ -539,7 +583,7 @@ impl Connection {
             }
             moved = 0;
             if !self.may_copy() {
-                batch.fail(r.index as usize, self.cut_error());
+                self.fail_rest(batch, [r.index as usize], &self.cut_error());
                 continue;
             }
             if let Some(err) = self.aborts.error_of(batch) {
@@ -562,6 +606,10 @@ impl Connection {
             };
             match outcome {
                 Ok(()) => batch.complete(r.index as usize),
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                    self.process_exited();
+                    self.fail_rest(batch, [r.index as usize], &self.cut_error());
+                }
                 Err(e) => {
                     let (err, fatal) = self.error_of(&e, r);
                     if fatal {
@@ -704,8 +752,15 @@ fn read_loop(conn: Weak<Connection>, mut stream: UnixStream) {
         }
     };
     if let Some(c) = conn.upgrade() {
-        let err = c.gone(&why);
-        c.kill(err);
+        // A hang-up can beat every copy to the news of an exit (when a copy in flight held the
+        // last reference to the target's memory, its thread tears it down and the process is
+        // gone at once): then too the rest fails for good.
+        if c.target_exited() {
+            c.process_exited();
+        } else {
+            let err = c.gone(&why);
+            c.kill(err);
+        }
     }
 }
 

@@ -23,6 +23,10 @@
 //! - Deregistration on the target is pushed to every connected initiator and returns once each
 //!   confirmed it (copies in flight on it finish first) or was cut at `TE_SHM_TIMEOUT_MS`.
 //! - Notifications travel on the control socket after the batch they follow.
+//! - A target process that exits is known by a copy's ESRCH (the kernel detaches a killed
+//!   process's memory long before it closes its sockets), its pidfd, or a control hang-up with
+//!   ESRCH on the probe byte: what is left of its batches fails at once and for good, not over
+//!   to tcp, which reaches the same dead process.
 //!
 //! See `docs/shm.md` for the design, the measurements and the trust model.
 
