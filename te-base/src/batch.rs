@@ -164,7 +164,8 @@ impl BatchState {
     }
 
     /// Marks request `index` failed without asking the failure hook: for the hook itself, once
-    /// no route is left for it.
+    /// no route is left for it, and for a transport that knows no route can serve it (shm: the
+    /// peer process exited).
     pub fn fail_final(&self, index: usize, error: Error) {
         if self.settle(index, FAILED) {
             self.failures.lock().push((index, error));
