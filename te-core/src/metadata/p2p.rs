@@ -23,7 +23,7 @@
 //! (no descriptor, no token, no instance id, not even whether a name exists). The client checks the
 //! server's proof too: a server without the key cannot hand it a forged descriptor.
 //!
-//! The framing ([`frame`]) is pure (no I/O), reads through te-base's wire kit
+//! The framing ([`frame`]) is pure (no I/O), writes and reads through te-base's wire kit
 //! ([`te_base::wire`]) and is property-tested; the socket code below only moves the bytes it asks
 //! for. The handshake is te-base's ([`te_base::auth::initiate`] / [`te_base::auth::respond`]) over
 //! these frames. The server caps connections (total and per source), and bounds the
@@ -65,7 +65,7 @@ const UNAUTHENTICATED_TEXT: &str = "authentication required";
 
 /// The framing of the p2p protocol: pure encoders and decoders, no I/O.
 pub mod frame {
-    use te_base::wire::{Preamble, Reader};
+    use te_base::wire::{Preamble, Reader, Writer};
 
     /// What is wrong with a frame (te-base's wire error: it names the field and its offset).
     pub use te_base::wire::WireError as FrameError;
@@ -181,11 +181,10 @@ pub mod frame {
     pub fn encode_request(op: Op, payload: &[u8]) -> Option<Vec<u8>> {
         let len = u16::try_from(payload.len()).ok()?;
         let mut v = Vec::with_capacity(REQUEST_HEAD + payload.len());
-        v.extend_from_slice(&MAGIC);
-        v.push(VERSION);
-        v.push(op.code());
-        v.extend_from_slice(&len.to_le_bytes());
-        v.extend_from_slice(payload);
+        PREAMBLE.write(&mut v);
+        v.u8(op.code());
+        v.u16(len);
+        v.bytes(payload);
         Some(v)
     }
 
@@ -218,9 +217,11 @@ pub mod frame {
     /// Encodes an answer header announcing `len` bytes of payload.
     pub fn encode_answer_head(status: Status, len: u32) -> [u8; ANSWER_HEAD] {
         let mut h = [0u8; ANSWER_HEAD];
-        PREAMBLE.write_into(&mut h);
-        h[5] = status.code();
-        h[6..].copy_from_slice(&len.to_le_bytes());
+        let mut w: &mut [u8] = &mut h;
+        PREAMBLE.write(&mut w);
+        w.u8(status.code());
+        w.u32(len);
+        debug_assert!(w.is_empty(), "the fields fill the header exactly");
         h
     }
 

@@ -25,12 +25,13 @@
 //! its ANSWER are single datagrams between reliable-datagram endpoints, any peer's message
 //! lands in any posted receive buffer, and the target keeps no per-sender state; a handshake would
 //! add a session per sender and a round trip before a peer's first notification. The message is
-//! read with te-base's wire kit (`te_base::wire::Reader`), bounds-checked field by field.
+//! written with te-base's wire kit (`te_base::wire::Writer`, in place in the send buffer) and read
+//! with it (`te_base::wire::Reader`), bounds-checked field by field.
 
 use sha2::{Digest, Sha256};
 use te_base::auth::{AuthKey, Role, PROOF_LEN};
 pub use te_base::notify::Outcome;
-use te_base::wire::{Reader, WireError};
+use te_base::wire::{Reader, WireError, Writer};
 
 /// Wire version this build speaks.
 pub const VERSION: u8 = 1;
@@ -95,15 +96,16 @@ fn mac(key: &AuthKey, role: Role, signed: &[u8]) -> [u8; MAC_LEN] {
     key.prove(role, MAC_CONTEXT, &digest, &[0u8; 32])
 }
 
-fn header(out: &mut [u8], kind: u8, code: u8, seq: u64, max: u32, reply_len: usize, key: Option<&AuthKey>) {
-    out[0] = VERSION;
-    out[1] = kind;
-    out[2] = code;
-    out[3] = if key.is_some() { FLAG_MAC } else { 0 };
-    out[4..12].copy_from_slice(&seq.to_le_bytes());
-    out[12..16].copy_from_slice(&max.to_le_bytes());
-    out[16..18].copy_from_slice(&(reply_len as u16).to_le_bytes());
-    out[18..20].fill(0);
+/// Writes the 20-byte header with `w` (in place at the front of the send buffer).
+fn header(w: &mut impl Writer, kind: u8, code: u8, seq: u64, max: u32, reply_len: usize, key: Option<&AuthKey>) {
+    w.u8(VERSION);
+    w.u8(kind);
+    w.u8(code);
+    w.u8(if key.is_some() { FLAG_MAC } else { 0 });
+    w.u64(seq);
+    w.u32(max);
+    w.u16(reply_len as u16);
+    w.u16(0);
 }
 
 /// Bytes a NOTIFY with this reply address and body takes.
@@ -115,18 +117,17 @@ pub fn notify_len(reply: &[u8], body: &[u8]) -> usize {
 /// 1..=[`MAX_REPLY_ADDR`] bytes (our own endpoint name).
 pub fn encode_notify(out: &mut [u8], seq: u64, reply: &[u8], body: &[u8], key: Option<&AuthKey>) -> usize {
     debug_assert!(!reply.is_empty() && reply.len() <= MAX_REPLY_ADDR);
-    header(out, KIND_NOTIFY, 0, seq, 0, reply.len(), key);
-    let mut n = HEADER_LEN;
-    out[n..n + reply.len()].copy_from_slice(reply);
-    n += reply.len();
-    out[n..n + body.len()].copy_from_slice(body);
-    n += body.len();
-    seal(out, n, Role::Initiator, key)
+    let mut w: &mut [u8] = out;
+    header(&mut w, KIND_NOTIFY, 0, seq, 0, reply.len(), key);
+    w.bytes(reply);
+    w.bytes(body);
+    seal(out, HEADER_LEN + reply.len() + body.len(), Role::Initiator, key)
 }
 
 /// Writes an ANSWER into `out` (at least [`ANSWER_LEN`] bytes); returns its length.
 pub fn encode_answer(out: &mut [u8], seq: u64, outcome: Outcome, max: u32, key: Option<&AuthKey>) -> usize {
-    header(out, KIND_ANSWER, outcome.code(), seq, max, 0, key);
+    let mut w: &mut [u8] = out;
+    header(&mut w, KIND_ANSWER, outcome.code(), seq, max, 0, key);
     seal(out, HEADER_LEN, Role::Responder, key)
 }
 
