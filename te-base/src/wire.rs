@@ -376,12 +376,6 @@ impl Preamble {
         out.u8(self.version);
     }
 
-    /// Writes magic and version at the front of `out` (a fixed-size header).
-    pub fn write_into(&self, out: &mut [u8]) {
-        out[..self.magic.len()].copy_from_slice(self.magic);
-        out[self.magic.len()] = self.version;
-    }
-
     /// Reads and checks magic and version.
     #[inline]
     pub fn check(&self, r: &mut Reader<'_>) -> Result<(), WireError> {
@@ -569,9 +563,6 @@ mod tests {
             P.check(&mut Reader::new(b"T")),
             Err(WireError::Truncated { field: "magic", .. })
         ));
-        let mut h = [0u8; 8];
-        P.write_into(&mut h);
-        assert_eq!(&h[..3], b"TW\x03");
     }
 
     #[test]

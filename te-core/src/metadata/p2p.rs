@@ -23,7 +23,7 @@
 //! (no descriptor, no token, no instance id, not even whether a name exists). The client checks the
 //! server's proof too: a server without the key cannot hand it a forged descriptor.
 //!
-//! The framing ([`frame`]) is pure (no I/O), reads through te-base's wire kit
+//! The framing ([`frame`]) is pure (no I/O), writes and reads through te-base's wire kit
 //! ([`te_base::wire`]) and is property-tested; the socket code below only moves the bytes it asks
 //! for. The handshake is te-base's ([`te_base::auth::initiate`] / [`te_base::auth::respond`]) over
 //! these frames. The server caps connections (total and per source), and bounds the
@@ -65,7 +65,7 @@ const UNAUTHENTICATED_TEXT: &str = "authentication required";
 
 /// The framing of the p2p protocol: pure encoders and decoders, no I/O.
 pub mod frame {
-    use te_base::wire::{Preamble, Reader};
+    use te_base::wire::{Preamble, Reader, Writer};
 
     /// What is wrong with a frame (te-base's wire error: it names the field and its offset).
     pub use te_base::wire::WireError as FrameError;
@@ -181,11 +181,10 @@ pub mod frame {
     pub fn encode_request(op: Op, payload: &[u8]) -> Option<Vec<u8>> {
         let len = u16::try_from(payload.len()).ok()?;
         let mut v = Vec::with_capacity(REQUEST_HEAD + payload.len());
-        v.extend_from_slice(&MAGIC);
-        v.push(VERSION);
-        v.push(op.code());
-        v.extend_from_slice(&len.to_le_bytes());
-        v.extend_from_slice(payload);
+        PREAMBLE.write(&mut v);
+        v.u8(op.code());
+        v.u16(len);
+        v.bytes(payload);
         Some(v)
     }
 
@@ -218,9 +217,11 @@ pub mod frame {
     /// Encodes an answer header announcing `len` bytes of payload.
     pub fn encode_answer_head(status: Status, len: u32) -> [u8; ANSWER_HEAD] {
         let mut h = [0u8; ANSWER_HEAD];
-        PREAMBLE.write_into(&mut h);
-        h[5] = status.code();
-        h[6..].copy_from_slice(&len.to_le_bytes());
+        let mut w: &mut [u8] = &mut h;
+        PREAMBLE.write(&mut w);
+        w.u8(status.code());
+        w.u32(len);
+        debug_assert!(w.is_empty(), "the fields fill the header exactly");
         h
     }
 
@@ -868,6 +869,32 @@ mod tests {
                 prop_assert_eq!(decode_request(&longer).unwrap().unwrap().1, bytes.len());
             }
 
+            /// The layout of every request and answer, as the table at the top of this file
+            /// gives it.
+            #[test]
+            fn every_frame_has_the_pinned_layout(op in op(), status in status(), payload in proptest::collection::vec(any::<u8>(), 0..300), len: u32) {
+                let req = encode_request(op, &payload).unwrap();
+                prop_assert_eq!(&req[..5], b"TEmd\x01");
+                let op_code = match op { Op::Get => 1, Op::Hello => 2, Op::Proof => 3 };
+                prop_assert_eq!(req[5], op_code);
+                prop_assert_eq!(&req[6..8], &(payload.len() as u16).to_le_bytes());
+                prop_assert_eq!(&req[REQUEST_HEAD..], &payload[..]);
+                let head = encode_answer_head(status, len);
+                prop_assert_eq!(&head[..5], b"TEmd\x01");
+                let status_code = match status {
+                    Status::Ok => 0,
+                    Status::Unknown => 1,
+                    Status::Refused => 2,
+                    Status::Unauthenticated => 3,
+                    Status::Challenge => 4,
+                };
+                prop_assert_eq!(head[5], status_code);
+                prop_assert_eq!(&head[6..10], &len.to_le_bytes());
+                let ans = encode_answer(status, &payload).unwrap();
+                prop_assert_eq!(&ans[..ANSWER_HEAD], &encode_answer_head(status, payload.len() as u32));
+                prop_assert_eq!(&ans[ANSWER_HEAD..], &payload[..]);
+            }
+
             #[test]
             fn answers_round_trip_within_the_cap(status in status(), payload in proptest::collection::vec(any::<u8>(), 0..300), cut in any::<prop::sample::Index>()) {
                 let bytes = encode_answer(status, &payload).unwrap();
@@ -884,6 +911,33 @@ mod tests {
                     );
                 }
             }
+        }
+
+        /// The exact bytes of a known request, answer and answer header, pinned before the
+        /// encoders moved onto te-base's wire kit: peers of other builds read these bytes.
+        #[test]
+        fn known_frames_have_these_exact_bytes() {
+            assert_eq!(
+                encode_request(Op::Hello, b"abc").unwrap(),
+                b"TEmd\x01\x02\x03\x00abc".to_vec()
+            );
+            assert_eq!(encode_request(Op::Get, b"").unwrap(), b"TEmd\x01\x01\x00\x00".to_vec());
+            let long = vec![0x5au8; 0x0102];
+            let req = encode_request(Op::Proof, &long).unwrap();
+            assert_eq!(&req[..REQUEST_HEAD], b"TEmd\x01\x03\x02\x01");
+            assert_eq!(&req[REQUEST_HEAD..], &long[..]);
+            assert_eq!(
+                encode_answer_head(Status::Challenge, 0x0102_0304),
+                *b"TEmd\x01\x04\x04\x03\x02\x01"
+            );
+            assert_eq!(
+                encode_answer(Status::Refused, b"no").unwrap(),
+                b"TEmd\x01\x02\x02\x00\x00\x00no".to_vec()
+            );
+            assert_eq!(
+                encode_answer(Status::Ok, b"").unwrap(),
+                b"TEmd\x01\x00\x00\x00\x00\x00".to_vec()
+            );
         }
 
         #[test]

@@ -25,12 +25,13 @@
 //! its ANSWER are single datagrams between reliable-datagram endpoints, any peer's message
 //! lands in any posted receive buffer, and the target keeps no per-sender state; a handshake would
 //! add a session per sender and a round trip before a peer's first notification. The message is
-//! read with te-base's wire kit (`te_base::wire::Reader`), bounds-checked field by field.
+//! written with te-base's wire kit (`te_base::wire::Writer`, in place in the send buffer) and read
+//! with it (`te_base::wire::Reader`), bounds-checked field by field.
 
 use sha2::{Digest, Sha256};
 use te_base::auth::{AuthKey, Role, PROOF_LEN};
 pub use te_base::notify::Outcome;
-use te_base::wire::{Reader, WireError};
+use te_base::wire::{Reader, WireError, Writer};
 
 /// Wire version this build speaks.
 pub const VERSION: u8 = 1;
@@ -95,15 +96,16 @@ fn mac(key: &AuthKey, role: Role, signed: &[u8]) -> [u8; MAC_LEN] {
     key.prove(role, MAC_CONTEXT, &digest, &[0u8; 32])
 }
 
-fn header(out: &mut [u8], kind: u8, code: u8, seq: u64, max: u32, reply_len: usize, key: Option<&AuthKey>) {
-    out[0] = VERSION;
-    out[1] = kind;
-    out[2] = code;
-    out[3] = if key.is_some() { FLAG_MAC } else { 0 };
-    out[4..12].copy_from_slice(&seq.to_le_bytes());
-    out[12..16].copy_from_slice(&max.to_le_bytes());
-    out[16..18].copy_from_slice(&(reply_len as u16).to_le_bytes());
-    out[18..20].fill(0);
+/// Writes the 20-byte header with `w` (in place at the front of the send buffer).
+fn header(w: &mut impl Writer, kind: u8, code: u8, seq: u64, max: u32, reply_len: usize, key: Option<&AuthKey>) {
+    w.u8(VERSION);
+    w.u8(kind);
+    w.u8(code);
+    w.u8(if key.is_some() { FLAG_MAC } else { 0 });
+    w.u64(seq);
+    w.u32(max);
+    w.u16(reply_len as u16);
+    w.u16(0);
 }
 
 /// Bytes a NOTIFY with this reply address and body takes.
@@ -115,18 +117,17 @@ pub fn notify_len(reply: &[u8], body: &[u8]) -> usize {
 /// 1..=[`MAX_REPLY_ADDR`] bytes (our own endpoint name).
 pub fn encode_notify(out: &mut [u8], seq: u64, reply: &[u8], body: &[u8], key: Option<&AuthKey>) -> usize {
     debug_assert!(!reply.is_empty() && reply.len() <= MAX_REPLY_ADDR);
-    header(out, KIND_NOTIFY, 0, seq, 0, reply.len(), key);
-    let mut n = HEADER_LEN;
-    out[n..n + reply.len()].copy_from_slice(reply);
-    n += reply.len();
-    out[n..n + body.len()].copy_from_slice(body);
-    n += body.len();
-    seal(out, n, Role::Initiator, key)
+    let mut w: &mut [u8] = out;
+    header(&mut w, KIND_NOTIFY, 0, seq, 0, reply.len(), key);
+    w.bytes(reply);
+    w.bytes(body);
+    seal(out, HEADER_LEN + reply.len() + body.len(), Role::Initiator, key)
 }
 
 /// Writes an ANSWER into `out` (at least [`ANSWER_LEN`] bytes); returns its length.
 pub fn encode_answer(out: &mut [u8], seq: u64, outcome: Outcome, max: u32, key: Option<&AuthKey>) -> usize {
-    header(out, KIND_ANSWER, outcome.code(), seq, max, 0, key);
+    let mut w: &mut [u8] = out;
+    header(&mut w, KIND_ANSWER, outcome.code(), seq, max, 0, key);
     seal(out, HEADER_LEN, Role::Responder, key)
 }
 
@@ -286,6 +287,53 @@ mod tests {
         assert_eq!(decode(&v, None), Err(DecodeError::Truncated));
     }
 
+    /// The exact bytes of a known NOTIFY and ANSWER, pinned before the header encoder moved onto
+    /// te-base's wire kit: every message starts with these 20 bytes, so they must not change.
+    #[test]
+    fn known_messages_have_these_exact_bytes() {
+        let notify_head: [u8; HEADER_LEN] = [
+            1, 1, 0, 0, // version, kind NOTIFY, code, flags
+            0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11, // sequence number
+            0, 0, 0, 0, // largest payload
+            3, 0, 0, 0, // reply address length, reserved
+        ];
+        // Every byte is written, whatever the buffer held before.
+        let mut buf = [0xeeu8; 64];
+        let n = encode_notify(&mut buf, 0x1112_1314_1516_1718, b"rep", b"\x01nbody", None);
+        assert_eq!(&buf[..HEADER_LEN], &notify_head);
+        assert_eq!(&buf[HEADER_LEN..n], b"rep\x01nbody");
+        assert!(buf[n..].iter().all(|&b| b == 0xee), "nothing written past the message");
+
+        let answer_head: [u8; HEADER_LEN] = [
+            1, 2, 2, 0, // version, kind ANSWER, outcome TooLarge, flags
+            0x28, 0x27, 0x26, 0x25, 0x24, 0x23, 0x22, 0x21, // sequence number
+            0x04, 0x03, 0x02, 0x01, // largest payload
+            0, 0, 0, 0, // reply address length, reserved
+        ];
+        let mut buf = [0xeeu8; ANSWER_LEN + 8];
+        let n = encode_answer(&mut buf, 0x2122_2324_2526_2728, Outcome::TooLarge, 0x0102_0304, None);
+        assert_eq!(&buf[..n], &answer_head);
+        assert!(buf[n..].iter().all(|&b| b == 0xee));
+
+        // Under a key: the same header with the MAC flag, then the MAC of everything before it.
+        let k = key(5);
+        let mut signed = answer_head;
+        signed[3] = FLAG_MAC;
+        let mut buf = [0xeeu8; ANSWER_LEN];
+        assert_eq!(
+            encode_answer(
+                &mut buf,
+                0x2122_2324_2526_2728,
+                Outcome::TooLarge,
+                0x0102_0304,
+                Some(&k)
+            ),
+            ANSWER_LEN
+        );
+        assert_eq!(&buf[..HEADER_LEN], &signed);
+        assert_eq!(&buf[HEADER_LEN..], &mac(&k, Role::Responder, &signed));
+    }
+
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(msg in proptest::collection::vec(any::<u8>(), 0..400), keyed in any::<bool>()) {
@@ -298,6 +346,52 @@ mod tests {
                 Ok(Message::Answer { .. }) => prop_assert!(msg.len() == HEADER_LEN || msg.len() == ANSWER_LEN),
                 Err(_) => {}
             }
+        }
+
+        /// The layout of every NOTIFY, as the table at the top of this file gives it.
+        #[test]
+        fn every_notify_has_the_pinned_layout(
+            seq in any::<u64>(),
+            reply in proptest::collection::vec(any::<u8>(), 1..=MAX_REPLY_ADDR),
+            body in proptest::collection::vec(any::<u8>(), 0..64),
+            keyed in any::<bool>(),
+        ) {
+            let k = keyed.then(|| key(6));
+            let mut buf = vec![0xeeu8; notify_len(&reply, &body)];
+            let n = encode_notify(&mut buf, seq, &reply, &body, k.as_ref());
+            prop_assert_eq!(&buf[0..4], &[VERSION, KIND_NOTIFY, 0, keyed as u8][..]);
+            prop_assert_eq!(&buf[4..12], &seq.to_le_bytes());
+            prop_assert_eq!(&buf[12..16], &[0u8; 4]);
+            prop_assert_eq!(&buf[16..18], &(reply.len() as u16).to_le_bytes());
+            prop_assert_eq!(&buf[18..20], &[0u8; 2]);
+            let end = HEADER_LEN + reply.len() + body.len();
+            prop_assert_eq!(&buf[HEADER_LEN..HEADER_LEN + reply.len()], &reply[..]);
+            prop_assert_eq!(&buf[HEADER_LEN + reply.len()..end], &body[..]);
+            match &k {
+                None => prop_assert_eq!(n, end),
+                Some(k) => {
+                    prop_assert_eq!(n, end + MAC_LEN);
+                    prop_assert_eq!(&buf[end..n], &mac(k, Role::Initiator, &buf[..end]));
+                }
+            }
+        }
+
+        /// The layout of every ANSWER.
+        #[test]
+        fn every_answer_has_the_pinned_layout(
+            seq in any::<u64>(),
+            outcome in prop::sample::select(Outcome::ALL.to_vec()),
+            max in any::<u32>(),
+            keyed in any::<bool>(),
+        ) {
+            let k = keyed.then(|| key(7));
+            let mut buf = [0xeeu8; ANSWER_LEN];
+            let n = encode_answer(&mut buf, seq, outcome, max, k.as_ref());
+            prop_assert_eq!(&buf[0..4], &[VERSION, KIND_ANSWER, outcome.code(), keyed as u8][..]);
+            prop_assert_eq!(&buf[4..12], &seq.to_le_bytes());
+            prop_assert_eq!(&buf[12..16], &max.to_le_bytes());
+            prop_assert_eq!(&buf[16..20], &[0u8; 4]);
+            prop_assert_eq!(n, if keyed { ANSWER_LEN } else { HEADER_LEN });
         }
 
         #[test]
