@@ -26,9 +26,13 @@ use te_base::auth::AuthKey;
 use te_base::config::Env;
 
 use super::key_handles::{DEFAULT_CAPACITY, DEFAULT_SLOTS};
-use super::server::{DEFAULT_FRAME_TIMEOUT, DEFAULT_MAX_FRAME};
 use crate::config::keys::{bad, check, parse, settings_table};
 use crate::error::{Result, StoreError};
+
+/// Default longest frame a worker may send (the server's default for its settings table).
+pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
+/// Default per-frame timeout.
+pub const DEFAULT_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Resolved settings of a standalone client.
 #[derive(Debug, Clone)]

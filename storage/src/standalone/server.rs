@@ -45,10 +45,7 @@ use crate::range_map::Range;
 use crate::store::backend::{Backend, CallerMemory};
 use crate::store::Store;
 
-/// Default longest frame a worker may send.
-pub const DEFAULT_MAX_FRAME: usize = 64 << 20;
-/// Default per-frame timeout.
-pub const DEFAULT_FRAME_TIMEOUT: Duration = Duration::from_secs(10);
+pub use super::config::{DEFAULT_FRAME_TIMEOUT, DEFAULT_MAX_FRAME};
 /// Buffers one session may register.
 const MAX_REGIONS: usize = 4096;
 
