@@ -269,7 +269,10 @@ impl Directory {
         }
         let d = Arc::downgrade(self);
         let ttl = Duration::from_secs(self.cfg.lease_ttl_s.max(1) as u64);
-        tokio::spawn(async move {
+        // Among the tasks `leave` stops: a closed peer drops nobody from a view it no longer uses.
+        let mut tasks = self.tasks.lock();
+        tasks.retain(|t| !t.is_finished());
+        tasks.push(tokio::spawn(async move {
             tokio::time::sleep(ttl).await;
             let Some(d) = d.upgrade() else { return };
             let mut gone = false;
@@ -286,7 +289,7 @@ impl Directory {
                 tracing::info!("umbp cluster: members missing from etcd for a lease TTL dropped");
                 d.membership_seen();
             }
-        });
+        }));
     }
 
     /// After the view's peers changed: tells the key directory the new membership and, if its
@@ -375,12 +378,12 @@ impl Directory {
         self.keys.owner_of(key, self.deadline())
     }
 
-    /// The key directory's counters.
     /// Times the lease lapsed and this peer re-joined under a new one.
     pub(crate) fn rejoins(&self) -> u64 {
         self.rejoins.load(Ordering::Relaxed)
     }
 
+    /// The key directory's counters.
     pub(crate) fn counters(&self) -> DirectoryCounters {
         self.keys.counters()
     }

@@ -20,7 +20,7 @@ use te_core::TransferRequest;
 use parking_lot::Mutex;
 
 use super::conn::Conn;
-use super::request_error::RequestError;
+use super::request_error::{RequestError, PLACES, VERDICTS};
 use super::wake::{wait_any, Wake};
 use super::wire::{self, Op, Place};
 use super::{Cluster, Remembered};
@@ -296,16 +296,7 @@ impl Cluster {
                     let (op, answer) = conn
                         .recv()
                         .map_err(|e| self.io_failure(&w.owner, "reading PLACES", e))?;
-                    if op != Op::Places {
-                        return Err(RequestError::Unexpected {
-                            request: "RESOLVE",
-                            got: op,
-                        });
-                    }
-                    let (lease, places) = wire::decode_places(&answer).map_err(|source| RequestError::Malformed {
-                        answer: "PLACES",
-                        source,
-                    })?;
+                    let (lease, places) = RequestError::decode("RESOLVE", PLACES, op, &answer, wire::decode_places)?;
                     if places.len() != w.cached.iter().filter(|c| c.is_none()).count() {
                         return Err(RequestError::WrongCount { request: "RESOLVE" });
                     }
@@ -499,16 +490,7 @@ impl Cluster {
             .map_err(|e| self.io_failure(&w.owner, "reading VERDICTS", e))
             .and_then(|(op, a)| {
                 acc.control += bytes + (wire::HEAD + a.len()) as u64;
-                match op {
-                    Op::Verdicts => wire::decode_verdicts(&a).map_err(|source| RequestError::Malformed {
-                        answer: "VERDICTS",
-                        source,
-                    }),
-                    got => Err(RequestError::Unexpected {
-                        request: "VALIDATE",
-                        got,
-                    }),
-                }
+                RequestError::decode("VALIDATE", VERDICTS, op, &a, wire::decode_verdicts)
             });
         match verdicts {
             Ok(ok) if ok.len() == checked.len() => {

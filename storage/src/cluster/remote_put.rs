@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use te_core::TransferRequest;
 
-use super::request_error::RequestError;
+use super::request_error::{RequestError, PLACES, VERDICTS};
 use super::wire::{self, Op, Place};
 use super::Cluster;
 use crate::core::{Core, RangedPut};
@@ -59,16 +59,7 @@ impl Cluster {
         let (op, answer) = conn
             .recv()
             .map_err(|e| self.io_failure(owner, "reading its answer", e))?;
-        if op != Op::Places {
-            return Err(RequestError::Unexpected {
-                request: "ALLOCATE",
-                got: op,
-            });
-        }
-        let (_, places) = wire::decode_places(&answer).map_err(|source| RequestError::Malformed {
-            answer: "PLACES",
-            source,
-        })?;
+        let (_, places) = RequestError::decode("ALLOCATE", PLACES, op, &answer, wire::decode_places)?;
         if places.len() != keys.len() {
             return Err(RequestError::WrongCount { request: "ALLOCATE" });
         }
@@ -129,16 +120,7 @@ impl Cluster {
         let (op, answer) = conn
             .recv()
             .map_err(|e| self.io_failure(owner, "reading its answer", e))?;
-        if op != Op::Verdicts {
-            return Err(RequestError::Unexpected {
-                request: "COMMIT",
-                got: op,
-            });
-        }
-        let ok = wire::decode_verdicts(&answer).map_err(|source| RequestError::Malformed {
-            answer: "VERDICTS",
-            source,
-        })?;
+        let ok = RequestError::decode("COMMIT", VERDICTS, op, &answer, wire::decode_verdicts)?;
         if ok.len() != done.len() {
             return Err(RequestError::WrongCount { request: "COMMIT" });
         }

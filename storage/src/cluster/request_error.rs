@@ -6,6 +6,10 @@ use std::io;
 
 use super::wire::{Op, WireError};
 
+/// The answers [`RequestError::decode`] expects, with their names.
+pub(crate) const PLACES: (Op, &str) = (Op::Places, "PLACES");
+pub(crate) const VERDICTS: (Op, &str) = (Op::Verdicts, "VERDICTS");
+
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum RequestError {
     /// A step of the round trip failed: connecting, sending or reading (`what` says which).
@@ -51,6 +55,21 @@ impl RequestError {
             what,
             io::Error::new(io::ErrorKind::TimedOut, "not done within the cluster timeout"),
         )
+    }
+
+    /// Decodes `body`, the answer `got` to `request`, with `decode` when it is of the kind
+    /// `want` (named `answer`); otherwise says which was wrong.
+    pub(crate) fn decode<T>(
+        request: &'static str,
+        (want, answer): (Op, &'static str),
+        got: Op,
+        body: &[u8],
+        decode: impl FnOnce(&[u8]) -> Result<T, WireError>,
+    ) -> Result<T, RequestError> {
+        if got != want {
+            return Err(RequestError::Unexpected { request, got });
+        }
+        decode(body).map_err(|source| RequestError::Malformed { answer, source })
     }
 
     /// Whether the peer did not answer in time (it is then passed over as a suspect).
