@@ -56,20 +56,6 @@ impl Env for MapEnv {
     }
 }
 
-/// The variables te-base itself reads (registration pool, authentication, notifications) and those
-/// its test support reads.
-pub const ENV_VARS: &[&str] = &[
-    crate::auth::KEY_FILE_VAR,
-    crate::registration::CAP_VAR,
-    crate::registration::CAP_ALIAS,
-    crate::registration::ORDER_VAR,
-    crate::registration::LOCAL_RANK_VARS[0],
-    "TE_REQUIRE",
-    "TE_ETCD_BIN",
-    crate::notify::QUEUE_DEPTH_VAR,
-    crate::notify::MAX_BYTES_VAR,
-];
-
 /// The variables a listener's limits read under `prefix` (see `listener::ListenerLimits`).
 pub const LISTENER_VAR_SUFFIXES: [&str; 4] = [
     "_MAX_CONNECTIONS",

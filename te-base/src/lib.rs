@@ -45,3 +45,18 @@ pub use segment::{ExportedBuffer, SegmentDescriptor, TransportEndpoint, DESCRIPT
 pub use timing::{Phase, PhaseReport, PhaseStats, PhaseTimer};
 pub use transport::{Capabilities, InstallContext, Peer, SubmitContext, Transport};
 pub use transport_descriptor::{Installer, Reach, TransportDescriptor};
+
+/// The variables this crate reads (registration pool, authentication, notifications) and those its
+/// test support reads. Here, above the modules that read them, so the readers in [`config`] import
+/// none of their users.
+pub const ENV_VARS: &[&str] = &[
+    auth::KEY_FILE_VAR,
+    registration::CAP_VAR,
+    registration::CAP_ALIAS,
+    registration::ORDER_VAR,
+    registration::LOCAL_RANK_VARS[0],
+    "TE_REQUIRE",
+    "TE_ETCD_BIN",
+    notify::QUEUE_DEPTH_VAR,
+    notify::MAX_BYTES_VAR,
+];

@@ -103,7 +103,7 @@ impl SharedMapping {
     /// Maps `len` bytes of `fd` from byte `offset`, shared, read-write. The mapping starts at the
     /// page below `offset`; [`SharedMapping::addr`] is where byte `offset` landed.
     pub fn map(fd: BorrowedFd<'_>, offset: u64, len: usize) -> std::io::Result<SharedMapping> {
-        let page = crate::host_buffer::page_size() as u64;
+        let page = rustix::param::page_size() as u64;
         let aligned = offset - offset % page;
         let delta = (offset - aligned) as usize;
         let raw_len = len

@@ -35,7 +35,7 @@ const ENGINE_VARS: &[&str] = &[
 /// Every `TE_*` / `MC_*` variable this build reads: te-base's, te-topology's, te-core's and those of every
 /// compiled-in transport and device plugin.
 pub fn known_vars() -> Vec<String> {
-    let mut vars: Vec<String> = te_base::config::ENV_VARS
+    let mut vars: Vec<String> = te_base::ENV_VARS
         .iter()
         .chain(te_topology::ENV_VARS)
         .chain(ENGINE_VARS)

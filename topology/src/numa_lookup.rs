@@ -51,7 +51,7 @@ pub fn node_via_get_mempolicy(addr: u64) -> Result<u32> {
 /// `move_pages(0, 1, [addr], NULL, status, 0)`: queries the node of the page at `addr` without
 /// moving or faulting it. `Ok(None)` when the page is not present yet.
 pub fn node_via_move_pages(addr: u64) -> Result<Option<u32>> {
-    let page_size = page_size();
+    let page_size = te_base::host_buffer::page_size() as u64;
     let page = (addr & !(page_size - 1)) as usize as *mut libc::c_void;
     let pages = [page];
     let mut status: [libc::c_int; 1] = [i32::MIN];
@@ -90,15 +90,5 @@ fn syscall_error(name: &str, addr: u64, err: std::io::Error) -> Error {
     match err.raw_os_error() {
         Some(libc::ENOSYS) | Some(libc::EPERM) => Error::not_available(name, err.to_string()),
         _ => Error::io(format!("{name}: address {addr:#x}"), err),
-    }
-}
-
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if size > 0 {
-        size as u64
-    } else {
-        4096
     }
 }
