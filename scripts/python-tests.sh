@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The `te` Python package (python/): a virtual environment under target/py-venv (maturin, numpy
-# and pytest from PyPI, installed only when missing), the extension built once into it with
+# The `te` Python package (python/): a virtual environment under target/py-venv (maturin, numpy,
+# pytest and pytest-timeout from PyPI, installed only when missing), the extension built once into it with
 # `maturin develop` (dev profile; the wheel's default features: no efa, so no libfabric is
 # linked), then the pytest suite under python/tests, which also runs the README's Python examples
 # and a byte-verified smoke run of the benchmark. The suite starts its own etcd (TE_ETCD_BIN) and
@@ -23,7 +23,7 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 missing=()
-for pkg in maturin numpy pytest; do
+for pkg in maturin numpy pytest pytest-timeout; do
   "$venv/bin/python" -m pip show -q "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -43,4 +43,6 @@ echo "== python: maturin develop ${profile[*]:-(dev profile)}"
 VIRTUAL_ENV="$PWD/$venv" PATH="$PWD/$venv/bin:$PATH" \
   maturin develop -q -m python/Cargo.toml "${profile[@]}"
 echo "== python: pytest python/tests"
-"$venv/bin/python" -m pytest -q -ra python/tests "$@"
+# A hang guard, not a verdict: a test still running after 15 minutes is stopped with every
+# thread's stack printed (the thread method: a wait in native code never sees a Python signal).
+"$venv/bin/python" -m pytest -q -ra --timeout=900 --timeout-method=thread python/tests "$@"

@@ -199,14 +199,20 @@ def test_a_wait_for_timeout_and_leaving_async_for_never_lose_a_notification():
 
 def test_ctrl_c_during_a_blocking_receive_keeps_the_notification():
     a, b, seg = _pair()
-    for i in range(3):
-        timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))
-        with pytest.raises(KeyboardInterrupt):
-            timer.start()  # inside: however late the signal lands, it lands in this block
-            b.recv_notification(timeout=None)
-        timer.join()
-        a.notify(seg, f"k{i}".encode())
-        assert b.recv_notification(timeout=10).payload == f"k{i}".encode()
+    # Python's own Ctrl-C handler, whatever this process inherited: started in the background by
+    # a shell without job control, SIGINT arrives ignored, and the receive below would wait forever.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for i in range(3):
+            timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT))
+            with pytest.raises(KeyboardInterrupt):
+                timer.start()  # inside: however late the signal lands, it lands in this block
+                b.recv_notification(timeout=None)
+            timer.join()
+            a.notify(seg, f"k{i}".encode())
+            assert b.recv_notification(timeout=10).payload == f"k{i}".encode()
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 # --- Closed means closed; odd arguments are typed errors ----------------------------------------

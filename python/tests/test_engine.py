@@ -501,7 +501,12 @@ def test_efa_moves_bytes_over_a_software_provider_when_libfabric_is_here():
 
 
 SIGNALS_CHILD = """
-import os, signal, sys, time, te
+import os, signal, sys, time
+# Python's dispositions, whatever the test's process inherited (a background job of a shell
+# without job control has SIGINT ignored); then loading te must leave them alone.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+import te
 e = te.TransferEngine("signals-child")  # every compiled transport: libfabric is opened if here
 print([n for n, why in e.transports() if why is None], flush=True)
 try:
