@@ -405,8 +405,8 @@ fn membership_change(fourth_first: bool, change: impl FnOnce(Option<Node>, &Clus
     let p2 = cl.peer(2, &opts);
     let fourth = fourth_first.then(|| cl.peer_as(2, "peer-3", CONTROL_PORT + 1, &opts));
     let half = SWEEP_KEYS / 2;
-    assert_eq!(p0.ok(&format!("fill k 0 {half} 2048")), "OK failed=0");
-    assert_eq!(p1.ok(&format!("fill k {half} {half} 2048")), "OK failed=0");
+    fill_all(&mut p0, 0, half);
+    fill_all(&mut p1, half, half);
 
     // The reader sweeps in chunks and reports each with the time it finished, until told to stop:
     // it keeps going however fast the machine is (past the last key it starts over; those reads
@@ -456,11 +456,11 @@ fn membership_change(fourth_first: bool, change: impl FnOnce(Option<Node>, &Clus
         );
     }
     // After the change has settled, every key is still there for every peer.
-    let a = p2.ok(&format!("sweep k 0 {SWEEP_KEYS} 0:8,2040:8"));
-    assert_eq!(field(&a, "ok"), SWEEP_KEYS, "after the change: {a}");
+    let (ok, a) = sweep_all(&mut p2, "0:8,2040:8");
+    assert_eq!(ok, SWEEP_KEYS, "after the change: {a}");
     if let Some(mut f) = fourth {
-        let a = f.ok(&format!("sweep k 0 {SWEEP_KEYS} 0:8"));
-        assert_eq!(field(&a, "ok"), SWEEP_KEYS, "the fourth peer reads every key: {a}");
+        let (ok, a) = sweep_all(&mut f, "0:8");
+        assert_eq!(ok, SWEEP_KEYS, "the fourth peer reads every key: {a}");
         assert!(
             stat(&mut f, "directory_entries") > 0,
             "the fourth peer indexes its share"
@@ -471,6 +471,45 @@ fn membership_change(fourth_first: bool, change: impl FnOnce(Option<Node>, &Clus
         .map(|p| stat(p, "directory_entries"))
         .sum();
     eprintln!("directory entries on peers 0-2 after the change: {entries}");
+}
+
+/// Commands per node in the membership-change tests carry at most this many keys: the node's
+/// answer timeout then bounds each command as a hang guard, not thousands of puts or reads at
+/// once (8,000 puts in one command ran past it on a loaded machine).
+const KEYS_PER_COMMAND: u64 = 1000;
+
+/// Puts keys `first..first + count` of the membership-change tests (2 KiB each), every one
+/// acknowledged.
+fn fill_all(node: &mut Node, first: u64, count: u64) {
+    for at in (first..first + count).step_by(KEYS_PER_COMMAND as usize) {
+        let n = KEYS_PER_COMMAND.min(first + count - at);
+        assert_eq!(
+            node.ok(&format!("fill k {at} {n} 2048")),
+            "OK failed=0",
+            "keys {at}..{}",
+            at + n
+        );
+    }
+}
+
+/// Reads every key of the membership-change tests once. Returns the keys read whole and the
+/// first answer that was short (else the last answer).
+fn sweep_all(node: &mut Node, ranges: &str) -> (u64, String) {
+    let (mut ok, mut short, mut last) = (0, None, String::new());
+    for first in (0..SWEEP_KEYS).step_by(KEYS_PER_COMMAND as usize) {
+        let a = node.ok(&format!("sweep k {first} {KEYS_PER_COMMAND} {ranges}"));
+        let whole: u64 = a
+            .split(' ')
+            .find_map(|f| f.strip_prefix("ok="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        ok += whole;
+        if whole != KEYS_PER_COMMAND && short.is_none() {
+            short = Some(a.clone());
+        }
+        last = a;
+    }
+    (ok, short.unwrap_or(last))
 }
 
 #[test]
