@@ -81,6 +81,18 @@ pub(crate) struct RemoteOutcome {
     pub(crate) bytes: u64,
 }
 
+/// What every step of one pass reads: the store's core, the call's items and deadline, whether
+/// the pass names several owners, and then the eventfd that wakes the caller when a batch or a
+/// new connection is done (`None` with one owner, or when no fd was left: then the caller polls
+/// in short steps).
+struct Pass<'c, 'i> {
+    core: &'c Core,
+    items: &'c [RangedGet<'i>],
+    end: Instant,
+    several: bool,
+    wake: Option<Arc<Wake>>,
+}
+
 impl Cluster {
     /// Reads `missed` keys of `items` from their owners. Per key, sets `errors[k]` on failure or
     /// pushes `k` to `hits` when its bytes were delivered and validated. Keys read through a
@@ -102,13 +114,27 @@ impl Cluster {
         // pass all spend what is left of it.
         let end = Instant::now() + self.cfg.timeout;
         let mut retry = Vec::new();
-        self.pass(core, items, missed, true, end, errors, hits, &mut out, &mut retry);
+        self.pass(
+            core,
+            items,
+            missed,
+            true,
+            end,
+            &mut PassOut::new(errors, hits, &mut out, &mut retry),
+        );
         if !retry.is_empty() {
             for &k in &retry {
                 errors[k] = None;
             }
             let mut again = Vec::new();
-            self.pass(core, items, &retry, false, end, errors, hits, &mut out, &mut again);
+            self.pass(
+                core,
+                items,
+                &retry,
+                false,
+                end,
+                &mut PassOut::new(errors, hits, &mut out, &mut again),
+            );
         }
         let c = &self.counters;
         c.remote_hits.fetch_add(out.hits, Ordering::Relaxed);
@@ -122,8 +148,10 @@ impl Cluster {
     }
 
     /// One round: RESOLVE (keys without a usable remembered placement), one engine batch per
-    /// owner, VALIDATE. Stale remembered keys go to `retry`.
-    #[allow(clippy::too_many_arguments)]
+    /// owner, VALIDATE. Stale remembered keys go to `acc.retry`.
+    ///
+    /// Several owners: each moves through its steps as soon as its own answer or batch is in, so
+    /// a silent owner fails only its own keys.
     fn pass(
         &self,
         core: &Core,
@@ -131,11 +159,51 @@ impl Cluster {
         keys: &[usize],
         use_cache: bool,
         end: Instant,
-        errors: &mut [Option<StoreError>],
-        hits: &mut Vec<usize>,
-        out: &mut RemoteOutcome,
-        retry: &mut Vec<usize>,
+        acc: &mut PassOut<'_>,
     ) {
+        let work = self.owners_of(items, keys, use_cache, end);
+        if work.is_empty() {
+            return;
+        }
+        // With the phase report on: resolve = connecting and RESOLVE, wait = the reads and the
+        // waits on several owners, other = VALIDATE.
+        let timer = &core.timer();
+        let mut t = timer.start();
+        let several = work.len() > 1;
+        let call = Pass {
+            core,
+            items,
+            end,
+            several,
+            wake: if several { Wake::new() } else { None },
+        };
+        let slots: Vec<Mutex<Option<std::io::Result<Conn>>>> = work.iter().map(|_| Mutex::new(None)).collect();
+        std::thread::scope(|s| {
+            let mut steps: Vec<Step<'_, '_>> = work
+                .iter()
+                .zip(&slots)
+                .map(|(w, slot)| self.start_owner(s, &call, w, slot, acc))
+                .collect();
+            t = timer.lap(Phase::Resolve, t);
+            while let Some((ready, polled)) = ready_steps(&steps, call.wake.as_deref(), end) {
+                if polled {
+                    t = timer.lap(Phase::Wait, t);
+                }
+                for i in ready {
+                    let step = std::mem::replace(&mut steps[i], Step::Done);
+                    let phase = step.phase();
+                    steps[i] = self.advance(&call, &work[i], step, acc);
+                    t = timer.lap(phase, t);
+                }
+            }
+        });
+        self.counters.control_bytes.fetch_add(acc.control, Ordering::Relaxed);
+        self.counters.stale.fetch_add(acc.stale, Ordering::Relaxed);
+    }
+
+    /// This pass's keys grouped by owner, in the order the owners first appear. A key `locate`
+    /// finds no remote owner for is in no group (it stays a miss).
+    fn owners_of(&self, items: &[RangedGet<'_>], keys: &[usize], use_cache: bool, end: Instant) -> Vec<OwnerWork> {
         let mut work: Vec<OwnerWork> = Vec::new();
         for (&k, o) in keys.iter().zip(self.locate(items, keys, use_cache, end)) {
             let Some(Located { owner, addr, cached }) = o else {
@@ -154,128 +222,58 @@ impl Cluster {
                 }),
             }
         }
-        if work.is_empty() {
-            return;
-        }
-        // With the phase report on: resolve = connecting and RESOLVE, wait = the reads and the
-        // waits on several owners, other = VALIDATE.
-        let timer = &core.timer();
-        let mut t = timer.start();
+        work
+    }
+
+    /// Starts one owner's part. An owner that did not answer in time lately fails its keys at
+    /// once; with a pooled connection the part moves on to RESOLVE (or the read) now; a new
+    /// connection is made on a thread of its own when there are other owners, so a silent
+    /// owner's handshake holds up no other.
+    fn start_owner<'s, 'm: 's>(
+        &'s self,
+        s: &'s std::thread::Scope<'s, '_>,
+        call: &Pass<'_, '_>,
+        w: &OwnerWork,
+        slot: &'m Mutex<Option<std::io::Result<Conn>>>,
+        acc: &mut PassOut<'_>,
+    ) -> Step<'s, 'm> {
         let timeout = self.cfg.timeout;
-        let mut acc = PassOut {
-            errors,
-            hits,
-            out,
-            retry,
-            stale: 0,
-            control: 0,
-        };
-        // Several owners: each moves through its steps as soon as its own answer or batch is in,
-        // so a silent owner fails only its own keys. An eventfd wakes the caller when a batch or
-        // a new connection is done.
-        let several = work.len() > 1;
-        let wake = if several { Wake::new() } else { None };
-        let slots: Vec<Mutex<Option<std::io::Result<Conn>>>> = work.iter().map(|_| Mutex::new(None)).collect();
-        std::thread::scope(|s| {
-            let mut steps: Vec<Step<'_, '_>> = Vec::with_capacity(work.len());
-            for (w, slot) in work.iter().zip(&slots) {
-                if self.pool.is_suspect(&w.owner, timeout) {
-                    // It did not answer in time lately: its keys fail now rather than wait again.
-                    for &k in &w.keys {
-                        acc.errors[k] = Some(remote_err(
-                            items[k].key,
-                            &w.owner,
-                            format!(
-                                "it did not answer within the last {} ms; passed over",
-                                timeout.as_millis()
-                            ),
-                        ));
-                    }
-                    steps.push(Step::Done);
-                    continue;
-                }
-                let step = match self.pool.pooled(&w.owner, end) {
-                    Some(c) => self.begin(core, items, w, Ok(c), end, wake.as_ref(), &mut acc),
-                    // A new connection: on a thread of its own when there are other owners (a
-                    // silent owner's handshake holds up no other).
-                    None if several => {
-                        let (pool, addr, wake) = (&self.pool, w.addr, wake.clone());
-                        let handle = s.spawn(move || {
-                            *slot.lock() = Some(pool.connect(addr, end));
-                            if let Some(w) = wake {
-                                w.signal();
-                            }
-                        });
-                        Step::Connecting { handle, slot }
-                    }
-                    None => self.begin(core, items, w, self.pool.connect(w.addr, end), end, None, &mut acc),
-                };
-                steps.push(step);
+        if self.pool.is_suspect(&w.owner, timeout) {
+            for &k in &w.keys {
+                acc.errors[k] = Some(remote_err(
+                    call.items[k].key,
+                    &w.owner,
+                    format!(
+                        "it did not answer within the last {} ms; passed over",
+                        timeout.as_millis()
+                    ),
+                ));
             }
-            t = timer.lap(Phase::Resolve, t);
-            loop {
-                let pending: Vec<usize> = (0..steps.len()).filter(|&i| !matches!(steps[i], Step::Done)).collect();
-                if pending.is_empty() {
-                    break;
-                }
-                // One owner left, or the deadline passed: wait on each directly (every wait ends
-                // by the deadline; past it, only what already arrived is taken).
-                let ready = if pending.len() == 1 || Instant::now() >= end {
-                    pending
-                } else {
-                    let mut socks = Vec::new();
-                    let mut on_sock = Vec::new();
-                    let mut ready = Vec::new();
-                    let mut background = false;
-                    for &i in &pending {
-                        let done = match &steps[i] {
-                            Step::Places { conn, .. } | Step::Verdicts { conn, .. } => {
-                                socks.push(conn.as_fd());
-                                on_sock.push(i);
-                                continue;
-                            }
-                            Step::Reading(sub) => sub.batch.as_ref().is_none_or(|b| b.is_complete()),
-                            Step::Connecting { slot, .. } => slot.lock().is_some(),
-                            Step::Done => continue,
-                        };
-                        if done {
-                            ready.push(i);
-                        } else {
-                            background = true;
-                        }
+            return Step::Done;
+        }
+        match self.pool.pooled(&w.owner, call.end) {
+            Some(c) => self.begin(call, w, Ok(c), acc),
+            None if call.several => {
+                let (pool, addr, end, wake) = (&self.pool, w.addr, call.end, call.wake.clone());
+                let handle = s.spawn(move || {
+                    *slot.lock() = Some(pool.connect(addr, end));
+                    if let Some(w) = wake {
+                        w.signal();
                     }
-                    let readable = wait_any(&socks, wake.as_deref(), !ready.is_empty(), background, end);
-                    ready.extend(on_sock.into_iter().zip(readable).filter(|(_, r)| *r).map(|(i, _)| i));
-                    t = timer.lap(Phase::Wait, t);
-                    ready
-                };
-                for i in ready {
-                    let step = std::mem::replace(&mut steps[i], Step::Done);
-                    let phase = match step {
-                        Step::Reading(_) => Phase::Wait,
-                        Step::Verdicts { .. } => Phase::Other,
-                        _ => Phase::Resolve,
-                    };
-                    steps[i] = self.advance(core, items, &work[i], step, end, wake.as_ref(), &mut acc);
-                    t = timer.lap(phase, t);
-                }
+                });
+                Step::Connecting { handle, slot }
             }
-        });
-        self.counters.control_bytes.fetch_add(acc.control, Ordering::Relaxed);
-        self.counters.stale.fetch_add(acc.stale, Ordering::Relaxed);
+            None => self.begin(call, w, self.pool.connect(w.addr, call.end), acc),
+        }
     }
 
     /// Moves one owner's part of the call on by one step: the step's answer or batch is in, or
-    /// this waits for it (by `end`).
-    #[allow(clippy::too_many_arguments)]
+    /// this waits for it (by the call's deadline).
     fn advance<'s, 'm>(
         &self,
-        core: &Core,
-        items: &[RangedGet<'_>],
+        call: &Pass<'_, '_>,
         w: &OwnerWork,
         step: Step<'s, 'm>,
-        end: Instant,
-        wake: Option<&Arc<Wake>>,
         acc: &mut PassOut<'_>,
     ) -> Step<'s, 'm> {
         match step {
@@ -285,7 +283,7 @@ impl Cluster {
                     .lock()
                     .take()
                     .unwrap_or_else(|| Err(std::io::Error::other("the connecting thread failed")));
-                self.begin(core, items, w, conn, end, wake, acc)
+                self.begin(call, w, conn, acc)
             }
             Step::Places {
                 mut conn,
@@ -302,17 +300,17 @@ impl Cluster {
                     }
                     Ok((lease, places, sent + (wire::HEAD + answer.len()) as u64))
                 })();
-                match self.keep_or_fail(r, w, items, acc.errors) {
+                match self.keep_or_fail(r, w, call.items, acc.errors) {
                     Some((lease, places, bytes)) => {
                         let r = resolved(w, conn, segment, lease, places, bytes);
-                        self.read_step(core, items, w, r, wake, acc)
+                        self.read_step(call, w, r, acc)
                     }
                     None => Step::Done,
                 }
             }
-            Step::Reading(sub) => self.after_read(items, w, sub, end, acc),
+            Step::Reading(sub) => self.after_read(call, w, sub, acc),
             Step::Verdicts { checked, conn, bytes } => {
-                self.take_verdicts(items, w, checked, conn, bytes, acc);
+                self.take_verdicts(call.items, w, checked, conn, bytes, acc);
                 Step::Done
             }
             Step::Done => Step::Done,
@@ -321,19 +319,16 @@ impl Cluster {
 
     /// With a connection to the owner: sends RESOLVE for the keys without a remembered
     /// placement, or, when every key has one, submits the read at once.
-    #[allow(clippy::too_many_arguments)]
     fn begin<'s, 'm>(
         &self,
-        core: &Core,
-        items: &[RangedGet<'_>],
+        call: &Pass<'_, '_>,
         w: &OwnerWork,
         conn: std::io::Result<Conn>,
-        end: Instant,
-        wake: Option<&Arc<Wake>>,
         acc: &mut PassOut<'_>,
     ) -> Step<'s, 'm> {
+        let items = call.items;
         let conn = conn.map_err(|e| self.io_failure(&w.owner, "control connection", e));
-        let r = self.segment_for(core, &w.owner, end).and_then(|segment| {
+        let r = self.segment_for(call.core, &w.owner, call.end).and_then(|segment| {
             let mut conn = conn?;
             let fresh = w.keys.iter().zip(&w.cached).filter(|(_, c)| c.is_none());
             if fresh.clone().next().is_none() {
@@ -353,39 +348,37 @@ impl Cluster {
             Some((conn, segment, Some(sent))) => Step::Places { conn, segment, sent },
             Some((conn, segment, None)) => {
                 let r = resolved(w, conn, segment, 0, Vec::new(), 0);
-                self.read_step(core, items, w, r, wake, acc)
+                self.read_step(call, w, r, acc)
             }
             None => Step::Done,
         }
     }
 
-    /// Submits the owner's engine batch (its completion signals `wake`).
+    /// Submits the owner's engine batch (its completion signals the pass's wake, if any).
     fn read_step<'s, 'm>(
         &self,
-        core: &Core,
-        items: &[RangedGet<'_>],
+        call: &Pass<'_, '_>,
         w: &OwnerWork,
         r: Resolved,
-        wake: Option<&Arc<Wake>>,
         acc: &mut PassOut<'_>,
     ) -> Step<'s, 'm> {
-        let sub = self.submit_owner(core, items, w, r, acc.errors);
-        if let (Some(b), Some(wake)) = (&sub.batch, wake) {
+        let sub = self.submit_owner(call.core, call.items, w, r, acc.errors);
+        if let (Some(b), Some(wake)) = (&sub.batch, &call.wake) {
             wake.on_complete(b);
         }
         Step::Reading(sub)
     }
 
-    /// The owner's batch is done (or this waits for it by `end`): sends VALIDATE for what was
-    /// read.
+    /// The owner's batch is done (or this waits for it by the call's deadline): sends VALIDATE
+    /// for what was read.
     fn after_read<'s, 'm>(
         &self,
-        items: &[RangedGet<'_>],
+        call: &Pass<'_, '_>,
         w: &OwnerWork,
         sub: SubmitState,
-        end: Instant,
         acc: &mut PassOut<'_>,
     ) -> Step<'s, 'm> {
+        let (items, end) = (call.items, call.end);
         let timeout = self.cfg.timeout;
         let errors = &mut *acc.errors;
         let SubmitState {
@@ -781,6 +774,73 @@ struct PassOut<'a> {
     retry: &'a mut Vec<usize>,
     stale: u64,
     control: u64,
+}
+
+impl<'a> PassOut<'a> {
+    fn new(
+        errors: &'a mut [Option<StoreError>],
+        hits: &'a mut Vec<usize>,
+        out: &'a mut RemoteOutcome,
+        retry: &'a mut Vec<usize>,
+    ) -> Self {
+        PassOut {
+            errors,
+            hits,
+            out,
+            retry,
+            stale: 0,
+            control: 0,
+        }
+    }
+}
+
+impl Step<'_, '_> {
+    /// Where the phase report counts the time spent moving this step on.
+    fn phase(&self) -> Phase {
+        match self {
+            Step::Reading(_) => Phase::Wait,
+            Step::Verdicts { .. } => Phase::Other,
+            _ => Phase::Resolve,
+        }
+    }
+}
+
+/// The owners' steps that can move on now, waiting until one can (by `end`), and whether this
+/// polled; `None` once every owner is done. With one owner left, or past the deadline, every
+/// pending step is ready: each is then waited on directly, and every such wait ends by the
+/// deadline (past it, only what already arrived is taken).
+fn ready_steps(steps: &[Step<'_, '_>], wake: Option<&Wake>, end: Instant) -> Option<(Vec<usize>, bool)> {
+    let pending: Vec<usize> = (0..steps.len()).filter(|&i| !matches!(steps[i], Step::Done)).collect();
+    if pending.is_empty() {
+        return None;
+    }
+    if pending.len() == 1 || Instant::now() >= end {
+        return Some((pending, false));
+    }
+    let mut socks = Vec::new();
+    let mut on_sock = Vec::new();
+    let mut ready = Vec::new();
+    let mut background = false;
+    for &i in &pending {
+        let done = match &steps[i] {
+            Step::Places { conn, .. } | Step::Verdicts { conn, .. } => {
+                socks.push(conn.as_fd());
+                on_sock.push(i);
+                continue;
+            }
+            Step::Reading(sub) => sub.batch.as_ref().is_none_or(|b| b.is_complete()),
+            Step::Connecting { slot, .. } => slot.lock().is_some(),
+            Step::Done => continue,
+        };
+        if done {
+            ready.push(i);
+        } else {
+            background = true;
+        }
+    }
+    let readable = wait_any(&socks, wake, !ready.is_empty(), background, end);
+    ready.extend(on_sock.into_iter().zip(readable).filter(|(_, r)| *r).map(|(i, _)| i));
+    Some((ready, true))
 }
 
 /// An owner's placements: remembered ones, the rest from PLACES (`fresh`, in key order).
