@@ -194,14 +194,16 @@ fn a_killed_owner_fails_only_its_keys_and_rejoins_with_its_ssd_keys() {
     p0.signal("KILL");
     let (mut p2, a) = reader.join().expect("reader thread");
     drop(p0);
-    let field = |name: &str| -> u64 {
-        let at = a.find(&format!("{name}=")).unwrap() + name.len() + 1;
-        a[at..].split(' ').next().unwrap().parse().unwrap()
-    };
-    assert_eq!(field("bad"), 0, "no wrong byte: {a}");
-    assert!(field("ok") > 0, "some reads finished before the kill: {a}");
-    assert!(field("err") + field("miss") > 0, "reads after the kill fail: {a}");
-    assert!(field("max_ms") < 3 * TIMEOUT_MS, "no get waited past the timeouts: {a}");
+    assert_eq!(field(&a, "bad"), 0, "no wrong byte: {a}");
+    assert!(field(&a, "ok") > 0, "some reads finished before the kill: {a}");
+    assert!(
+        field(&a, "err") + field(&a, "miss") > 0,
+        "reads after the kill fail: {a}"
+    );
+    assert!(
+        field(&a, "max_ms") < 3 * TIMEOUT_MS,
+        "no get waited past the timeouts: {a}"
+    );
     // The survivors keep serving each other.
     expect_seed(&mut p2, "survivor", "0:65536", 4);
     expect_seed(&mut p1, "survivor", "8:64", 4);
@@ -291,8 +293,8 @@ fn eviction_racing_remote_reads_yields_whole_versions_or_misses() {
     let a = p1.ok("stream hot 400 0:524288");
     let (_p0, w) = writer.join().expect("writer");
     assert_eq!(w, "OK failed=0");
-    assert!(a.contains(" bad=0 "), "a remote read returned torn bytes as data: {a}");
-    assert!(!a.contains("ok=0 "), "reads succeeded: {a}");
+    assert_eq!(field(&a, "bad"), 0, "a remote read returned torn bytes as data: {a}");
+    assert!(field(&a, "ok") > 0, "reads succeeded: {a}");
     eprintln!("race: {a}; stale reads: {}", stat(&mut p1, "remote_stale"));
 }
 
@@ -444,10 +446,6 @@ fn membership_change(fourth_first: bool, change: impl FnOnce(Option<Node>, &Clus
     let after = answers.iter().filter(|(at, _)| *at > changed).count();
     eprintln!("{} chunks read, {after} after the change", answers.len());
     assert!(covered, "the reader stopped before the change had settled");
-    let field = |a: &str, name: &str| -> u64 {
-        let at = a.find(&format!("{name}=")).unwrap() + name.len() + 1;
-        a[at..].split(' ').next().unwrap().parse().unwrap()
-    };
     for (_, a) in &answers {
         assert_eq!(
             field(a, "ok"),
@@ -471,6 +469,16 @@ fn membership_change(fourth_first: bool, change: impl FnOnce(Option<Node>, &Clus
         .map(|p| stat(p, "directory_entries"))
         .sum();
     eprintln!("directory entries on peers 0-2 after the change: {entries}");
+}
+
+/// The number after `name=` in a node's answer (`ok=12 err=0 ...`); a missing or malformed field
+/// fails the test, naming the answer.
+fn field(answer: &str, name: &str) -> u64 {
+    answer
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number {name}= in the answer {answer:?}"))
 }
 
 /// Commands per node in the membership-change tests carry at most this many keys: the node's
@@ -498,11 +506,7 @@ fn sweep_all(node: &mut Node, ranges: &str) -> (u64, String) {
     let (mut ok, mut short, mut last) = (0, None, String::new());
     for first in (0..SWEEP_KEYS).step_by(KEYS_PER_COMMAND as usize) {
         let a = node.ok(&format!("sweep k {first} {KEYS_PER_COMMAND} {ranges}"));
-        let whole: u64 = a
-            .split(' ')
-            .find_map(|f| f.strip_prefix("ok="))
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0);
+        let whole = field(&a, "ok");
         ok += whole;
         if whole != KEYS_PER_COMMAND && short.is_none() {
             short = Some(a.clone());
