@@ -169,15 +169,21 @@ impl PyEngine {
             deadline: deadline_from(deadline)?,
             ..SubmitOptions::default()
         };
-        let submit = |notify: Option<Vec<u8>>| match notify {
-            None => self.engine.submit_with(&reqs, &opts).map(|data| PyBatch {
-                data,
-                notification: None,
-            }),
-            Some(payload) => self.engine.submit_notified(&reqs, payload, &opts).map(|nb| PyBatch {
-                data: nb.data,
-                notification: Some(nb.notification),
-            }),
+        // Without the GIL: a transport may copy on the submitting thread inside submit (shm: a
+        // batch up to TE_SHM_INLINE_BYTES whole, and chunks beside its copy threads), and other
+        // Python threads must run meanwhile, as during wait().
+        let engine = &self.engine;
+        let submit = |notify: Option<Vec<u8>>| {
+            py.detach(|| match notify {
+                None => engine.submit_with(&reqs, &opts).map(|data| PyBatch {
+                    data,
+                    notification: None,
+                }),
+                Some(payload) => engine.submit_notified(&reqs, payload, &opts).map(|nb| PyBatch {
+                    data: nb.data,
+                    notification: Some(nb.notification),
+                }),
+            })
         };
         match submit(notify.clone()) {
             // Beyond the buffers the segment had when we last read its descriptor: the peer may

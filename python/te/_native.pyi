@@ -98,7 +98,9 @@ class TransferEngine:
     ) -> Batch:
         """Submits writes (local to remote). ``deadline`` in seconds (default
         ``TE_TRANSFER_TIMEOUT_MS``); ``notify`` is sent to the target once every request
-        completed. Malformed requests raise before anything starts."""
+        completed. Malformed requests raise before anything starts. Releases the GIL while the
+        engine submits: a transport may copy on this thread before it returns (the same-host
+        transport copies small batches whole here)."""
     def submit_read(
         self,
         segment: SegmentLike,
@@ -120,7 +122,7 @@ class TransferEngine:
         deadline: float | None = None,
         notify: bytes | None = None,
     ) -> BatchReport:
-        """``submit_write(...).wait()``, the GIL released while waiting."""
+        """``submit_write(...).wait()``, the GIL released while submitting and waiting."""
     def read(
         self,
         segment: SegmentLike,

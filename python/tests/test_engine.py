@@ -356,6 +356,78 @@ def test_wait_releases_the_gil():
     assert during > 3, f"the other thread made {during} steps while wait() ran"
 
 
+SHM_CHILD = r"""
+import sys, numpy as np, te
+env = {"TE_METADATA": "p2p", "TE_P2P_LISTEN": f"127.0.0.1:{sys.argv[1]}", "TE_TRANSPORTS": "shm"}
+e = te.TransferEngine("shm-child", env=env)
+dst = np.zeros(int(sys.argv[2]), dtype=np.uint8)
+reg = e.register(dst)
+print("READY", reg.addr, flush=True)
+sys.stdin.readline()
+print("SUM", int(dst[:: 4096].astype(np.uint64).sum()), flush=True)
+"""
+
+
+def test_a_copy_done_while_submitting_releases_the_gil():
+    # The same-host transport copies on the submitting thread inside submit: the whole batch up
+    # to TE_SHM_INLINE_BYTES, and chunks beside its copy threads up to 256 MiB. Other Python
+    # threads must run meanwhile, as they do during wait().
+    n = 128 * MiB
+    port = free_port()
+    child = subprocess.Popen([sys.executable, "-c", SHM_CHILD, str(port), str(n)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    stop = threading.Event()
+    interval = sys.getswitchinterval()
+    try:
+        line = child.stdout.readline().split()
+        assert line and line[0] == "READY", line
+        remote = int(line[1])
+        e = te.TransferEngine(unique("gil"), env={"TE_METADATA": "p2p", "TE_P2P_LISTEN": "127.0.0.1:0",
+                                                  "TE_TRANSPORTS": "shm"})
+        src = np.ones(n, dtype=np.uint8)
+        rs = e.register(src)
+        seg = e.open_segment(f"shm-child@127.0.0.1:{port}")
+        if not e.routes(seg):
+            skip_or_fail("shm", f"no shm route to a child process: {e.unreached_routes(seg)}")
+        ticks = 0
+        started = threading.Event()
+
+        def ticker():
+            nonlocal ticks
+            started.set()
+            while not stop.is_set():
+                ticks += 1
+                os.sched_yield()  # lets the GIL go, so the main thread takes it back at once
+
+        # The GIL then changes hands only where a thread lets it go: the ticker in sched_yield,
+        # the engine where it releases it. Held through submit, the ticker cannot step at all.
+        sys.setswitchinterval(60)
+        t = threading.Thread(target=ticker)
+        t.start()
+        assert started.wait(60), "the ticker thread did not start"
+        # Counted while submit alone runs (the copy threads may finish the batch during wait()).
+        # Released, the ticker steps once it gets a core, so a few tries make a core-starved
+        # machine no reason to fail.
+        steps = []
+        for _ in range(5):
+            before = ticks
+            batch = e.submit_write(seg, rs.addr, remote, n)
+            steps.append(ticks - before)
+            assert batch.wait().bytes == n
+            if steps[-1] > 0:
+                break
+        stop.set()
+        t.join()
+        assert max(steps) > 0, f"the other thread made {steps} steps while submit_write copied"
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().split() == ["SUM", str(n // 4096)]
+    finally:
+        sys.setswitchinterval(interval)
+        stop.set()
+        child.kill()
+
+
 def test_asyncio_tasks_interleave_with_awaited_batches():
     a, b = tcp_pair()
     n = 32 * MiB
