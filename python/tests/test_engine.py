@@ -7,6 +7,7 @@ import asyncio
 import ctypes
 import gc
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -368,10 +369,17 @@ print("SUM", int(dst[:: 4096].astype(np.uint64).sum()), flush=True)
 """
 
 
+def line_within(proc: subprocess.Popen, seconds: float) -> list[str]:
+    """The child's next stdout line, split; fails instead of hanging when none comes in time."""
+    ready, _, _ = select.select([proc.stdout], [], [], seconds)
+    assert ready, f"the child printed nothing within {seconds} s"
+    return proc.stdout.readline().split()
+
+
 def test_a_copy_done_while_submitting_releases_the_gil():
-    # The same-host transport copies on the submitting thread inside submit: the whole batch up
-    # to TE_SHM_INLINE_BYTES, and chunks beside its copy threads up to 256 MiB. Other Python
-    # threads must run meanwhile, as they do during wait().
+    # The same-host transport copies on the submitting thread inside submit: a batch up to
+    # TE_SHM_INLINE_BYTES whole, and 1 MiB chunks of a larger one (up to 256 MiB) beside its copy
+    # threads. Other Python threads must run meanwhile, as they do during wait().
     n = 128 * MiB
     port = free_port()
     child = subprocess.Popen([sys.executable, "-c", SHM_CHILD, str(port), str(n)], stdin=subprocess.PIPE,
@@ -379,16 +387,23 @@ def test_a_copy_done_while_submitting_releases_the_gil():
     stop = threading.Event()
     interval = sys.getswitchinterval()
     try:
-        line = child.stdout.readline().split()
+        line = line_within(child, 120)
         assert line and line[0] == "READY", line
         remote = int(line[1])
-        e = te.TransferEngine(unique("gil"), env={"TE_METADATA": "p2p", "TE_P2P_LISTEN": "127.0.0.1:0",
-                                                  "TE_TRANSPORTS": "shm"})
         src = np.ones(n, dtype=np.uint8)
-        rs = e.register(src)
-        seg = e.open_segment(f"shm-child@127.0.0.1:{port}")
-        if not e.routes(seg):
-            skip_or_fail("shm", f"no shm route to a child process: {e.unreached_routes(seg)}")
+        offs = np.arange(n // MiB, dtype=np.uint64) * MiB
+        env = {"TE_METADATA": "p2p", "TE_P2P_LISTEN": "127.0.0.1:0", "TE_TRANSPORTS": "shm"}
+        # (engine, requests): the whole batch copied inside submit, then 128 requests of 1 MiB
+        # shared between the submitting thread and the copy threads.
+        arms = []
+        for extra, whole in (({"TE_SHM_INLINE_BYTES": str(2 * n)}, True), ({}, False)):
+            e = te.TransferEngine(unique("gil"), env={**env, **extra})
+            rs = e.register(src)
+            seg = e.open_segment(f"shm-child@127.0.0.1:{port}")
+            if not e.routes(seg):
+                skip_or_fail("shm", f"no shm route to a child process: {e.unreached_routes(seg)}")
+            local, there = (rs.addr, remote) if whole else (rs.addr + offs, remote + offs)
+            arms.append((e, seg, rs, local, there, n if whole else MiB))
         ticks = 0
         started = threading.Event()
 
@@ -402,30 +417,34 @@ def test_a_copy_done_while_submitting_releases_the_gil():
         # The GIL then changes hands only where a thread lets it go: the ticker in sched_yield,
         # the engine where it releases it. Held through submit, the ticker cannot step at all.
         sys.setswitchinterval(60)
-        t = threading.Thread(target=ticker)
+        t = threading.Thread(target=ticker, daemon=True)
         t.start()
         assert started.wait(60), "the ticker thread did not start"
         # Counted while submit alone runs (the copy threads may finish the batch during wait()).
         # Released, the ticker steps once it gets a core, so a few tries make a core-starved
         # machine no reason to fail.
         steps = []
-        for _ in range(5):
-            before = ticks
-            batch = e.submit_write(seg, rs.addr, remote, n)
-            steps.append(ticks - before)
-            assert batch.wait().bytes == n
-            if steps[-1] > 0:
-                break
+        for e, seg, _, local, there, length in arms:
+            steps.append([])
+            for _ in range(5):
+                before = ticks
+                batch = e.submit_write(seg, local, there, length, deadline=120)
+                steps[-1].append(ticks - before)
+                assert batch.wait().bytes == n
+                if steps[-1][-1] > 0:
+                    break
         stop.set()
-        t.join()
-        assert max(steps) > 0, f"the other thread made {steps} steps while submit_write copied"
+        t.join(60)
+        assert all(max(s) > 0 for s in steps), \
+            f"the other thread's steps while submit_write copied (whole batch, 1 MiB chunks): {steps}"
         child.stdin.write("go\n")
         child.stdin.flush()
-        assert child.stdout.readline().split() == ["SUM", str(n // 4096)]
+        assert line_within(child, 120) == ["SUM", str(n // 4096)]
     finally:
         sys.setswitchinterval(interval)
         stop.set()
         child.kill()
+        child.wait(timeout=30)
 
 
 def test_asyncio_tasks_interleave_with_awaited_batches():

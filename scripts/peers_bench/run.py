@@ -229,7 +229,10 @@ class Runner:
         rc, out = self.run(cmd, env, timeout=240)
         rows = self.json_rows(out)
         if not rows:
-            self.emit({"bench": "peers-kill", "scenario": scenario, "engine": engine, "round": rnd,
+            # Tagged with its arm like kill.py's own rows, so the summary counts it in that row.
+            arm = {"ours_transports": dict(zip(extra, extra[1:])).get("--ours-transports", "tcp")} if engine == "ours" \
+                else {"ucx_tls": (env or {}).get("UCX_TLS") or "default"}
+            self.emit({"bench": "peers-kill", "scenario": scenario, "engine": engine, "round": rnd, **arm,
                        "error": f"kill.py exited with {rc}"})
         for r in rows:
             r["scenario"] = scenario
