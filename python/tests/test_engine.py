@@ -403,7 +403,7 @@ def test_a_copy_done_while_submitting_releases_the_gil():
             if not e.routes(seg):
                 skip_or_fail("shm", f"no shm route to a child process: {e.unreached_routes(seg)}")
             local, there = (rs.addr, remote) if whole else (rs.addr + offs, remote + offs)
-            arms.append((e, seg, rs, local, there, n if whole else MiB))
+            arms.append((e, seg, rs, local, there, n if whole else MiB))  # rs: kept registered
         ticks = 0
         started = threading.Event()
 
