@@ -129,7 +129,7 @@ pub fn engine_error(py: Python<'_>, e: &Error) -> PyErr {
         Error::Refused { peer, .. } => ("RefusedError", "refused", vec![("peer", text(py, peer))]),
         Error::RegistrationFailed { .. } => ("RegistrationFailedError", "registration_failed", vec![]),
         Error::Transport { transport, .. } => ("TransportError", "transport", vec![("transport", text(py, transport))]),
-        Error::BatchFailed(b) => return batch_error(py, b),
+        Error::BatchFailed(b) => return batch_error(py, b.clone()),
         Error::Metadata(_) => ("MetadataError", "metadata", vec![]),
         Error::Io { source, .. } => (
             "IoError",
@@ -170,28 +170,63 @@ pub fn engine_error(py: Python<'_>, e: &Error) -> PyErr {
     raise(py, class, kind, msg, &fields)
 }
 
-/// A batch with failed requests: `BatchFailedError` with `failures`, a list of
-/// `(request index, exception)`, and the counts by state.
-pub fn batch_error(py: Python<'_>, b: &te_base::BatchError) -> PyErr {
-    let failures = PyList::empty(py);
-    for (i, e) in &b.failures {
-        let exc = engine_error(py, e).into_value(py);
-        let _ = failures.append((*i, exc));
-    }
-    let p = b.progress;
+/// A batch with failed requests: `BatchFailedError` with the counts by state, and its
+/// `failures` (a list of `(request index, exception)`) built from [`Failures`] on first access:
+/// a failed batch of many requests (a peer killed mid-batch fails every request left) would
+/// otherwise make one exception per request before the caller sees the error, and the garbage
+/// collection those allocations set off, whether or not anyone reads them.
+pub fn batch_error(py: Python<'_>, b: te_base::BatchError) -> PyErr {
+    let (p, message) = (b.progress, b.to_string());
+    let failures = match Py::new(
+        py,
+        Failures {
+            items: b.failures,
+            list: PyOnceLock::new(),
+        },
+    ) {
+        Ok(f) => f.into_any(),
+        Err(e) => return e,
+    };
     raise(
         py,
         "BatchFailedError",
         "batch_failed",
-        b.to_string(),
+        message,
         &[
-            ("failures", failures.into_any().unbind()),
+            ("_failures_source", failures),
             ("done", int(py, p.done as u64)),
             ("failed", int(py, p.failed as u64)),
             ("cancelled", int(py, p.cancelled as u64)),
             ("pending", int(py, p.pending as u64)),
         ],
     )
+}
+
+/// A failed batch's per-request errors, held in Rust until `BatchFailedError.failures` is read.
+#[pyclass(frozen, module = "te._native", name = "_Failures")]
+pub struct Failures {
+    items: Vec<(usize, Error)>,
+    /// Built once: threads reading `failures` at the same time all get this list.
+    list: PyOnceLock<Py<PyList>>,
+}
+
+#[pymethods]
+impl Failures {
+    /// `[(request index, exception)]` in index order, one exception per request.
+    fn materialize(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
+        let list = self.list.get_or_try_init(py, || {
+            let list = PyList::empty(py);
+            for (i, e) in &self.items {
+                list.append((*i, engine_error(py, e).into_value(py)))?;
+            }
+            Ok::<_, PyErr>(list.unbind())
+        })?;
+        Ok(list.clone_ref(py))
+    }
+
+    fn __len__(&self) -> usize {
+        self.items.len()
+    }
 }
 
 /// The class and attributes of one store error.
@@ -267,6 +302,6 @@ impl<T> IntoPyResult<T> for Result<T, StoreError> {
 
 impl<T> IntoPyResult<T> for Result<T, te_base::BatchError> {
     fn py(self) -> PyResult<T> {
-        self.map_err(|e| Python::attach(|py| batch_error(py, &e)))
+        self.map_err(|e| Python::attach(|py| batch_error(py, e)))
     }
 }

@@ -23,6 +23,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pyo3_async_runtimes::tokio::init_with_runtime(runtime::runtime())
         .map_err(|()| pyo3::exceptions::PyRuntimeError::new_err("the async runtime was already initialised"))?;
     engine::add(m)?;
+    m.add_class::<errors::Failures>()?;
     store::add(m)?;
     bench::add(m)?;
     compat::add(m)?;

@@ -146,13 +146,34 @@ class TransportError(TeError):
 
 class BatchFailedError(TeError):
     """Some requests of a batch failed. ``failures`` lists ``(request index, exception)``;
-    ``done``, ``failed``, ``cancelled`` and ``pending`` count the requests by state."""
+    ``done``, ``failed``, ``cancelled`` and ``pending`` count the requests by state.
 
-    failures: list[tuple[int, TeError]] = []
+    ``failures`` is built on first access (then kept): a batch whose peer died fails every request
+    left, and making an exception for each before the caller even looks cost milliseconds of
+    allocation and garbage collection on the error path."""
+
     done: int = 0
     failed: int = 0
     cancelled: int = 0
     pending: int = 0
+
+    @property
+    def failures(self) -> list[tuple[int, TeError]]:
+        d = self.__dict__
+        if "_failures" not in d:
+            source = d.get("_failures_source")
+            d["_failures"] = source.materialize() if source is not None else []
+        return d["_failures"]
+
+    @failures.setter
+    def failures(self, value: list[tuple[int, TeError]]) -> None:
+        self.__dict__["_failures"] = value
+
+    def __reduce__(self):
+        # Pickled with the list itself (the Rust-held source does not pickle).
+        state = {k: v for k, v in self.__dict__.items() if k != "_failures_source"}
+        state["_failures"] = self.failures
+        return (type(self), self.args, state)
 
 
 class MetadataError(TeError):

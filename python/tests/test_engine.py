@@ -499,6 +499,47 @@ def test_a_deadline_fails_the_unfinished_requests_with_timeout():
     assert a.write(seg, rs.addr, rd.addr, 4096).bytes == 4096
 
 
+def test_batch_failed_lists_each_failed_request_once_built_and_pickles():
+    """A batch whose deadline cuts most of its 2,048 requests: ``failures`` names exactly the
+    requests whose bytes did not land (every other one's bytes are in place), is built once and
+    kept (the same list from every thread), survives pickling, and can be set."""
+    import pickle
+
+    a, b = tcp_pair()
+    count, block = 2048, 64 * 1024
+    src, dst = pattern(count * block, 9), np.zeros(count * block, dtype=np.uint8)
+    rs, rd = a.register(src), b.register(dst)
+    seg = a.open_segment(b.segment_name)
+    offs = np.arange(count, dtype=np.uint64) * np.uint64(block)
+    # 128 MiB over TCP loopback takes tens of ms; the deadline is 1 ms.
+    with pytest.raises(te.BatchFailedError) as err:
+        a.write(seg, rs.addr + offs, rd.addr + offs, np.full(count, block, dtype=np.uint64), deadline=0.001)
+    e = err.value
+    # A deadline fails what it cuts (none cancelled, none left pending): done + failed is every request.
+    assert (e.cancelled, e.pending) == (0, 0) and e.done + e.failed == count and e.failed > 0
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(e.failures)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    first = e.failures
+    assert first is e.failures, "built once, then kept"
+    assert all(f == first for f in seen)
+    failed = [i for i, _ in first]
+    assert len(failed) == e.failed and failed == sorted(set(failed))
+    assert all(isinstance(c, te.TimeoutError) and isinstance(c, te.TeError) for _, c in first)
+    landed = np.ones(count, dtype=bool)
+    landed[failed] = False
+    got, want = dst.reshape(count, block), src.reshape(count, block)
+    assert np.array_equal(got[landed], want[landed]), "a request not listed as failed did not land"
+    back = pickle.loads(pickle.dumps(e))
+    assert isinstance(back, te.BatchFailedError) and str(back) == str(e) and back.failed == e.failed
+    assert [(i, type(c), str(c)) for i, c in back.failures] == [(i, type(c), str(c)) for i, c in first]
+    back.failures = []
+    assert back.failures == [] and te.BatchFailedError("by hand").failures == []
+
+
 def test_failed_batches_raise_batch_failed_with_each_request():
     a, b = tcp_pair()
     src, dst = np.zeros(MiB, dtype=np.uint8), np.zeros(MiB, dtype=np.uint8)
