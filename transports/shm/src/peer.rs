@@ -26,16 +26,19 @@ pub(crate) struct Job {
 }
 
 impl Job {
-    /// Copies chunks until none is left.
+    /// Copies chunks until none is left. Then, if the target exited meanwhile, fails what
+    /// another thread claimed and has not settled yet, once no copy is in flight
+    /// ([`Connection::sweep`]).
     fn drain(&self) {
         loop {
             let k = self.next.fetch_add(1, Ordering::Relaxed);
             if k + 1 >= self.cuts.len() {
-                return;
+                break;
             }
             self.conn
                 .run(&self.requests[self.cuts[k]..self.cuts[k + 1]], &self.batch);
         }
+        self.conn.sweep(&self.requests, &self.batch);
     }
 }
 
