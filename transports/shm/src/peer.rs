@@ -37,6 +37,10 @@ impl Job {
             }
             self.conn
                 .run(&self.requests[self.cuts[k]..self.cuts[k + 1]], &self.batch);
+            // A chunk is at least 1 MiB, so this costs nothing; without it, where the copy
+            // threads have every core, a woken thread (a dying peer's exit, the caller waiting
+            // on a batch, the control thread) waits for the scheduler's next tick, milliseconds.
+            std::thread::yield_now();
         }
         self.conn.sweep(&self.requests, &self.batch);
     }
