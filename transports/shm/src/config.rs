@@ -22,9 +22,6 @@ pub const MAX_CONNECTIONS_VAR: &str = "TE_SHM_MAX_CONNECTIONS";
 pub const PTRACE_SCOPE_FILE_VAR: &str = "TE_SHM_PTRACE_SCOPE_FILE";
 /// Fault injection for tests: the connect-time permission probe fails with this errno.
 pub const FAULT_PROBE_ERRNO_VAR: &str = "TE_SHM_FAULT_PROBE_ERRNO";
-/// Fault injection for tests, `INDEX:MS`: the copy thread whose system call moved request
-/// INDEX (of a batch shared with the copy threads) sleeps MS milliseconds before settling it.
-pub const FAULT_STALL_VAR: &str = "TE_SHM_FAULT_STALL";
 
 /// Memory the engine allocates is a sealed memfd that connected peers map (1, default), or
 /// anonymous memory reached by cross-memory attach only (0).
@@ -43,7 +40,6 @@ pub const ENV_VARS: &[&str] = &[
     MAX_CONNECTIONS_VAR,
     PTRACE_SCOPE_FILE_VAR,
     FAULT_PROBE_ERRNO_VAR,
-    FAULT_STALL_VAR,
 ];
 
 /// Yama's setting, where the kernel has Yama.
@@ -76,10 +72,6 @@ pub struct ShmConfig {
     /// `TE_SHM_FAULT_PROBE_ERRNO`: fault injection for tests; every connect-time permission probe
     /// fails with this errno as if the kernel had refused it.
     pub fault_probe_errno: Option<i32>,
-    /// `TE_SHM_FAULT_STALL` (`INDEX:MS`): fault injection for tests; the copy thread that moved
-    /// request INDEX stalls MS milliseconds between that system call and settling it, as a
-    /// thread preempted there would.
-    pub fault_stall: Option<(u64, Duration)>,
     /// `TE_SHM_MEMFD` (default on): the engine allocates host memory as sealed memfds and this
     /// transport hands each exported one to connected peers once (`SCM_RIGHTS`), which map it and
     /// copy with the local transport's kernels. Off: allocations are anonymous, no fd is sent,
@@ -101,7 +93,6 @@ impl Default for ShmConfig {
             max_connections: 1024,
             ptrace_scope_file: PathBuf::from(DEFAULT_PTRACE_SCOPE_FILE),
             fault_probe_errno: None,
-            fault_stall: None,
             memfd: true,
             nt_copy_min_bytes: te_transport_local::config::DEFAULT_NT_COPY_MIN_BYTES,
         }
@@ -172,19 +163,6 @@ impl ShmConfig {
             }
             c.fault_probe_errno = Some(e);
         }
-        if let Some(raw) = env.get(FAULT_STALL_VAR) {
-            let parsed = raw
-                .split_once(':')
-                .and_then(|(i, ms)| Some((i.trim().parse::<u64>().ok()?, ms.trim().parse::<u64>().ok()?)));
-            let Some((index, ms)) = parsed else {
-                return Err(Error::config(
-                    FAULT_STALL_VAR,
-                    raw,
-                    "expected INDEX:MS (request index, milliseconds)",
-                ));
-            };
-            c.fault_stall = Some((index, Duration::from_millis(ms)));
-        }
         if let Some(on) = te_base::config::parse_bool(env, MEMFD_VAR)? {
             c.memfd = on;
         }
@@ -207,8 +185,6 @@ mod tests {
             (MAX_CONNECTIONS_VAR, "0"),
             (COPY_THREADS_VAR, "65"),
             (FAULT_PROBE_ERRNO_VAR, "0"),
-            (FAULT_STALL_VAR, "3"),
-            (FAULT_STALL_VAR, "a:5"),
             (SOCKET_VAR, ""),
             (MEMFD_VAR, "maybe"),
         ] {

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -94,10 +94,6 @@ pub(crate) struct Connection {
     /// same dead process and would wait for its sockets to close: the kernel closes those only
     /// after tearing the whole address space down (`exit_mm` before `exit_files`).
     exited: AtomicBool,
-    /// Copies inside a system call or a mapped copy on this connection right now
-    /// ([`Connection::enter_call`]): once the target exited and none is, nothing of any batch
-    /// moves any more ([`Connection::sweep`]).
-    in_call: AtomicUsize,
     /// The target's probe byte (its welcome names it): read again when the control socket hangs
     /// up, to tell an exit (ESRCH) from a target that closed the connection and lives on.
     probe_addr: u64,
@@ -106,8 +102,6 @@ pub(crate) struct Connection {
     next_note: AtomicU64,
     /// Batches cut short by their deadline (checked between system calls).
     aborts: BatchAborts,
-    /// `TE_SHM_FAULT_STALL` (tests).
-    fault_stall: Option<(u64, Duration)>,
 }
 
 /// Why a connection attempt failed.
@@ -148,8 +142,6 @@ pub(crate) struct ConnectSettings {
     pub auth: Option<AuthKey>,
     pub allow_uids: Vec<u32>,
     pub fault_probe_errno: Option<i32>,
-    /// `TE_SHM_FAULT_STALL`.
-    pub fault_stall: Option<(u64, Duration)>,
     /// Map the sealed memfds the target sends (`TE_SHM_MEMFD`).
     pub map_memfd: bool,
     /// The local transport's copy kernel and non-temporal threshold, for mapped regions.
@@ -264,13 +256,11 @@ impl Connection {
             counters: s.counters.clone(),
             killed: AtomicBool::new(false),
             exited: AtomicBool::new(false),
-            in_call: AtomicUsize::new(0),
             probe_addr: h.b,
             error: Mutex::new(None),
             notes: Mutex::new(HashMap::new()),
             next_note: AtomicU64::new(1),
             aborts: BatchAborts::default(),
-            fault_stall: s.fault_stall,
         });
         for (h, fd_body, fd) in fds {
             conn.received_fd(&h, &fd_body, fd);
@@ -312,41 +302,8 @@ impl Connection {
     /// The target process exited: the connection is cut with the error that says so, and
     /// requests fail for good from now on ([`Connection::fail_rest`]).
     fn process_exited(&self) {
-        self.exited.store(true, Ordering::SeqCst);
+        self.exited.store(true, Ordering::Release);
         self.kill(self.gone("the process exited"));
-    }
-
-    /// Counts a copy in flight before it starts; false (not counted) once the connection is
-    /// cut. The count goes up before `killed` is read here, and `exited` and `killed` are set
-    /// before [`Connection::sweep`] reads the count (all sequentially consistent): a sweep that
-    /// sees no copy in flight knows that none starts after it.
-    fn enter_call(&self) -> bool {
-        self.in_call.fetch_add(1, Ordering::SeqCst);
-        if self.killed.load(Ordering::SeqCst) {
-            self.in_call.fetch_sub(1, Ordering::SeqCst);
-            return false;
-        }
-        true
-    }
-
-    /// The copy counted by [`Connection::enter_call`] returned.
-    fn leave_call(&self) {
-        self.in_call.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    /// Once the target exited and no copy is in flight on this connection, fails (for good)
-    /// every request of `reqs` still pending: no byte of theirs moves any more, so the batch
-    /// need not wait for a thread preempted between two calls to settle its share (a dying
-    /// target's exit takes that thread's core for milliseconds on a small machine). A request
-    /// that thread copied before the exit is reported failed: the peer is gone either way.
-    pub fn sweep(&self, reqs: &[ResolvedRequest], batch: &BatchState) {
-        if !self.exited.load(Ordering::SeqCst) || self.in_call.load(Ordering::SeqCst) != 0 {
-            return;
-        }
-        let err = self.cut_error();
-        for r in reqs {
-            batch.fail_final(r.index as usize, err.clone());
-        }
     }
 
     /// Fails `indices` of `batch` with `err`: past the engine's failover once the process
@@ -379,7 +336,7 @@ impl Connection {
     /// Cuts the connection: later and queued copies fail with `err`, pending notifications too.
     /// A copy inside a system call finishes that call first (it never blocks on the peer).
     pub fn kill(&self, err: Error) {
-        if self.killed.swap(true, Ordering::SeqCst) {
+        if self.killed.swap(true, Ordering::AcqRel) {
             return;
         }
         *self.error.lock() = Some(err.clone());
@@ -537,12 +494,6 @@ impl Connection {
                     total += r.len;
                     i += 1;
                 }
-                if route.is_some() && !self.enter_call() {
-                    let err = self.cut_error();
-                    let group = s.members.iter().map(|&m| reqs[m].index as usize);
-                    self.fail_rest(batch, group.chain(reqs[i..].iter().map(|r| r.index as usize)), &err);
-                    return;
-                }
                 match route {
                     None => continue,
                     Some(Route::Mapped) => {
@@ -551,17 +502,12 @@ impl Connection {
                         // target's sealed memfd (kept mapped by the export list's read lock held
                         // here; sealed, so no page of it can vanish).
                         unsafe { copy_ops(&s.ops, self.kernel, self.nt_min) };
-                        self.leave_call();
-                        self.stall_if_faulted(reqs, &s.members);
                         batch.complete_many(s.members.iter().map(|&m| reqs[m].index as usize));
                         mapped += total;
                     }
                     Some(Route::Cma(op)) => {
                         kernel_copied += total;
-                        let copied = cma::vm_copy(self.pid, op, &s.local, &s.remote);
-                        self.leave_call();
-                        self.stall_if_faulted(reqs, &s.members);
-                        match copied {
+                        match cma::vm_copy(self.pid, op, &s.local, &s.remote) {
                             Ok(n) if n as u64 == total => {
                                 batch.complete_many(s.members.iter().map(|&m| reqs[m].index as usize));
                             }
@@ -576,15 +522,6 @@ impl Connection {
         }
         if kernel_copied > 0 {
             self.counters.cma_bytes.fetch_add(kernel_copied, Ordering::Relaxed);
-        }
-    }
-
-    /// `TE_SHM_FAULT_STALL`: sleeps here when the call just made moved the request it names.
-    fn stall_if_faulted(&self, reqs: &[ResolvedRequest], members: &[usize]) {
-        if let Some((index, pause)) = self.fault_stall {
-            if members.iter().any(|&m| u64::from(reqs[m].index) == index) {
-                std::thread::sleep(pause);
-            }
         }
     }
 
@@ -661,25 +598,11 @@ impl Connection {
                 let len = (r.len - off).min(MAX_CALL_BYTES);
                 let l = [cma::iovec(r.local_addr + off, len)];
                 let rm = [cma::iovec(r.remote_addr + off, len)];
-                if !self.enter_call() {
-                    break Err(None);
-                }
-                let copied = cma::vm_copy(self.pid, r.op, &l, &rm);
-                self.leave_call();
-                match copied {
-                    Ok(0) => break Err(Some(std::io::Error::from_raw_os_error(libc::EFAULT))),
+                match cma::vm_copy(self.pid, r.op, &l, &rm) {
+                    Ok(0) => break Err(std::io::Error::from_raw_os_error(libc::EFAULT)),
                     Ok(n) => off += n as u64,
-                    Err(e) => break Err(Some(e)),
+                    Err(e) => break Err(e),
                 }
-            };
-            let outcome = match outcome {
-                Ok(()) => Ok(()),
-                // Cut while this request was under way.
-                Err(None) => {
-                    self.fail_rest(batch, [r.index as usize], &self.cut_error());
-                    continue;
-                }
-                Err(Some(e)) => Err(e),
             };
             match outcome {
                 Ok(()) => batch.complete(r.index as usize),

@@ -26,23 +26,20 @@ pub(crate) struct Job {
 }
 
 impl Job {
-    /// Copies chunks until none is left. Then, if the target exited meanwhile, fails what
-    /// another thread claimed and has not settled yet, once no copy is in flight
-    /// ([`Connection::sweep`]).
+    /// Copies chunks until none is left.
     fn drain(&self) {
         loop {
             let k = self.next.fetch_add(1, Ordering::Relaxed);
             if k + 1 >= self.cuts.len() {
-                break;
+                return;
             }
             self.conn
                 .run(&self.requests[self.cuts[k]..self.cuts[k + 1]], &self.batch);
-            // A chunk is at least 1 MiB, so this costs nothing; without it, where the copy
-            // threads have every core, a woken thread (a dying peer's exit, the caller waiting
+            // Chunks are about 1 MiB or more (only a batch's last one can be smaller), so this
+            // costs nothing; without it, where the copy threads have every core, a woken thread (a dying peer's exit, the caller waiting
             // on a batch, the control thread) waits for the scheduler's next tick, milliseconds.
             std::thread::yield_now();
         }
-        self.conn.sweep(&self.requests, &self.batch);
     }
 }
 

@@ -159,7 +159,6 @@ impl ShmTransport {
             auth: self.auth.clone(),
             allow_uids: self.config.allow_uids.clone(),
             fault_probe_errno: self.config.fault_probe_errno,
-            fault_stall: self.config.fault_stall,
             map_memfd: self.config.memfd,
             kernel: self.kernel,
             nt_min: self.config.nt_copy_min_bytes,
