@@ -35,10 +35,6 @@ impl Job {
             }
             self.conn
                 .run(&self.requests[self.cuts[k]..self.cuts[k + 1]], &self.batch);
-            // Chunks are about 1 MiB or more (only a batch's last one can be smaller), so this
-            // costs nothing; without it, where the copy threads have every core, a woken thread (a dying peer's exit, the caller waiting
-            // on a batch, the control thread) waits for the scheduler's next tick, milliseconds.
-            std::thread::yield_now();
         }
     }
 }
