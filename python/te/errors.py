@@ -163,6 +163,10 @@ class BatchFailedError(TeError):
         if "_failures" not in d:
             source = d.get("_failures_source")
             d["_failures"] = source.materialize() if source is not None else []
+            # The source keeps the list too, out of the garbage collector's sight: left here, a
+            # cycle through the list (`raise e.failures[0][1]` inside `except e`) could never
+            # be collected.
+            d.pop("_failures_source", None)
         return d["_failures"]
 
     @failures.setter

@@ -523,6 +523,7 @@ def test_batch_failed_lists_each_failed_request_once_built_and_pickles():
         t.start()
     for t in threads:
         t.join(60)
+    assert len(seen) == 4 and not any(t.is_alive() for t in threads)
     first = e.failures
     assert first is e.failures, "built once, then kept"
     assert all(f == first for f in seen)
@@ -538,6 +539,14 @@ def test_batch_failed_lists_each_failed_request_once_built_and_pickles():
     assert [(i, type(c), str(c)) for i, c in back.failures] == [(i, type(c), str(c)) for i, c in first]
     back.failures = []
     assert back.failures == [] and te.BatchFailedError("by hand").failures == []
+    # A cycle through the list, as `raise cause` inside `except BatchFailedError` makes, is
+    # collected.
+    cause = first[0][1]
+    cause.__context__ = e
+    ref = weakref.ref(e)
+    del e, err, first, seen, cause, back, threads
+    gc.collect()
+    assert ref() is None, "a failed batch's exception outlived every reference to it"
 
 
 def test_failed_batches_raise_batch_failed_with_each_request():

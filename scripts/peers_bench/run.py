@@ -348,7 +348,7 @@ def summarise(out: str, versions: dict, command: str):
                                      for r in plot], ["ours", "mooncake", "nixl"], unit="ms")
     fc = [r for r in rows if r.get("scenario") == "first-contact"]
     if fc:
-        lines = ["first-contact: milliseconds, median over rounds (connect: open the segment / add the peer; "
+        lines = ["first-contact: milliseconds, median of every sample (connect: open the segment / add the peer; "
                  "first, second: the first two 4 KiB writes; warm: after the engine's warm-up call)"]
         for e in sorted({r["engine"] for r in fc}, key=engine_order):
             for mode in ("cold", "warm"):
@@ -652,7 +652,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(ROOT, "target/peers-bench"))
     p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--repeat", type=int, default=3, help="timed passes per row per round")
+    p.add_argument("--repeat", type=int, default=3, help="timed passes per row per round; first contact: fresh processes per engine and mode per round")
     p.add_argument("--scenarios", default="p2p,same-host,connector,register,first-contact,kill,store")
     p.add_argument("--shapes", default="4K:16M,64K:64M,1M:64M,4M:64M,kv:1728,kv:8448,kv:37440")
     p.add_argument("--ops", default="write,read")
