@@ -223,10 +223,6 @@ impl Failures {
         })?;
         Ok(list.clone_ref(py))
     }
-
-    fn __len__(&self) -> usize {
-        self.items.len()
-    }
 }
 
 /// The class and attributes of one store error.

@@ -500,9 +500,9 @@ def test_a_deadline_fails_the_unfinished_requests_with_timeout():
 
 
 def test_batch_failed_lists_each_failed_request_once_built_and_pickles():
-    """A batch whose deadline cuts most of its 2,048 requests: ``failures`` names exactly the
-    requests whose bytes did not land (every other one's bytes are in place), is built once and
-    kept (the same list from every thread), survives pickling, and can be set."""
+    """A batch whose deadline cuts most of its 2,048 requests: every request ``failures`` does not
+    list has its bytes in place; the list is built once and kept (the same list from every
+    thread), survives pickling, can be set, and a reference cycle through it is collected."""
     import pickle
 
     a, b = tcp_pair()
