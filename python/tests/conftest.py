@@ -4,6 +4,7 @@ it when TE_REQUIRE names it, as in the Rust tests), free ports, an etcd started 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -24,10 +25,29 @@ def skip_or_fail(thing: str, why: str) -> None:
     pytest.skip(f"{thing} not available: {why}")
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, drawn below the kernel's ephemeral range: a port from bind(0) lies
+    inside it, where any outgoing connection may take it before the server binds it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ceiling = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ceiling = 32768
+    for _ in range(1000):
+        port = random.randrange(10000, ceiling)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free port in 10000..{ceiling} after 1,000 tries")
 
 
 def unique(prefix: str) -> str:

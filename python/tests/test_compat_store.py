@@ -17,17 +17,11 @@ import numpy as np
 import pytest
 
 import te.compat
-from conftest import skip_or_fail, unique
+from conftest import free_port, skip_or_fail, unique
 from te import umbp
 from te.compat import mooncake_store, mori_umbp
 
 MiB = 1 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -21,12 +21,43 @@ pub fn skip_or_fail(thing: &str, why: &str) {
     eprintln!("skipping: {thing} not available: {why}");
 }
 
-/// A TCP port free on loopback right now (for a server a test is about to start).
+/// A TCP port free on loopback right now, for a server a test is about to start (or restart on
+/// the same port). Drawn at random below the kernel's ephemeral range: a port from `bind(0)` lies
+/// inside that range, where any outgoing connection may take it as its local port before the
+/// server binds it (CI once saw "Address already in use" that way). Below the range, only an
+/// explicit bind takes a port. One process never hands out the same port twice.
 pub fn free_port() -> Result<u16, String> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("finding a free port: {e}"))
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    const FLOOR: u16 = 10_000;
+    let ceiling = ephemeral_floor();
+    if ceiling <= FLOOR + 100 {
+        return Err(format!(
+            "finding a free port: the ephemeral range starts at {ceiling}, \
+             leaving no room below it"
+        ));
+    }
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..1_000 {
+        let mut r = [0u8; 2];
+        getrandom::fill(&mut r).map_err(|e| format!("finding a free port: {e}"))?;
+        let port = FLOOR + u16::from_le_bytes(r) % (ceiling - FLOOR);
+        if !handed_out.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed_out.insert(port);
+            return Ok(port);
+        }
+    }
+    Err(format!(
+        "finding a free port: 1,000 tries in {FLOOR}..{ceiling} were all taken"
+    ))
+}
+
+/// The first port of the kernel's ephemeral range (`net.ipv4.ip_local_port_range`).
+fn ephemeral_floor() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// Reads what a peer sends until it closes the connection, at most `max` bytes, within `within`.

@@ -230,8 +230,9 @@ async fn restarted_peer_fails_old_requests_and_is_reachable_again() {
     let src = Buf::new(1, 1 << 20, 7);
     let dst = Buf::new(2, 1 << 20, 0);
     a.register(&[src.info()]).await.unwrap();
-    let b1 = transport(&[]).await;
-    let port = b1.local_addr().port().to_string();
+    // A port from outside the ephemeral range, so no connection takes it while B is down.
+    let listen = format!("127.0.0.1:{}", te_base::test_support::free_port().unwrap());
+    let b1 = transport(&[("TE_TCP_LISTEN", listen.as_str())]).await;
     b1.register(&[dst.info()]).await.unwrap();
     let old = descriptor("b", &b1, &[&dst]);
     let peer = a.connect(&old).await.unwrap();
@@ -252,7 +253,6 @@ async fn restarted_peer_fails_old_requests_and_is_reachable_again() {
     assert!(!peer.is_healthy());
 
     // B restarts on the same port with a new instance token.
-    let listen = format!("127.0.0.1:{port}");
     let b2 = transport(&[("TE_TCP_LISTEN", listen.as_str())]).await;
     b2.register(&[dst.info()]).await.unwrap();
     // The stale descriptor names the old instance: refused as a restart.
