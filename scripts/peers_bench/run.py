@@ -367,7 +367,7 @@ def summarise(out: str, versions: dict, command: str):
         texts["first-contact"] = "\n".join(lines)
     kl = [r for r in rows if r.get("scenario") == "kill"]
     if kl:
-        lines = ["kill: the target SIGKILLed during a write batch; seconds from the kill until the call returned"]
+        lines = ["kill: the target SIGKILLed during a write batch; milliseconds from the kill until the call returned"]
         for e in ("ours", "mooncake", "nixl"):
             if e == "ours":  # by the transports it was given, tcp first
                 arms = sorted({r.get("ours_transports", "tcp") for r in kl if r["engine"] == e}, key=lambda t: t != "tcp")
@@ -390,7 +390,8 @@ def summarise(out: str, versions: dict, command: str):
                 dereg = [r["deregister_ms"] for r in rs if r.get("deregister_ms") is not None]
                 msg = next((r.get("message") for r in rs if r.get("message")), None)
                 call = [r["deregister_call_ms"] for r in rs if r.get("deregister_call_ms") is not None]
-                row = {"scenario": "kill", "engine": label, "seconds_to_return": med(secs), "outcomes": outcomes,
+                ms = med([1e3 * x for x in secs])
+                row = {"scenario": "kill", "engine": label, "ms_to_return": ms, "outcomes": outcomes,
                        "kill_after_s": med([r["kill_after_s"] for r in rs if r.get("kill_after_s") is not None]),
                        "deregister_ms": med(dereg), "deregister_call_ms": med(call), "runs": len(rs), "message": msg,
                        "deregister": sorted({str(r.get("deregister")) for r in rs}),
@@ -400,7 +401,7 @@ def summarise(out: str, versions: dict, command: str):
                        "restart_s": med([r["restart_s"] for r in rs if r.get("restart_s") is not None]),
                        "next_ms": med([r["next_ms"] for r in rs if r.get("next_ms") is not None])}
                 summary.append(row)
-                lines.append(f"{label:>24} to error {fmt(row['seconds_to_return'])} s  outcomes {outcomes}  "
+                lines.append(f"{label:>24} to error {fmt(ms, 1)} ms  outcomes {outcomes}  "
                              f"deregister {fmt(row['deregister_ms'])} ms (the call {fmt(row['deregister_call_ms'])} ms) "
                              f"{row['deregister']}  ({msg})")
         texts["kill"] = "\n".join(lines)
@@ -571,14 +572,14 @@ def markdown(summary, versions, command):
                    "requests; then the target restarted at the same address and a 64 MiB write to it, byte-verified; "
                    "kill to return: median over the rounds the kill came mid-batch)")
         out.append("")
-        out.append("| engine | rounds | killed after (s) | outcome (rounds) | kill to return (s) | deregister the source "
+        out.append("| engine | rounds | killed after (s) | outcome (rounds) | kill to return (ms) | deregister the source "
                    "after (ms): waited / the call | restart at the same address (s) | next transfer works | how | "
                    "next transfer (ms) | error |")
         out.append("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | --- |")
         for r in kl:
             how = "; ".join(r.get("next_transfer") or []) or "—"
             out.append(f"| {r['engine']} | {r['runs']} | {fmt(r.get('kill_after_s'), 2)} | {', '.join(map(str, r['outcomes']))} | "
-                       f"{fmt(r['seconds_to_return'])} | {fmt(r['deregister_ms'])} / {fmt(r.get('deregister_call_ms'))} | "
+                       f"{fmt(r['ms_to_return'], 1)} | {fmt(r['deregister_ms'])} / {fmt(r.get('deregister_call_ms'))} | "
                        f"{fmt(r.get('restart_s'), 1)} | "
                        f"{r.get('next_ok', 0)} of {r['runs']} | {how} | {fmt(r.get('next_ms'), 1)} | "
                        f"{r['message'] or ''} |")

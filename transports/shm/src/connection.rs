@@ -336,10 +336,15 @@ impl Connection {
     /// Cuts the connection: later and queued copies fail with `err`, pending notifications too.
     /// A copy inside a system call finishes that call first (it never blocks on the peer).
     pub fn kill(&self, err: Error) {
-        if self.killed.swap(true, Ordering::AcqRel) {
-            return;
+        // The error is in place before `killed` shows, so whoever sees the cut names its reason.
+        {
+            let mut error = self.error.lock();
+            if error.is_some() {
+                return;
+            }
+            *error = Some(err.clone());
         }
-        *self.error.lock() = Some(err.clone());
+        self.killed.store(true, Ordering::Release);
         // SAFETY: `fd` is the open socket `writer` owns for as long as `self` lives; shutting it
         // down wakes every thread blocked on it and closes nothing.
         unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
