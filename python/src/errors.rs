@@ -5,7 +5,7 @@
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyList, PyModule};
+use pyo3::types::{PyBool, PyList, PyModule};
 use te_base::Error;
 use umbp::StoreError;
 
@@ -177,6 +177,7 @@ pub fn engine_error(py: Python<'_>, e: &Error) -> PyErr {
 /// collection those allocations set off, whether or not anyone reads them.
 pub fn batch_error(py: Python<'_>, b: te_base::BatchError) -> PyErr {
     let (p, message) = (b.progress, b.to_string());
+    let timed_out = b.failures.iter().any(|(_, e)| matches!(e, Error::Timeout { .. }));
     let failures = match Py::new(
         py,
         Failures {
@@ -198,6 +199,7 @@ pub fn batch_error(py: Python<'_>, b: te_base::BatchError) -> PyErr {
             ("failed", int(py, p.failed as u64)),
             ("cancelled", int(py, p.cancelled as u64)),
             ("pending", int(py, p.pending as u64)),
+            ("timed_out", PyBool::new(py, timed_out).to_owned().into_any().unbind()),
         ],
     )
 }

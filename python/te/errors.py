@@ -146,7 +146,9 @@ class TransportError(TeError):
 
 class BatchFailedError(TeError):
     """Some requests of a batch failed. ``failures`` lists ``(request index, exception)``;
-    ``done``, ``failed``, ``cancelled`` and ``pending`` count the requests by state.
+    ``done``, ``failed``, ``cancelled`` and ``pending`` count the requests by state;
+    ``timed_out`` says whether any request failed with ``te.TimeoutError`` (its deadline passed),
+    without building ``failures``.
 
     ``failures`` is built on first access (then kept): a batch whose peer died fails every request
     left, and making an exception for each before the caller even looks cost milliseconds of
@@ -156,6 +158,7 @@ class BatchFailedError(TeError):
     failed: int = 0
     cancelled: int = 0
     pending: int = 0
+    timed_out: bool = False
 
     @property
     def failures(self) -> list[tuple[int, TeError]]:

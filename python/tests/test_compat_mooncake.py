@@ -134,6 +134,26 @@ def test_submit_write_then_check_status_until_done(pair):
     assert np.array_equal(pair.dst[8192:8192 + 32 * KiB], pair.src[:32 * KiB])
 
 
+def test_a_batch_past_its_deadline_checks_as_timed_out(monkeypatch):
+    """te only: TE_TRANSFER_TIMEOUT_MS (read at initialize) cuts a 128 MiB loopback write that
+    needs tens of ms, and transfer_check_status reports -2 (timed out), not -1."""
+    monkeypatch.setenv("TE_TRANSFER_TIMEOUT_MS", "1")
+    a, b = ours.TransferEngine(), ours.TransferEngine()
+    assert a.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert b.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    n = 128 * 1024 * KiB
+    src, dst = np.ones(n, np.uint8), np.zeros(n, np.uint8)
+    assert a.register_memory(src.ctypes.data, n) == 0 and b.register_memory(dst.ctypes.data, n) == 0
+    bid = a.transfer_submit_write(f"127.0.0.1:{b.get_rpc_port()}", src.ctypes.data, dst.ctypes.data, n)
+    assert bid >= 0
+    deadline = time.monotonic() + 60  # hang guard only
+    while (status := a.transfer_check_status(bid)) == 0:
+        assert time.monotonic() < deadline, "transfer_check_status never reported completion"
+        time.sleep(0.001)
+    assert status == -2
+    assert a.unregister_memory(src.ctypes.data) == 0 and b.unregister_memory(dst.ctypes.data) == 0
+
+
 def test_registration_codes(impl):
     name, a, _ = impl
     bufs = [np.zeros(4096, np.uint8) for _ in range(3)]

@@ -517,6 +517,7 @@ def test_batch_failed_lists_each_failed_request_once_built_and_pickles():
     e = err.value
     # A deadline fails what it cuts (none cancelled, none left pending): done + failed is every request.
     assert (e.cancelled, e.pending) == (0, 0) and e.done + e.failed == count and e.failed > 0
+    assert e.timed_out is True, "a deadline's failures are timeouts, known before failures is built"
     seen = []
     threads = [threading.Thread(target=lambda: seen.append(e.failures)) for _ in range(4)]
     for t in threads:
@@ -536,6 +537,7 @@ def test_batch_failed_lists_each_failed_request_once_built_and_pickles():
     assert np.array_equal(got[landed], want[landed]), "a request not listed as failed did not land"
     back = pickle.loads(pickle.dumps(e))
     assert isinstance(back, te.BatchFailedError) and str(back) == str(e) and back.failed == e.failed
+    assert back.timed_out is True and te.BatchFailedError("by hand").timed_out is False
     assert [(i, type(c), str(c)) for i, c in back.failures] == [(i, type(c), str(c)) for i, c in first]
     back.failures = []
     assert back.failures == [] and te.BatchFailedError("by hand").failures == []
@@ -559,7 +561,7 @@ def test_failed_batches_raise_batch_failed_with_each_request():
         a.write(seg, rs.addr, rd.addr, 4096)
     e = err.value
     if isinstance(e, te.BatchFailedError):
-        assert e.failed == 1 and e.failures[0][0] == 0
+        assert e.failed == 1 and e.failures[0][0] == 0 and e.timed_out is False
         assert isinstance(e.failures[0][1], te.TeError)
     else:
         assert isinstance(e, (te.PeerGoneError, te.TransportError, te.NoTransportError)), e

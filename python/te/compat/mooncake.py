@@ -548,8 +548,7 @@ class TransferEngine:
             batch.wait()
         except errors.BatchFailedError as e:
             log.error("transfer_check_status: batch %d failed: %s", batch_id, e)
-            timed_out = any(isinstance(f[1], errors.TimeoutError) for f in e.failures)
-            return -2 if timed_out else -1
+            return -2 if e.timed_out else -1
         except errors.TeError as e:
             log.error("transfer_check_status: batch %d failed: %s", batch_id, e)
             return -1
