@@ -47,17 +47,14 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engines import free_port  # noqa: E402
+
 # name, layer bytes, logical layers (seed 000's POOLS)
 POOLS = [("c4", 37440, list(range(2, 61, 2))), ("c4_indexer", 8448, list(range(2, 61, 2))),
          ("c128", 1728, [0] + list(range(1, 60, 2)))]
 GROUP = 8
 ENGINES = ["umbp", "umbp-standalone", "umbp-distributed", "mooncake"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pattern(n: int, seed: int) -> np.ndarray:
