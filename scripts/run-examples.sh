@@ -27,11 +27,12 @@ first_line() {
   return 1
 }
 
-# Prints a port nothing listens on (random in 20000-59999; etcd cannot pick its own).
+# Prints a port nothing listens on (etcd cannot pick its own): random in 10000-31999, below the
+# kernel's ephemeral range, so no outgoing connection takes it before the server binds it.
 unused_port() {
   local p
   while :; do
-    p=$((20000 + RANDOM % 40000))
+    p=$((10000 + RANDOM % 22000))
     (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return 0; }
   done
 }

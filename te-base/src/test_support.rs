@@ -25,31 +25,31 @@ pub fn skip_or_fail(thing: &str, why: &str) {
 /// the same port). Drawn at random below the kernel's ephemeral range: a port from `bind(0)` lies
 /// inside that range, where any outgoing connection may take it as its local port before the
 /// server binds it (CI once saw "Address already in use" that way). Below the range, only an
-/// explicit bind takes a port. One process never hands out the same port twice.
+/// explicit bind takes a port. One process never hands out the same port twice. A host whose
+/// ephemeral range leaves no room below it gets a port from `bind(0)`, as before.
 pub fn free_port() -> Result<u16, String> {
     static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
     const FLOOR: u16 = 10_000;
     let ceiling = ephemeral_floor();
-    if ceiling <= FLOOR + 100 {
-        return Err(format!(
-            "finding a free port: the ephemeral range starts at {ceiling}, \
-             leaving no room below it"
-        ));
-    }
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
-    for _ in 0..1_000 {
-        let mut r = [0u8; 2];
-        getrandom::fill(&mut r).map_err(|e| format!("finding a free port: {e}"))?;
-        let port = FLOOR + u16::from_le_bytes(r) % (ceiling - FLOOR);
-        if !handed_out.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            handed_out.insert(port);
-            return Ok(port);
+    if ceiling > FLOOR + 100 {
+        for _ in 0..1_000 {
+            let mut r = [0u8; 2];
+            getrandom::fill(&mut r).map_err(|e| format!("finding a free port: {e}"))?;
+            let port = FLOOR + u16::from_le_bytes(r) % (ceiling - FLOOR);
+            if !handed_out.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                handed_out.insert(port);
+                return Ok(port);
+            }
         }
     }
-    Err(format!(
-        "finding a free port: 1,000 tries in {FLOOR}..{ceiling} were all taken"
-    ))
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("finding a free port: {e}"))?;
+    handed_out.insert(port);
+    Ok(port)
 }
 
 /// The first port of the kernel's ephemeral range (`net.ipv4.ip_local_port_range`).
@@ -82,4 +82,26 @@ pub async fn read_until_closed<S: tokio::io::AsyncRead + Unpin>(
     })
     .await;
     read.ok().map(|()| out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
+        let floor = ephemeral_floor();
+        let ports: Vec<u16> = (0..64).map(|_| free_port().unwrap()).collect();
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "a port was handed out twice: {ports:?}");
+        for p in ports {
+            if floor > 10_100 {
+                assert!(
+                    (10_000..floor).contains(&p),
+                    "{p} is not below the ephemeral range at {floor}"
+                );
+            }
+            std::net::TcpListener::bind(("127.0.0.1", p)).unwrap();
+        }
+    }
 }

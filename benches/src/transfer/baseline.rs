@@ -173,8 +173,9 @@ pub(super) fn run_baseline_once(
     args: &Args,
     cma_pair: Option<cma::CmaPair>,
 ) -> Result<BaselineSample, String> {
-    let port = free_port()?.to_string();
     let size = args.block_bytes.to_string();
+    // Only the tools' servers need a port; the copy baselines run without one.
+    let port = || free_port().map(|p| p.to_string());
     match b {
         Baseline::Cma => {
             let pair = cma_pair.ok_or("--baseline cma needs the loopback target process")?;
@@ -193,6 +194,7 @@ pub(super) fn run_baseline_once(
             })
         }
         Baseline::Iperf3 => {
+            let port = port()?;
             let mut srv = Command::new("iperf3");
             srv.args(["-s", "-1", "-B", "127.0.0.1", "-p", &port]);
             let mut cli = Command::new("iperf3");
@@ -227,6 +229,7 @@ pub(super) fn run_baseline_once(
         }
         Baseline::Ucx => {
             let iters = ucx_iterations(args).to_string();
+            let port = port()?;
             let mut srv = Command::new("ucx_perftest");
             srv.env("UCX_TLS", "tcp").args(["-p", &port]);
             let mut cli = Command::new("ucx_perftest");
@@ -253,6 +256,7 @@ pub(super) fn run_baseline_once(
         }
         Baseline::FiPingpong => {
             let iters = args.latency_samples.max(100).to_string();
+            let port = port()?;
             let mut srv = Command::new("fi_pingpong");
             let provider = pingpong_provider(args);
             srv.args(["-p", provider, "-e", "rdm", "-B", &port, "-S", &size, "-I", &iters]);

@@ -89,7 +89,9 @@ class TransferNotify:
 
 
 def _free_port(host: str) -> int:
-    # Mooncake picks a free port for P2PHANDSHAKE the same way: bind 0, read it, release it.
+    # The kernel's pick, released for te's p2p listener to bind. Mooncake instead draws at random
+    # from MC_MIN_RPC_PORT..MC_MAX_RPC_PORT (15000..17000) and keeps its socket; those variables
+    # are not read here.
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

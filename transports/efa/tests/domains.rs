@@ -21,16 +21,17 @@ const PROVIDER: &str = "tcp;ofi_rxm";
 const CHILD_VAR: &str = "TE_TEST_EFA_GOOD_DOMAIN";
 const MISSING: &str = "no-such-nic";
 
-/// Two consecutive ports free on every address now (the child binds the loopback ones itself).
+/// Two consecutive ports free on every address now (the child binds the loopback ones itself),
+/// from below the ephemeral range, where no outgoing connection takes one meanwhile.
 fn free_port_pair() -> u16 {
     for _ in 0..64 {
-        let Ok(first) = TcpListener::bind(("0.0.0.0", 0)) else {
+        let Ok(port) = te_base::test_support::free_port() else {
             continue;
         };
-        let Ok(port) = first.local_addr().map(|a| a.port()) else {
-            continue;
-        };
-        if port < u16::MAX && TcpListener::bind(("0.0.0.0", port + 1)).is_ok() {
+        if port < u16::MAX
+            && TcpListener::bind(("0.0.0.0", port)).is_ok()
+            && TcpListener::bind(("0.0.0.0", port + 1)).is_ok()
+        {
             return port;
         }
     }

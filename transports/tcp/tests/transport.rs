@@ -285,12 +285,8 @@ async fn connecting_twice_reuses_the_lanes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_peer_is_peer_gone() {
     let a = transport(&[("TE_TCP_TIMEOUT_MS", "500")]).await;
-    // A port nobody listens on: bind then drop to find one.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A port nobody listens on, from outside the ephemeral range (so no connection of ours owns it).
+    let port = te_base::test_support::free_port().unwrap();
     let mut d = SegmentDescriptor::new("nobody", 1);
     d.transports.push(TransportEndpoint {
         transport: "tcp".into(),
