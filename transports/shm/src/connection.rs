@@ -382,6 +382,12 @@ impl Connection {
         if let Err(e) = written {
             self.kill(self.gone(&format!("sending a notification: {e}")));
         }
+        // A kill that drained the pending notes between the health check and the insert never
+        // saw this one: it is ours to fail. (A kill sets `killed` before it drains, under the
+        // same lock as the insert, so a note it missed always finds `killed` here.)
+        if !self.is_healthy() && self.notes.lock().remove(&seq).is_some() {
+            return Err(self.cut_error());
+        }
         Ok(())
     }
 
