@@ -8,7 +8,8 @@
 #   scripts/peers_bench/shm_4k_ab.sh ROUNDS [busy] > ab.jsonl
 # With `busy`, each round runs the arms twice: quiet, then with one busy loop per core
 # (`taskset -c N yes > /dev/null`, started before the arms and ended after them) beside them.
-# ARMS (default "ours2 inline nixl-prep") picks the arms.
+# ARMS (default "ours2 inline nixl-prep") picks the arms; `ct1` is ours with one copy thread
+# (TE_SHM_COPY_THREADS=1).
 set -u
 cd "$(dirname "$0")/../.."
 P=target/peers-venv/bin/python; S=scripts/peers_bench/p2p.py
@@ -26,6 +27,7 @@ for r in $(seq 0 $(($1-1))); do
     fi
     for arm in ${ARMS:-ours2 inline nixl-prep}; do
       case $arm in
+        ct1) out=$(TE_SHM_COPY_THREADS=1 timeout 300 $P $S --engine ours --ours-transports shm,tcp --shapes 4K:16M --ops write,read --repeat 3 --round $r 2>/dev/null);;
         ours2) out=$(timeout 300 $P $S --engine ours --ours-transports shm,tcp --shapes 4K:16M --ops write,read --repeat 3 --round $r 2>/dev/null);;
         inline) out=$(TE_SHM_INLINE_BYTES=16M timeout 300 $P $S --engine ours --ours-transports shm,tcp --shapes 4K:16M --ops write,read --repeat 3 --round $r 2>/dev/null);;
         nixl-prep) out=$(env -u UCX_TLS timeout 300 $P $S --engine nixl-prep --shapes 4K:16M --ops write,read --repeat 3 --round $r 2>/dev/null);;
