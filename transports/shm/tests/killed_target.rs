@@ -4,7 +4,8 @@
 //! The kernel closes a killed process's sockets only after tearing its whole address space down;
 //! here a process forked from the target before the kill inherits every socket of it (the shm
 //! control connection, the tcp listener and connections, the metadata listener), so no hang-up
-//! ever comes, and the batch must fail anyway.
+//! ever comes, and the batch must fail anyway. Both routes: cross-memory attach (anonymous target
+//! memory) and the mapped memfd, where the copies never make a system call that could fail.
 //!
 //! The target is this test binary again, started with [`ROLE`] set (`killed_target_role`).
 
@@ -19,6 +20,10 @@ use te_core::{Error, HostBacking, HostBufferOptions, RequestStatus, TransferEngi
 
 /// Set in the child: the bytes the target exports.
 const ROLE: &str = "TE_SHM_TEST_KILLED_TARGET_BYTES";
+/// Set in the child to `memfd` or `anonymous`: the target buffer's backing, which picks the route
+/// (a memfd is mapped by the initiator and copied with memcpy; anonymous memory goes by
+/// cross-memory attach).
+const BACKING: &str = "TE_SHM_TEST_KILLED_TARGET_BACKING";
 /// Hang guard of every wait: generous, never what the test measures.
 const HANG_GUARD: Duration = Duration::from_secs(120);
 const BLOCK: u64 = 1 << 20;
@@ -41,9 +46,9 @@ async fn engine(name: &str) -> (TransferEngine, std::net::SocketAddr) {
     (e, at)
 }
 
-fn anonymous() -> HostBufferOptions {
+fn backed(backing: HostBacking) -> HostBufferOptions {
     HostBufferOptions {
-        backing: HostBacking::Anonymous,
+        backing,
         ..Default::default()
     }
 }
@@ -58,7 +63,11 @@ async fn killed_target_role() {
     };
     let name = format!("shm-killed-target-{}", std::process::id());
     let (e, at) = engine(&name).await;
-    let buf = e.allocate(bytes.parse().unwrap(), anonymous()).await.unwrap();
+    let backing = match std::env::var(BACKING).as_deref() {
+        Ok("memfd") => HostBacking::Memfd,
+        _ => HostBacking::Anonymous,
+    };
+    let buf = e.allocate(bytes.parse().unwrap(), backed(backing)).await.unwrap();
     buf.write_at(0, &vec![1u8; buf.len() as usize]).unwrap();
     let mut out = std::io::stdout().lock();
     writeln!(out, "TARGET {name}@{at} {}", buf.addr()).unwrap();
@@ -95,10 +104,11 @@ struct Target {
 }
 
 impl Target {
-    fn start(bytes: u64) -> Target {
+    fn start(bytes: u64, backing: &str) -> Target {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "killed_target_role", "--nocapture", "--test-threads=1"])
             .env(ROLE, bytes.to_string())
+            .env(BACKING, backing)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -159,13 +169,24 @@ impl Drop for Target {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_target_fails_the_batch_before_its_sockets_close() {
+    killed_target_fails_the_batch("anonymous").await;
+}
+
+/// The same on the mapped route: the initiator copies into its own mapping of the target's
+/// memfd, which outlives the target, so only the target's pidfd tells the copies to stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_target_fails_the_batch_on_the_mapped_route_too() {
+    killed_target_fails_the_batch("memfd").await;
+}
+
+async fn killed_target_fails_the_batch(backing: &str) {
     let len = 64u64 << 20;
-    let mut target = Target::start(len);
+    let mut target = Target::start(len, backing);
     let info = target.line("TARGET");
     let (segment, addr) = info.split_once(' ').unwrap();
     let addr: u64 = addr.parse().unwrap();
     let (e, _) = engine(&format!("shm-killed-initiator-{}", std::process::id())).await;
-    let src = e.allocate(len as usize, anonymous()).await.unwrap();
+    let src = e.allocate(len as usize, backed(HostBacking::Anonymous)).await.unwrap();
     let seg = e.open_segment(segment).await.unwrap();
     e.transfer(&[TransferRequest::write(src.addr(), seg.id(), addr, 4096)])
         .await
