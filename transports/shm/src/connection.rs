@@ -380,13 +380,15 @@ impl Connection {
         };
         let written = write_frame(&mut self.writer.lock(), h, body);
         if let Err(e) = written {
+            // Nothing went out, so the note is ours to fail unless a kill already drained it:
+            // taken back before our own kill, which would otherwise fail it (or, when another
+            // kill drained the notes before the insert, nobody would). A kill shuts the socket
+            // down before it drains, so a written frame always has its note in the map.
+            let mine = self.notes.lock().remove(&seq).is_some();
             self.kill(self.gone(&format!("sending a notification: {e}")));
-        }
-        // A kill that drained the pending notes between the health check and the insert never
-        // saw this one: it is ours to fail. (A kill sets `killed` before it drains, under the
-        // same lock as the insert, so a note it missed always finds `killed` here.)
-        if !self.is_healthy() && self.notes.lock().remove(&seq).is_some() {
-            return Err(self.cut_error());
+            if mine {
+                return Err(self.cut_error());
+            }
         }
         Ok(())
     }
@@ -676,6 +678,11 @@ impl Drop for Connection {
         // Ends the control thread (it holds only a weak reference).
         // SAFETY: `fd` is still the open socket `writer` owns (it is closed after this body).
         unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
+        // Notifications still waiting for their answer would never get one.
+        let err = Error::Closed(format!("the shm connection to '{}'", self.name));
+        for (_, p) in self.notes.get_mut().drain() {
+            p.done.fail(p.index, err.clone());
+        }
     }
 }
 
