@@ -49,10 +49,14 @@ def free_port() -> int:
         _HANDED_OUT.add(port)
         return port
     # No room below the range (or every draw taken): what bind(0) gives, as before.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        _HANDED_OUT.add(s.getsockname()[1])
-        return s.getsockname()[1]
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("1,000 draws of bind(0) gave only ports already handed out")
 
 
 def unique(prefix: str) -> str:

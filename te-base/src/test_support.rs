@@ -44,12 +44,16 @@ pub fn free_port() -> Result<u16, String> {
             }
         }
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("finding a free port: {e}"))?;
-    handed_out.insert(port);
-    Ok(port)
+    for _ in 0..1_000 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| format!("finding a free port: {e}"))?;
+        if handed_out.insert(port) {
+            return Ok(port);
+        }
+    }
+    Err("finding a free port: 1,000 draws gave only ports already handed out".into())
 }
 
 /// The first port of the kernel's ephemeral range (`net.ipv4.ip_local_port_range`).
