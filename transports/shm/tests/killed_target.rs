@@ -38,7 +38,10 @@ async fn engine(name: &str) -> (TransferEngine, std::net::SocketAddr) {
     let e = TransferEngine::builder()
         .segment_name(name)
         .metadata(Arc::new(store))
-        .env(Arc::new(MapEnv::new([("TE_TCP_LISTEN", "127.0.0.1:0")])))
+        .env(Arc::new(MapEnv::new([
+            ("TE_TCP_LISTEN", "127.0.0.1:0"),
+            ("TE_SHM_MEMFD", "1"),
+        ])))
         .transports(["shm", "tcp"])
         .build()
         .await
@@ -181,11 +184,23 @@ async fn a_killed_target_fails_the_batch_on_the_mapped_route_too() {
 
 async fn killed_target_fails_the_batch(backing: &str) {
     let len = 64u64 << 20;
+    if backing == "memfd" {
+        // Only the pidfd tells a mapped copy that the target died (kernel 5.3 and later).
+        // SAFETY: pidfd_open of our own pid with no flags; the descriptor is closed at once.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
+        if fd < 0 {
+            let why = std::io::Error::last_os_error();
+            te_base::test_support::skip_or_fail("pidfd", &format!("pidfd_open: {why}"));
+            return;
+        }
+        // SAFETY: `fd` is the descriptor pidfd_open just returned, owned by nothing else.
+        unsafe { libc::close(fd as i32) };
+    }
     let mut target = Target::start(len, backing);
     let info = target.line("TARGET");
     let (segment, addr) = info.split_once(' ').unwrap();
     let addr: u64 = addr.parse().unwrap();
-    let (e, _) = engine(&format!("shm-killed-initiator-{}", std::process::id())).await;
+    let (e, _) = engine(&format!("shm-killed-initiator-{backing}-{}", std::process::id())).await;
     let src = e.allocate(len as usize, backed(HostBacking::Anonymous)).await.unwrap();
     let seg = e.open_segment(segment).await.unwrap();
     e.transfer(&[TransferRequest::write(src.addr(), seg.id(), addr, 4096)])
@@ -193,6 +208,15 @@ async fn killed_target_fails_the_batch(backing: &str) {
         .unwrap();
     let routes: Vec<_> = e.routes(&seg).unwrap().iter().map(|r| r.transport).collect();
     assert_eq!(routes, ["shm", "tcp"], "shm carries it, tcp could take over");
+    if backing == "memfd" {
+        // The target's memfd is mapped here (our own buffer is anonymous): the mapped route.
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(
+            maps.lines()
+                .any(|l| l.contains("memfd:te-host") && mapping_len(l) == len),
+            "the target's {len}-byte memfd is not mapped in the initiator"
+        );
+    }
     target.say("hold");
     target.holder = Some(target.line("HOLDER").parse().unwrap());
     // 16 GiB in 1 MiB writes over the target's buffer: far more than can finish before the kill
@@ -245,4 +269,13 @@ async fn killed_target_fails_the_batch(backing: &str) {
     );
     // The holder goes first, so the engine's shutdown finds the target's sockets closed.
     drop(target);
+}
+
+/// The length of one `/proc/self/maps` line's mapping.
+fn mapping_len(line: &str) -> u64 {
+    let range = line.split_whitespace().next().unwrap_or("");
+    let (lo, hi) = range.split_once('-').unwrap_or(("0", "0"));
+    u64::from_str_radix(hi, 16)
+        .unwrap_or(0)
+        .saturating_sub(u64::from_str_radix(lo, 16).unwrap_or(0))
 }
