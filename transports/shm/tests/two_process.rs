@@ -263,6 +263,41 @@ fn notifications_reach_the_other_process_after_their_data() {
 }
 
 #[test]
+fn a_notification_waiting_for_its_answer_fails_when_the_connection_is_dropped() {
+    let _t = turn();
+    let mut target = PeerProcess::start(1 << 20, 1, &[]);
+    let a = initiator(&[]);
+    let peer = block_on(a.connect(&target.descriptor)).unwrap();
+    // A stopped target reads nothing, so the note is sent and never answered.
+    let pid = target.child.id() as i32;
+    // SAFETY: `pid` is our child, not yet reaped (PeerProcess reaps it on drop).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let state = te_base::BatchState::new(vec![0].into_boxed_slice());
+    let done = te_base::Batch::new(state.clone());
+    peer.notify(
+        Notification {
+            from: "initiator".into(),
+            payload: b"never answered".to_vec(),
+        },
+        &state,
+        0,
+    )
+    .unwrap();
+    assert_eq!(done.poll().done + done.poll().failed, 0, "answered by a stopped target");
+    drop(peer);
+    let report = done
+        .wait_blocking(Some(HANG_GUARD))
+        .expect("the note settles once its connection is gone");
+    assert!(
+        matches!(done.status(0), Some(RequestStatus::Failed(Error::Closed(_)))),
+        "{report:?} {:?}",
+        done.status(0)
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+}
+
+#[test]
 fn a_target_killed_mid_batch_fails_the_batch_and_nothing_hangs() {
     let _t = turn();
     let len = 64u64 << 20;
