@@ -265,7 +265,7 @@ fn notifications_reach_the_other_process_after_their_data() {
 #[test]
 fn a_notification_waiting_for_its_answer_fails_when_the_connection_is_dropped() {
     let _t = turn();
-    let mut target = PeerProcess::start(1 << 20, 1, &[]);
+    let target = PeerProcess::start(1 << 20, 1, &[]);
     let a = initiator(&[]);
     let peer = block_on(a.connect(&target.descriptor)).unwrap();
     // A stopped target reads nothing, so the note is sent and never answered.
