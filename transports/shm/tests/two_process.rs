@@ -229,6 +229,18 @@ fn a_deadline_cuts_only_its_own_batch_and_the_connection_stays() {
     assert_eq!(target.ask("connections"), "1", "still the one connection");
 }
 
+/// Sends `payload` as a notification from "initiator"; the returned batch settles with its answer.
+fn send_note(peer: &std::sync::Arc<dyn te_base::Peer>, payload: &[u8]) -> te_base::Batch {
+    let state = te_base::BatchState::new(vec![0].into_boxed_slice());
+    let done = te_base::Batch::new(state.clone());
+    let note = Notification {
+        from: "initiator".into(),
+        payload: payload.to_vec(),
+    };
+    peer.notify(note, &state, 0).unwrap();
+    done
+}
+
 #[test]
 fn notifications_reach_the_other_process_after_their_data() {
     let _t = turn();
@@ -240,17 +252,7 @@ fn notifications_reach_the_other_process_after_their_data() {
         &peer,
         vec![request(0, TransferOp::Write, &local, 0, target.base(), 1 << 20)]
     )));
-    let state = te_base::BatchState::new(vec![0].into_boxed_slice());
-    let done = te_base::Batch::new(state.clone());
-    peer.notify(
-        Notification {
-            from: "initiator".into(),
-            payload: b"layer 7 ready".to_vec(),
-        },
-        &state,
-        0,
-    )
-    .unwrap();
+    let done = send_note(&peer, b"layer 7 ready");
     done.wait_blocking(Some(HANG_GUARD))
         .expect("notification answered")
         .unwrap();
@@ -272,17 +274,7 @@ fn a_notification_waiting_for_its_answer_fails_when_the_connection_is_dropped() 
     let pid = target.child.id() as i32;
     // SAFETY: `pid` is our child, not yet reaped (PeerProcess reaps it on drop).
     assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
-    let state = te_base::BatchState::new(vec![0].into_boxed_slice());
-    let done = te_base::Batch::new(state.clone());
-    peer.notify(
-        Notification {
-            from: "initiator".into(),
-            payload: b"never answered".to_vec(),
-        },
-        &state,
-        0,
-    )
-    .unwrap();
+    let done = send_note(&peer, b"never answered");
     assert_eq!(done.poll().done + done.poll().failed, 0, "answered by a stopped target");
     drop(peer);
     let report = done
